@@ -1,0 +1,25 @@
+GO ?= go
+
+.PHONY: test test-race test-short lint bench ci
+
+# Same command as the README.
+test:
+	$(GO) test -race -count=1 -timeout 12m ./...
+
+test-race:
+	$(GO) test -race -count=1 -timeout 12m ./...
+
+test-short:
+	$(GO) test -short -race ./...
+
+lint:
+	@files="$$(git ls-files -z '*.go' | xargs -0 -r gofmt -l)"; \
+	if [ -n "$$files" ]; then echo "gofmt: these files need formatting:"; echo "$$files"; exit 1; fi
+	$(GO) vet ./...
+	@if command -v staticcheck >/dev/null 2>&1; then staticcheck ./...; else echo "staticcheck not on PATH; skipped"; fi
+
+bench:
+	$(GO) test -run '^$$' -bench . -benchmem ./...
+
+ci:
+	.ci/run

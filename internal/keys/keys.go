@@ -1,0 +1,74 @@
+// Package keys builds every Redis key goreactor uses.
+//
+// Each key carries a hash tag ({run:<id>}, {map:<id>}, {elem:<id>}) so that a
+// Lua script touching the keys of one aggregate stays in one Redis Cluster slot.
+// Global indexes (idx:*) are deliberately untagged: they are written with
+// single-key commands outside the per-run scripts, and spreading them over the
+// cluster keeps one slot from becoming hot.
+package keys
+
+import (
+	"fmt"
+	"strings"
+)
+
+// DefaultPrefix is the key prefix used when none is configured.
+const DefaultPrefix = "goreactor"
+
+// Keys builds keys under one prefix. The zero value is not usable; call New.
+type Keys struct {
+	prefix string
+}
+
+// New returns a key builder for prefix (DefaultPrefix when empty).
+func New(prefix string) Keys {
+	if prefix == "" {
+		prefix = DefaultPrefix
+	}
+	return Keys{prefix: prefix}
+}
+
+// Prefix returns the prefix every key starts with.
+func (k Keys) Prefix() string { return k.prefix }
+
+// ValidateID reports whether id can be embedded in a hash-tagged key.
+// Braces would change which part of the key Redis Cluster hashes, and an empty
+// or huge id is always a caller mistake.
+func ValidateID(id string) error {
+	switch {
+	case id == "":
+		return fmt.Errorf("id is empty")
+	case len(id) > 256:
+		return fmt.Errorf("id %.32q... is longer than 256 bytes", id)
+	case strings.ContainsAny(id, "{}"):
+		return fmt.Errorf("id %q contains a brace, which would break its Redis Cluster hash tag", id)
+	}
+	return nil
+}
+
+func (k Keys) run(id, suffix string) string { return k.prefix + ":{run:" + id + "}:" + suffix }
+
+// RunState is the hash holding a run's serialized state (field d) and its
+// version (field v).
+func (k Keys) RunState(id string) string { return k.run(id, "ctx") }
+
+// RunLock is the run's lock; its value is the holder's token.
+func (k Keys) RunLock(id string) string { return k.run(id, "lock") }
+
+// RunCancel is set when someone asks a run held by another process to cancel.
+// The fenced write reads it, so the executing process learns of the request
+// without an extra round trip.
+func (k Keys) RunCancel(id string) string { return k.run(id, "cancel") }
+
+// RunAudit is the append-only stream of the run's compensation events.
+func (k Keys) RunAudit(id string) string { return k.run(id, "audit") }
+
+// Active is the index of non-terminal runs scored by last-touched time (ms).
+func (k Keys) Active() string { return k.prefix + ":idx:active" }
+
+// Runs is the index of every run scored by creation time (ms).
+func (k Keys) Runs() string { return k.prefix + ":idx:runs" }
+
+// Status is the index of runs currently in status s, scored by the time they
+// entered it (ms).
+func (k Keys) Status(s string) string { return k.prefix + ":idx:status:" + s }

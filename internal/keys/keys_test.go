@@ -1,0 +1,46 @@
+package keys
+
+import (
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+)
+
+// slot computes the cluster slot of a key with go-redis's own implementation
+// detail replicated: the hashed part is the first {...} section.
+func hashTag(key string) string {
+	s := -1
+	for i := 0; i < len(key); i++ {
+		if key[i] == '{' && s < 0 {
+			s = i
+		} else if key[i] == '}' && s >= 0 {
+			return key[s+1 : i]
+		}
+	}
+	return key
+}
+
+func TestRunKeysShareOneSlot(t *testing.T) {
+	k := New("p")
+	id := "order-42"
+	tags := map[string]bool{}
+	for _, key := range []string{k.RunState(id), k.RunLock(id), k.RunCancel(id), k.RunAudit(id)} {
+		tags[hashTag(key)] = true
+	}
+	require.Equal(t, map[string]bool{"run:order-42": true}, tags)
+	require.Equal(t, "p:{run:order-42}:ctx", k.RunState(id))
+	require.Equal(t, "p:idx:status:running", k.Status("running"))
+	_ = redis.Nil
+}
+
+func TestDefaultPrefix(t *testing.T) {
+	require.Equal(t, "goreactor:idx:active", New("").Active())
+}
+
+func TestValidateID(t *testing.T) {
+	require.NoError(t, ValidateID("abc.1"))
+	require.Error(t, ValidateID(""))
+	require.Error(t, ValidateID("a{b}"))
+	require.Error(t, ValidateID(string(make([]byte, 300))))
+}

@@ -1,0 +1,165 @@
+// Package lock is goreactor's run lock: a redsync mutex that is tried once
+// (never redsync's default 32 retries, which would block a handler for
+// seconds), extended by a heartbeat while its holder works, and that tells a
+// lost lock apart from a transport error.
+package lock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/go-redsync/redsync/v4"
+	"github.com/go-redsync/redsync/v4/redis/goredis/v9"
+	"github.com/redis/go-redis/v9"
+)
+
+// ErrHeld is returned when another holder has the lock.
+var ErrHeld = errors.New("lock: held by another holder")
+
+// ErrLost is the cause of a lease's context when its lock was lost: an
+// extension was refused because the key no longer holds the lease's token, or
+// the lock expired before an extension could reach Redis.
+var ErrLost = errors.New("lock: lost")
+
+// Locker hands out leases on named locks.
+type Locker struct {
+	rs     *redsync.Redsync
+	expiry time.Duration
+}
+
+// New returns a Locker whose leases expire after expiry unless extended.
+func New(rdb redis.UniversalClient, expiry time.Duration) *Locker {
+	return &Locker{rs: redsync.New(goredis.NewPool(rdb)), expiry: expiry}
+}
+
+// Expiry returns the lease expiry.
+func (l *Locker) Expiry() time.Duration { return l.expiry }
+
+// TryAcquire takes the lock at key with a single attempt. It returns ErrHeld
+// when someone else holds it.
+func (l *Locker) TryAcquire(ctx context.Context, key string) (*Lease, error) {
+	m := l.rs.NewMutex(key, redsync.WithExpiry(l.expiry), redsync.WithTries(1))
+	if err := m.TryLockContext(ctx); err != nil {
+		var taken *redsync.ErrTaken
+		if errors.As(err, &taken) || errors.Is(err, redsync.ErrFailed) {
+			return nil, ErrHeld
+		}
+		return nil, fmt.Errorf("lock: acquire %s: %w", key, err)
+	}
+	return &Lease{m: m, expiry: l.expiry, done: make(chan struct{})}, nil
+}
+
+// Acquire polls for the lock for up to wait. It returns ErrHeld when the
+// lock is still held at the end.
+func (l *Locker) Acquire(ctx context.Context, key string, wait time.Duration) (*Lease, error) {
+	deadline := time.Now().Add(wait)
+	delay := 10 * time.Millisecond
+	for {
+		lease, err := l.TryAcquire(ctx, key)
+		if !errors.Is(err, ErrHeld) || time.Now().Add(delay).After(deadline) {
+			return lease, err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+		if delay < 200*time.Millisecond {
+			delay *= 2
+		}
+	}
+}
+
+// Lease is a held lock. Keep it alive with Keep; release it with Release, or
+// let a terminal state write delete the key and just Stop the heartbeat.
+type Lease struct {
+	m      *redsync.Mutex
+	expiry time.Duration
+
+	mu      sync.Mutex
+	cancel  context.CancelCauseFunc
+	done    chan struct{}
+	started bool
+	stopped bool
+}
+
+// Token is the lock's value: the proof of ownership fenced writes check.
+func (l *Lease) Token() string { return l.m.Value() }
+
+// Keep starts the heartbeat and returns a context derived from parent that is
+// cancelled with cause ErrLost if the lock is lost. The heartbeat extends the
+// lock every third of its expiry; a transport error is retried until the lock
+// would have expired, and only then is the lease treated as lost.
+func (l *Lease) Keep(parent context.Context) context.Context {
+	ctx, cancel := context.WithCancelCause(parent)
+	l.mu.Lock()
+	l.cancel = cancel
+	l.started = true
+	l.mu.Unlock()
+	go l.heartbeat(ctx, cancel)
+	return ctx
+}
+
+func (l *Lease) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) {
+	defer close(l.done)
+	interval := l.expiry / 3
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		// Extensions use a context detached from ctx's cancellation so that a
+		// caller cancelling its work does not look like a lost lock.
+		ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), interval)
+		ok, err := l.m.ExtendContext(ectx)
+		ecancel()
+		if ok {
+			continue
+		}
+		var taken *redsync.ErrTaken
+		if errors.As(err, &taken) || time.Now().After(l.m.Until()) {
+			cancel(ErrLost)
+			return
+		}
+	}
+}
+
+// Stop ends the heartbeat (it does not release the lock) and waits for it to
+// exit. It is idempotent.
+func (l *Lease) Stop() {
+	l.mu.Lock()
+	if !l.started || l.stopped {
+		l.stopped = true
+		l.mu.Unlock()
+		return
+	}
+	l.stopped = true
+	cancel := l.cancel
+	l.mu.Unlock()
+	cancel(context.Canceled)
+	<-l.done
+}
+
+// Release stops the heartbeat and deletes the lock if this lease still holds
+// it. Releasing a lock that already expired or was taken over is not an error:
+// there is nothing left to release.
+func (l *Lease) Release(ctx context.Context) error {
+	l.Stop()
+	_, err := l.m.UnlockContext(ctx)
+	var taken *redsync.ErrTaken
+	if err == nil || errors.Is(err, redsync.ErrLockAlreadyExpired) || errors.As(err, &taken) {
+		return nil
+	}
+	return fmt.Errorf("lock: release: %w", err)
+}
+
+// Lost reports whether ctx (from Keep) ended because the lock was lost.
+func Lost(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrLost) }

@@ -1,0 +1,535 @@
+// Package redistest gives tests a real Redis server.
+//
+// Tests never talk to a mock: Addr resolves, in order, REDIS_URL, a Redis
+// already listening on 127.0.0.1:6379, or a redis-server subprocess started
+// once per test binary. Tests that need to kill or restart Redis, or that need
+// a Redis Cluster, get dedicated servers from StartServer and StartCluster.
+//
+// A test binary that may start the shared server should stop it from TestMain:
+//
+//	func TestMain(m *testing.M) {
+//		code := m.Run()
+//		redistest.Shutdown()
+//		os.Exit(code)
+//	}
+package redistest
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+const (
+	defaultAddr  = "127.0.0.1:6379"
+	pollInterval = 20 * time.Millisecond
+	startTimeout = 10 * time.Second
+	cleanupLimit = 10 * time.Second
+)
+
+var (
+	sharedOnce sync.Once
+	sharedOpts *redis.Options
+	sharedErr  error
+
+	sharedMu   sync.Mutex
+	sharedProc *process
+	sharedDir  string
+)
+
+// Addr returns the address of the Redis that tests share: the one named by
+// REDIS_URL if set, else 127.0.0.1:6379 if it answers PING within 500ms, else
+// a redis-server subprocess started on a free port for the whole test binary
+// (stop it with Shutdown). It panics if no Redis can be found or started.
+func Addr() string {
+	return Options().Addr
+}
+
+// Options returns go-redis options for the shared Redis (see Addr), including
+// the DB, credentials and TLS settings from REDIS_URL when it is set. Each call
+// returns a fresh copy that the caller may modify. It panics if no Redis can
+// be found or started.
+func Options() *redis.Options {
+	opts, err := resolve()
+	if err != nil {
+		panic(err)
+	}
+	return opts
+}
+
+// Client returns a new client for the shared Redis, closed in t.Cleanup.
+// It fails the test if no Redis can be found or started.
+func Client(t testing.TB) *redis.Client {
+	t.Helper()
+	opts, err := resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := redis.NewClient(opts)
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// Shutdown stops the redis-server that Addr started, if any, and removes its
+// directory. Call it from TestMain after m.Run. It is safe to call when no
+// server was started.
+func Shutdown() {
+	sharedMu.Lock()
+	defer sharedMu.Unlock()
+	if sharedProc != nil {
+		sharedProc.kill()
+		sharedProc = nil
+	}
+	if sharedDir != "" {
+		_ = os.RemoveAll(sharedDir)
+		sharedDir = ""
+	}
+}
+
+func resolve() (*redis.Options, error) {
+	sharedOnce.Do(func() { sharedOpts, sharedErr = discover() })
+	if sharedErr != nil {
+		return nil, sharedErr
+	}
+	opts := *sharedOpts
+	if sharedOpts.TLSConfig != nil {
+		opts.TLSConfig = sharedOpts.TLSConfig.Clone()
+	}
+	return &opts, nil
+}
+
+func discover() (*redis.Options, error) {
+	if u := os.Getenv("REDIS_URL"); u != "" {
+		opts, err := redis.ParseURL(u)
+		if err != nil {
+			return nil, fmt.Errorf("redistest: invalid REDIS_URL: %w", err)
+		}
+		return opts, nil
+	}
+	if ping(defaultAddr, 500*time.Millisecond) == nil {
+		return &redis.Options{Addr: defaultAddr}, nil
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, errors.New("redistest: no Redis answers on " + defaultAddr +
+			" and redis-server is not on PATH; install it (apt-get install -y redis-server)" +
+			" or set REDIS_URL=redis://host:port/db")
+	}
+	dir, err := os.MkdirTemp("", "redistest-")
+	if err != nil {
+		return nil, fmt.Errorf("redistest: %w", err)
+	}
+	var lastErr error
+	for range 3 { // a free port can be taken before redis-server binds it
+		port, err := freePort()
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		p, err := startRedis(dir, port, "--save", "", "--appendonly", "no")
+		if err != nil {
+			lastErr = err
+			continue
+		}
+		sharedMu.Lock()
+		sharedProc, sharedDir = p, dir
+		sharedMu.Unlock()
+		return &redis.Options{Addr: p.addr}, nil
+	}
+	_ = os.RemoveAll(dir)
+	return nil, lastErr
+}
+
+// Prefix returns a key prefix unique to this test, of the form
+// "grt:<test name>:<8 hex digits>". In t.Cleanup every key of the shared Redis
+// that begins with the prefix is deleted.
+func Prefix(t testing.TB) string {
+	t.Helper()
+	prefix := "grt:" + sanitize(t.Name()) + ":" + randomHex()
+	opts, err := resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := deleteMatching(opts, prefix+"*"); err != nil {
+			t.Errorf("redistest: deleting keys %s*: %v", prefix, err)
+		}
+	})
+	return prefix
+}
+
+// Queue returns an asynq queue name unique to this test, of the form
+// "q-<test name>-<8 hex digits>". In t.Cleanup asynq's keys for the queue
+// ("asynq:{<queue>}:*") are deleted from the shared Redis and the queue is
+// removed from the "asynq:queues" set.
+func Queue(t testing.TB) string {
+	t.Helper()
+	queue := "q-" + sanitize(t.Name()) + "-" + randomHex()
+	opts, err := resolve()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		err := deleteMatching(opts, "asynq:{"+queue+"}:*", func(ctx context.Context, c *redis.Client) error {
+			return c.SRem(ctx, "asynq:queues", queue).Err()
+		})
+		if err != nil {
+			t.Errorf("redistest: deleting asynq queue %s: %v", queue, err)
+		}
+	})
+	return queue
+}
+
+// deleteMatching UNLINKs every key matching pattern, then runs extra, on a
+// client of its own under a fresh timeout (the test's context is already
+// cancelled when cleanups run).
+func deleteMatching(opts *redis.Options, pattern string, extra ...func(context.Context, *redis.Client) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupLimit)
+	defer cancel()
+	c := redis.NewClient(opts)
+	defer c.Close()
+
+	var cursor uint64
+	for {
+		keys, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
+		if err != nil {
+			return err
+		}
+		if len(keys) > 0 {
+			if err := c.Unlink(ctx, keys...).Err(); err != nil {
+				return err
+			}
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	for _, f := range extra {
+		if err := f(ctx, c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Server is a redis-server dedicated to one test, started by StartServer.
+// Its methods must be called from the test's goroutine.
+type Server struct {
+	// Addr is the server's host:port; it stays the same across Restart.
+	Addr string
+
+	t    testing.TB
+	dir  string
+	port int
+	args []string
+
+	mu   sync.Mutex
+	proc *process
+}
+
+// StartServer starts a redis-server for this test only, on a free port, with
+// a t.TempDir() as its working directory, and waits until it answers PING.
+// args are appended to the command line (for example "--appendonly", "yes").
+// Without args the server keeps no persistence files. The server is killed in
+// t.Cleanup. The test is skipped if redis-server is not on PATH.
+func StartServer(t testing.TB, args ...string) *Server {
+	t.Helper()
+	requireBinaries(t, "redis-server")
+	s := &Server{
+		t:    t,
+		dir:  t.TempDir(),
+		args: append([]string{"--save", "", "--appendonly", "no"}, args...),
+	}
+	var err error
+	for range 3 { // a free port can be taken before redis-server binds it
+		if s.port, err = freePort(); err != nil {
+			continue
+		}
+		if s.proc, err = startRedis(s.dir, s.port, s.args...); err == nil {
+			break
+		}
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Addr = s.proc.addr
+	t.Cleanup(s.Stop)
+	return s
+}
+
+// Stop kills the server with SIGKILL, as a crash would, and waits for it to
+// exit. Data survives only as far as the configured persistence wrote it.
+// Stop is a no-op if the server is not running.
+func (s *Server) Stop() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.proc != nil {
+		s.proc.kill()
+		s.proc = nil
+	}
+}
+
+// Restart stops the server if it is running and starts it again on the same
+// port, with the same arguments and directory, so persisted data (AOF or RDB)
+// is reloaded. It waits until the server answers PING.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.Stop()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	p, err := startRedis(s.dir, s.port, s.args...)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.proc = p
+}
+
+// StartCluster starts a Redis Cluster of three masters without replicas on
+// free ports, each node in its own temporary directory, and waits up to 20s
+// until every node reports cluster_state:ok. It returns the nodes' addresses;
+// the nodes are killed in t.Cleanup. The test is skipped if redis-server or
+// redis-cli is not on PATH.
+func StartCluster(t testing.TB) []string {
+	t.Helper()
+	requireBinaries(t, "redis-server", "redis-cli")
+	addrs := make([]string, 0, 3)
+	for range 3 {
+		var (
+			p   *process
+			err error
+		)
+		for range 3 { // a free port can be taken before redis-server binds it
+			var port int
+			if port, err = freePort(); err != nil {
+				continue
+			}
+			p, err = startRedis(t.TempDir(), port,
+				"--save", "", "--appendonly", "no",
+				"--cluster-enabled", "yes",
+				"--cluster-config-file", fmt.Sprintf("nodes-%d.conf", port),
+				"--cluster-node-timeout", "5000")
+			if err == nil {
+				break
+			}
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.kill)
+		addrs = append(addrs, p.addr)
+	}
+
+	args := append([]string{"--cluster", "create"}, addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
+		t.Fatalf("redistest: redis-cli --cluster create: %v\n%s", err, out)
+	}
+
+	deadline := time.Now().Add(20 * time.Second)
+	for _, addr := range addrs {
+		for {
+			info, err := command(addr, time.Second, "CLUSTER", "INFO")
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("redistest: cluster node %s not ready after 20s: %q %v", addr, info, err)
+			}
+			time.Sleep(pollInterval)
+		}
+	}
+	return addrs
+}
+
+func requireBinaries(t testing.TB, names ...string) {
+	t.Helper()
+	for _, name := range names {
+		if _, err := exec.LookPath(name); err != nil {
+			t.Skipf("redistest: %s not on PATH (apt-get install -y redis-server)", name)
+		}
+	}
+}
+
+// process is a running redis-server.
+type process struct {
+	addr string
+	cmd  *exec.Cmd
+	done chan struct{} // closed when the process has exited
+}
+
+// startRedis runs redis-server in dir on port and waits until it answers PING.
+func startRedis(dir string, port int, args ...string) (*process, error) {
+	logPath := filepath.Join(dir, fmt.Sprintf("redis-%d.log", port))
+	logFile, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: %w", err)
+	}
+	defer logFile.Close() // the child keeps its own descriptor
+
+	argv := append([]string{
+		"--port", strconv.Itoa(port),
+		"--bind", "127.0.0.1",
+		"--dir", dir,
+	}, args...)
+	cmd := exec.Command("redis-server", argv...)
+	cmd.Dir = dir
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("redistest: starting redis-server: %w", err)
+	}
+	p := &process{
+		addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+		cmd:  cmd,
+		done: make(chan struct{}),
+	}
+	go func() {
+		_ = cmd.Wait()
+		close(p.done)
+	}()
+
+	deadline := time.Now().Add(startTimeout)
+	for {
+		err := ping(p.addr, 200*time.Millisecond)
+		if err == nil {
+			return p, nil
+		}
+		select {
+		case <-p.done:
+			return nil, fmt.Errorf("redistest: redis-server on port %d exited early:\n%s", port, readTail(logPath))
+		default:
+		}
+		if time.Now().After(deadline) {
+			p.kill()
+			return nil, fmt.Errorf("redistest: redis-server on port %d not answering after %v: %v\n%s",
+				port, startTimeout, err, readTail(logPath))
+		}
+		time.Sleep(pollInterval)
+	}
+}
+
+// kill sends SIGKILL and waits for the process to exit. It is idempotent.
+func (p *process) kill() {
+	_ = p.cmd.Process.Kill()
+	<-p.done
+}
+
+// ping checks that addr answers PING with PONG.
+func ping(addr string, timeout time.Duration) error {
+	reply, err := command(addr, timeout, "PING")
+	if err != nil {
+		return err
+	}
+	if reply != "PONG" {
+		return fmt.Errorf("unexpected PING reply %q", reply)
+	}
+	return nil
+}
+
+// command sends one command over a fresh connection and returns a simple
+// string or bulk string reply. It avoids a go-redis client (and its retries)
+// for readiness polling.
+func command(addr string, timeout time.Duration, args ...string) (string, error) {
+	conn, err := net.DialTimeout("tcp", addr, timeout)
+	if err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	if err := conn.SetDeadline(time.Now().Add(timeout)); err != nil {
+		return "", err
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "*%d\r\n", len(args))
+	for _, a := range args {
+		fmt.Fprintf(&b, "$%d\r\n%s\r\n", len(a), a)
+	}
+	if _, err := io.WriteString(conn, b.String()); err != nil {
+		return "", err
+	}
+	r := bufio.NewReader(conn)
+	line, err := r.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	line = strings.TrimSuffix(line, "\r\n")
+	if line == "" {
+		return "", errors.New("empty reply")
+	}
+	switch line[0] {
+	case '+':
+		return line[1:], nil
+	case '-':
+		return "", errors.New(line[1:])
+	case '$':
+		n, err := strconv.Atoi(line[1:])
+		if err != nil || n < 0 {
+			return "", fmt.Errorf("unexpected reply %q", line)
+		}
+		buf := make([]byte, n+2)
+		if _, err := io.ReadFull(r, buf); err != nil {
+			return "", err
+		}
+		return string(buf[:n]), nil
+	default:
+		return "", fmt.Errorf("unexpected reply %q", line)
+	}
+}
+
+// freePort returns a TCP port on 127.0.0.1 that was free a moment ago.
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, fmt.Errorf("redistest: finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+// sanitize keeps letters, digits, '_' and '-' (so the result is safe in key
+// names and SCAN patterns) and bounds the length.
+func sanitize(name string) string {
+	b := []byte(name)
+	for i, c := range b {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9', c == '_', c == '-':
+		default:
+			b[i] = '_'
+		}
+	}
+	if len(b) > 64 {
+		b = b[:64]
+	}
+	return string(b)
+}
+
+func randomHex() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	return hex.EncodeToString(b[:])
+}
+
+func readTail(path string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return ""
+	}
+	if len(b) > 2000 {
+		b = b[len(b)-2000:]
+	}
+	return string(b)
+}

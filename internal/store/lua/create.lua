@@ -1,0 +1,17 @@
+-- create.lua: create a run's state unless it exists, under the caller's lock.
+-- KEYS[1] run state hash  P:{run:<id>}:ctx   (fields d = data, v = version)
+-- KEYS[2] run lock        P:{run:<id>}:lock
+-- ARGV[1] lock token of the caller
+-- ARGV[2] encoded state to store when the run is new
+-- Returns {-1}               the caller does not hold the lock
+--         {1, 1}             created, version 1
+--         {0, version, data} the run already existed: its current state
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  return {-1}
+end
+local cur = redis.call('HMGET', KEYS[1], 'v', 'd')
+if cur[1] then
+  return {0, tonumber(cur[1]), cur[2]}
+end
+redis.call('HSET', KEYS[1], 'd', ARGV[2], 'v', 1)
+return {1, 1}

@@ -1,0 +1,32 @@
+-- write.lua: the fenced write of a run's state. Every state write goes through
+-- here: it lands only if the caller still holds the lock (token) and read the
+-- version that is stored now, so a stale writer can never overwrite a run.
+-- KEYS[1] run state hash  P:{run:<id>}:ctx
+-- KEYS[2] run lock        P:{run:<id>}:lock
+-- KEYS[3] cancel request  P:{run:<id>}:cancel
+-- ARGV[1] lock token of the caller
+-- ARGV[2] version the caller read
+-- ARGV[3] encoded state
+-- ARGV[4] retention in ms for a terminal write (0: not terminal)
+-- ARGV[5] 1 to release the lock in the same step (terminal write), else 0
+-- Returns {-1}                 lock not held by the caller (lost or never held)
+--         {-2, version}        version mismatch: the stored version
+--         {version, cancel}    written; the new version and 1 if a cancel was requested
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  return {-1}
+end
+local cur = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+if cur ~= tonumber(ARGV[2]) then
+  return {-2, cur}
+end
+local nextv = cur + 1
+redis.call('HSET', KEYS[1], 'd', ARGV[3], 'v', nextv)
+local ttl = tonumber(ARGV[4])
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[1], ttl)
+  redis.call('DEL', KEYS[3])
+end
+if ARGV[5] == '1' then
+  redis.call('DEL', KEYS[2])
+end
+return {nextv, redis.call('EXISTS', KEYS[3])}

@@ -1,0 +1,159 @@
+// Package store is goreactor's access to run state in Redis: create, load and
+// the fenced write, plus the global run indexes. It deals in encoded bytes; the
+// reactor package owns the shape of the state.
+package store
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/keys"
+)
+
+var (
+	//go:embed lua/create.lua
+	createSrc string
+	//go:embed lua/write.lua
+	writeSrc string
+
+	createScript = redis.NewScript(createSrc)
+	writeScript  = redis.NewScript(writeSrc)
+)
+
+// ErrNotFound is returned when a run has no stored state.
+var ErrNotFound = errors.New("store: run not found")
+
+// ErrLockNotHeld is returned by a fenced write or create when the caller's
+// token is not the lock's value: the lock expired or another process took it.
+var ErrLockNotHeld = errors.New("store: lock not held by this writer")
+
+// VersionConflictError is returned by a fenced write whose expected version is
+// not the stored one: the caller's copy of the state is stale.
+type VersionConflictError struct {
+	Expected, Stored int64
+}
+
+func (e *VersionConflictError) Error() string {
+	return fmt.Sprintf("store: stale write: read version %d, stored version is %d", e.Expected, e.Stored)
+}
+
+// Target names the keys of one state record: a run or a map element run.
+// All three keys must share a hash tag.
+type Target struct {
+	State, Lock, Cancel string
+}
+
+// Snapshot is a stored state and the version it was read at.
+type Snapshot struct {
+	Data    []byte
+	Version int64
+}
+
+// Store reads and writes run state. It is safe for concurrent use.
+type Store struct {
+	rdb  redis.UniversalClient
+	keys keys.Keys
+}
+
+// New returns a Store and loads its scripts, so a broken script or an
+// unreachable Redis fails here rather than on the first write.
+func New(ctx context.Context, rdb redis.UniversalClient, k keys.Keys) (*Store, error) {
+	for _, s := range []*redis.Script{createScript, writeScript} {
+		if err := s.Load(ctx, rdb).Err(); err != nil {
+			return nil, fmt.Errorf("store: load script: %w", err)
+		}
+	}
+	return &Store{rdb: rdb, keys: k}, nil
+}
+
+// Keys returns the key builder.
+func (s *Store) Keys() keys.Keys { return s.keys }
+
+// Client returns the Redis client.
+func (s *Store) Client() redis.UniversalClient { return s.rdb }
+
+// RunTarget returns the keys of run id.
+func (s *Store) RunTarget(id string) Target {
+	return Target{State: s.keys.RunState(id), Lock: s.keys.RunLock(id), Cancel: s.keys.RunCancel(id)}
+}
+
+// Create stores data as version 1 unless a state exists. It returns the
+// existing snapshot and created=false when one does.
+func (s *Store) Create(ctx context.Context, t Target, token string, data []byte) (Snapshot, bool, error) {
+	res, err := createScript.Run(ctx, s.rdb, []string{t.State, t.Lock}, token, data).Slice()
+	if err != nil {
+		return Snapshot{}, false, fmt.Errorf("store: create: %w", err)
+	}
+	switch code := res[0].(int64); code {
+	case -1:
+		return Snapshot{}, false, ErrLockNotHeld
+	case 1:
+		return Snapshot{Data: data, Version: 1}, true, nil
+	default:
+		return Snapshot{Version: res[1].(int64), Data: []byte(res[2].(string))}, false, nil
+	}
+}
+
+// Load reads the state of t. It returns ErrNotFound when there is none.
+func (s *Store) Load(ctx context.Context, t Target) (Snapshot, error) {
+	vals, err := s.rdb.HMGet(ctx, t.State, "v", "d").Result()
+	if err != nil {
+		return Snapshot{}, fmt.Errorf("store: load: %w", err)
+	}
+	if vals[0] == nil || vals[1] == nil {
+		return Snapshot{}, ErrNotFound
+	}
+	var v int64
+	if _, err := fmt.Sscan(vals[0].(string), &v); err != nil {
+		return Snapshot{}, fmt.Errorf("store: load: bad version %q", vals[0])
+	}
+	return Snapshot{Data: []byte(vals[1].(string)), Version: v}, nil
+}
+
+// WriteOptions qualify a fenced write.
+type WriteOptions struct {
+	// Retention, when positive, marks the write terminal: the state expires
+	// after it and any pending cancel request is dropped.
+	Retention time.Duration
+	// Release deletes the lock in the same script, after the write.
+	Release bool
+}
+
+// WriteResult is what a fenced write reports back.
+type WriteResult struct {
+	Version         int64
+	CancelRequested bool
+}
+
+// Write stores data if token holds t's lock and version is the stored
+// version. It returns ErrLockNotHeld or a *VersionConflictError otherwise.
+func (s *Store) Write(ctx context.Context, t Target, token string, version int64, data []byte, o WriteOptions) (WriteResult, error) {
+	release := "0"
+	if o.Release {
+		release = "1"
+	}
+	res, err := writeScript.Run(ctx, s.rdb, []string{t.State, t.Lock, t.Cancel},
+		token, version, data, o.Retention.Milliseconds(), release).Slice()
+	if err != nil {
+		return WriteResult{}, fmt.Errorf("store: write: %w", err)
+	}
+	switch code := res[0].(int64); code {
+	case -1:
+		return WriteResult{}, ErrLockNotHeld
+	case -2:
+		return WriteResult{}, &VersionConflictError{Expected: version, Stored: res[1].(int64)}
+	default:
+		return WriteResult{Version: code, CancelRequested: res[1].(int64) == 1}, nil
+	}
+}
+
+// RequestCancel asks the process executing run t to cancel it at its next
+// checkpoint. The request lives as long as the lock could.
+func (s *Store) RequestCancel(ctx context.Context, t Target, ttl time.Duration) error {
+	return s.rdb.Set(ctx, t.Cancel, "1", ttl).Err()
+}

@@ -1,0 +1,429 @@
+package reactor
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/lock"
+	"github.com/goreactor/goreactor/internal/store"
+)
+
+// Config configures an Engine.
+type Config struct {
+	// Client is the Redis client (a *redis.Client or *redis.ClusterClient).
+	// Required.
+	Client redis.UniversalClient
+	// Prefix starts every key. Default "goreactor".
+	Prefix string
+	// Logger receives the structured events. Default slog.Default().
+	Logger *slog.Logger
+	// Hooks receive every event. Default none.
+	Hooks []Hook
+	// Middleware wraps every call of a step function, outermost first.
+	// Default none.
+	Middleware []Middleware
+	// LockExpiry is how long a run lock lives without a heartbeat; the
+	// heartbeat extends it every third of that. Default 30 s.
+	LockExpiry time.Duration
+	// UndoLockWait is how long Undo waits for a run's lock. Default 5 s.
+	UndoLockWait time.Duration
+	// UndoTimeout bounds each Undo and Compensate call of steps that set no
+	// UndoTimeout of their own. Default 30 s.
+	UndoTimeout time.Duration
+	// Retention is how long a finished run stays in Redis. Default 7 days.
+	Retention time.Duration
+	// MaxRollbackFailures is how many rollback failures a Failure keeps; the
+	// rest are counted. Default 100.
+	MaxRollbackFailures int
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	if c.Prefix == "" {
+		c.Prefix = keys.DefaultPrefix
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.LockExpiry <= 0 {
+		c.LockExpiry = 30 * time.Second
+	}
+	if c.UndoLockWait <= 0 {
+		c.UndoLockWait = 5 * time.Second
+	}
+	if c.UndoTimeout <= 0 {
+		c.UndoTimeout = 30 * time.Second
+	}
+	if c.Retention <= 0 {
+		c.Retention = 7 * 24 * time.Hour
+	}
+	if c.MaxRollbackFailures <= 0 {
+		c.MaxRollbackFailures = 100
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	if c.Client == nil {
+		return errors.New("reactor: Config.Client is required")
+	}
+	if c.LockExpiry < 30*time.Millisecond {
+		return fmt.Errorf("reactor: Config.LockExpiry %s is too short to be extended in time", c.LockExpiry)
+	}
+	return nil
+}
+
+// Engine runs reactors and manages stored runs. It is safe for concurrent
+// use; create one per process and share it.
+type Engine struct {
+	cfg   Config
+	log   *slog.Logger
+	store *store.Store
+	locks *lock.Locker
+
+	mu   sync.RWMutex
+	defs map[string]*Definition
+
+	now   func() time.Time
+	sleep func(ctx context.Context, d time.Duration) error
+}
+
+// NewEngine returns an Engine. It loads its Lua scripts, so an unreachable
+// Redis fails here.
+func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	st, err := store.New(ctx, cfg.Client, keys.New(cfg.Prefix))
+	if err != nil {
+		return nil, err
+	}
+	return &Engine{
+		cfg:   cfg,
+		log:   cfg.Logger,
+		store: st,
+		locks: lock.New(cfg.Client, cfg.LockExpiry),
+		defs:  map[string]*Definition{},
+		now:   time.Now,
+		sleep: sleepCtx,
+	}, nil
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Register makes definitions known by name, so that stored runs can be
+// resumed, undone and inspected. Registering a different definition under a
+// taken name is an error.
+func (e *Engine) Register(defs ...*Definition) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	for _, d := range defs {
+		if d == nil {
+			return errors.New("reactor: Register of a nil definition")
+		}
+		if old, ok := e.defs[d.name]; ok && old != d {
+			return &DefinitionError{Reactor: d.name, Reason: "another definition is already registered under this name"}
+		}
+		e.defs[d.name] = d
+	}
+	return nil
+}
+
+// Definition returns the definition registered under name.
+func (e *Engine) Definition(name string) (*Definition, bool) {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	d, ok := e.defs[name]
+	return d, ok
+}
+
+func (e *Engine) lookup(name string) (*Definition, error) {
+	d, ok := e.Definition(name)
+	if !ok {
+		return nil, fmt.Errorf("%w %q: register its definition with Engine.Register", ErrUnknownReactor, name)
+	}
+	return d, nil
+}
+
+// RunOption configures one Run.
+type RunOption func(*runOptions)
+
+type runOptions struct {
+	id string
+}
+
+// WithRunID runs under a caller-chosen id. Starting the same id again is
+// idempotent: a finished run returns its stored result, and an unfinished
+// one that no process holds is resumed from its last checkpoint.
+func WithRunID(id string) RunOption { return func(o *runOptions) { o.id = id } }
+
+// NewRunID returns a random run id.
+func NewRunID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// Run executes def in this process and returns its result. The run is stored
+// in Redis and checkpointed after every step; this process holds the run's
+// lock (extended by a heartbeat) for as long as it executes. An error is
+// returned for what prevented the run from being executed or recorded
+// (invalid inputs, Redis, a lost lock); what the run did is in the Result.
+func (e *Engine) Run(ctx context.Context, def *Definition, inputs map[string]any, opts ...RunOption) (*Result, error) {
+	if err := e.Register(def); err != nil {
+		return nil, err
+	}
+	var o runOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.id == "" {
+		o.id = NewRunID()
+	}
+	if err := keys.ValidateID(o.id); err != nil {
+		return nil, fmt.Errorf("reactor: run id: %w", err)
+	}
+	encoded, err := def.prepareInputs(inputs)
+	if err != nil {
+		return nil, err
+	}
+	return e.start(ctx, def, o.id, encoded)
+}
+
+func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs map[string]codec.Raw) (*Result, error) {
+	target := e.store.RunTarget(id)
+	lease, err := e.locks.TryAcquire(ctx, target.Lock)
+	if errors.Is(err, lock.ErrHeld) {
+		// Someone executes this id. A finished run answers with its result.
+		if st, _, lerr := e.load(ctx, id); lerr == nil && st.Status.Terminal() {
+			return st.result(), nil
+		}
+		return nil, fmt.Errorf("%w (run %s)", ErrRunLocked, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	now := e.now()
+	st := newState(id, def, inputs, now)
+	data, err := codec.Marshal(st)
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, fmt.Errorf("reactor: encode run: %w", err)
+	}
+	// The index entry goes first: a crash after the state write must still
+	// leave the run where the sweeper looks.
+	if err := e.store.MarkStarted(ctx, id, string(StatusRunning), now); err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	snap, created, err := e.store.Create(ctx, target, lease.Token(), data)
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	x := &execution{e: e, def: def, target: target, lease: lease, version: snap.Version, indexed: StatusRunning}
+	if created {
+		x.st = st
+		return x.execute(ctx, EventRunStarted)
+	}
+	existing, err := decodeState(snap.Data)
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	if existing.Reactor != def.name {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		_ = e.store.Unindex(context.WithoutCancel(ctx), id, string(StatusRunning))
+		return nil, fmt.Errorf("reactor: run id %s is taken by a run of %q", id, existing.Reactor)
+	}
+	if existing.Status.Terminal() {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		_ = e.store.Unindex(context.WithoutCancel(ctx), id, string(StatusRunning))
+		return existing.result(), nil
+	}
+	x.st = existing
+	if existing.Status != StatusRunning {
+		if err := e.store.MarkStatus(ctx, id, string(StatusRunning), string(existing.Status), false, now); err != nil {
+			_ = lease.Release(context.WithoutCancel(ctx))
+			return nil, err
+		}
+		x.indexed = existing.Status
+	}
+	return x.execute(ctx, EventRunResumed)
+}
+
+// Resume continues a stored, unfinished run in this process from its last
+// checkpoint (or its rollback from the last undone entry). A finished run
+// returns its result; a run held by another process returns ErrRunLocked.
+func (e *Engine) Resume(ctx context.Context, id string) (*Result, error) {
+	target := e.store.RunTarget(id)
+	lease, err := e.locks.TryAcquire(ctx, target.Lock)
+	if errors.Is(err, lock.ErrHeld) {
+		return nil, fmt.Errorf("%w (run %s)", ErrRunLocked, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st, version, err := e.load(ctx, id)
+	if err == nil && st.Status.Terminal() {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return st.result(), nil
+	}
+	var def *Definition
+	if err == nil {
+		def, err = e.lookup(st.Reactor)
+	}
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status}
+	return x.execute(ctx, EventRunResumed)
+}
+
+// Get returns the stored run id.
+func (e *Engine) Get(ctx context.Context, id string) (*Run, error) {
+	st, version, err := e.load(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	d, _ := e.Definition(st.Reactor)
+	return st.view(d, version), nil
+}
+
+func (e *Engine) load(ctx context.Context, id string) (*runState, int64, error) {
+	if err := keys.ValidateID(id); err != nil {
+		return nil, 0, fmt.Errorf("reactor: run id: %w", err)
+	}
+	snap, err := e.store.Load(ctx, e.store.RunTarget(id))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, 0, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, 0, err
+	}
+	st, err := decodeState(snap.Data)
+	return st, snap.Version, err
+}
+
+func decodeState(data []byte) (*runState, error) {
+	var st runState
+	if err := codec.Unmarshal(data, &st); err != nil {
+		return nil, fmt.Errorf("reactor: decode run state: %w", err)
+	}
+	if st.Steps == nil {
+		st.Steps = map[string]*stepRec{}
+	}
+	return &st, nil
+}
+
+// Undo rolls back a finished run (completed, halted or aborted): every
+// ledger entry is undone, newest first, and the run ends cancelled. It waits
+// up to Config.UndoLockWait for the run's lock and returns ErrRunLocked if it
+// stays held. A run that is rolling back is refused with
+// ErrRollbackInProgress.
+func (e *Engine) Undo(ctx context.Context, id string) (*Result, error) {
+	target := e.store.RunTarget(id)
+	if err := keys.ValidateID(id); err != nil {
+		return nil, fmt.Errorf("reactor: run id: %w", err)
+	}
+	lease, err := e.locks.Acquire(ctx, target.Lock, e.cfg.UndoLockWait)
+	if errors.Is(err, lock.ErrHeld) {
+		return nil, fmt.Errorf("%w (run %s; waited %s)", ErrRunLocked, id, e.cfg.UndoLockWait)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st, version, err := e.load(ctx, id)
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	switch st.Status {
+	case StatusCompleted, StatusHalted, StatusAborted:
+	case StatusRollingBack:
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, &StatusError{RunID: id, Status: st.Status, Op: "undo", Err: ErrRollbackInProgress}
+	default:
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, &StatusError{RunID: id, Status: st.Status, Op: "undo", Err: ErrNotUndoable}
+	}
+	def, err := e.lookup(st.Reactor)
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status}
+	return x.undo(ctx, "undone on request")
+}
+
+// Cancel stops a run that has not finished and rolls back what it completed;
+// the run ends cancelled. A run executing in another process is asked to
+// cancel and does so at its next checkpoint. A finished run is refused with
+// ErrAlreadyFinished (use Undo), a rolling-back one with
+// ErrRollbackInProgress.
+func (e *Engine) Cancel(ctx context.Context, id string) error {
+	st, _, err := e.load(ctx, id)
+	if err != nil {
+		return err
+	}
+	if err := cancelable(st); err != nil {
+		return err
+	}
+	target := e.store.RunTarget(id)
+	lease, err := e.locks.TryAcquire(ctx, target.Lock)
+	if errors.Is(err, lock.ErrHeld) {
+		return e.store.RequestCancel(ctx, target, e.cfg.LockExpiry*2)
+	}
+	if err != nil {
+		return err
+	}
+	st, version, err := e.load(ctx, id)
+	if err == nil {
+		err = cancelable(st)
+	}
+	var def *Definition
+	if err == nil {
+		def, err = e.lookup(st.Reactor)
+	}
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return err
+	}
+	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status}
+	_, err = x.undo(ctx, "cancelled on request")
+	return err
+}
+
+func cancelable(st *runState) error {
+	switch {
+	case st.Status == StatusRollingBack:
+		return &StatusError{RunID: st.ID, Status: st.Status, Op: "cancel", Err: ErrRollbackInProgress}
+	case st.Status.Terminal():
+		return &StatusError{RunID: st.ID, Status: st.Status, Op: "cancel", Err: ErrAlreadyFinished}
+	}
+	return nil
+}

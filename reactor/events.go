@@ -1,0 +1,112 @@
+package reactor
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// EventKind names an event; it is also the log line's event attribute.
+type EventKind string
+
+// Events emitted by the executor.
+const (
+	EventRunStarted      EventKind = "reactor.run.started"
+	EventRunResumed      EventKind = "reactor.run.resumed"
+	EventRunCompleted    EventKind = "reactor.run.completed"
+	EventRunFailed       EventKind = "reactor.run.failed"
+	EventRunHalted       EventKind = "reactor.run.halted"
+	EventRunCancelled    EventKind = "reactor.run.cancelled"
+	EventRunAborted      EventKind = "reactor.run.aborted"
+	EventRunLockLost     EventKind = "reactor.run.lock_lost"
+	EventRollbackStarted EventKind = "reactor.rollback.started"
+	EventStepStarted     EventKind = "reactor.step.started"
+	EventStepCompleted   EventKind = "reactor.step.completed"
+	EventStepSkipped     EventKind = "reactor.step.skipped"
+	EventStepRetrying    EventKind = "reactor.step.retrying"
+	EventStepFailed      EventKind = "reactor.step.failed"
+	EventStepUndone      EventKind = "reactor.step.undo"
+	EventStepUndoFailed  EventKind = "reactor.step.undo_failed"
+	EventStepCompensated EventKind = "reactor.step.compensate"
+	EventCompensateFail  EventKind = "reactor.step.compensate_failed"
+)
+
+// Event describes something that happened to a run or a step.
+type Event struct {
+	Kind    EventKind
+	RunID   string
+	Reactor string
+	// Step is the step's path ("" for run events).
+	Step     string
+	Attempt  int
+	Status   Status
+	Err      error
+	Duration time.Duration
+	// Delay is the wait before the next attempt (EventStepRetrying).
+	Delay time.Duration
+}
+
+// Hook receives every event. Hooks run synchronously on the executing
+// goroutine: keep them fast and never block.
+type Hook interface {
+	OnEvent(ctx context.Context, e Event)
+}
+
+// HookFunc adapts a function to Hook.
+type HookFunc func(ctx context.Context, e Event)
+
+// OnEvent calls f.
+func (f HookFunc) OnEvent(ctx context.Context, e Event) { f(ctx, e) }
+
+// CallKind says which user function a Middleware wraps.
+type CallKind string
+
+// Kinds of call.
+const (
+	CallRun        CallKind = "run"
+	CallUndo       CallKind = "undo"
+	CallCompensate CallKind = "compensate"
+)
+
+// Call describes one invocation of a step's function.
+type Call struct {
+	Kind    CallKind
+	RunID   string
+	Reactor string
+	Step    string
+	Attempt int
+}
+
+// Middleware wraps every call of a step's Run, Undo and Compensate (for
+// tracing, metrics, or context values). It must call next once and return
+// its error.
+type Middleware func(ctx context.Context, c Call, next func(context.Context) error) error
+
+func (e *Engine) emit(ctx context.Context, ev Event) {
+	level := slog.LevelInfo
+	attrs := []slog.Attr{slog.String("event", string(ev.Kind)), slog.String("run", ev.RunID), slog.String("reactor", ev.Reactor)}
+	if ev.Step != "" {
+		attrs = append(attrs, slog.String("step", ev.Step))
+		level = slog.LevelDebug
+	}
+	if ev.Attempt > 0 {
+		attrs = append(attrs, slog.Int("attempt", ev.Attempt))
+	}
+	if ev.Status != "" {
+		attrs = append(attrs, slog.String("status", string(ev.Status)))
+	}
+	if ev.Duration > 0 {
+		attrs = append(attrs, slog.Duration("duration", ev.Duration))
+	}
+	if ev.Delay > 0 {
+		attrs = append(attrs, slog.Duration("delay", ev.Delay))
+	}
+	if ev.Err != nil {
+		attrs = append(attrs, slog.String("error", ev.Err.Error()))
+		level = slog.LevelWarn
+	}
+	e.log.LogAttrs(ctx, level, string(ev.Kind), attrs...)
+	for _, h := range e.cfg.Hooks {
+		h.OnEvent(ctx, ev)
+	}
+}

@@ -1,0 +1,331 @@
+package reactor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/lock"
+	"github.com/goreactor/goreactor/internal/store"
+)
+
+// errAborted: the caller's context ended while the run executed forward.
+var errAborted = errors.New("reactor: run aborted: its context ended")
+
+// execution is one process's turn at executing a root run while holding its
+// lock. Every state write goes through save, fenced by the lease's token and
+// the version last written.
+type execution struct {
+	e       *Engine
+	def     *Definition
+	st      *runState
+	target  store.Target
+	lease   *lock.Lease
+	version int64
+	indexed Status // the status the listing indexes hold for this run
+	cancel  bool   // a cancel was requested (seen on a fenced write)
+}
+
+// frame is a definition executing over its state: the root run, or a
+// composed child embedded in it.
+type frame struct {
+	def  *Definition
+	st   *runState
+	path string // "" for the root, "compose/" for a child
+	root bool
+}
+
+// frameResult is how a frame ended when it did not hit an infrastructure
+// error.
+type frameResult struct {
+	status  Status
+	value   codec.Raw
+	failure *Failure
+	reason  string
+}
+
+// execute runs the root frame to its end, then reports the result.
+func (x *execution) execute(ctx context.Context, started EventKind) (*Result, error) {
+	runCtx := x.lease.Keep(ctx)
+	x.e.emit(ctx, Event{Kind: started, RunID: x.st.ID, Reactor: x.st.Reactor, Status: x.st.Status})
+	_, err := x.runFrame(runCtx, &frame{def: x.def, st: x.st, root: true})
+	x.lease.Stop()
+	return x.conclude(ctx, err)
+}
+
+// conclude turns the end of an execution into the caller's answer and
+// releases what is left to release.
+func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
+	bg := context.WithoutCancel(ctx)
+	switch {
+	case err == nil:
+		// The terminal write released the lock.
+		return x.st.result(), nil
+	case errors.Is(err, ErrLockLost):
+		// Not ours any more: write nothing, release nothing.
+		x.e.emit(ctx, Event{Kind: EventRunLockLost, RunID: x.st.ID, Reactor: x.st.Reactor, Err: err})
+		return nil, err
+	case errors.Is(err, errAborted) && x.st.Status != StatusRollingBack:
+		x.st.Status = StatusAborted
+		x.st.Reason = "the caller's context ended: " + context.Cause(ctx).Error()
+		if serr := x.save(bg, true); serr != nil {
+			_ = x.lease.Release(bg)
+			return nil, errors.Join(err, serr)
+		}
+		x.e.emit(ctx, Event{Kind: EventRunAborted, RunID: x.st.ID, Reactor: x.st.Reactor, Status: StatusAborted})
+		return x.st.result(), nil
+	default:
+		// A rollback interrupted by the caller, or Redis trouble: the state
+		// stays at its last checkpoint for a resume.
+		_ = x.lease.Release(bg)
+		return nil, err
+	}
+}
+
+// save writes the root state, fenced. terminal writes carry the retention
+// and release the lock in the same script.
+func (x *execution) save(ctx context.Context, terminal bool) error {
+	now := x.e.now()
+	x.st.UpdatedAt = now.UnixMilli()
+	data, err := codec.Marshal(x.st)
+	if err != nil {
+		return fmt.Errorf("reactor: encode run: %w", err)
+	}
+	opts := store.WriteOptions{}
+	if terminal {
+		opts = store.WriteOptions{Retention: x.e.cfg.Retention, Release: true}
+	}
+	res, err := x.e.store.Write(ctx, x.target, x.lease.Token(), x.version, data, opts)
+	var conflict *store.VersionConflictError
+	if errors.Is(err, store.ErrLockNotHeld) || errors.As(err, &conflict) {
+		return fmt.Errorf("%w: %v", ErrLockLost, err)
+	}
+	if err != nil {
+		return err
+	}
+	x.version = res.Version
+	x.cancel = x.cancel || res.CancelRequested
+	if x.st.Status != x.indexed {
+		if err := x.e.store.MarkStatus(ctx, x.st.ID, string(x.indexed), string(x.st.Status), terminal, now); err != nil {
+			return err
+		}
+		x.indexed = x.st.Status
+	}
+	return nil
+}
+
+// checkpoint saves progress mid-run.
+func (x *execution) checkpoint(ctx context.Context) error {
+	if lock.Lost(ctx) {
+		return ErrLockLost
+	}
+	return x.save(context.WithoutCancel(ctx), false)
+}
+
+// interrupted reports why the run must not execute more user code, if it
+// must not.
+func interrupted(ctx context.Context) error {
+	if lock.Lost(ctx) {
+		return ErrLockLost
+	}
+	if ctx.Err() != nil {
+		return errAborted
+	}
+	return nil
+}
+
+// runFrame executes f's remaining steps in dependency order, then finishes
+// it. For the root frame, finishing means the terminal write.
+func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error) {
+	if f.st.Status == StatusRollingBack {
+		return x.rollback(ctx, f, nil)
+	}
+	pending := 0
+	for _, s := range f.def.order {
+		if _, done := f.st.Steps[s.name]; !done {
+			pending++
+		}
+	}
+	for _, s := range f.def.order {
+		if _, done := f.st.Steps[s.name]; done {
+			continue
+		}
+		if err := interrupted(ctx); err != nil {
+			return nil, err
+		}
+		if x.cancel {
+			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
+		}
+		out, err := x.runStep(ctx, f, s)
+		if err != nil {
+			return nil, err
+		}
+		pending--
+		switch out.kind {
+		case outOK, outSkip:
+			// The last step's record rides on the terminal write.
+			if pending > 0 || !f.root {
+				if err := x.checkpoint(ctx); err != nil {
+					return nil, err
+				}
+			}
+		case outHalt:
+			f.st.Status, f.st.Reason = StatusHalted, out.reason
+			return x.finish(ctx, f, EventRunHalted)
+		case outCancel:
+			return x.startRollback(ctx, f, TriggerUndo, "", out.failure, nil)
+		case outFail:
+			return x.startRollback(ctx, f, TriggerFailure, s.name, out.failure, out.err)
+		}
+	}
+	f.st.Status = StatusCompleted
+	if f.def.returns != nil {
+		v, err := resolveRef(f.def, *f.def.returns, f.st)
+		if err != nil {
+			return x.startRollback(ctx, f, TriggerFailure, "", newFailure("", Permanent(fmt.Errorf("reactor: resolve return value: %w", err))), nil)
+		}
+		f.st.Value = v
+	}
+	return x.finish(ctx, f, EventRunCompleted)
+}
+
+// finish ends a frame in its current (terminal) status.
+func (x *execution) finish(ctx context.Context, f *frame, ev EventKind) (*frameResult, error) {
+	if f.root {
+		if err := x.save(context.WithoutCancel(ctx), true); err != nil {
+			return nil, err
+		}
+	}
+	x.e.emit(ctx, Event{Kind: ev, RunID: x.st.ID, Reactor: f.def.name, Step: trimPath(f.path), Status: f.st.Status, Err: f.st.Failure.errOrNil()})
+	return &frameResult{status: f.st.Status, value: f.st.Value, failure: f.st.Failure, reason: f.st.Reason}, nil
+}
+
+func (f *Failure) errOrNil() error {
+	if f == nil {
+		return nil
+	}
+	return f
+}
+
+func trimPath(p string) string {
+	if p == "" {
+		return ""
+	}
+	return p[:len(p)-1]
+}
+
+type outKind uint8
+
+const (
+	outOK outKind = iota
+	outSkip
+	outHalt
+	outFail
+	outCancel
+)
+
+type stepOutcome struct {
+	kind    outKind
+	reason  string
+	failure *Failure
+	err     error
+}
+
+// runStep runs one step with its retries and records a success on the
+// frame's state. It returns an error only when the run must stop without
+// treating the step as failed (lost lock, ended context).
+func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutcome, error) {
+	path := f.path + s.name
+	args, err := resolveArgs(f.def, s, f.st)
+	if err != nil {
+		err = Permanent(fmt.Errorf("reactor: step %q: %w", s.name, err))
+		return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
+	}
+	if s.kind == kindCompose {
+		return x.runCompose(ctx, f, s, args)
+	}
+	attempts := s.retry.attempts()
+	for attempt := 1; ; attempt++ {
+		x.e.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt})
+		began := time.Now()
+		var val codec.Raw
+		err := x.call(ctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt}, s.timeout, func(cctx context.Context) error {
+			var rerr error
+			val, rerr = s.run(cctx, args)
+			return rerr
+		})
+		// After a lost lock nothing the step returned counts: no record, no
+		// compensation. Another process owns the run.
+		if lock.Lost(ctx) {
+			return stepOutcome{}, ErrLockLost
+		}
+		var halt *haltError
+		var skip *skipError
+		switch {
+		case err == nil:
+			f.st.Steps[s.name] = &stepRec{State: stepDone, Value: val, Attempts: attempt}
+			if s.undo != nil {
+				f.st.Seq++
+				f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: args, Result: val, Status: RollbackPending})
+			}
+			x.e.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Duration: time.Since(began)})
+			return stepOutcome{kind: outOK}, nil
+		case errors.As(err, &skip):
+			f.st.Steps[s.name] = &stepRec{State: stepSkipped, Attempts: attempt}
+			x.e.emit(ctx, Event{Kind: EventStepSkipped, RunID: x.st.ID, Reactor: f.def.name, Step: path})
+			return stepOutcome{kind: outSkip}, nil
+		case errors.As(err, &halt):
+			return stepOutcome{kind: outHalt, reason: halt.reason}, nil
+		case ctx.Err() != nil:
+			// The caller's context ended: the step did not fail, the run
+			// was cut short.
+			return stepOutcome{}, errAborted
+		}
+		if s.timeout > 0 && errors.Is(err, context.DeadlineExceeded) {
+			err = fmt.Errorf("%w: %w", &TimeoutError{Step: path, Timeout: s.timeout.String()}, err)
+		}
+		if IsPermanent(err) || attempt >= attempts {
+			x.e.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err})
+			return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
+		}
+		delay := s.retry.delay(attempt)
+		x.e.emit(ctx, Event{Kind: EventStepRetrying, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err, Delay: delay})
+		if err := x.e.sleep(ctx, delay); err != nil {
+			if ierr := interrupted(ctx); ierr != nil {
+				return stepOutcome{}, ierr
+			}
+			return stepOutcome{}, err
+		}
+	}
+}
+
+// call invokes a step function through the middleware chain, with an
+// optional timeout, turning a panic into a *PanicError.
+func (x *execution) call(ctx context.Context, c Call, timeout time.Duration, fn func(context.Context) error) (err error) {
+	if timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, timeout)
+		defer cancel()
+	}
+	next := func(ctx context.Context) (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				err = &PanicError{Value: fmt.Sprint(r), Stack: string(debug.Stack())}
+			}
+		}()
+		return fn(ctx)
+	}
+	mws := x.e.cfg.Middleware
+	for i := len(mws) - 1; i >= 0; i-- {
+		mw, inner := mws[i], next
+		next = func(ctx context.Context) error { return mw(ctx, c, inner) }
+	}
+	return next(ctx)
+}
+
+func newCancelFailure(msg string) *Failure {
+	return &Failure{Code: "reactor.cancelled", Message: msg}
+}

@@ -1,0 +1,264 @@
+package reactor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/lock"
+)
+
+// startRollback records the decision to roll back and saves it before the
+// first compensation side effect, so a crash can never send the failed step
+// back to be retried while its predecessors are being undone. Then it rolls
+// back.
+func (x *execution) startRollback(ctx context.Context, f *frame, trigger RollbackTrigger, step string, failure *Failure, cause error) (*frameResult, error) {
+	f.st.Status = StatusRollingBack
+	f.st.Rollback = &RollbackRecord{Trigger: trigger, Step: step, Failure: failure}
+	if err := x.checkpoint(ctx); err != nil {
+		return nil, err
+	}
+	x.e.emit(ctx, Event{Kind: EventRollbackStarted, RunID: x.st.ID, Reactor: f.def.name, Step: trimPath(f.path), Err: failure.errOrNil()})
+	return x.rollback(ctx, f, cause)
+}
+
+// undo rolls back a finished root run on request; it ends cancelled.
+func (x *execution) undo(ctx context.Context, msg string) (*Result, error) {
+	runCtx := x.lease.Keep(ctx)
+	_, err := x.startRollback(runCtx, &frame{def: x.def, st: x.st, root: true}, TriggerUndo, "", newCancelFailure(msg), nil)
+	x.lease.Stop()
+	return x.conclude(ctx, err)
+}
+
+// rollback compensates the failing step (once) and undoes the ledger newest
+// first, saving after every undone entry, then ends the frame failed or
+// cancelled. It resumes where a crashed rollback stopped: entries pop only
+// after their undo returned and the pop was saved.
+func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frameResult, error) {
+	rb := f.st.Rollback
+	if rb == nil { // a state saved mid-rollback always has its record
+		return nil, fmt.Errorf("reactor: run %s is rolling_back without a rollback record", x.st.ID)
+	}
+	if rb.Failure == nil {
+		rb.Failure = newCancelFailure("rolled back")
+	}
+	if rb.Trigger == TriggerFailure && !rb.Compensated && rb.Step != "" {
+		called, err := x.compensate(ctx, f, rb, cause)
+		if err != nil {
+			return nil, err
+		}
+		rb.Compensated = true
+		if called {
+			if err := x.checkpoint(ctx); err != nil {
+				return nil, err
+			}
+		}
+	}
+	for len(f.st.Ledger) > 0 {
+		if lock.Lost(ctx) {
+			return nil, ErrLockLost
+		}
+		e := f.st.Ledger[len(f.st.Ledger)-1]
+		if err := x.undoEntry(ctx, f, f.def, e, f.path); err != nil {
+			return nil, err
+		}
+		f.st.Ledger = f.st.Ledger[:len(f.st.Ledger)-1]
+		// The last pop of the root rides on the terminal write.
+		if len(f.st.Ledger) > 0 || !f.root {
+			if err := x.checkpoint(ctx); err != nil {
+				return nil, err
+			}
+		}
+	}
+	f.st.Failure = rb.Failure
+	f.st.Rollback = nil
+	ev := EventRunFailed
+	f.st.Status = StatusFailed
+	if rb.Trigger == TriggerUndo {
+		f.st.Status, ev = StatusCancelled, EventRunCancelled
+	}
+	return x.finish(ctx, f, ev)
+}
+
+// compensate calls the failing step's Compensate. It reports whether a user
+// function ran.
+func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord, cause error) (bool, error) {
+	s := f.def.byName[rb.Step]
+	path := f.path + rb.Step
+	if s == nil || s.kind == kindCompose {
+		// A composed child rolled itself back before its failure surfaced.
+		return false, nil
+	}
+	if s.compensate == nil {
+		f.st.Undone = append(f.st.Undone, StepRollback{Step: path, Kind: KindCompensate, Status: RollbackNoCompensation, At: x.e.now().UnixMilli()})
+		return false, nil
+	}
+	if cause == nil { // resumed: rebuild the cause from the saved failure
+		cause = rb.Failure
+		if u := rb.Failure.Unwrap(); u != nil {
+			cause = u
+		}
+	}
+	args, err := resolveArgs(f.def, s, f.st)
+	if err == nil {
+		err = x.call(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: f.def.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+			return s.compensate(cctx, args, cause)
+		})
+	}
+	if ierr := rollbackInterrupted(ctx); ierr != nil {
+		return false, ierr
+	}
+	rec := StepRollback{Step: path, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
+	if err != nil {
+		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
+		rb.CompensationError = err.Error()
+		x.addRollbackFailure(rb, RollbackFailure{Step: path, Kind: KindCompensate, Reason: rec.Reason, Message: rec.Message})
+		x.e.emit(ctx, Event{Kind: EventCompensateFail, RunID: x.st.ID, Reactor: f.def.name, Step: path, Err: err})
+	} else {
+		x.e.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: f.def.name, Step: path})
+	}
+	f.st.Undone = append(f.st.Undone, rec)
+	return true, nil
+}
+
+// undoEntry undoes one ledger entry of definition d. A compose entry undoes
+// its folded child entries newest first, saving after each.
+func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *LedgerEntry, prefix string) error {
+	s := d.byName[e.Step]
+	path := prefix + e.Step
+	rb := f.st.Rollback
+	if s != nil && s.kind == kindCompose {
+		for len(e.Children) > 0 {
+			if lock.Lost(ctx) {
+				return ErrLockLost
+			}
+			c := e.Children[len(e.Children)-1]
+			if err := x.undoEntry(ctx, f, s.child, c, path+"/"); err != nil {
+				return err
+			}
+			e.Children = e.Children[:len(e.Children)-1]
+			if len(e.Children) > 0 {
+				if err := x.checkpoint(ctx); err != nil {
+					return err
+				}
+			}
+		}
+		e.Status = RollbackCompensated
+		return nil
+	}
+	var err error
+	if s == nil || s.undo == nil {
+		err = fmt.Errorf("reactor: step %q is no longer undoable in definition %q", e.Step, d.name)
+	} else {
+		e.Status = RollbackCompensating
+		err = x.call(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+			return s.undo(cctx, e.Args, e.Result)
+		})
+		// An undo cut short by the caller or a lost lock stays on the stack
+		// (pending) for whoever resumes the rollback.
+		if ierr := rollbackInterrupted(ctx); ierr != nil {
+			e.Status = RollbackPending
+			return ierr
+		}
+	}
+	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
+	if err != nil {
+		e.Status = RollbackFailed
+		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
+		x.addRollbackFailure(rb, RollbackFailure{Step: path, Kind: KindUndo, Reason: rec.Reason, Message: rec.Message})
+		x.e.emit(ctx, Event{Kind: EventStepUndoFailed, RunID: x.st.ID, Reactor: d.name, Step: path, Err: err})
+	} else {
+		e.Status = RollbackCompensated
+		x.e.emit(ctx, Event{Kind: EventStepUndone, RunID: x.st.ID, Reactor: d.name, Step: path})
+	}
+	f.st.Undone = append(f.st.Undone, rec)
+	return nil
+}
+
+func rollbackInterrupted(ctx context.Context) error {
+	if lock.Lost(ctx) {
+		return ErrLockLost
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("reactor: rollback interrupted, it resumes from the last undone step: %w", context.Cause(ctx))
+	}
+	return nil
+}
+
+func (x *execution) undoTimeout(s *stepDef) time.Duration {
+	if s != nil && s.undoTO > 0 {
+		return s.undoTO
+	}
+	return x.e.cfg.UndoTimeout
+}
+
+// addRollbackFailure keeps the first MaxRollbackFailures and counts the rest,
+// so a huge rollback cannot grow the run without bound.
+func (x *execution) addRollbackFailure(rb *RollbackRecord, rf RollbackFailure) {
+	if len(rb.Failure.RollbackFailures) < x.e.cfg.MaxRollbackFailures {
+		rb.Failure.RollbackFailures = append(rb.Failure.RollbackFailures, rf)
+	} else {
+		rb.Failure.RollbackFailuresOmitted++
+	}
+}
+
+func codeOf(err error) string {
+	code, _ := encodeError(err)
+	return code
+}
+
+// ---- compose
+
+// runCompose runs a child definition inside step s. The child's state is
+// embedded in the parent's (so every child checkpoint is a root write) and
+// removed once the step settles; a completed child's ledger folds into the
+// compose step's entry.
+func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args codec.Raw) (stepOutcome, error) {
+	path := f.path + s.name
+	cst := f.st.Children[s.name]
+	if cst == nil {
+		var given map[string]codec.Raw
+		if err := codec.Unmarshal(args, &given); err != nil {
+			err = Permanent(err)
+			return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
+		}
+		inputs, err := s.child.checkInputs(given)
+		if err != nil {
+			err = Permanent(err)
+			return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
+		}
+		cst = newState(x.st.ID+"/"+path, s.child, inputs, x.e.now())
+		if f.st.Children == nil {
+			f.st.Children = map[string]*runState{}
+		}
+		f.st.Children[s.name] = cst
+	}
+	x.e.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1})
+	res, err := x.runFrame(ctx, &frame{def: s.child, st: cst, path: path + "/"})
+	if err != nil {
+		return stepOutcome{}, err
+	}
+	delete(f.st.Children, s.name)
+	switch res.status {
+	case StatusCompleted:
+		f.st.Steps[s.name] = &stepRec{State: stepDone, Value: res.value, Attempts: 1}
+		if len(cst.Ledger) > 0 {
+			f.st.Seq++
+			f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Result: res.value, Status: RollbackPending, Children: cst.Ledger})
+		}
+		x.e.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path})
+		return stepOutcome{kind: outOK}, nil
+	case StatusHalted:
+		return stepOutcome{kind: outHalt, reason: res.reason}, nil
+	case StatusCancelled:
+		return stepOutcome{kind: outCancel, failure: res.failure.clone()}, nil
+	default:
+		// The child rolled itself back; its failure, with the child's
+		// rollback failures, becomes the parent's.
+		fl := res.failure.clone()
+		f.st.Undone = append(f.st.Undone, cst.Undone...)
+		return stepOutcome{kind: outFail, failure: fl, err: errors.Unwrap(fl)}, nil
+	}
+}

@@ -1,0 +1,173 @@
+package reactor
+
+import (
+	"time"
+
+	"github.com/goreactor/goreactor/internal/codec"
+)
+
+// runState is what a run persists (msgpack, short keys). A composed child in
+// progress is embedded in its parent's state, so one fenced write saves a
+// whole run tree.
+type runState struct {
+	ID      string               `msgpack:"id"`
+	Reactor string               `msgpack:"r"`
+	Status  Status               `msgpack:"s"`
+	Inputs  map[string]codec.Raw `msgpack:"in"`
+	Steps   map[string]*stepRec  `msgpack:"st"`
+	// Ledger is the undo stack, oldest first.
+	Ledger []*LedgerEntry `msgpack:"l,omitempty"`
+	// Seq numbers ledger entries.
+	Seq int `msgpack:"q,omitempty"`
+	// Children holds composed child runs in progress, by compose step.
+	Children map[string]*runState `msgpack:"ch,omitempty"`
+	// Rollback is set while rolling back.
+	Rollback *RollbackRecord `msgpack:"rb,omitempty"`
+	// Undone records what each rollback did to each step, in order.
+	Undone []StepRollback `msgpack:"u,omitempty"`
+
+	Value     codec.Raw `msgpack:"v,omitempty"`
+	Failure   *Failure  `msgpack:"f,omitempty"`
+	Reason    string    `msgpack:"why,omitempty"`
+	CreatedAt int64     `msgpack:"c"`
+	UpdatedAt int64     `msgpack:"t"`
+}
+
+type stepState string
+
+const (
+	stepDone    stepState = "done"
+	stepSkipped stepState = "skipped"
+)
+
+type stepRec struct {
+	State    stepState `msgpack:"s"`
+	Value    codec.Raw `msgpack:"v,omitempty"`
+	Attempts int       `msgpack:"a,omitempty"`
+}
+
+// LedgerEntry is one completed, undoable step on a run's undo stack.
+type LedgerEntry struct {
+	// Ordinal orders entries within a run (1, 2, ...).
+	Ordinal int `msgpack:"o"`
+	// Step is the step's name.
+	Step string `msgpack:"step"`
+	// Args is a snapshot of the arguments the step saw.
+	Args codec.Raw `msgpack:"args,omitempty"`
+	// Result is the step's result.
+	Result codec.Raw `msgpack:"res,omitempty"`
+	// Status is the entry's rollback status (pending until undone).
+	Status RollbackStatus `msgpack:"status"`
+	// Children are a composed child's entries, folded into the compose
+	// step's entry, oldest first.
+	Children []*LedgerEntry `msgpack:"ch,omitempty"`
+}
+
+// RollbackTrigger says what started a rollback.
+type RollbackTrigger string
+
+// Rollback triggers.
+const (
+	// TriggerFailure: a step failed.
+	TriggerFailure RollbackTrigger = "failure"
+	// TriggerUndo: Undo or Cancel was called.
+	TriggerUndo RollbackTrigger = "undo"
+	// TriggerStep: a composed child rolls back inside the parent's step.
+	TriggerStep RollbackTrigger = "step"
+)
+
+// RollbackRecord is saved with status rolling_back before the first
+// compensation side effect, so a crash mid-rollback resumes the rollback
+// instead of retrying the failed step.
+type RollbackRecord struct {
+	Trigger RollbackTrigger `msgpack:"trigger"`
+	// Step is the failing step ("" for an undo).
+	Step string `msgpack:"step,omitempty"`
+	// Compensated is true once the failing step's compensate was called.
+	Compensated bool `msgpack:"compensated"`
+	// Failure is the Failure the run will end with, captured when the
+	// rollback started; rollback failures are added as they happen.
+	Failure *Failure `msgpack:"failure,omitempty"`
+	// CompensationError is the failing step's compensate error, if any.
+	CompensationError string `msgpack:"compensation_error,omitempty"`
+}
+
+// StepRollback is what a rollback did for one step: the per-step rollback
+// status report.
+type StepRollback struct {
+	Step    string              `msgpack:"step"`
+	Ordinal int                 `msgpack:"o,omitempty"`
+	Kind    RollbackFailureKind `msgpack:"kind"`
+	Status  RollbackStatus      `msgpack:"status"`
+	Reason  string              `msgpack:"reason,omitempty"`
+	Message string              `msgpack:"message,omitempty"`
+	At      int64               `msgpack:"at"`
+}
+
+// Run is a stored run, as Get returns it.
+type Run struct {
+	ID      string
+	Reactor string
+	Status  Status
+	// Version is the number of fenced writes the run has had.
+	Version int64
+	Inputs  map[string]codec.Raw
+	// Completed lists completed steps in completion order of the definition.
+	Completed []string
+	// Skipped lists skipped steps.
+	Skipped []string
+	// Ledger is the undo stack, oldest first.
+	Ledger []*LedgerEntry
+	// Rollback is set while the run is rolling back.
+	Rollback *RollbackRecord
+	// Rollbacks is the per-step rollback report, in the order it happened.
+	Rollbacks []StepRollback
+	Value     codec.Raw
+	Failure   *Failure
+	Reason    string
+	CreatedAt time.Time
+	UpdatedAt time.Time
+}
+
+// Result returns the run's result as a Result.
+func (r *Run) Result() *Result {
+	return &Result{RunID: r.ID, Reactor: r.Reactor, Status: r.Status, Value: r.Value, Failure: r.Failure, Reason: r.Reason}
+}
+
+func (st *runState) result() *Result {
+	return &Result{RunID: st.ID, Reactor: st.Reactor, Status: st.Status, Value: st.Value, Failure: st.Failure, Reason: st.Reason}
+}
+
+func (st *runState) view(d *Definition, version int64) *Run {
+	r := &Run{ID: st.ID, Reactor: st.Reactor, Status: st.Status, Version: version, Inputs: st.Inputs,
+		Ledger: st.Ledger, Rollback: st.Rollback, Rollbacks: st.Undone, Value: st.Value,
+		Failure: st.Failure, Reason: st.Reason,
+		CreatedAt: time.UnixMilli(st.CreatedAt), UpdatedAt: time.UnixMilli(st.UpdatedAt)}
+	names := make([]string, 0, len(st.Steps))
+	if d != nil {
+		for _, s := range d.order {
+			names = append(names, s.name)
+		}
+	} else {
+		for n := range st.Steps {
+			names = append(names, n)
+		}
+	}
+	for _, n := range names {
+		rec, ok := st.Steps[n]
+		if !ok {
+			continue
+		}
+		if rec.State == stepSkipped {
+			r.Skipped = append(r.Skipped, n)
+		} else {
+			r.Completed = append(r.Completed, n)
+		}
+	}
+	return r
+}
+
+func newState(id string, d *Definition, inputs map[string]codec.Raw, now time.Time) *runState {
+	return &runState{ID: id, Reactor: d.name, Status: StatusRunning, Inputs: inputs,
+		Steps: map[string]*stepRec{}, CreatedAt: now.UnixMilli(), UpdatedAt: now.UnixMilli()}
+}
