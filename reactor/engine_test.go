@@ -1,0 +1,414 @@
+package reactor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/reactor"
+)
+
+type reserveIn struct {
+	Item string `json:"item"`
+	Qty  int    `json:"qty"`
+}
+
+type reservation struct {
+	ID  string `json:"id"`
+	Qty int    `json:"qty"`
+}
+
+func TestTypedStepsAndDependencyOrder(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	// Declared in reverse: the executor must follow the references.
+	def := reactor.MustDefine("order",
+		reactor.Input[string]("item", reactor.Required()),
+		reactor.Input[int]("qty", reactor.Default(2), reactor.Validate(func(q int) error {
+			if q <= 0 {
+				return errors.New("must be positive")
+			}
+			return nil
+		})),
+		reactor.Step("notify", reactor.StepConfig[struct {
+			ReservationID string `json:"rid"`
+			Charged       int    `json:"charged"`
+		}, string]{
+			Args: reactor.Bindings{"rid": reactor.FromStep("reserve", "id"), "charged": reactor.FromStep("charge")},
+			Run: func(ctx context.Context, in struct {
+				ReservationID string `json:"rid"`
+				Charged       int    `json:"charged"`
+			}) (string, error) {
+				tr.add("run:notify")
+				return fmt.Sprintf("%s/%d", in.ReservationID, in.Charged), nil
+			},
+		}),
+		reactor.Step("charge", reactor.StepConfig[reservation, int]{
+			Args: reactor.Bindings{"id": reactor.FromStep("reserve", "id"), "qty": reactor.FromStep("reserve", "qty")},
+			Run: func(ctx context.Context, r reservation) (int, error) {
+				tr.add("run:charge")
+				return r.Qty * 10, nil
+			},
+		}),
+		reactor.Step("reserve", reactor.StepConfig[reserveIn, reservation]{
+			Args: reactor.Bindings{"item": reactor.FromInput("item"), "qty": reactor.FromInput("qty")},
+			Run: func(ctx context.Context, in reserveIn) (reservation, error) {
+				tr.add("run:reserve")
+				return reservation{ID: "r-" + in.Item, Qty: in.Qty}, nil
+			},
+		}),
+		reactor.Returns(reactor.FromStep("notify")),
+	)
+	require.Equal(t, []string{"reserve", "charge", "notify"}, def.Steps())
+
+	res, err := env.engine.Run(ctxTimeout(t), def, map[string]any{"item": "book"})
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+	require.Equal(t, reactor.OutcomeSuccess, res.Outcome())
+	v, err := reactor.ValueOf[string](res)
+	require.NoError(t, err)
+	require.Equal(t, "r-book/20", v)
+	require.Equal(t, []string{"run:reserve", "run:charge", "run:notify"}, tr.all())
+
+	run, err := env.engine.Get(ctxTimeout(t), res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, run.Status)
+	require.Equal(t, []string{"reserve", "charge", "notify"}, run.Completed)
+	require.Empty(t, run.Ledger, "steps without Undo must not allocate ledger entries")
+}
+
+func TestInputsAreCheckedBeforeAnythingIsStored(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	def := reactor.MustDefine("inputs",
+		reactor.Input[string]("name", reactor.Required()),
+		reactor.Input[int]("n", reactor.Validate(func(n int) error {
+			if n > 10 {
+				return errors.New("at most 10")
+			}
+			return nil
+		})),
+		simple(env.trail, "a", nil),
+	)
+	ctx := ctxTimeout(t)
+	for name, in := range map[string]map[string]any{
+		"missing":   {},
+		"wrongType": {"name": 5},
+		"invalid":   {"name": "x", "n": 11},
+		"unknown":   {"name": "x", "nme": "typo"},
+	} {
+		_, err := env.engine.Run(ctx, def, in, reactor.WithRunID("bad-"+name))
+		var ie *reactor.InputError
+		require.ErrorAs(t, err, &ie, name)
+		_, err = env.engine.Get(ctx, "bad-"+name)
+		require.ErrorIs(t, err, reactor.ErrNotFound, name)
+	}
+	require.Empty(t, env.trail.all())
+}
+
+func TestFailureUndoesCompletedStepsNewestFirst(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	boom := errors.New("card declined")
+	def := reactor.MustDefine("saga",
+		simple(tr, "a", nil),
+		simple(tr, "b", nil, "a"),
+		reactor.Step("no_undo", reactor.StepConfig[reactor.Args, int]{After: []string{"b"},
+			Run: func(context.Context, reactor.Args) (int, error) { tr.add("run:no_undo"); return 1, nil }}),
+		simple(tr, "c", nil, "no_undo"),
+		reactor.Step("d", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"c"},
+			Run:   func(context.Context, reactor.Args) (int, error) { tr.add("run:d"); return 0, boom },
+			Compensate: func(_ context.Context, _ reactor.Args, err error) error {
+				tr.add("compensate:d:" + err.Error())
+				return nil
+			},
+		}),
+	)
+	res, err := env.engine.Run(ctxTimeout(t), def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, []string{
+		"run:a", "run:b", "run:no_undo", "run:c", "run:d",
+		"compensate:d:card declined", "undo:c", "undo:b", "undo:a",
+	}, tr.all())
+	require.Equal(t, "d", res.Failure.Step)
+	require.ErrorIs(t, res.Err(), boom, "the live failure unwraps to the step's error")
+	require.Empty(t, res.Failure.RollbackFailures)
+
+	run, err := env.engine.Get(ctxTimeout(t), res.RunID)
+	require.NoError(t, err)
+	require.Empty(t, run.Ledger, "every entry pops once undone")
+	var statuses []string
+	for _, r := range run.Rollbacks {
+		statuses = append(statuses, fmt.Sprintf("%s:%s:%s", r.Kind, r.Step, r.Status))
+	}
+	require.Equal(t, []string{
+		"compensate:d:compensated", "undo:c:compensated", "undo:b:compensated", "undo:a:compensated",
+	}, statuses)
+}
+
+func TestUndoFailuresAreCollectedAndRollbackContinues(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	undoErr := errors.New("refund service down")
+	def := reactor.MustDefine("collect",
+		simple(tr, "a", nil),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"a"},
+			Run:   func(context.Context, reactor.Args) (int, error) { tr.add("run:b"); return 1, nil },
+			Undo:  func(context.Context, reactor.Args, int) error { tr.add("undo:b"); return undoErr },
+		}),
+		reactor.Step("slow_undo", reactor.StepConfig[reactor.Args, int]{
+			After:       []string{"b"},
+			UndoTimeout: 50 * time.Millisecond,
+			Run:         func(context.Context, reactor.Args) (int, error) { return 1, nil },
+			Undo: func(ctx context.Context, _ reactor.Args, _ int) error {
+				<-ctx.Done() // hangs until its timeout
+				tr.add("undo:slow_undo")
+				return ctx.Err()
+			},
+		}),
+		reactor.Step("c", reactor.StepConfig[reactor.Args, int]{
+			After:      []string{"slow_undo"},
+			Run:        func(context.Context, reactor.Args) (int, error) { return 0, errors.New("boom") },
+			Compensate: func(context.Context, reactor.Args, error) error { return errors.New("cleanup failed") },
+		}),
+	)
+	res, err := env.engine.Run(ctxTimeout(t), def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, "boom", res.Failure.Message)
+	require.Equal(t, []reactor.RollbackFailure{
+		{Step: "c", Kind: reactor.KindCompensate, Message: "cleanup failed"},
+		{Step: "slow_undo", Kind: reactor.KindUndo, Reason: "reactor.deadline_exceeded", Message: context.DeadlineExceeded.Error()},
+		{Step: "b", Kind: reactor.KindUndo, Message: "refund service down"},
+	}, res.Failure.RollbackFailures)
+	require.Equal(t, []string{"run:a", "run:b", "undo:slow_undo", "undo:b", "undo:a"}, tr.all(), "a is undone after b's undo failed")
+
+	run, err := env.engine.Get(ctxTimeout(t), res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, res.Failure.RollbackFailures, run.Failure.RollbackFailures, "rollback failures survive the round trip")
+	st := map[string]reactor.RollbackStatus{}
+	for _, r := range run.Rollbacks {
+		st[string(r.Kind)+":"+r.Step] = r.Status
+	}
+	require.Equal(t, map[string]reactor.RollbackStatus{
+		"compensate:c":   reactor.RollbackFailed,
+		"undo:slow_undo": reactor.RollbackFailed,
+		"undo:b":         reactor.RollbackFailed,
+		"undo:a":         reactor.RollbackCompensated,
+	}, st)
+}
+
+func TestFailingStepWithoutCompensateIsRecordedNotFailed(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	def := reactor.MustDefine("nocomp", simple(env.trail, "a", errors.New("x")))
+	res, err := env.engine.Run(ctxTimeout(t), def, nil)
+	require.NoError(t, err)
+	require.Empty(t, res.Failure.RollbackFailures)
+	run, err := env.engine.Get(ctxTimeout(t), res.RunID)
+	require.NoError(t, err)
+	require.Len(t, run.Rollbacks, 1)
+	require.Equal(t, reactor.RollbackNoCompensation, run.Rollbacks[0].Status)
+}
+
+func TestRetriesWithEachBackoff(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name    string
+		backoff reactor.Backoff
+		want    []time.Duration
+	}{
+		{"fixed", reactor.Fixed(7 * time.Millisecond), []time.Duration{7, 7, 7, 7}},
+		{"linear", reactor.Linear(5*time.Millisecond, 12*time.Millisecond), []time.Duration{5, 10, 12, 12}},
+		{"exponential", reactor.Exponential(2*time.Millisecond, 10*time.Millisecond), []time.Duration{2, 4, 8, 10}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			env := newEnv(t)
+			var delays []time.Duration
+			reactor.SetSleep(env.engine, func(ctx context.Context, d time.Duration) error {
+				delays = append(delays, d)
+				return nil
+			})
+			attempts := 0
+			def := reactor.MustDefine("retry-"+tc.name, reactor.Step("flaky", reactor.StepConfig[reactor.Args, int]{
+				Retry: reactor.Retry{MaxAttempts: 5, Backoff: tc.backoff},
+				Run: func(context.Context, reactor.Args) (int, error) {
+					attempts++
+					if attempts < 5 {
+						return 0, errors.New("transient")
+					}
+					return attempts, nil
+				},
+			}))
+			res, err := env.engine.Run(ctxTimeout(t), def, nil)
+			require.NoError(t, err)
+			require.Equal(t, reactor.StatusCompleted, res.Status)
+			require.Equal(t, 5, attempts)
+			var want []time.Duration
+			for _, w := range tc.want {
+				want = append(want, w*time.Millisecond)
+			}
+			require.Equal(t, want, delays)
+		})
+	}
+}
+
+func TestRetriesExhaustAndPermanentStopsRetrying(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	reactor.SetSleep(env.engine, func(context.Context, time.Duration) error { return nil })
+	var transient, permanent int
+	def := reactor.MustDefine("exhaust",
+		reactor.Step("t", reactor.StepConfig[reactor.Args, int]{
+			Retry: reactor.Retry{MaxAttempts: 3, Backoff: reactor.Fixed(time.Hour)},
+			Run:   func(context.Context, reactor.Args) (int, error) { transient++; return 0, errors.New("still down") },
+		}))
+	res, err := env.engine.Run(ctxTimeout(t), def, nil)
+	require.NoError(t, err)
+	require.Equal(t, 3, transient)
+	require.True(t, res.Failure.Retryable)
+
+	def2 := reactor.MustDefine("permanent",
+		reactor.Step("p", reactor.StepConfig[reactor.Args, int]{
+			Retry: reactor.Retry{MaxAttempts: 5},
+			Run: func(context.Context, reactor.Args) (int, error) {
+				permanent++
+				return 0, reactor.Permanent(errors.New("invalid card"))
+			},
+		}))
+	res, err = env.engine.Run(ctxTimeout(t), def2, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, permanent)
+	require.False(t, res.Failure.Retryable)
+}
+
+func TestStepTimeoutFailsTheAttempt(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	def := reactor.MustDefine("timeout", reactor.Step("slow", reactor.StepConfig[reactor.Args, int]{
+		Timeout: 20 * time.Millisecond,
+		Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+			<-ctx.Done()
+			return 0, ctx.Err()
+		},
+	}))
+	res, err := env.engine.Run(ctxTimeout(t), def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	var te *reactor.TimeoutError
+	require.ErrorAs(t, res.Err(), &te)
+	require.Equal(t, "slow", te.Step)
+
+	// And after a round trip through Redis.
+	run, err := env.engine.Get(ctxTimeout(t), res.RunID)
+	require.NoError(t, err)
+	var te2 *reactor.TimeoutError
+	require.ErrorAs(t, run.Failure, &te2)
+	require.Equal(t, "20ms", te2.Timeout)
+}
+
+func TestHaltStopsWithoutRollback(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	def := reactor.MustDefine("halt",
+		simple(tr, "a", nil),
+		simple(tr, "b", reactor.Halt("out of stock, nothing to do"), "a"),
+		simple(tr, "c", nil, "b"),
+	)
+	res, err := env.engine.Run(ctxTimeout(t), def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusHalted, res.Status)
+	require.Equal(t, reactor.OutcomeHalt, res.Outcome())
+	require.Equal(t, "out of stock, nothing to do", res.Reason)
+	require.Equal(t, []string{"run:a", "run:b"}, tr.all())
+
+	run, err := env.engine.Get(ctxTimeout(t), res.RunID)
+	require.NoError(t, err)
+	require.Len(t, run.Ledger, 1, "a halted run keeps its ledger for a later Undo")
+}
+
+func TestSkippedStepIsNeverUndone(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	def := reactor.MustDefine("skip",
+		simple(tr, "a", nil),
+		simple(tr, "b", reactor.Skip("feature off"), "a"),
+		reactor.Step("c", reactor.StepConfig[struct {
+			B string `json:"b"`
+		}, int]{
+			Args: reactor.Bindings{"b": reactor.FromStep("b")},
+			Run: func(_ context.Context, in struct {
+				B string `json:"b"`
+			}) (int, error) {
+				tr.add("run:c:" + in.B)
+				return 0, errors.New("fail after skip")
+			},
+		}),
+	)
+	res, err := env.engine.Run(ctxTimeout(t), def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, []string{"run:a", "run:b", "run:c:", "undo:a"}, tr.all())
+}
+
+func TestDefinitionErrorsNameTheStep(t *testing.T) {
+	t.Parallel()
+	noop := func(context.Context, reactor.Args) (int, error) { return 0, nil }
+	cases := map[string]struct {
+		parts []reactor.Part
+		step  string
+		want  string
+	}{
+		"cycle": {[]reactor.Part{
+			reactor.Step("a", reactor.StepConfig[reactor.Args, int]{Run: noop, After: []string{"c"}}),
+			reactor.Step("b", reactor.StepConfig[reactor.Args, int]{Run: noop, Args: reactor.Bindings{"x": reactor.FromStep("a")}}),
+			reactor.Step("c", reactor.StepConfig[reactor.Args, int]{Run: noop, After: []string{"b"}}),
+			reactor.Step("free", reactor.StepConfig[reactor.Args, int]{Run: noop}),
+		}, "a", "cycle"},
+		"unknown step": {[]reactor.Part{
+			reactor.Step("a", reactor.StepConfig[reactor.Args, int]{Run: noop, Args: reactor.Bindings{"x": reactor.FromStep("nope")}}),
+		}, "a", `unknown step "nope"`},
+		"unknown input": {[]reactor.Part{
+			reactor.Step("a", reactor.StepConfig[reactor.Args, int]{Run: noop, Args: reactor.Bindings{"x": reactor.FromInput("nope")}}),
+		}, "a", `unknown input "nope"`},
+		"unknown after": {[]reactor.Part{
+			reactor.Step("a", reactor.StepConfig[reactor.Args, int]{Run: noop, After: []string{"ghost"}}),
+		}, "a", `unknown step "ghost"`},
+		"duplicate": {[]reactor.Part{
+			reactor.Step("a", reactor.StepConfig[reactor.Args, int]{Run: noop}),
+			reactor.Step("a", reactor.StepConfig[reactor.Args, int]{Run: noop}),
+		}, "a", "declared twice"},
+		"no run": {[]reactor.Part{
+			reactor.Step("a", reactor.StepConfig[reactor.Args, int]{}),
+		}, "a", "Run is required"},
+		"self": {[]reactor.Part{
+			reactor.Step("a", reactor.StepConfig[reactor.Args, int]{Run: noop, Args: reactor.Bindings{"x": reactor.FromStep("a")}}),
+		}, "a", "itself"},
+		"empty ref": {[]reactor.Part{
+			reactor.Step("a", reactor.StepConfig[reactor.Args, int]{Run: noop, Args: reactor.Bindings{"x": {}}}),
+		}, "a", "empty Ref"},
+	}
+	for name, tc := range cases {
+		_, err := reactor.Define("bad", tc.parts...)
+		var de *reactor.DefinitionError
+		require.ErrorAs(t, err, &de, name)
+		require.Equal(t, tc.step, de.Step, name)
+		require.Contains(t, de.Error(), tc.want, name)
+	}
+	_, err := reactor.Define("bad", reactor.Input[int]("n", reactor.Default("five")))
+	require.ErrorContains(t, err, "default is a string")
+}
