@@ -59,19 +59,18 @@ func (l *Locker) Acquire(ctx context.Context, key string, wait time.Duration) (*
 	delay := 10 * time.Millisecond
 	for {
 		lease, err := l.TryAcquire(ctx, key)
-		if !errors.Is(err, ErrHeld) || time.Now().Add(delay).After(deadline) {
+		remaining := time.Until(deadline)
+		if !errors.Is(err, ErrHeld) || remaining <= 0 {
 			return lease, err
 		}
-		t := time.NewTimer(delay)
+		t := time.NewTimer(min(delay, remaining))
 		select {
 		case <-ctx.Done():
 			t.Stop()
 			return nil, ctx.Err()
 		case <-t.C:
 		}
-		if delay < 200*time.Millisecond {
-			delay *= 2
-		}
+		delay = min(delay*2, 200*time.Millisecond)
 	}
 }
 

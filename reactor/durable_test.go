@@ -1,0 +1,554 @@
+package reactor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/reactor"
+)
+
+func TestComposeFoldsChildEntriesAndRollsBackIntoTheChild(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	child := reactor.MustDefine("book_trip",
+		reactor.Input[string]("city", reactor.Required()),
+		reactor.Step("flight", reactor.StepConfig[struct {
+			City string `json:"city"`
+		}, string]{
+			Args: reactor.Bindings{"city": reactor.FromInput("city")},
+			Run: func(_ context.Context, in struct {
+				City string `json:"city"`
+			}) (string, error) {
+				tr.add("run:flight:" + in.City)
+				return "FL-" + in.City, nil
+			},
+			Undo: func(_ context.Context, in struct {
+				City string `json:"city"`
+			}, out string) error {
+				tr.add("undo:flight:" + out)
+				return nil
+			},
+		}),
+		simple(tr, "hotel", nil, "flight"),
+		reactor.Returns(reactor.FromStep("flight")),
+	)
+	def := reactor.MustDefine("trip",
+		simple(tr, "pay", nil),
+		reactor.Compose("book", child, reactor.ComposeConfig{Args: reactor.Bindings{"city": reactor.Const("Oslo")}, After: []string{"pay"}}),
+		reactor.Step("confirm", reactor.StepConfig[struct {
+			Ticket string `json:"ticket"`
+		}, int]{
+			Args: reactor.Bindings{"ticket": reactor.FromStep("book")},
+			Run: func(_ context.Context, in struct {
+				Ticket string `json:"ticket"`
+			}) (int, error) {
+				tr.add("run:confirm:" + in.Ticket)
+				return 0, errors.New("mail server down")
+			},
+		}),
+	)
+	res, err := env.engine.Run(ctxTimeout(t), def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, []string{
+		"run:pay", "run:flight:Oslo", "run:hotel", "run:confirm:FL-Oslo",
+		"undo:hotel", "undo:flight:FL-Oslo", "undo:pay",
+	}, tr.all())
+	run, err := env.engine.Get(ctxTimeout(t), res.RunID)
+	require.NoError(t, err)
+	var undone []string
+	for _, r := range run.Rollbacks {
+		if r.Kind == reactor.KindUndo {
+			undone = append(undone, r.Step)
+		}
+	}
+	require.Equal(t, []string{"book/hotel", "book/flight", "pay"}, undone)
+}
+
+func TestComposeChildFailureRollsBackChildThenParent(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	child := reactor.MustDefine("child",
+		simple(tr, "c1", nil),
+		reactor.Step("c2", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"c1"},
+			Run:   func(context.Context, reactor.Args) (int, error) { tr.add("run:c2"); return 0, errors.New("child broke") },
+		}),
+	)
+	def := reactor.MustDefine("parent",
+		simple(tr, "p1", nil),
+		reactor.Compose("sub", child, reactor.ComposeConfig{After: []string{"p1"}}),
+		simple(tr, "p2", nil, "sub"),
+	)
+	res, err := env.engine.Run(ctxTimeout(t), def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, "sub/c2", res.Failure.Step)
+	require.Equal(t, "child broke", res.Failure.Message)
+	require.Equal(t, []string{"run:p1", "run:c1", "run:c2", "undo:c1", "undo:p1"}, tr.all())
+}
+
+func TestComposeHaltedChildHaltsParent(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	child := reactor.MustDefine("haltchild", simple(tr, "h", reactor.Halt("enough")))
+	def := reactor.MustDefine("haltparent",
+		reactor.Compose("sub", child, reactor.ComposeConfig{}),
+		simple(tr, "after", nil, "sub"))
+	res, err := env.engine.Run(ctxTimeout(t), def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusHalted, res.Status)
+	require.Equal(t, "enough", res.Reason)
+	require.Equal(t, []string{"run:h"}, tr.all())
+}
+
+func TestIdempotentStart(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	var runs atomic.Int32
+	def := reactor.MustDefine("once", reactor.Step("a", reactor.StepConfig[reactor.Args, int32]{
+		Run: func(context.Context, reactor.Args) (int32, error) { return runs.Add(1), nil },
+	}), reactor.Returns(reactor.FromStep("a")))
+	ctx := ctxTimeout(t)
+	first, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("order-1"))
+	require.NoError(t, err)
+	second, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("order-1"))
+	require.NoError(t, err)
+	require.Equal(t, int32(1), runs.Load())
+	require.Equal(t, first.Value, second.Value)
+	require.Equal(t, "order-1", second.RunID)
+
+	// The finished run is not left in the active index by the second start.
+	n, err := env.rdb.ZScore(ctx, env.prefix+":idx:active", "order-1").Result()
+	require.ErrorIs(t, err, redis.Nil, "score %v", n)
+
+	_, err = env.engine.Run(ctx, def, nil, reactor.WithRunID("bad{id}"))
+	require.ErrorContains(t, err, "brace")
+}
+
+// A crash between steps leaves a checkpoint; starting the same id again
+// resumes it without re-running completed steps.
+func TestRestartAfterCrashResumesFromCheckpoint(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = 100 * time.Millisecond })
+	tr := env.trail
+	crash := true
+	def := reactor.MustDefine("crashy",
+		simple(tr, "a", nil),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"a"},
+			Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+				tr.add("run:b")
+				if crash {
+					crash = false
+					// Simulate the process dying: its lock passes to someone
+					// else, and this execution writes nothing more.
+					env.rdb.Set(context.Background(), env.prefix+":{run:crash-1}:lock", "someone-else", time.Second)
+					<-ctx.Done()
+					return 0, ctx.Err()
+				}
+				return 2, nil
+			},
+		}),
+	)
+	ctx := ctxTimeout(t)
+	_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("crash-1"))
+	require.ErrorIs(t, err, reactor.ErrLockLost)
+	run, err := env.engine.Get(ctx, "crash-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusRunning, run.Status)
+	require.Equal(t, []string{"a"}, run.Completed)
+
+	require.NoError(t, env.rdb.Del(ctx, env.prefix+":{run:crash-1}:lock").Err())
+	res, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("crash-1"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+	require.Equal(t, 1, tr.count("run:a"), "a completed before the crash and is not re-run")
+	require.Equal(t, 2, tr.count("run:b"))
+}
+
+// A run whose lock was taken over runs no more user code, is not compensated
+// by the process that lost it, and writes nothing.
+func TestLostLockStopsUserCodeAndWritesNothing(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = 90 * time.Millisecond })
+	tr := env.trail
+	ctx := ctxTimeout(t)
+	lockKey := env.prefix + ":{run:lost-1}:lock"
+	def := reactor.MustDefine("lost",
+		simple(tr, "a", nil),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"a"},
+			Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+				tr.add("run:b")
+				// Another process takes the run over.
+				env.rdb.Set(context.Background(), lockKey, "usurper", time.Minute)
+				<-ctx.Done() // the heartbeat notices and cancels the step
+				return 0, errors.New("step saw its context end")
+			},
+			Compensate: func(context.Context, reactor.Args, error) error { tr.add("compensate:b"); return nil },
+		}),
+		simple(tr, "c", nil, "b"),
+	)
+	_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("lost-1"))
+	require.ErrorIs(t, err, reactor.ErrLockLost)
+	require.Equal(t, []string{"run:a", "run:b"}, tr.all(), "no compensate, no undo, no later step")
+
+	run, err := env.engine.Get(ctx, "lost-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusRunning, run.Status)
+	require.Equal(t, []string{"a"}, run.Completed)
+	require.Equal(t, "usurper", env.rdb.Get(ctx, lockKey).Val(), "the new owner's lock is untouched")
+}
+
+// A step that returns success after its lock was taken over: the fenced
+// checkpoint refuses the write, and no later step runs.
+func TestStaleWriterCannotOverwriteRun(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	ctx := ctxTimeout(t)
+	stateKey := env.prefix + ":{run:stale-1}:ctx"
+	def := reactor.MustDefine("stale",
+		simple(tr, "a", nil),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"a"},
+			Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+				tr.add("run:b")
+				// A second writer bumps the version behind this one's back.
+				env.rdb.HIncrBy(context.Background(), stateKey, "v", 1)
+				return 1, nil
+			},
+		}),
+		simple(tr, "c", nil, "b"),
+	)
+	_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("stale-1"))
+	require.ErrorIs(t, err, reactor.ErrLockLost)
+	require.Equal(t, []string{"run:a", "run:b"}, tr.all())
+	run, err := env.engine.Get(ctx, "stale-1")
+	require.NoError(t, err)
+	require.Equal(t, []string{"a"}, run.Completed, "b's result was never written")
+}
+
+func TestUndoACompletedRun(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	def := reactor.MustDefine("undoable", simple(tr, "a", nil), simple(tr, "b", nil, "a"))
+	ctx := ctxTimeout(t)
+	res, err := env.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	undone, err := env.engine.Undo(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, undone.Status)
+	require.Equal(t, []string{"run:a", "run:b", "undo:b", "undo:a"}, tr.all())
+
+	_, err = env.engine.Undo(ctx, res.RunID)
+	var se *reactor.StatusError
+	require.ErrorAs(t, err, &se)
+	require.ErrorIs(t, err, reactor.ErrNotUndoable)
+	require.Equal(t, reactor.StatusCancelled, se.Status)
+
+	err = env.engine.Cancel(ctx, res.RunID)
+	require.ErrorIs(t, err, reactor.ErrAlreadyFinished)
+
+	_, err = env.engine.Undo(ctx, "nope")
+	require.ErrorIs(t, err, reactor.ErrNotFound)
+}
+
+// Undo and cancel of a run that is rolling back are refused; undo of a run
+// whose lock stays held gives up after UndoLockWait with ErrRunLocked.
+func TestUndoAndCancelGuards(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, func(c *reactor.Config) { c.UndoLockWait = 150 * time.Millisecond })
+	ctx := ctxTimeout(t)
+	inUndo := make(chan struct{})
+	release := make(chan struct{})
+	def := reactor.MustDefine("guarded",
+		reactor.Step("a", reactor.StepConfig[reactor.Args, int]{
+			Run: func(context.Context, reactor.Args) (int, error) { return 1, nil },
+			Undo: func(context.Context, reactor.Args, int) error {
+				close(inUndo)
+				<-release
+				return nil
+			},
+		}),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"a"},
+			Run:   func(context.Context, reactor.Args) (int, error) { return 0, errors.New("fail") },
+		}),
+	)
+	done := make(chan *reactor.Result)
+	go func() {
+		res, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("guard-1"))
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	<-inUndo
+	run, err := env.engine.Get(ctx, "guard-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusRollingBack, run.Status)
+	require.Equal(t, reactor.TriggerFailure, run.Rollback.Trigger)
+	require.Equal(t, "b", run.Rollback.Step)
+
+	err = env.engine.Cancel(ctx, "guard-1")
+	require.ErrorIs(t, err, reactor.ErrRollbackInProgress)
+	require.Contains(t, err.Error(), "rolling_back")
+
+	began := time.Now()
+	_, err = env.engine.Undo(ctx, "guard-1")
+	require.ErrorIs(t, err, reactor.ErrRunLocked, "the rolling-back run holds its lock")
+	require.GreaterOrEqual(t, time.Since(began), 150*time.Millisecond)
+
+	close(release)
+	res := <-done
+	require.Equal(t, reactor.StatusFailed, res.Status)
+}
+
+// An unlocked run found rolling_back (its process died mid-rollback) is
+// refused by Undo with ErrRollbackInProgress, and resuming it continues from
+// the last undone entry.
+func TestRollbackResumesAfterLastUndoneEntry(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = 90 * time.Millisecond })
+	tr := env.trail
+	ctx := ctxTimeout(t)
+	lockKey := env.prefix + ":{run:rb-1}:lock"
+	dieInUndoOf := "b"
+	undo := func(name string) func(context.Context, reactor.Args, int) error {
+		return func(ctx context.Context, _ reactor.Args, _ int) error {
+			tr.add("undo:" + name)
+			if name == dieInUndoOf {
+				dieInUndoOf = ""
+				env.rdb.Set(context.Background(), lockKey, "other", time.Minute)
+				<-ctx.Done()
+				return ctx.Err()
+			}
+			return nil
+		}
+	}
+	step := func(name string, after ...string) reactor.Part {
+		return reactor.Step(name, reactor.StepConfig[reactor.Args, int]{After: after,
+			Run:  func(context.Context, reactor.Args) (int, error) { tr.add("run:" + name); return 1, nil },
+			Undo: undo(name)})
+	}
+	def := reactor.MustDefine("rb",
+		step("a"), step("b", "a"), step("c", "b"),
+		reactor.Step("d", reactor.StepConfig[reactor.Args, int]{After: []string{"c"},
+			Run:        func(context.Context, reactor.Args) (int, error) { return 0, errors.New("boom") },
+			Compensate: func(context.Context, reactor.Args, error) error { tr.add("compensate:d"); return nil }}),
+	)
+	_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("rb-1"))
+	require.ErrorIs(t, err, reactor.ErrLockLost)
+
+	run, err := env.engine.Get(ctx, "rb-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusRollingBack, run.Status)
+	require.Len(t, run.Ledger, 2, "c was undone and popped; b is still on the stack")
+	require.True(t, run.Rollback.Compensated)
+
+	require.NoError(t, env.rdb.Del(ctx, lockKey).Err())
+	_, err = env.engine.Undo(ctx, "rb-1")
+	require.ErrorIs(t, err, reactor.ErrRollbackInProgress)
+
+	res, err := env.engine.Resume(ctx, "rb-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, "boom", res.Failure.Message)
+	require.Equal(t, []string{
+		"run:a", "run:b", "run:c", "compensate:d", "undo:c", "undo:b", // the crash
+		"undo:b", "undo:a", // the resume: b again (it was in flight), then a
+	}, tr.all())
+}
+
+func TestCancelRunningInProcessRun(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	ctx := ctxTimeout(t)
+	inB := make(chan struct{})
+	cancelled := make(chan struct{})
+	def := reactor.MustDefine("cancelme",
+		simple(tr, "a", nil),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"a"},
+			Run: func(context.Context, reactor.Args) (int, error) {
+				tr.add("run:b")
+				close(inB)
+				<-cancelled
+				return 1, nil
+			},
+			Undo: func(context.Context, reactor.Args, int) error { tr.add("undo:b"); return nil },
+		}),
+		simple(tr, "c", nil, "b"),
+	)
+	done := make(chan *reactor.Result)
+	go func() {
+		res, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("cancel-1"))
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	<-inB
+	require.NoError(t, env.engine.Cancel(ctx, "cancel-1"), "a held run is asked to cancel")
+	close(cancelled)
+	res := <-done
+	require.Equal(t, reactor.StatusCancelled, res.Status)
+	require.Equal(t, []string{"run:a", "run:b", "undo:b", "undo:a"}, tr.all(), "c never runs")
+}
+
+func TestCancelUnheldRun(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = 90 * time.Millisecond })
+	tr := env.trail
+	ctx := ctxTimeout(t)
+	lockKey := env.prefix + ":{run:orphan}:lock"
+	def := reactor.MustDefine("orphan",
+		simple(tr, "a", nil),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{After: []string{"a"},
+			Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+				env.rdb.Set(context.Background(), lockKey, "dead-worker", time.Minute)
+				<-ctx.Done()
+				return 0, ctx.Err()
+			}}),
+	)
+	_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("orphan"))
+	require.ErrorIs(t, err, reactor.ErrLockLost)
+	require.NoError(t, env.rdb.Del(ctx, lockKey).Err()) // the dead worker's lock expires
+	require.NoError(t, env.engine.Cancel(ctx, "orphan"))
+	run, err := env.engine.Get(ctx, "orphan")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, run.Status)
+	require.Equal(t, []string{"run:a", "undo:a"}, tr.all())
+}
+
+type stockError struct {
+	SKU  string `msgpack:"sku"`
+	Left int    `msgpack:"left"`
+}
+
+func (e *stockError) Error() string { return fmt.Sprintf("only %d of %s left", e.Left, e.SKU) }
+
+var errFraud = errors.New("payment flagged as fraud")
+
+func init() {
+	reactor.RegisterError[*stockError]("test.stock")
+	reactor.RegisterSentinel("test.fraud", errFraud)
+}
+
+func TestTypedErrorsSurviveRoundTrip(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	for name, stepErr := range map[string]error{
+		"typed":    fmt.Errorf("reserve: %w", &stockError{SKU: "book", Left: 1}),
+		"sentinel": fmt.Errorf("charge: %w", errFraud),
+	} {
+		def := reactor.MustDefine("typed-"+name, reactor.Step("s", reactor.StepConfig[reactor.Args, int]{
+			Run: func(context.Context, reactor.Args) (int, error) { return 0, stepErr },
+		}))
+		res, err := env.engine.Run(ctx, def, nil)
+		require.NoError(t, err)
+		run, err := env.engine.Get(ctx, res.RunID)
+		require.NoError(t, err)
+		stored := run.Failure
+		require.Equal(t, stepErr.Error(), stored.Message)
+		switch name {
+		case "typed":
+			require.Equal(t, "test.stock", stored.Code)
+			var se *stockError
+			require.ErrorAs(t, stored, &se)
+			require.Equal(t, &stockError{SKU: "book", Left: 1}, se)
+		case "sentinel":
+			require.Equal(t, "test.fraud", stored.Code)
+			require.ErrorIs(t, stored, errFraud)
+		}
+	}
+}
+
+// Round trips of an in-process run: one fenced write per step plus at most 4
+// per run (lock, index, create, final index).
+func TestRoundTripsPerRun(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	counter := &cmdCounter{}
+	env.rdb.AddHook(counter)
+	for _, n := range []int{1, 5, 20} {
+		parts := []reactor.Part{}
+		for i := range n {
+			var after []string
+			if i > 0 {
+				after = []string{fmt.Sprint("s", i-1)}
+			}
+			parts = append(parts, simple(env.trail, fmt.Sprint("s", i), nil, after...))
+		}
+		def := reactor.MustDefine(fmt.Sprint("rt", n), parts...)
+		counter.n.Store(0)
+		res, err := env.engine.Run(ctxTimeout(t), def, nil)
+		require.NoError(t, err)
+		require.Equal(t, reactor.StatusCompleted, res.Status)
+		got := int(counter.n.Load())
+		t.Logf("steps=%d round_trips=%d per_run_overhead=%d", n, got, got-n)
+		require.LessOrEqual(t, got, n+4)
+	}
+}
+
+type cmdCounter struct{ n atomic.Int64 }
+
+func (c *cmdCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *cmdCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() != "hello" { // a new pooled connection's handshake is not the run's
+			c.n.Add(1)
+		}
+		return next(ctx, cmd)
+	}
+}
+func (c *cmdCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if cmds[0].Name() != "client" { // connection setup (CLIENT SETINFO)
+			c.n.Add(1)
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func TestEventsAndMiddleware(t *testing.T) {
+	t.Parallel()
+	var events []string
+	var calls []string
+	env := newEnv(t, func(c *reactor.Config) {
+		c.Hooks = []reactor.Hook{reactor.HookFunc(func(_ context.Context, e reactor.Event) {
+			events = append(events, string(e.Kind)+" "+e.Step)
+		})}
+		c.Middleware = []reactor.Middleware{func(ctx context.Context, call reactor.Call, next func(context.Context) error) error {
+			calls = append(calls, string(call.Kind)+":"+call.Step)
+			return next(ctx)
+		}}
+	})
+	def := reactor.MustDefine("events", simple(env.trail, "a", nil), simple(env.trail, "b", errors.New("x"), "a"))
+	_, err := env.engine.Run(ctxTimeout(t), def, nil)
+	require.NoError(t, err)
+	require.Equal(t, []string{
+		"reactor.run.started ",
+		"reactor.step.started a", "reactor.step.completed a",
+		"reactor.step.started b", "reactor.step.failed b",
+		"reactor.rollback.started ",
+		"reactor.step.undo a",
+		"reactor.run.failed ",
+	}, events)
+	require.Equal(t, []string{"run:a", "run:b", "undo:a"}, calls)
+}
