@@ -81,7 +81,10 @@ func TestComposeChildFailureRollsBackChildThenParent(t *testing.T) {
 		simple(tr, "c1", nil),
 		reactor.Step("c2", reactor.StepConfig[reactor.Args, int]{
 			After: []string{"c1"},
-			Run:   func(context.Context, reactor.Args) (int, error) { tr.add("run:c2"); return 0, errors.New("child broke") },
+			Run: func(context.Context, reactor.Args) (int, error) {
+				tr.add("run:c2")
+				return 0, errors.New("child broke")
+			},
 		}),
 	)
 	def := reactor.MustDefine("parent",
