@@ -245,6 +245,7 @@ type stepDef struct {
 	retry    Retry
 	timeout  time.Duration
 	undoTO   time.Duration
+	handoff  HandOff
 
 	run        func(ctx context.Context, args codec.Raw) (codec.Raw, error)
 	undo       func(ctx context.Context, args, result codec.Raw) error // nil: no ledger entry
@@ -276,6 +277,10 @@ type StepConfig[In, Out any] struct {
 	// UndoTimeout bounds Undo and Compensate; a hung undo becomes a rollback
 	// failure. Default: the engine's UndoTimeout (30 s).
 	UndoTimeout time.Duration
+	// HandOff makes an in-process run hand the rest of the run to workers
+	// before or after this step. Ignored where the run already executes in
+	// a worker, and when the engine has no Enqueuer. Default NoHandOff.
+	HandOff HandOff
 }
 
 var argsType = reflect.TypeFor[Args]()
@@ -300,7 +305,7 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 			return &DefinitionError{Reactor: d.name, Step: name, Reason: "Run is required"}
 		}
 		s := &stepDef{name: name, kind: kindPlain, args: cfg.Args, after: cfg.After,
-			retry: cfg.Retry, timeout: cfg.Timeout, undoTO: cfg.UndoTimeout}
+			retry: cfg.Retry, timeout: cfg.Timeout, undoTO: cfg.UndoTimeout, handoff: cfg.HandOff}
 		s.run = func(ctx context.Context, raw codec.Raw) (codec.Raw, error) {
 			in, err := decodeIn[In](raw)
 			if err != nil {

@@ -42,6 +42,9 @@ type Config struct {
 	UndoTimeout time.Duration
 	// Retention is how long a finished run stays in Redis. Default 7 days.
 	Retention time.Duration
+	// Enqueuer hands runs to workers (Enqueue, hand-off points, sweeps).
+	// Default none: runs execute in-process only.
+	Enqueuer Enqueuer
 	// MaxRollbackFailures is how many rollback failures a Failure keeps; the
 	// rest are counted. Default 100.
 	MaxRollbackFailures int
@@ -203,8 +206,8 @@ func (e *Engine) Run(ctx context.Context, def *Definition, inputs map[string]any
 	if o.id == "" {
 		o.id = NewRunID()
 	}
-	if err := keys.ValidateID(o.id); err != nil {
-		return nil, fmt.Errorf("reactor: run id: %w", err)
+	if err := validateRunID(o.id); err != nil {
+		return nil, err
 	}
 	encoded, err := def.prepareInputs(inputs)
 	if err != nil {
@@ -279,6 +282,13 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 // checkpoint (or its rollback from the last undone entry). A finished run
 // returns its result; a run held by another process returns ErrRunLocked.
 func (e *Engine) Resume(ctx context.Context, id string) (*Result, error) {
+	return e.resume(ctx, id, false)
+}
+
+func (e *Engine) resume(ctx context.Context, id string, inWorker bool) (*Result, error) {
+	if err := validateRunID(id); err != nil {
+		return nil, err
+	}
 	target := e.store.RunTarget(id)
 	lease, err := e.locks.TryAcquire(ctx, target.Lock)
 	if errors.Is(err, lock.ErrHeld) {
@@ -300,9 +310,21 @@ func (e *Engine) Resume(ctx context.Context, id string) (*Result, error) {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status}
+	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status, inWorker: inWorker}
 	return x.execute(ctx, EventRunResumed)
 }
+
+// Locked reports whether some process holds run id's lock right now.
+func (e *Engine) Locked(ctx context.Context, id string) (bool, error) {
+	if err := validateRunID(id); err != nil {
+		return false, err
+	}
+	n, err := e.cfg.Client.Exists(ctx, e.store.RunTarget(id).Lock).Result()
+	return n == 1, err
+}
+
+// Prefix returns the engine's key prefix.
+func (e *Engine) Prefix() string { return e.cfg.Prefix }
 
 // Get returns the stored run id.
 func (e *Engine) Get(ctx context.Context, id string) (*Run, error) {
@@ -314,9 +336,16 @@ func (e *Engine) Get(ctx context.Context, id string) (*Run, error) {
 	return st.view(d, version), nil
 }
 
-func (e *Engine) load(ctx context.Context, id string) (*runState, int64, error) {
+func validateRunID(id string) error {
 	if err := keys.ValidateID(id); err != nil {
-		return nil, 0, fmt.Errorf("reactor: run id: %w", err)
+		return fmt.Errorf("reactor: run id: %w", err)
+	}
+	return nil
+}
+
+func (e *Engine) load(ctx context.Context, id string) (*runState, int64, error) {
+	if err := validateRunID(id); err != nil {
+		return nil, 0, err
 	}
 	snap, err := e.store.Load(ctx, e.store.RunTarget(id))
 	if errors.Is(err, store.ErrNotFound) {

@@ -27,6 +27,9 @@ type execution struct {
 	version int64
 	indexed Status // the status the listing indexes hold for this run
 	cancel  bool   // a cancel was requested (seen on a fenced write)
+	// inWorker: executing as a worker does; hand-off points are passed
+	// through, and an ended context leaves the run for redelivery.
+	inWorker bool
 }
 
 // frame is a definition executing over its state: the root run, or a
@@ -68,7 +71,16 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 		// Not ours any more: write nothing, release nothing.
 		x.e.emit(ctx, Event{Kind: EventRunLockLost, RunID: x.st.ID, Reactor: x.st.Reactor, Err: err})
 		return nil, err
-	case errors.Is(err, errAborted) && x.st.Status != StatusRollingBack:
+	case errors.As(err, new(*errHandOff)):
+		// Saved (with its wake-up id) before the lock goes: a crash before
+		// the enqueue leaves a running, unlocked run for the sweeper.
+		_ = x.lease.Release(bg)
+		w := Wake{ID: x.st.Wake, RunID: x.st.ID, Reactor: x.st.Reactor}
+		if eerr := x.e.cfg.Enqueuer.Enqueue(ctx, w); eerr != nil {
+			return nil, fmt.Errorf("reactor: hand off run %s (saved; the run sweeper will wake it): %w", x.st.ID, eerr)
+		}
+		return x.st.result(), nil
+	case errors.Is(err, errAborted) && x.st.Status != StatusRollingBack && !x.inWorker:
 		x.st.Status = StatusAborted
 		x.st.Reason = "the caller's context ended: " + context.Cause(ctx).Error()
 		if serr := x.save(bg, true); serr != nil {
@@ -159,11 +171,17 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 		if x.cancel {
 			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
 		}
+		if s.handoff == HandOffBefore && x.canHandOff() {
+			return nil, x.handOff(ctx, s.name, "before")
+		}
 		out, err := x.runStep(ctx, f, s)
 		if err != nil {
 			return nil, err
 		}
 		pending--
+		if out.kind == outOK && s.handoff == HandOffAfter && pending > 0 && x.canHandOff() {
+			return nil, x.handOff(ctx, s.name, "after")
+		}
 		switch out.kind {
 		case outOK, outSkip:
 			// The last step's record rides on the terminal write.
@@ -190,6 +208,18 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 		f.st.Value = v
 	}
 	return x.finish(ctx, f, EventRunCompleted)
+}
+
+func (x *execution) canHandOff() bool { return !x.inWorker && x.e.cfg.Enqueuer != nil }
+
+// handOff saves the run with the id of the wake-up about to be enqueued and
+// unwinds the execution; conclude releases the lock and enqueues.
+func (x *execution) handOff(ctx context.Context, step, where string) error {
+	x.st.Wake = wakeID(x.st.ID, fmt.Sprintf("handoff:%s:%s:%d", step, where, x.version))
+	if err := x.checkpoint(ctx); err != nil {
+		return err
+	}
+	return &errHandOff{step: step}
 }
 
 // finish ends a frame in its current (terminal) status.

@@ -26,6 +26,10 @@ type runState struct {
 	// Undone records what each rollback did to each step, in order.
 	Undone []StepRollback `msgpack:"u,omitempty"`
 
+	// Wake is the id of the last wake-up task enqueued for the run, saved
+	// before the enqueue, so the sweeper can tell whether it is still queued.
+	Wake string `msgpack:"w,omitempty"`
+
 	Value     codec.Raw `msgpack:"v,omitempty"`
 	Failure   *Failure  `msgpack:"f,omitempty"`
 	Reason    string    `msgpack:"why,omitempty"`
@@ -125,6 +129,8 @@ type Run struct {
 	Value     codec.Raw
 	Failure   *Failure
 	Reason    string
+	// Wake is the id of the last wake-up task enqueued for the run.
+	Wake      string
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
@@ -141,7 +147,7 @@ func (st *runState) result() *Result {
 func (st *runState) view(d *Definition, version int64) *Run {
 	r := &Run{ID: st.ID, Reactor: st.Reactor, Status: st.Status, Version: version, Inputs: st.Inputs,
 		Ledger: st.Ledger, Rollback: st.Rollback, Rollbacks: st.Undone, Value: st.Value,
-		Failure: st.Failure, Reason: st.Reason,
+		Failure: st.Failure, Reason: st.Reason, Wake: st.Wake,
 		CreatedAt: time.UnixMilli(st.CreatedAt), UpdatedAt: time.UnixMilli(st.UpdatedAt)}
 	names := make([]string, 0, len(st.Steps))
 	if d != nil {

@@ -38,10 +38,18 @@ func New(rdb redis.UniversalClient, expiry time.Duration) *Locker {
 // Expiry returns the lease expiry.
 func (l *Locker) Expiry() time.Duration { return l.expiry }
 
+// acquireTimeoutFactor bounds one acquisition attempt to a third of the
+// expiry, the heartbeat interval: a lock that took longer to get would have
+// too little of its expiry left for Keep's first extension. redsync's default
+// (0.05) gives a 90ms lock a 4.5ms budget, which a connection dial or a GC
+// pause exceeds, turning a free lock into a transport error.
+const acquireTimeoutFactor = 1.0 / 3
+
 // TryAcquire takes the lock at key with a single attempt. It returns ErrHeld
 // when someone else holds it.
 func (l *Locker) TryAcquire(ctx context.Context, key string) (*Lease, error) {
-	m := l.rs.NewMutex(key, redsync.WithExpiry(l.expiry), redsync.WithTries(1))
+	m := l.rs.NewMutex(key, redsync.WithExpiry(l.expiry), redsync.WithTries(1),
+		redsync.WithTimeoutFactor(acquireTimeoutFactor))
 	if err := m.TryLockContext(ctx); err != nil {
 		var taken *redsync.ErrTaken
 		if errors.As(err, &taken) || errors.Is(err, redsync.ErrFailed) {

@@ -1,0 +1,390 @@
+package lock_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/lock"
+	"github.com/goreactor/goreactor/internal/redistest"
+)
+
+// fixture is a Locker on the shared Redis and a lock key of the test's own.
+type fixture struct {
+	ctx    context.Context
+	rdb    *redis.Client
+	locker *lock.Locker
+	key    string
+}
+
+func newFixture(t *testing.T, expiry time.Duration) fixture {
+	t.Helper()
+	rdb := redistest.Client(t)
+	return fixture{
+		ctx:    t.Context(),
+		rdb:    rdb,
+		locker: lock.New(rdb, expiry),
+		key:    keys.New(redistest.Prefix(t)).RunLock("r1"),
+	}
+}
+
+// acquire takes f.key and releases it at the end of the test.
+func (f fixture) acquire(t *testing.T) *lock.Lease {
+	t.Helper()
+	lease, err := f.locker.TryAcquire(f.ctx, f.key)
+	require.NoError(t, err)
+	require.NotEmpty(t, lease.Token())
+	t.Cleanup(func() { _ = lease.Release(context.Background()) })
+	return lease
+}
+
+// value returns the lock key's value, "" when it does not exist.
+func (f fixture) value(t *testing.T) string {
+	t.Helper()
+	v, err := f.rdb.Get(context.Background(), f.key).Result()
+	if errors.Is(err, redis.Nil) {
+		return ""
+	}
+	require.NoError(t, err)
+	return v
+}
+
+func (f fixture) pttl(t *testing.T) time.Duration {
+	t.Helper()
+	d, err := f.rdb.PTTL(context.Background(), f.key).Result()
+	require.NoError(t, err)
+	return d
+}
+
+// waitDone waits up to limit for ctx to end.
+func waitDone(t *testing.T, ctx context.Context, limit time.Duration) {
+	t.Helper()
+	select {
+	case <-ctx.Done():
+	case <-time.After(limit):
+		t.Fatalf("lease context not cancelled within %v", limit)
+	}
+}
+
+func TestTryAcquireHeldFailsFast(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 10*time.Second)
+	first := f.acquire(t)
+	require.Equal(t, first.Token(), f.value(t))
+	ttl := f.pttl(t)
+	require.Greater(t, ttl, time.Duration(0))
+	require.LessOrEqual(t, ttl, 10*time.Second)
+	require.Equal(t, 10*time.Second, f.locker.Expiry())
+
+	for range 3 {
+		start := time.Now()
+		lease, err := f.locker.TryAcquire(f.ctx, f.key)
+		elapsed := time.Since(start)
+		require.ErrorIs(t, err, lock.ErrHeld)
+		require.Nil(t, lease)
+		require.Less(t, elapsed, 500*time.Millisecond, "TryAcquire must try once, not retry")
+	}
+	require.Equal(t, first.Token(), f.value(t), "a failed attempt must not disturb the holder")
+
+	// Another key is independent.
+	other, err := f.locker.TryAcquire(f.ctx, f.key+":other")
+	require.NoError(t, err)
+	require.NotEqual(t, first.Token(), other.Token())
+	require.NoError(t, other.Release(f.ctx))
+
+	// Once released, the key can be taken again, with a new token.
+	require.NoError(t, first.Release(f.ctx))
+	require.Empty(t, f.value(t))
+	again := f.acquire(t)
+	require.NotEqual(t, first.Token(), again.Token())
+}
+
+func TestTryAcquireTransportErrorIsNotHeld(t *testing.T) {
+	t.Parallel()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := l.Addr().String()
+	require.NoError(t, l.Close())
+	rdb := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { _ = rdb.Close() })
+
+	lease, err := lock.New(rdb, time.Second).TryAcquire(t.Context(), "k")
+	require.Error(t, err)
+	require.NotErrorIs(t, err, lock.ErrHeld, "an unreachable Redis is not a held lock")
+	require.Nil(t, lease)
+}
+
+func TestAcquireWaitsForRelease(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 10*time.Second)
+	holder := f.acquire(t)
+
+	released := make(chan error, 1)
+	timer := time.AfterFunc(100*time.Millisecond, func() { released <- holder.Release(context.Background()) })
+	t.Cleanup(func() { timer.Stop() })
+
+	start := time.Now()
+	lease, err := f.locker.Acquire(f.ctx, f.key, 2*time.Second)
+	elapsed := time.Since(start)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lease.Release(context.Background()) })
+	require.NoError(t, <-released)
+	require.GreaterOrEqual(t, elapsed, 100*time.Millisecond, "acquired before the holder released")
+	require.Less(t, elapsed, 2*time.Second)
+	require.NotEqual(t, holder.Token(), lease.Token())
+	require.Equal(t, lease.Token(), f.value(t))
+}
+
+func TestAcquireGivesUpWhileHeld(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 10*time.Second)
+	holder := f.acquire(t)
+
+	start := time.Now()
+	lease, err := f.locker.Acquire(f.ctx, f.key, 200*time.Millisecond)
+	elapsed := time.Since(start)
+	require.ErrorIs(t, err, lock.ErrHeld)
+	require.Nil(t, lease)
+	require.GreaterOrEqual(t, elapsed, 100*time.Millisecond, "Acquire must poll, not try once")
+	require.Less(t, elapsed, time.Second)
+	require.Equal(t, holder.Token(), f.value(t))
+}
+
+func TestAcquireStopsOnContextCancel(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 10*time.Second)
+	f.acquire(t)
+
+	ctx, cancel := context.WithCancel(f.ctx)
+	timer := time.AfterFunc(50*time.Millisecond, cancel)
+	t.Cleanup(func() { timer.Stop(); cancel() })
+
+	start := time.Now()
+	lease, err := f.locker.Acquire(ctx, f.key, 10*time.Second)
+	require.ErrorIs(t, err, context.Canceled)
+	require.NotErrorIs(t, err, lock.ErrHeld)
+	require.Nil(t, lease)
+	require.Less(t, time.Since(start), 2*time.Second)
+}
+
+func TestKeepExtendsLease(t *testing.T) {
+	t.Parallel()
+	const expiry = 300 * time.Millisecond
+	f := newFixture(t, expiry)
+	lease := f.acquire(t)
+	ctx := lease.Keep(f.ctx)
+
+	// Control: a lease nobody keeps does expire after 300ms, so what follows
+	// is the heartbeat's doing.
+	unkept, err := f.locker.TryAcquire(f.ctx, f.key+":unkept")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = unkept.Release(context.Background()) })
+
+	// The behaviour under test is time itself: watch the key for more than
+	// three expiries.
+	deadline := time.Now().Add(4 * expiry)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		<-tick.C
+		require.Equal(t, lease.Token(), f.value(t), "lock lost while kept")
+		ttl := f.pttl(t)
+		require.Greater(t, ttl, time.Duration(0))
+		require.LessOrEqual(t, ttl, expiry)
+		require.NoError(t, ctx.Err())
+	}
+	n, err := f.rdb.Exists(f.ctx, f.key+":unkept").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "the unkept lease should have expired")
+	require.False(t, lock.Lost(ctx))
+
+	require.NoError(t, lease.Release(f.ctx))
+	require.Empty(t, f.value(t))
+	require.ErrorIs(t, ctx.Err(), context.Canceled)
+	require.False(t, lock.Lost(ctx), "a release is not a loss")
+}
+
+func TestLostLock(t *testing.T) {
+	t.Parallel()
+	const expiry = 300 * time.Millisecond
+
+	t.Run("taken over", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, expiry)
+		lease := f.acquire(t)
+		ctx := lease.Keep(f.ctx)
+
+		require.NoError(t, f.rdb.Set(f.ctx, f.key, "other-holder", time.Minute).Err())
+		waitDone(t, ctx, time.Second)
+		require.ErrorIs(t, context.Cause(ctx), lock.ErrLost)
+		require.True(t, lock.Lost(ctx))
+
+		require.NoError(t, lease.Release(f.ctx))
+		require.Equal(t, "other-holder", f.value(t), "Release must not delete another holder's lock")
+	})
+
+	t.Run("deleted", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, expiry)
+		lease := f.acquire(t)
+		ctx := lease.Keep(f.ctx)
+
+		require.NoError(t, f.rdb.Del(f.ctx, f.key).Err())
+		waitDone(t, ctx, time.Second)
+		require.True(t, lock.Lost(ctx))
+		require.Empty(t, f.value(t), "the heartbeat must not recreate a lost lock")
+
+		require.NoError(t, lease.Release(f.ctx))
+		require.Empty(t, f.value(t))
+	})
+}
+
+func TestParentCancelIsNotLost(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, 300*time.Millisecond)
+	lease := f.acquire(t)
+	parent, cancel := context.WithCancel(f.ctx)
+	ctx := lease.Keep(parent)
+	cancel()
+	waitDone(t, ctx, time.Second)
+	require.False(t, lock.Lost(ctx))
+	require.ErrorIs(t, context.Cause(ctx), context.Canceled)
+	require.Equal(t, lease.Token(), f.value(t), "cancelling the work does not release the lock")
+	lease.Stop()
+	require.NoError(t, lease.Release(f.ctx))
+	require.Empty(t, f.value(t))
+}
+
+func TestStopIsIdempotent(t *testing.T) {
+	t.Parallel()
+	const expiry = 300 * time.Millisecond
+
+	t.Run("kept", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, expiry)
+		lease := f.acquire(t)
+		ctx := lease.Keep(f.ctx)
+
+		lease.Stop()
+		require.Error(t, ctx.Err())
+		require.False(t, lock.Lost(ctx), "a stop is not a loss")
+		lease.Stop()
+		require.Equal(t, lease.Token(), f.value(t), "Stop must not release the lock")
+
+		require.NoError(t, lease.Release(f.ctx))
+		require.Empty(t, f.value(t))
+		require.NoError(t, lease.Release(f.ctx), "releasing twice is not an error")
+		lease.Stop()
+	})
+
+	t.Run("stopped heartbeat no longer extends", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, expiry)
+		lease := f.acquire(t)
+		lease.Keep(f.ctx)
+		lease.Stop()
+		require.Eventually(t, func() bool { return f.value(t) == "" }, 2*time.Second, 10*time.Millisecond)
+		require.NoError(t, lease.Release(f.ctx), "releasing an expired lock is not an error")
+	})
+
+	t.Run("concurrent", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, expiry)
+		lease := f.acquire(t)
+		ctx := lease.Keep(f.ctx)
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(lease.Stop)
+		}
+		wg.Wait()
+		require.Error(t, ctx.Err())
+		require.NoError(t, lease.Release(f.ctx))
+		require.Empty(t, f.value(t))
+	})
+
+	t.Run("never kept", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, expiry)
+		lease := f.acquire(t)
+		lease.Stop()
+		lease.Stop()
+		require.Equal(t, lease.Token(), f.value(t))
+		require.NoError(t, lease.Release(f.ctx))
+		require.Empty(t, f.value(t))
+	})
+}
+
+// newDedicated starts a Redis of the test's own (args as for StartServer)
+// and a client that fails fast instead of retrying while it is down.
+func newDedicated(t *testing.T, args ...string) (*redistest.Server, *redis.Client) {
+	t.Helper()
+	srv := redistest.StartServer(t, args...)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1, DialerRetries: 1})
+	t.Cleanup(func() { _ = rdb.Close() })
+	return srv, rdb
+}
+
+func TestTransportErrorShorterThanExpiryIsNotLost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("restarts a Redis and waits for heartbeats")
+	}
+	t.Parallel()
+	// The lock key must survive the restart: an AOF synced on every write.
+	srv, rdb := newDedicated(t, "--appendonly", "yes", "--appendfsync", "always")
+	const expiry = 3 * time.Second // heartbeat every 1s
+	locker := lock.New(rdb, expiry)
+	lease, err := locker.TryAcquire(t.Context(), "lock")
+	require.NoError(t, err)
+	t.Cleanup(lease.Stop)
+	ctx := lease.Keep(t.Context())
+
+	// Down across the first heartbeat (at 1s), back well before the lock's
+	// 3s expiry and before the second heartbeat (at 2s).
+	srv.Stop()
+	time.Sleep(1200 * time.Millisecond)
+	require.NoError(t, ctx.Err(), "a failed extension within the expiry must not end the lease")
+	srv.Restart()
+
+	// Without a successful extension after the restart, the key's TTL would
+	// be at most 3s-1.2s; only the heartbeat can raise it above 2.5s.
+	require.Eventually(t, func() bool {
+		d, err := rdb.PTTL(context.Background(), "lock").Result()
+		return err == nil && d > 2500*time.Millisecond
+	}, 2*time.Second, 20*time.Millisecond)
+	v, err := rdb.Get(context.Background(), "lock").Result()
+	require.NoError(t, err)
+	require.Equal(t, lease.Token(), v)
+	require.NoError(t, ctx.Err())
+	require.False(t, lock.Lost(ctx))
+
+	require.NoError(t, lease.Release(context.Background()))
+	n, err := rdb.Exists(context.Background(), "lock").Result()
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+func TestTransportErrorPastExpiryIsLost(t *testing.T) {
+	t.Parallel()
+	srv, rdb := newDedicated(t)
+	const expiry = 600 * time.Millisecond
+	lease, err := lock.New(rdb, expiry).TryAcquire(t.Context(), "lock")
+	require.NoError(t, err)
+	t.Cleanup(lease.Stop)
+	ctx := lease.Keep(t.Context())
+
+	start := time.Now()
+	srv.Stop()
+	// Redis is unreachable: nobody can say the lock was taken, but once its
+	// expiry has passed without an extension another process may hold it.
+	waitDone(t, ctx, 3*time.Second)
+	require.True(t, lock.Lost(ctx))
+	require.GreaterOrEqual(t, time.Since(start), expiry/2, "lost on the first transport error, before the lock could expire")
+	require.Error(t, lease.Release(context.Background()), "Release cannot reach Redis")
+}

@@ -1,0 +1,61 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// DefaultQueue is the asynq queue goreactor uses unless configured.
+const DefaultQueue = "goreactor"
+
+// DefaultMaxRetry is asynq's retry budget for goreactor tasks. Snoozes do
+// not spend it; only real failures (an unknown reactor, Redis trouble) do.
+const DefaultMaxRetry = 25
+
+// Client enqueues goreactor tasks. It implements reactor.Enqueuer.
+type Client struct {
+	c     *asynq.Client
+	queue string
+}
+
+// NewClient returns a Client enqueuing on queue (DefaultQueue when empty).
+// It does not own rdb: close rdb yourself after Close.
+func NewClient(rdb redis.UniversalClient, queue string) *Client {
+	if queue == "" {
+		queue = DefaultQueue
+	}
+	return &Client{c: asynq.NewClientFromRedisClient(rdb), queue: queue}
+}
+
+// Queue returns the queue the client enqueues on.
+func (c *Client) Queue() string { return c.queue }
+
+// Enqueue puts a wake-up on the queue. A task with the same id already
+// queued (or running, retried, archived) is the same cause: nil.
+func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
+	payload, err := EncodeRun(RunPayload{RunID: w.RunID, Reactor: w.Reactor})
+	if err != nil {
+		return err
+	}
+	opts := []asynq.Option{asynq.TaskID(w.ID), asynq.Queue(c.queue), asynq.MaxRetry(DefaultMaxRetry)}
+	if w.Delay > 0 {
+		opts = append(opts, asynq.ProcessIn(w.Delay))
+	}
+	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeRun, payload), opts...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("worker: enqueue %s: %w", w.ID, err)
+	}
+	return nil
+}
+
+// Close closes the asynq client (not the Redis client it was given).
+func (c *Client) Close() error { return nil }

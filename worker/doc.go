@@ -1,0 +1,14 @@
+// Package worker runs goreactor runs as asynq tasks.
+//
+// A Client implements reactor.Enqueuer: it turns a wake-up into an asynq task
+// of type TypeRun whose id names the cause ("resume:<run>:start"), so a
+// duplicate of the same cause is recognised as already queued. A Worker is an
+// asynq server whose handler executes the run with Engine.Process.
+//
+// A task that finds its run locked by another process snoozes: it returns a
+// typed error that the server's RetryDelayFunc maps to a short jittered delay
+// and its IsFailure does not count, so asynq's retry budget is not spent on
+// waiting. A payload that cannot be decoded is archived with the reason; an
+// unknown reactor name is retried, because a rolling deploy may not have the
+// definition on every worker yet.
+package worker

@@ -1,0 +1,42 @@
+package worker
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/keys"
+)
+
+// Task types handled by a Worker.
+const (
+	// TypeRun executes (starts or resumes) a run.
+	TypeRun = "goreactor:run"
+)
+
+// RunPayload is the payload of a TypeRun task (msgpack).
+type RunPayload struct {
+	RunID   string `msgpack:"run"`
+	Reactor string `msgpack:"reactor"`
+}
+
+// EncodeRun encodes a TypeRun payload.
+func EncodeRun(p RunPayload) ([]byte, error) { return codec.Marshal(p) }
+
+// errMalformed marks a payload that no retry can fix.
+var errMalformed = errors.New("worker: malformed payload")
+
+// DecodeRun decodes and validates a TypeRun payload.
+func DecodeRun(b []byte) (RunPayload, error) {
+	var p RunPayload
+	if err := codec.Unmarshal(b, &p); err != nil {
+		return p, fmt.Errorf("%w: %v", errMalformed, err)
+	}
+	if err := keys.ValidateID(p.RunID); err != nil {
+		return p, fmt.Errorf("%w: run id: %v", errMalformed, err)
+	}
+	if p.Reactor == "" {
+		return p, fmt.Errorf("%w: no reactor name", errMalformed)
+	}
+	return p, nil
+}

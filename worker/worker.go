@@ -1,0 +1,210 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// Config configures a Worker.
+type Config struct {
+	// Concurrency is the number of tasks processed at once. Default 10.
+	Concurrency int
+	// Queues maps queue names to priorities. Default {DefaultQueue: 1}.
+	Queues map[string]int
+	// TaskCheckInterval is how often an idle worker polls for tasks.
+	// Default 10 ms: back pressure empties queues between batches, and
+	// asynq's default of 1 s would dominate a map's run time.
+	TaskCheckInterval time.Duration
+	// DelayedTaskCheckInterval is how often snoozed and retried tasks are
+	// moved back to their queue. Default 200 ms (asynq's 5 s would make a
+	// 100 ms snooze last seconds).
+	DelayedTaskCheckInterval time.Duration
+	// Snooze is the base delay of a task waiting for a held run lock; each
+	// snooze waits Snooze to 2*Snooze. Default 100 ms.
+	Snooze time.Duration
+	// ShutdownTimeout is how long Stop waits for running tasks. Default 10 s.
+	ShutdownTimeout time.Duration
+	// Logger receives the worker's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c Config) WithDefaults() Config {
+	if c.Concurrency <= 0 {
+		c.Concurrency = 10
+	}
+	if len(c.Queues) == 0 {
+		c.Queues = map[string]int{DefaultQueue: 1}
+	}
+	if c.TaskCheckInterval <= 0 {
+		c.TaskCheckInterval = 10 * time.Millisecond
+	}
+	if c.DelayedTaskCheckInterval <= 0 {
+		c.DelayedTaskCheckInterval = 200 * time.Millisecond
+	}
+	if c.Snooze <= 0 {
+		c.Snooze = 100 * time.Millisecond
+	}
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = 10 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// SnoozeError asks the server to deliver the task again after a short delay
+// without counting a failure: the run is locked by someone else for now.
+type SnoozeError struct {
+	RunID string
+	Base  time.Duration
+}
+
+func (e *SnoozeError) Error() string {
+	return fmt.Sprintf("worker: run %s is locked by another process; snoozing", e.RunID)
+}
+
+// Worker executes goreactor tasks pulled from Redis.
+type Worker struct {
+	cfg    Config
+	engine *reactor.Engine
+	srv    *asynq.Server
+	mux    *asynq.ServeMux
+	log    *slog.Logger
+
+	mu      sync.Mutex
+	started bool
+	stopped bool
+}
+
+// New returns a Worker for engine, pulling from rdb. The worker does not own
+// rdb.
+func New(engine *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker {
+	cfg = cfg.WithDefaults()
+	w := &Worker{cfg: cfg, engine: engine, log: cfg.Logger, mux: asynq.NewServeMux()}
+	w.mux.HandleFunc(TypeRun, w.handleRun)
+	w.srv = asynq.NewServerFromRedisClient(rdb, asynq.Config{
+		Concurrency:              cfg.Concurrency,
+		Queues:                   cfg.Queues,
+		TaskCheckInterval:        cfg.TaskCheckInterval,
+		DelayedTaskCheckInterval: cfg.DelayedTaskCheckInterval,
+		ShutdownTimeout:          cfg.ShutdownTimeout,
+		RetryDelayFunc:           w.retryDelay,
+		IsFailure:                isFailure,
+		Logger:                   asynqLogger{cfg.Logger},
+		LogLevel:                 asynq.WarnLevel,
+	})
+	return w
+}
+
+// Handler returns the worker's task handler, for use with a server of your
+// own (its config must use RetryDelay and IsFailure from this package).
+func (w *Worker) Handler() asynq.Handler { return w.mux }
+
+// Start begins processing in the background.
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.started {
+		return errors.New("worker: already started")
+	}
+	w.started = true
+	return w.srv.Start(w.mux)
+}
+
+// Stop stops fetching tasks, waits up to ShutdownTimeout for running tasks
+// (their contexts are then cancelled; their runs stay checkpointed and are
+// redelivered), and returns. It is idempotent.
+func (w *Worker) Stop(ctx context.Context) error {
+	w.mu.Lock()
+	if !w.started || w.stopped {
+		w.stopped = true
+		w.mu.Unlock()
+		return nil
+	}
+	w.stopped = true
+	w.mu.Unlock()
+	done := make(chan struct{})
+	go func() { w.srv.Shutdown(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("worker: panic handling %s: %v\n%s", t.Type(), r, debug.Stack())
+		}
+	}()
+	p, err := DecodeRun(t.Payload())
+	if err != nil {
+		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	if _, ok := w.engine.Definition(p.Reactor); !ok {
+		// A rolling deploy may not have the definition here yet: retry.
+		return fmt.Errorf("worker: unknown reactor %q for run %s: register it on this worker (retrying)", p.Reactor, p.RunID)
+	}
+	res, err := w.engine.Process(ctx, p.RunID)
+	switch {
+	case errors.Is(err, reactor.ErrRunLocked):
+		return &SnoozeError{RunID: p.RunID, Base: w.cfg.Snooze}
+	case errors.Is(err, reactor.ErrLockLost):
+		// Another process owns the run now and carries it on.
+		w.log.Warn("run lock lost; leaving the run to its new owner", "event", "worker.run.lock_lost", "run", p.RunID)
+		return nil
+	case errors.Is(err, reactor.ErrNotFound):
+		return fmt.Errorf("worker: run %s no longer exists: %w", p.RunID, asynq.SkipRetry)
+	case err != nil:
+		return err
+	}
+	w.log.Debug("task done", "event", "worker.run.done", "run", p.RunID, "status", res.Status)
+	return nil
+}
+
+func (w *Worker) retryDelay(n int, err error, t *asynq.Task) time.Duration {
+	return RetryDelay(n, err, t)
+}
+
+// RetryDelay is the asynq RetryDelayFunc goreactor needs: a snooze waits its
+// base to twice its base (jittered), anything else backs off like asynq.
+func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
+	var s *SnoozeError
+	if errors.As(err, &s) {
+		return s.Base + rand.N(s.Base+1)
+	}
+	return asynq.DefaultRetryDelayFunc(n, err, t)
+}
+
+// IsFailure is the asynq IsFailure goreactor needs: snoozes are not failures.
+func IsFailure(err error) bool { return isFailure(err) }
+
+func isFailure(err error) bool {
+	var s *SnoozeError
+	return err != nil && !errors.As(err, &s)
+}
+
+// asynqLogger routes asynq's logs to slog.
+type asynqLogger struct{ l *slog.Logger }
+
+func (a asynqLogger) Debug(args ...any) { a.l.Debug(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Info(args ...any)  { a.l.Info(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Warn(args ...any)  { a.l.Warn(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Error(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq") }
+func (a asynqLogger) Fatal(args ...any) { a.l.Error(fmt.Sprint(args...), "component", "asynq") }
