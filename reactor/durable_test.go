@@ -254,6 +254,7 @@ func TestUndoACompletedRun(t *testing.T) {
 	undone, err := env.engine.Undo(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCancelled, undone.Status)
+	require.ErrorIs(t, undone.Err(), reactor.ErrCancelled)
 	require.Equal(t, []string{"run:a", "run:b", "undo:b", "undo:a"}, tr.all())
 
 	_, err = env.engine.Undo(ctx, res.RunID)

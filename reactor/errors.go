@@ -28,7 +28,12 @@ var (
 	ErrNotUndoable = errors.New("reactor: run cannot be undone in its status")
 	// ErrUnknownReactor: no definition is registered under the name.
 	ErrUnknownReactor = errors.New("reactor: unknown reactor")
+	// ErrCancelled is what the Failure of a cancelled (or undone) run
+	// unwraps to.
+	ErrCancelled = errors.New("reactor: run cancelled")
 )
+
+const codeCancelled = "reactor.cancelled"
 
 // InputError reports an input that is missing, of the wrong type, or invalid.
 // Nothing is stored for a run whose inputs are rejected.
@@ -210,6 +215,7 @@ func init() {
 	builtinType[*TimeoutError]("reactor.timeout")
 	builtinSentinel("reactor.deadline_exceeded", context.DeadlineExceeded)
 	builtinSentinel("reactor.canceled", context.Canceled)
+	builtinSentinel(codeCancelled, ErrCancelled)
 }
 
 func builtinType[E error](code string) {

@@ -52,6 +52,9 @@ type frameResult struct {
 
 // execute runs the root frame to its end, then reports the result.
 func (x *execution) execute(ctx context.Context, started EventKind) (*Result, error) {
+	if x.st.Status == StatusPending {
+		x.st.Status = StatusRunning // saved with the first checkpoint
+	}
 	runCtx := x.lease.Keep(ctx)
 	x.e.emit(ctx, Event{Kind: started, RunID: x.st.ID, Reactor: x.st.Reactor, Status: x.st.Status})
 	_, err := x.runFrame(runCtx, &frame{def: x.def, st: x.st, root: true})
@@ -357,5 +360,5 @@ func (x *execution) call(ctx context.Context, c Call, timeout time.Duration, fn 
 }
 
 func newCancelFailure(msg string) *Failure {
-	return &Failure{Code: "reactor.cancelled", Message: msg}
+	return &Failure{Code: codeCancelled, Message: msg, err: ErrCancelled}
 }

@@ -75,7 +75,7 @@ func (f *Failure) Error() string {
 	} else {
 		fmt.Fprintf(&b, "reactor: %s", f.Message)
 	}
-	if n := len(f.RollbackFailures) + f.RollbackFailuresOmitted; n > 0 {
+	if n := len(f.RollbackFailures) + f.RollbackFailuresOmitted; len(f.RollbackFailures) > 0 {
 		fmt.Fprintf(&b, " (and %d rollback failure(s), first: %s of %q: %s)", n,
 			f.RollbackFailures[0].Kind, f.RollbackFailures[0].Step, f.RollbackFailures[0].Message)
 	}
