@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -18,9 +19,10 @@ func ExampleEngine_Run() {
 	rdb := redis.NewClient(redistest.Options())
 	defer rdb.Close()
 	engine, err := reactor.NewEngine(ctx, reactor.Config{
-		Client: rdb,
-		Prefix: "example:" + reactor.NewRunID(),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Client:    rdb,
+		Prefix:    "example:" + reactor.NewRunID(),
+		Retention: time.Minute,
+		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {
 		panic(err)
