@@ -56,7 +56,9 @@ func (c RunConfig) WithDefaults() RunConfig {
 type RunReport struct {
 	// Examined is the number of index entries looked at.
 	Examined int
-	// Woken is the number of runs a resume was enqueued for.
+	// Woken is the number of runs a resume was enqueued for. A run whose
+	// sweep wake-up is still queued from an earlier pass is not woken again
+	// and not counted.
 	Woken int
 	// Dropped is the number of index entries of finished or vanished runs
 	// removed from the active index.
@@ -83,6 +85,16 @@ func NewRunSweeper(cfg RunConfig) (*RunSweeper, error) {
 }
 
 // Sweep runs one pass over the oldest-touched page of the active index.
+//
+// Every entry the pass examines and keeps is touched: its score becomes the
+// time of the pass, so it is examined again only StaleAfter later and the
+// next pass's page reaches the entries behind it. Without that, a page full
+// of live long-running or still-queued runs would hide every lost run behind
+// it for good.
+//
+// An error examining one run (an undecodable state, a failed inspection) is
+// logged and the pass goes on with the next; the errors are returned joined
+// with the report of what the pass did.
 func (s *RunSweeper) Sweep(ctx context.Context) (RunReport, error) {
 	var rep RunReport
 	now := time.Now()
@@ -96,23 +108,41 @@ func (s *RunSweeper) Sweep(ctx context.Context) (RunReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("sweeper: read active index: %w", err)
 	}
+	var errs []error
 	for _, id := range ids {
+		if err := ctx.Err(); err != nil {
+			return rep, errors.Join(append(errs, err)...)
+		}
 		rep.Examined++
-		woken, dropped, err := s.sweepRun(ctx, id, cutoff)
+		woken, dropped, err := s.sweepRun(ctx, id, now, cutoff)
+		if !dropped {
+			// Also when the run could not be examined: it must not hold
+			// the head of the index for ever.
+			if terr := s.touch(ctx, id, now); err == nil {
+				err = terr
+			}
+		}
 		if err != nil {
-			return rep, err
+			s.cfg.Logger.Error("cannot sweep run", "event", "reactor.sweep.error", "run", id, "error", err)
+			errs = append(errs, fmt.Errorf("sweeper: run %s: %w", id, err))
 		}
 		if woken {
 			rep.Woken++
 		}
-		if dropped {
+		if dropped && err == nil {
 			rep.Dropped++
 		}
 	}
-	return rep, nil
+	return rep, errors.Join(errs...)
 }
 
-func (s *RunSweeper) sweepRun(ctx context.Context, id string, cutoff int64) (woken, dropped bool, err error) {
+// touch moves id's active entry to the time of the pass, if it still has
+// one: XX never re-adds an entry a terminal write removed meanwhile.
+func (s *RunSweeper) touch(ctx context.Context, id string, now time.Time) error {
+	return s.cfg.Client.ZAddXX(ctx, s.keys.Active(), redis.Z{Score: float64(now.UnixMilli()), Member: id}).Err()
+}
+
+func (s *RunSweeper) sweepRun(ctx context.Context, id string, now time.Time, cutoff int64) (woken, dropped bool, err error) {
 	run, err := s.cfg.Engine.Get(ctx, id)
 	if errors.Is(err, reactor.ErrNotFound) {
 		return false, true, s.cfg.Client.ZRem(ctx, s.keys.Active(), id).Err()
@@ -130,23 +160,61 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, cutoff int64) (wok
 	if err != nil || locked {
 		return false, false, err
 	}
-	if run.Wake != "" {
-		info, err := s.insp.GetTaskInfo(s.cfg.Queue, run.Wake)
-		if err == nil {
-			switch info.State {
-			case asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry:
-				return false, false, nil // it will be delivered
-			}
-			// active without the run's lock: its worker died. archived or
-			// completed: nothing will deliver it again.
-		} else if !errors.Is(err, asynq.ErrTaskNotFound) && !errors.Is(err, asynq.ErrQueueNotFound) {
-			return false, false, fmt.Errorf("sweeper: inspect task %s: %w", run.Wake, err)
+	sweepID := fmt.Sprintf("resume:%s:sweep:%d", id, run.Version)
+	if run.Wake != "" && run.Wake != sweepID {
+		state, found, err := s.taskState(run.Wake)
+		if err != nil {
+			return false, false, err
 		}
+		if found && deliverable(state) {
+			return false, false, nil // it will be delivered
+		}
+		// active without the run's lock: its worker died. archived or
+		// completed: nothing will deliver it again.
 	}
-	w := reactor.Wake{ID: fmt.Sprintf("resume:%s:sweep:%d", id, run.Version), RunID: id, Reactor: run.Reactor}
+	// The run's own wake-up is not queued; an earlier pass's may be (the
+	// sweeper records its wake-ups nowhere but in the queue).
+	w := reactor.Wake{ID: sweepID, RunID: id, Reactor: run.Reactor}
+	state, found, err := s.taskState(sweepID)
+	if err != nil {
+		return false, false, err
+	}
+	if found {
+		if deliverable(state) {
+			return false, false, nil // woken by an earlier pass
+		}
+		// The id is spent: its worker died with it active, or it was
+		// archived. Enqueueing it again would be an id conflict, a silent
+		// no-op, and the run would wait for asynq's lease recovery (a minute
+		// and more) or for ever. Wake the run under a fresh id.
+		w.ID = fmt.Sprintf("%s:%d", sweepID, now.UnixMilli())
+	}
 	if err := s.cfg.Enqueuer.Enqueue(ctx, w); err != nil {
 		return false, false, err
 	}
 	s.cfg.Logger.Info("woke a lost run", "event", "reactor.sweep.run", "run", id, "status", run.Status, "task", w.ID)
 	return true, false, nil
+}
+
+// taskState returns the state of task id on the sweeper's queue; found is
+// false when the task (or the whole queue) does not exist.
+func (s *RunSweeper) taskState(id string) (state asynq.TaskState, found bool, err error) {
+	info, err := s.insp.GetTaskInfo(s.cfg.Queue, id)
+	switch {
+	case err == nil:
+		return info.State, true, nil
+	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
+		return 0, false, nil
+	default:
+		return 0, false, fmt.Errorf("sweeper: inspect task %s: %w", id, err)
+	}
+}
+
+// deliverable reports whether asynq will deliver a task in state to a worker.
+func deliverable(state asynq.TaskState) bool {
+	switch state {
+	case asynq.TaskStatePending, asynq.TaskStateScheduled, asynq.TaskStateRetry:
+		return true
+	}
+	return false
 }

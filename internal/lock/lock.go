@@ -100,8 +100,9 @@ func (l *Lease) Token() string { return l.m.Value() }
 
 // Keep starts the heartbeat and returns a context derived from parent that is
 // cancelled with cause ErrLost if the lock is lost. The heartbeat extends the
-// lock every third of its expiry; a transport error is retried until the lock
-// would have expired, and only then is the lease treated as lost.
+// lock every third of its expiry; a transport error (or an extension that
+// hangs) is tolerated until the lock would have expired, and then the lease is
+// treated as lost.
 func (l *Lease) Keep(parent context.Context) context.Context {
 	ctx, cancel := context.WithCancelCause(parent)
 	l.mu.Lock()
@@ -117,22 +118,51 @@ func (l *Lease) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) {
 	interval := l.expiry / 3
 	t := time.NewTicker(interval)
 	defer t.Stop()
+	// expired fires when the lock's validity (redsync's Until, a little short
+	// of the key's TTL) ends without a successful extension. It runs while an
+	// extension is in flight too: go-redis bounds a call by its ReadTimeout
+	// and retries, not by the context's deadline, so an extension over a
+	// stalled connection can outlast the lock by seconds, and the holder must
+	// hear of the loss before another process can take the lock.
+	expired := time.NewTimer(time.Until(l.m.Until()))
+	defer expired.Stop()
+	type extension struct {
+		ok  bool
+		err error
+	}
 	for {
 		select {
 		case <-ctx.Done():
+			return
+		case <-expired.C:
+			cancel(ErrLost)
 			return
 		case <-t.C:
 		}
 		// Extensions use a context detached from ctx's cancellation so that a
 		// caller cancelling its work does not look like a lost lock.
 		ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), interval)
-		ok, err := l.m.ExtendContext(ectx)
+		res := make(chan extension, 1)
+		go func() {
+			ok, err := l.m.ExtendContext(ectx)
+			res <- extension{ok: ok, err: err}
+		}()
+		var r extension
+		select {
+		case r = <-res:
+		case <-expired.C:
+			cancel(ErrLost)
+			<-res // the mutex is not safe for concurrent use: let the call end
+			ecancel()
+			return
+		}
 		ecancel()
-		if ok {
+		if r.ok {
+			expired.Reset(time.Until(l.m.Until()))
 			continue
 		}
 		var taken *redsync.ErrTaken
-		if errors.As(err, &taken) || time.Now().After(l.m.Until()) {
+		if errors.As(r.err, &taken) || !time.Now().Before(l.m.Until()) {
 			cancel(ErrLost)
 			return
 		}

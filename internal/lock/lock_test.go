@@ -152,7 +152,7 @@ func TestAcquireGivesUpWhileHeld(t *testing.T) {
 	elapsed := time.Since(start)
 	require.ErrorIs(t, err, lock.ErrHeld)
 	require.Nil(t, lease)
-	require.GreaterOrEqual(t, elapsed, 100*time.Millisecond, "Acquire must poll, not try once")
+	require.GreaterOrEqual(t, elapsed, 200*time.Millisecond, "Acquire must poll for the whole wait, not give up early")
 	require.Less(t, elapsed, time.Second)
 	require.Equal(t, holder.Token(), f.value(t))
 }
@@ -228,6 +228,21 @@ func TestLostLock(t *testing.T) {
 
 		require.NoError(t, lease.Release(f.ctx))
 		require.Equal(t, "other-holder", f.value(t), "Release must not delete another holder's lock")
+	})
+
+	t.Run("taken over, detected by the refused extension", func(t *testing.T) {
+		t.Parallel()
+		// With a 1.5s expiry the heartbeat runs every 500ms: the refusal at
+		// the first one must end the lease, not the lease's validity running
+		// out about 1.5s after the acquisition.
+		f := newFixture(t, 1500*time.Millisecond)
+		lease := f.acquire(t)
+		ctx := lease.Keep(f.ctx)
+		require.NoError(t, f.rdb.Set(f.ctx, f.key, "other-holder", time.Minute).Err())
+		waitDone(t, ctx, time.Second)
+		require.True(t, lock.Lost(ctx))
+		require.NoError(t, lease.Release(f.ctx))
+		require.Equal(t, "other-holder", f.value(t))
 	})
 
 	t.Run("deleted", func(t *testing.T) {
