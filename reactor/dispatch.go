@@ -33,6 +33,10 @@ type Enqueuer interface {
 // not set.
 var ErrNoEnqueuer = errors.New("reactor: Config.Enqueuer is required to hand runs to workers (see package worker)")
 
+func errIDTaken(id, reactor string) error {
+	return fmt.Errorf("reactor: run id %s is taken by a run of %q", id, reactor)
+}
+
 func wakeID(runID, cause string) string { return "resume:" + runID + ":" + cause }
 
 // HandOff is where a step hands the rest of an in-process run to workers.
@@ -83,6 +87,9 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 	if errors.Is(err, lock.ErrHeld) {
 		// Someone executes it already: it is dispatched, or finished.
 		if st, _, lerr := e.load(ctx, o.id); lerr == nil {
+			if st.Reactor != def.name {
+				return nil, errIDTaken(o.id, st.Reactor)
+			}
 			return st.result(), nil
 		}
 		return nil, fmt.Errorf("%w (run %s)", ErrRunLocked, o.id)
@@ -113,12 +120,19 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 		if err != nil {
 			return nil, err
 		}
+		// Undo the speculative pending index entry where it is wrong.
 		if existing.Status.Terminal() {
 			_ = e.store.Unindex(bg, o.id, string(StatusPending))
-			return existing.result(), nil
-		}
-		if existing.Status != StatusPending {
+		} else if existing.Status != StatusPending {
 			_ = e.store.MarkStatus(bg, o.id, string(StatusPending), string(existing.Status), false, now)
+		}
+		if existing.Reactor != def.name {
+			// As Run does: the id belongs to another reactor's run, which
+			// must not be woken under this reactor's name.
+			return nil, errIDTaken(o.id, existing.Reactor)
+		}
+		if existing.Status.Terminal() {
+			return existing.result(), nil
 		}
 		st = existing
 	}

@@ -259,7 +259,13 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	}
 	if existing.Reactor != def.name {
 		_ = lease.Release(context.WithoutCancel(ctx))
-		_ = e.store.Unindex(context.WithoutCancel(ctx), id, string(StatusRunning))
+		// Put the speculative index entry back the way the existing run
+		// needs it: a live run must stay in the active index.
+		if existing.Status.Terminal() {
+			_ = e.store.Unindex(context.WithoutCancel(ctx), id, string(StatusRunning))
+		} else {
+			_ = e.store.MarkStatus(context.WithoutCancel(ctx), id, string(StatusRunning), string(existing.Status), false, now)
+		}
 		return nil, fmt.Errorf("reactor: run id %s is taken by a run of %q", id, existing.Reactor)
 	}
 	if existing.Status.Terminal() {

@@ -57,5 +57,6 @@ func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 	return nil
 }
 
-// Close closes the asynq client (not the Redis client it was given).
+// Close is a no-op kept for symmetry: the asynq client shares the Redis
+// client it was given (close that yourself) and holds nothing else.
 func (c *Client) Close() error { return nil }

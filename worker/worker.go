@@ -113,12 +113,17 @@ func New(engine *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker 
 // own (its config must use RetryDelay and IsFailure from this package).
 func (w *Worker) Handler() asynq.Handler { return w.mux }
 
-// Start begins processing in the background.
+// Start begins processing in the background. A worker starts once: Start
+// after Start or after Stop is an error.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.started {
 		return errors.New("worker: already started")
+	}
+	if w.stopped {
+		// Stop before Start: a server started now could never be stopped.
+		return errors.New("worker: stopped")
 	}
 	w.started = true
 	return w.srv.Start(w.mux)
