@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -402,4 +403,120 @@ func TestTransportErrorPastExpiryIsLost(t *testing.T) {
 	require.True(t, lock.Lost(ctx))
 	require.GreaterOrEqual(t, time.Since(start), expiry/2, "lost on the first transport error, before the lock could expire")
 	require.Error(t, lease.Release(context.Background()), "Release cannot reach Redis")
+}
+
+// stallingProxy forwards TCP connections to a Redis until stall is called;
+// from then on it reads and drops the traffic both ways, like a network
+// partition that leaves connections open: calls hang instead of failing.
+type stallingProxy struct {
+	l       net.Listener
+	stalled atomic.Bool
+	wg      sync.WaitGroup
+
+	mu     sync.Mutex
+	closed bool
+	conns  []net.Conn
+}
+
+func startStallingProxy(t *testing.T, target string) *stallingProxy {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &stallingProxy{l: l}
+	p.wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			u, err := net.Dial("tcp", target)
+			if err != nil {
+				_ = c.Close()
+				continue
+			}
+			if !p.track(c, u) {
+				return
+			}
+			p.wg.Go(func() { p.pipe(u, c) })
+			p.wg.Go(func() { p.pipe(c, u) })
+		}
+	})
+	t.Cleanup(p.Close)
+	return p
+}
+
+func (p *stallingProxy) Addr() string { return p.l.Addr().String() }
+
+func (p *stallingProxy) Stall() { p.stalled.Store(true) }
+
+func (p *stallingProxy) track(conns ...net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		for _, c := range conns {
+			_ = c.Close()
+		}
+		return false
+	}
+	p.conns = append(p.conns, conns...)
+	return true
+}
+
+func (p *stallingProxy) pipe(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if err != nil {
+			_ = dst.Close()
+			return
+		}
+		if p.stalled.Load() {
+			continue
+		}
+		if _, err := dst.Write(buf[:n]); err != nil {
+			return
+		}
+	}
+}
+
+// Close closes the listener and every connection, ending hung calls with an
+// error, and waits for the proxy's goroutines. It is idempotent.
+func (p *stallingProxy) Close() {
+	_ = p.l.Close()
+	p.mu.Lock()
+	p.closed = true
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+	p.conns = nil
+	p.mu.Unlock()
+	p.wg.Wait()
+}
+
+func TestStalledExtensionIsLostWhenTheLockExpires(t *testing.T) {
+	t.Parallel()
+	const expiry = 600 * time.Millisecond
+	proxy := startStallingProxy(t, redistest.Addr())
+	// Default client options: a call is bounded by ReadTimeout (3s) and
+	// retries, not by the heartbeat's context deadline.
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr()})
+	t.Cleanup(func() { _ = rdb.Close() })
+	key := keys.New(redistest.Prefix(t)).RunLock("r1")
+
+	lease, err := lock.New(rdb, expiry).TryAcquire(t.Context(), key)
+	require.NoError(t, err)
+	ctx := lease.Keep(t.Context())
+	t.Cleanup(func() {
+		proxy.Close() // ends a hung extension, so Stop returns
+		lease.Stop()
+	})
+	start := time.Now()
+	proxy.Stall()
+
+	// The key expires on the server about 600ms after the acquisition, and
+	// then another process may take the run: the holder must know by then.
+	waitDone(t, ctx, expiry+300*time.Millisecond)
+	elapsed := time.Since(start)
+	require.True(t, lock.Lost(ctx))
+	require.GreaterOrEqual(t, elapsed, expiry/2, "a stalled extension is not a refused one")
 }

@@ -379,6 +379,13 @@ func TestTerminalWrite(t *testing.T) {
 			require.Equal(t, !terminal, f.exists(t, target.Cancel), "cancel key")
 			require.Equal(t, !tc.o.Release, f.exists(t, target.Lock), "lock key")
 
+			if terminal && !tc.o.Release {
+				// A later ordinary write (an undo of the finished run) makes
+				// the state persistent again: a live run never expires.
+				_, err = f.st.Write(f.ctx, target, "tok-a", 3, data1, store.WriteOptions{})
+				require.NoError(t, err)
+				require.Equal(t, noTTL, f.pttl(t, target.State))
+			}
 			if tc.o.Release {
 				// The released token is no longer a holder.
 				_, err = f.st.Write(f.ctx, target, "tok-a", 3, data1, store.WriteOptions{})

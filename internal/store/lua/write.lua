@@ -7,7 +7,7 @@
 -- ARGV[1] lock token of the caller
 -- ARGV[2] version the caller read
 -- ARGV[3] encoded state
--- ARGV[4] retention in ms for a terminal write (0: not terminal)
+-- ARGV[4] retention in ms for a terminal write (0: not terminal, the state is made persistent)
 -- ARGV[5] 1 to release the lock in the same step (terminal write), else 0
 -- Returns {-1}                 lock not held by the caller (lost or never held)
 --         {-2, version}        version mismatch: the stored version
@@ -25,6 +25,10 @@ local ttl = tonumber(ARGV[4])
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('DEL', KEYS[3])
+else
+  -- a live run never expires: an undo of a finished run must not lose its
+  -- state to the retention the terminal write set
+  redis.call('PERSIST', KEYS[1])
 end
 if ARGV[5] == '1' then
   redis.call('DEL', KEYS[2])
