@@ -6,12 +6,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"strings"
 	"testing"
 	"time"
-
-	"go.uber.org/goleak"
 
 	"github.com/goreactor/goreactor/examples"
 	"github.com/goreactor/goreactor/internal/redistest"
@@ -19,17 +16,7 @@ import (
 	"github.com/goreactor/goreactor/worker"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	redistest.Shutdown()
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { redistest.Main(m) }
 
 var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 

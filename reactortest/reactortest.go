@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
 	"slices"
 	"strings"
 	"testing"
@@ -117,11 +116,7 @@ func NewWithOptions(t testing.TB, o Options, defs ...*reactor.Definition) *Harne
 
 // Main runs the tests, stops the redis-server the harness may have started,
 // and exits. Call it from TestMain.
-func Main(m *testing.M) {
-	code := m.Run()
-	Shutdown()
-	os.Exit(code)
-}
+func Main(m *testing.M) { redistest.Main(m) }
 
 // Shutdown stops the redis-server the harness started when no Redis was
 // reachable, if it did. Main calls it.

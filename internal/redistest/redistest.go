@@ -33,6 +33,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
 )
 
 const (
@@ -532,4 +533,19 @@ func readTail(path string) string {
 		b = b[len(b)-2000:]
 	}
 	return string(b)
+}
+
+// Main is the TestMain of goreactor's packages: it runs the tests, stops the
+// redis-server this package may have started, and fails the binary if
+// goroutines leaked (goleak), then exits.
+func Main(m *testing.M) {
+	code := m.Run()
+	Shutdown()
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
 }
