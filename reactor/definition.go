@@ -233,6 +233,7 @@ type stepKind uint8
 const (
 	kindPlain stepKind = iota
 	kindCompose
+	kindConstruct
 )
 
 type stepDef struct {
@@ -251,6 +252,7 @@ type stepDef struct {
 	undo       func(ctx context.Context, args, result codec.Raw) error // nil: no ledger entry
 	compensate func(ctx context.Context, args codec.Raw, err error) error
 	child      *Definition // compose
+	construct  Construct
 }
 
 // StepConfig describes a step whose arguments decode into In and whose

@@ -147,10 +147,38 @@ func (e *Engine) Register(defs ...*Definition) error {
 		if d == nil {
 			return errors.New("reactor: Register of a nil definition")
 		}
-		if old, ok := e.defs[d.name]; ok && old != d {
+		if err := e.registerLocked(d); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// registerLocked registers d and the definitions it runs: composed children
+// and the element reactors of constructs (Definitions() []*Definition).
+func (e *Engine) registerLocked(d *Definition) error {
+	if old, ok := e.defs[d.name]; ok {
+		if old != d {
 			return &DefinitionError{Reactor: d.name, Reason: "another definition is already registered under this name"}
 		}
-		e.defs[d.name] = d
+		return nil
+	}
+	e.defs[d.name] = d
+	for _, s := range d.steps {
+		var nested []*Definition
+		switch {
+		case s.child != nil:
+			nested = []*Definition{s.child}
+		case s.construct != nil:
+			if n, ok := s.construct.(interface{ Definitions() []*Definition }); ok {
+				nested = n.Definitions()
+			}
+		}
+		for _, c := range nested {
+			if err := e.registerLocked(c); err != nil {
+				return err
+			}
+		}
 	}
 	return nil
 }
@@ -213,16 +241,58 @@ func (e *Engine) Run(ctx context.Context, def *Definition, inputs map[string]any
 	if err != nil {
 		return nil, err
 	}
-	return e.start(ctx, def, o.id, encoded)
+	return e.start(ctx, def, o.id, encoded, false)
 }
 
-func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs map[string]codec.Raw) (*Result, error) {
+// ExecuteElement runs (or resumes, or reads the result of) the element run
+// id of a construct, in this process: a map element "<mapID>.<i>". Element
+// runs live in their own keys and slot, are not in the run indexes, never
+// hand off, and run nested constructs inline. Inputs are encoded values by
+// input name. It returns ErrRunLocked when another process holds the
+// element.
+func (e *Engine) ExecuteElement(ctx context.Context, def *Definition, id string, inputs map[string]codec.Raw) (*Result, error) {
+	if err := validateRunID(id); err != nil {
+		return nil, err
+	}
+	checked, err := def.checkInputs(inputs)
+	if err != nil {
+		return nil, err
+	}
+	return e.start(ctx, def, id, checked, true)
+}
+
+// Element returns a stored element run.
+func (e *Engine) Element(ctx context.Context, id string) (*Run, error) {
+	if err := validateRunID(id); err != nil {
+		return nil, err
+	}
+	snap, err := e.store.Load(ctx, e.store.ElemTarget(id))
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: element %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st, err := decodeState(snap.Data)
+	if err != nil {
+		return nil, err
+	}
+	d, _ := e.Definition(st.Reactor)
+	return st.view(d, snap.Version), nil
+}
+
+func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs map[string]codec.Raw, element bool) (*Result, error) {
 	target := e.store.RunTarget(id)
+	if element {
+		target = e.store.ElemTarget(id)
+	}
 	lease, err := e.locks.TryAcquire(ctx, target.Lock)
 	if errors.Is(err, lock.ErrHeld) {
 		// Someone executes this id. A finished run answers with its result.
-		if st, _, lerr := e.load(ctx, id); lerr == nil && st.Status.Terminal() {
-			return st.result(), nil
+		if snap, lerr := e.store.Load(ctx, target); lerr == nil {
+			if st, derr := decodeState(snap.Data); derr == nil && st.Status.Terminal() {
+				return st.result(), nil
+			}
 		}
 		return nil, fmt.Errorf("%w (run %s)", ErrRunLocked, id)
 	}
@@ -237,17 +307,21 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		return nil, fmt.Errorf("reactor: encode run: %w", err)
 	}
 	// The index entry goes first: a crash after the state write must still
-	// leave the run where the sweeper looks.
-	if err := e.store.MarkStarted(ctx, id, string(StatusRunning), now); err != nil {
-		_ = lease.Release(context.WithoutCancel(ctx))
-		return nil, err
+	// leave the run where the sweeper looks. Elements are found through
+	// their map instead.
+	if !element {
+		if err := e.store.MarkStarted(ctx, id, string(StatusRunning), now); err != nil {
+			_ = lease.Release(context.WithoutCancel(ctx))
+			return nil, err
+		}
 	}
 	snap, created, err := e.store.Create(ctx, target, lease.Token(), data)
 	if err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	x := &execution{e: e, def: def, target: target, lease: lease, version: snap.Version, indexed: StatusRunning}
+	x := &execution{e: e, def: def, target: target, lease: lease, version: snap.Version, indexed: StatusRunning,
+		element: element, inWorker: element}
 	if created {
 		x.st = st
 		return x.execute(ctx, EventRunStarted)
@@ -261,7 +335,9 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		_ = lease.Release(context.WithoutCancel(ctx))
 		// Put the speculative index entry back the way the existing run
 		// needs it: a live run must stay in the active index.
-		if existing.Status.Terminal() {
+		if element {
+			// not indexed
+		} else if existing.Status.Terminal() {
 			_ = e.store.Unindex(context.WithoutCancel(ctx), id, string(StatusRunning))
 		} else {
 			_ = e.store.MarkStatus(context.WithoutCancel(ctx), id, string(StatusRunning), string(existing.Status), false, now)
@@ -270,11 +346,13 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	}
 	if existing.Status.Terminal() {
 		_ = lease.Release(context.WithoutCancel(ctx))
-		_ = e.store.Unindex(context.WithoutCancel(ctx), id, string(StatusRunning))
+		if !element {
+			_ = e.store.Unindex(context.WithoutCancel(ctx), id, string(StatusRunning))
+		}
 		return existing.result(), nil
 	}
 	x.st = existing
-	if existing.Status != StatusRunning {
+	if existing.Status != StatusRunning && !element {
 		if err := e.store.MarkStatus(ctx, id, string(StatusRunning), string(existing.Status), false, now); err != nil {
 			_ = lease.Release(context.WithoutCancel(ctx))
 			return nil, err

@@ -30,6 +30,9 @@ type execution struct {
 	// inWorker: executing as a worker does; hand-off points are passed
 	// through, and an ended context leaves the run for redelivery.
 	inWorker bool
+	// element: the run is an element of a construct (a map element): it
+	// is not indexed, and nested constructs run inline.
+	element bool
 }
 
 // frame is a definition executing over its state: the root run, or a
@@ -74,6 +77,12 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 		// Not ours any more: write nothing, release nothing.
 		x.e.emit(ctx, Event{Kind: EventRunLockLost, RunID: x.st.ID, Reactor: x.st.Reactor, Err: err})
 		return nil, err
+	case isDispatch(err):
+		// A construct handed its work to workers after saving its
+		// decision; the owner is resumed when the work settles.
+		// Everything up to here was checkpointed (SaveState included).
+		_ = x.lease.Release(bg)
+		return x.st.result(), nil
 	case errors.As(err, new(*errHandOff)):
 		// Saved (with its wake-up id) before the lock goes: a crash before
 		// the enqueue leaves a running, unlocked run for the sweeper.
@@ -123,7 +132,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	}
 	x.version = res.Version
 	x.cancel = x.cancel || res.CancelRequested
-	if x.st.Status != x.indexed {
+	if x.st.Status != x.indexed && !x.element {
 		if err := x.e.store.MarkStatus(ctx, x.st.ID, string(x.indexed), string(x.st.Status), terminal, now); err != nil {
 			return err
 		}
@@ -277,8 +286,11 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		err = Permanent(fmt.Errorf("reactor: step %q: %w", s.name, err))
 		return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
 	}
-	if s.kind == kindCompose {
+	switch s.kind {
+	case kindCompose:
 		return x.runCompose(ctx, f, s, args)
+	case kindConstruct:
+		return x.runConstruct(ctx, f, s, args)
 	}
 	attempts := s.retry.attempts()
 	for attempt := 1; ; attempt++ {

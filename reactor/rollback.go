@@ -91,7 +91,7 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		// A composed child rolled itself back before its failure surfaced.
 		return false, nil
 	}
-	if s.compensate == nil {
+	if s.compensate == nil && s.kind != kindConstruct {
 		f.st.Undone = append(f.st.Undone, StepRollback{Step: path, Kind: KindCompensate, Status: RollbackNoCompensation, At: x.e.now().UnixMilli()})
 		return false, nil
 	}
@@ -104,6 +104,9 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 	args, err := resolveArgs(f.def, s, f.st)
 	if err == nil {
 		err = x.call(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: f.def.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+			if s.kind == kindConstruct {
+				return s.construct.Compensate(cctx, x.constructContext(f, s, args), cause)
+			}
 			return s.compensate(cctx, args, cause)
 		})
 	}
@@ -149,11 +152,16 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		return nil
 	}
 	var err error
-	if s == nil || s.undo == nil {
+	if s == nil || (s.undo == nil && s.kind != kindConstruct) {
 		err = fmt.Errorf("reactor: step %q is no longer undoable in definition %q", e.Step, d.name)
 	} else {
 		e.Status = RollbackCompensating
 		err = x.call(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+			if s.kind == kindConstruct {
+				cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
+					Step: path, Nested: x.element, state: e.Args}
+				return s.construct.Undo(cctx, cc)
+			}
 			return s.undo(cctx, e.Args, e.Result)
 		})
 		// An undo cut short by the caller or a lost lock stays on the stack
@@ -188,6 +196,9 @@ func rollbackInterrupted(ctx context.Context) error {
 }
 
 func (x *execution) undoTimeout(s *stepDef) time.Duration {
+	if s != nil && s.kind == kindConstruct {
+		return 0 // a construct bounds its own parts (a map: each element's undos)
+	}
 	if s != nil && s.undoTO > 0 {
 		return s.undoTO
 	}

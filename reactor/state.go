@@ -19,6 +19,8 @@ type runState struct {
 	Ledger []*LedgerEntry `msgpack:"l,omitempty"`
 	// Seq numbers ledger entries.
 	Seq int `msgpack:"q,omitempty"`
+	// Constructs holds the state of construct steps in progress, by step.
+	Constructs map[string]codec.Raw `msgpack:"cs,omitempty"`
 	// Children holds composed child runs in progress, by compose step.
 	Children map[string]*runState `msgpack:"ch,omitempty"`
 	// Rollback is set while rolling back.

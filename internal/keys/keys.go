@@ -72,3 +72,38 @@ func (k Keys) Runs() string { return k.prefix + ":idx:runs" }
 // Status is the index of runs currently in status s, scored by the time they
 // entered it (ms).
 func (k Keys) Status(s string) string { return k.prefix + ":idx:status:" + s }
+
+func (k Keys) elem(id, suffix string) string { return k.prefix + ":{elem:" + id + "}:" + suffix }
+
+// ElemState is the state hash of a construct element run (a map element
+// "<mapID>.<i>"), in its own slot so that a huge map spreads over a cluster.
+func (k Keys) ElemState(id string) string { return k.elem(id, "ctx") }
+
+// ElemLock is an element run's lock, in the same slot as its state.
+func (k Keys) ElemLock(id string) string { return k.elem(id, "lock") }
+
+// ElemCancel is an element run's cancel request.
+func (k Keys) ElemCancel(id string) string { return k.elem(id, "cancel") }
+
+func (k Keys) mapKey(id, suffix string) string { return k.prefix + ":{map:" + id + "}:" + suffix }
+
+// MapMeta is a map's metadata hash: total, batch_size, atomic, owner, counters.
+func (k Keys) MapMeta(id string) string { return k.mapKey(id, "meta") }
+
+// MapSource is the list of a map's element inputs when its source is a value.
+func (k Keys) MapSource(id string) string { return k.mapKey(id, "source") }
+
+// MapOffset is a map's forward claim counter, advanced by compare-and-set.
+func (k Keys) MapOffset(id string) string { return k.mapKey(id, "offset") }
+
+// MapResults is a map's index -> outcome hash (first writer wins).
+func (k Keys) MapResults(id string) string { return k.mapKey(id, "results") }
+
+// MapFailed holds the index of a map's first atomic failure (SET NX).
+func (k Keys) MapFailed(id string) string { return k.mapKey(id, "failed") }
+
+// MapSignalled is claimed (SET NX) by the one settle that resumes the owner.
+func (k Keys) MapSignalled(id string) string { return k.mapKey(id, "owner_signalled") }
+
+// Maps is the index of maps with outstanding work (sweeper input).
+func (k Keys) Maps() string { return k.prefix + ":idx:maps" }

@@ -82,6 +82,11 @@ func (s *Store) RunTarget(id string) Target {
 	return Target{State: s.keys.RunState(id), Lock: s.keys.RunLock(id), Cancel: s.keys.RunCancel(id)}
 }
 
+// ElemTarget returns the keys of element run id.
+func (s *Store) ElemTarget(id string) Target {
+	return Target{State: s.keys.ElemState(id), Lock: s.keys.ElemLock(id), Cancel: s.keys.ElemCancel(id)}
+}
+
 // Create stores data as version 1 unless a state exists. It returns the
 // existing snapshot and created=false when one does.
 func (s *Store) Create(ctx context.Context, t Target, token string, data []byte) (Snapshot, bool, error) {

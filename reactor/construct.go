@@ -1,0 +1,163 @@
+package reactor
+
+import (
+	"context"
+	"errors"
+
+	"github.com/goreactor/goreactor/internal/codec"
+)
+
+// Construct is a step kind with a protocol of its own, declared with
+// ConstructStep. Package mapstep implements map steps with it; reactor knows
+// nothing of maps.
+//
+// A construct may hand its work to workers: Run returns Dispatch() after
+// saving what it decided (SaveState) and enqueueing the work. The run is then
+// saved and released, and the caller gets a dispatched Result. When the owner
+// run is resumed, Run is called again with the saved state and must adopt the
+// outcome idempotently: return the result, or Dispatch() again without
+// dispatching anything.
+type Construct interface {
+	// Run executes the step forward and returns its encoded result.
+	Run(ctx context.Context, c *ConstructContext) (codec.Raw, error)
+	// Undo rolls back the completed step (State holds what Run saved).
+	Undo(ctx context.Context, c *ConstructContext) error
+	// Compensate cleans up after the step's own failure.
+	Compensate(ctx context.Context, c *ConstructContext, cause error) error
+}
+
+// ConstructContext is what a Construct sees of the run executing it.
+type ConstructContext struct {
+	// Engine is the engine executing the run.
+	Engine *Engine
+	// OwnerID and OwnerReactor name the top-level run (the root of a
+	// composed tree): all resumes go to it.
+	OwnerID, OwnerReactor string
+	// RunID is the id of the run whose step this is (the owner, or a run
+	// nested in it).
+	RunID string
+	// Step is the step's path in the owner ("book/items").
+	Step string
+	// Args are the step's resolved arguments (encoded map).
+	Args codec.Raw
+	// Nested is true when the run is itself an element of a construct
+	// (a map inside a map element runs inline).
+	Nested bool
+
+	state codec.Raw
+	save  func(ctx context.Context, state codec.Raw) error
+}
+
+// State returns what the construct saved for this step (nil at first).
+func (c *ConstructContext) State() codec.Raw { return c.state }
+
+// SaveState stores state with the run and saves the run (fenced) before
+// returning: decide, save, then act.
+func (c *ConstructContext) SaveState(ctx context.Context, state codec.Raw) error {
+	if c.save == nil {
+		return errors.New("reactor: SaveState is only available in Run")
+	}
+	c.state = state
+	return c.save(ctx, state)
+}
+
+// dispatchSignal unwinds an execution whose construct handed work off.
+type dispatchSignal struct{}
+
+func (dispatchSignal) Error() string { return "reactor: step dispatched to workers" }
+
+var errDispatch error = dispatchSignal{}
+
+// Dispatch is what a Construct's Run returns after handing its work to
+// workers. It is a control signal, not a failure.
+func Dispatch() error { return errDispatch }
+
+func isDispatch(err error) bool { return errors.Is(err, errDispatch) }
+
+// ConstructConfig describes a construct step.
+type ConstructConfig struct {
+	// Args binds the construct's arguments.
+	Args Bindings
+	// After lists steps that must complete first.
+	After []string
+}
+
+// ConstructStep declares a step run by a Construct.
+func ConstructStep(name string, c Construct, cfg ConstructConfig) Part {
+	return partFunc(func(d *Definition) error {
+		if c == nil {
+			return &DefinitionError{Reactor: d.name, Step: name, Reason: "nil construct"}
+		}
+		if v, ok := c.(interface{ Validate() error }); ok {
+			if err := v.Validate(); err != nil {
+				return &DefinitionError{Reactor: d.name, Step: name, Reason: err.Error()}
+			}
+		}
+		return d.addStep(&stepDef{name: name, kind: kindConstruct, args: cfg.Args, after: cfg.After, construct: c})
+	})
+}
+
+func (x *execution) constructContext(f *frame, s *stepDef, args codec.Raw) *ConstructContext {
+	return &ConstructContext{
+		Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
+		Step: f.path + s.name, Args: args, Nested: x.element,
+		state: f.st.Constructs[s.name],
+	}
+}
+
+// runConstruct runs a construct step forward.
+func (x *execution) runConstruct(ctx context.Context, f *frame, s *stepDef, args codec.Raw) (stepOutcome, error) {
+	path := f.path + s.name
+	cc := x.constructContext(f, s, args)
+	cc.save = func(ctx context.Context, state codec.Raw) error {
+		if f.st.Constructs == nil {
+			f.st.Constructs = map[string]codec.Raw{}
+		}
+		f.st.Constructs[s.name] = state
+		return x.checkpoint(ctx)
+	}
+	x.e.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1})
+	var val codec.Raw
+	err := x.call(ctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1}, 0, func(cctx context.Context) error {
+		var rerr error
+		val, rerr = s.construct.Run(cctx, cc)
+		return rerr
+	})
+	if ierr := interrupted(ctx); ierr != nil {
+		return stepOutcome{}, ierr
+	}
+	if isDispatch(err) {
+		return stepOutcome{}, errDispatch
+	}
+	var halt *haltError
+	switch {
+	case err == nil:
+		f.st.Steps[s.name] = &stepRec{State: stepDone, Value: val, Attempts: 1}
+		f.st.Seq++
+		// The entry's snapshot is the construct's state, never its
+		// arguments: a map's entry carries its map id, not its source.
+		f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: cc.state, Status: RollbackPending})
+		delete(f.st.Constructs, s.name)
+		x.e.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path})
+		return stepOutcome{kind: outOK}, nil
+	case errors.As(err, &halt):
+		return stepOutcome{kind: outHalt, reason: halt.reason}, nil
+	}
+	x.e.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1, Err: err})
+	fl := asFailure(path, err)
+	return stepOutcome{kind: outFail, failure: fl, err: err}, nil
+}
+
+// asFailure keeps a *Failure a construct returns (an element's failure) as
+// it is, and wraps anything else.
+func asFailure(path string, err error) *Failure {
+	var fl *Failure
+	if errors.As(err, &fl) {
+		c := fl.clone()
+		if c.Step == "" {
+			c.Step = path
+		}
+		return c
+	}
+	return newFailure(path, err)
+}
