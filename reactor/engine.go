@@ -407,6 +407,12 @@ func (e *Engine) Locked(ctx context.Context, id string) (bool, error) {
 	return n == 1, err
 }
 
+// Client returns the engine's Redis client.
+func (e *Engine) Client() redis.UniversalClient { return e.cfg.Client }
+
+// Enqueuer returns the engine's Enqueuer (nil when runs are in-process only).
+func (e *Engine) Enqueuer() Enqueuer { return e.cfg.Enqueuer }
+
 // Prefix returns the engine's key prefix.
 func (e *Engine) Prefix() string { return e.cfg.Prefix }
 
@@ -491,6 +497,56 @@ func (e *Engine) Undo(ctx context.Context, id string) (*Result, error) {
 	}
 	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status}
 	return x.undo(ctx, "undone on request")
+}
+
+// UndoElement rolls back a completed construct element run (a map
+// element) in this process, newest first, saving after every undone entry;
+// it ends cancelled. An element that failed, was cancelled or is already
+// undone returns its stored result and undoes nothing. It waits up to
+// UndoLockWait for the element's lock.
+func (e *Engine) UndoElement(ctx context.Context, id string) (*Result, error) {
+	if err := validateRunID(id); err != nil {
+		return nil, err
+	}
+	target := e.store.ElemTarget(id)
+	lease, err := e.locks.Acquire(ctx, target.Lock, e.cfg.UndoLockWait)
+	if errors.Is(err, lock.ErrHeld) {
+		return nil, fmt.Errorf("%w (element %s; waited %s)", ErrRunLocked, id, e.cfg.UndoLockWait)
+	}
+	if err != nil {
+		return nil, err
+	}
+	bg := context.WithoutCancel(ctx)
+	snap, err := e.store.Load(ctx, target)
+	if errors.Is(err, store.ErrNotFound) {
+		_ = lease.Release(bg)
+		return nil, fmt.Errorf("%w: element %s", ErrNotFound, id)
+	}
+	var st *runState
+	if err == nil {
+		st, err = decodeState(snap.Data)
+	}
+	if err != nil {
+		_ = lease.Release(bg)
+		return nil, err
+	}
+	switch st.Status {
+	case StatusCompleted, StatusHalted, StatusRollingBack:
+	default:
+		_ = lease.Release(bg)
+		return st.result(), nil
+	}
+	def, err := e.lookup(st.Reactor)
+	if err != nil {
+		_ = lease.Release(bg)
+		return nil, err
+	}
+	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: snap.Version,
+		indexed: st.Status, element: true, inWorker: true}
+	if st.Status == StatusRollingBack { // a crashed element undo: resume it
+		return x.execute(ctx, EventRunResumed)
+	}
+	return x.undo(ctx, "undone with its map")
 }
 
 // Cancel stops a run that has not finished and rolls back what it completed;

@@ -355,6 +355,7 @@ func (x *execution) call(ctx context.Context, c Call, timeout time.Duration, fn 
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
+	ctx = context.WithValue(ctx, engineKey{}, x.e)
 	next := func(ctx context.Context) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -373,4 +374,13 @@ func (x *execution) call(ctx context.Context, c Call, timeout time.Duration, fn 
 
 func newCancelFailure(msg string) *Failure {
 	return &Failure{Code: codeCancelled, Message: msg, err: ErrCancelled}
+}
+
+type engineKey struct{}
+
+// EngineFrom returns the engine executing the step whose context ctx is (for
+// helpers such as mapstep's result reader), or nil outside a step.
+func EngineFrom(ctx context.Context) *Engine {
+	e, _ := ctx.Value(engineKey{}).(*Engine)
+	return e
 }

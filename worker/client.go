@@ -8,6 +8,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -53,6 +55,23 @@ func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 	}
 	if err != nil {
 		return fmt.Errorf("worker: enqueue %s: %w", w.ID, err)
+	}
+	return nil
+}
+
+// EnqueueElement puts a map element task on the queue (mapstep.Enqueuer).
+func (c *Client) EnqueueElement(ctx context.Context, t mapstep.ElementTask) error {
+	payload, err := codec.Marshal(ElementPayload{MapID: t.MapID, Index: t.Index, Input: t.Input})
+	if err != nil {
+		return err
+	}
+	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeElement, payload),
+		asynq.TaskID(t.TaskID()), asynq.Queue(c.queue), asynq.MaxRetry(DefaultMaxRetry))
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("worker: enqueue %s: %w", t.TaskID(), err)
 	}
 	return nil
 }

@@ -12,7 +12,31 @@ import (
 const (
 	// TypeRun executes (starts or resumes) a run.
 	TypeRun = "goreactor:run"
+	// TypeElement executes one element of a fan-out map.
+	TypeElement = "goreactor:element"
 )
+
+// ElementPayload is the payload of a TypeElement task (msgpack).
+type ElementPayload struct {
+	MapID string    `msgpack:"map"`
+	Index int       `msgpack:"i"`
+	Input codec.Raw `msgpack:"in"`
+}
+
+// DecodeElement decodes and validates a TypeElement payload.
+func DecodeElement(b []byte) (ElementPayload, error) {
+	var p ElementPayload
+	if err := codec.Unmarshal(b, &p); err != nil {
+		return p, fmt.Errorf("%w: %v", errMalformed, err)
+	}
+	if err := keys.ValidateID(p.MapID); err != nil {
+		return p, fmt.Errorf("%w: map id: %v", errMalformed, err)
+	}
+	if p.Index < 0 {
+		return p, fmt.Errorf("%w: negative element index %d", errMalformed, p.Index)
+	}
+	return p, nil
+}
 
 // RunPayload is the payload of a TypeRun task (msgpack).
 type RunPayload struct {

@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -95,6 +96,7 @@ func New(engine *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker 
 	cfg = cfg.WithDefaults()
 	w := &Worker{cfg: cfg, engine: engine, log: cfg.Logger, mux: asynq.NewServeMux()}
 	w.mux.HandleFunc(TypeRun, w.handleRun)
+	w.mux.HandleFunc(TypeElement, w.handleElement)
 	w.srv = asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:              cfg.Concurrency,
 		Queues:                   cfg.Queues,
@@ -181,6 +183,29 @@ func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
 	}
 	w.log.Debug("task done", "event", "worker.run.done", "run", p.RunID, "status", res.Status)
 	return nil
+}
+
+func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("worker: panic handling %s: %v\n%s", t.Type(), r, debug.Stack())
+		}
+	}()
+	p, err := DecodeElement(t.Payload())
+	if err != nil {
+		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	err = mapstep.ProcessElement(ctx, w.engine, mapstep.ElementTask{MapID: p.MapID, Index: p.Index, Input: p.Input})
+	switch {
+	case errors.Is(err, reactor.ErrRunLocked):
+		return &SnoozeError{RunID: mapstep.ElementID(p.MapID, p.Index), Base: w.cfg.Snooze}
+	case errors.Is(err, reactor.ErrLockLost):
+		return nil
+	case errors.Is(err, mapstep.ErrMapGone):
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	return err
 }
 
 func (w *Worker) retryDelay(n int, err error, t *asynq.Task) time.Duration {

@@ -1,0 +1,137 @@
+package mapstep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// ElementTask is one element to execute on a worker.
+type ElementTask struct {
+	MapID string
+	Index int
+	// Input is the element's item, encoded (carried in the task so the job
+	// needs no read of the source).
+	Input codec.Raw
+}
+
+// TaskID is the asynq task id of an element: one cause, one id.
+func (t ElementTask) TaskID() string { return fmt.Sprintf("el:%s:%d", t.MapID, t.Index) }
+
+// Enqueuer puts element tasks on the workers' queue; worker.Client
+// implements it. An id already queued must return nil.
+type Enqueuer interface {
+	EnqueueElement(ctx context.Context, t ElementTask) error
+}
+
+func zmember(mapID string) redis.Z {
+	return redis.Z{Score: float64(time.Now().UnixMilli()), Member: mapID}
+}
+
+// dispatch enqueues the element tasks of positions [from, from+len(items)).
+func dispatch(ctx context.Context, e *reactor.Engine, mapID string, from int, items []codec.Raw) error {
+	q, ok := e.Enqueuer().(Enqueuer)
+	if !ok {
+		return errors.New("mapstep: the engine's Enqueuer cannot enqueue element tasks (use worker.Client)")
+	}
+	hook := failpoints.beforeEnqueue
+	for k, it := range items {
+		if hook != nil {
+			if err := hook(mapID, from+k); err != nil {
+				return err
+			}
+		}
+		if err := q.EnqueueElement(ctx, ElementTask{MapID: mapID, Index: from + k, Input: it}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// ErrMapGone is returned for an element task whose map no longer exists.
+var ErrMapGone = errors.New("mapstep: map not found (finished and expired, or never started)")
+
+// ProcessElement executes one element task on a worker: runs (or resumes)
+// the element run, settles its outcome, then claims and enqueues the next
+// batch or resumes the owner if this settle says so. It returns
+// reactor.ErrRunLocked when the element is held elsewhere (snooze).
+func ProcessElement(ctx context.Context, e *reactor.Engine, t ElementTask) error {
+	ms := storeOf(e)
+	md, err := ms.readMeta(ctx, t.MapID)
+	if err != nil {
+		return err
+	}
+	if !md.exists {
+		return ErrMapGone
+	}
+	var o outcome
+	if md.Atomic && md.Failed {
+		// The map failed: claimed positions that never started settle
+		// as skipped, so the map can settle and the owner resume.
+		o = outcome{Status: outcomeSkipped}
+	} else {
+		def, ok := e.Definition(md.Element)
+		if !ok {
+			return fmt.Errorf("%w %q (element of map %s): register it on this worker", reactor.ErrUnknownReactor, md.Element, t.MapID)
+		}
+		o, err = runElement(ctx, e, def, md, t.MapID, t.Index, t.Input)
+		if err != nil {
+			return err
+		}
+	}
+	sr, err := ms.settle(ctx, t.MapID, t.Index, o)
+	if err != nil {
+		return err
+	}
+	if !sr.Stored {
+		return nil // a duplicate delivery: the first settle acted
+	}
+	if hook := failpoints.afterSettle; hook != nil {
+		if err := hook(t.MapID, t.Index); err != nil {
+			return err
+		}
+	}
+	if sr.From >= 0 {
+		items, err := ms.sourceRange(ctx, t.MapID, sr.From, sr.To)
+		if err != nil {
+			return err
+		}
+		if err := dispatch(ctx, e, t.MapID, sr.From, items); err != nil {
+			return err
+		}
+	}
+	if sr.Signal {
+		if hook := failpoints.onSignal; hook != nil {
+			if err := hook(t.MapID, t.Index); err != nil {
+				return err
+			}
+		}
+		return resumeOwner(ctx, e, md, t.MapID)
+	}
+	return nil
+}
+
+func resumeOwner(ctx context.Context, e *reactor.Engine, md meta, mapID string) error {
+	return e.Enqueuer().Enqueue(ctx, reactor.Wake{
+		ID:    "resume:" + md.Owner + ":fwd:" + mapID,
+		RunID: md.Owner, Reactor: md.OwnerReact,
+	})
+}
+
+// failpoints are test-only hooks at the narrow windows of the protocol.
+// They are set only by tests (export_test.go), before any map runs.
+var failpoints struct {
+	// afterSettle runs after a settle stored an outcome, before it acts.
+	afterSettle func(mapID string, index int) error
+	// beforeEnqueue runs before each element task is enqueued.
+	beforeEnqueue func(mapID string, index int) error
+	// onSignal runs when a settle claimed the owner signal, before the
+	// owner's resume is enqueued.
+	onSignal func(mapID string, index int) error
+}

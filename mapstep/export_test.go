@@ -1,0 +1,18 @@
+package mapstep
+
+// Failpoints are test hooks at the protocol's narrow windows. They are
+// process-global: a hook must filter on the map ids of its own test.
+type Failpoints struct {
+	AfterSettle   func(mapID string, index int) error
+	BeforeEnqueue func(mapID string, index int) error
+	OnSignal      func(mapID string, index int) error
+}
+
+// SetFailpoints installs hooks; set them before any map runs in the test
+// binary (in TestMain or a non-parallel test) and never change them while
+// maps run.
+func SetFailpoints(f Failpoints) {
+	failpoints.afterSettle = f.AfterSettle
+	failpoints.beforeEnqueue = f.BeforeEnqueue
+	failpoints.onSignal = f.OnSignal
+}

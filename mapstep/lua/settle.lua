@@ -1,0 +1,45 @@
+-- settle.lua: record one element's outcome; claim the next batch on trigger;
+-- claim the owner signal once the map has settled.
+-- KEYS[1] map meta     P:{map:<id>}:meta
+-- KEYS[2] map offset   P:{map:<id>}:offset
+-- KEYS[3] map results  P:{map:<id>}:results
+-- KEYS[4] map failed   P:{map:<id>}:failed
+-- KEYS[5] owner signal P:{map:<id>}:owner_signalled
+-- ARGV[1] element index
+-- ARGV[2] encoded outcome
+-- ARGV[3] 1 if the outcome is a failure, else 0
+-- Returns {stored, from, to, signal}: stored 0 means a duplicate (another
+-- delivery settled this index first) and nothing else happened; [from, to]
+-- is the batch this settle claimed (-1, -1 for none); signal 1 means this
+-- settle must enqueue the owner's resume. Only the settle that stored a
+-- result may claim or signal.
+if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then
+  return {0, -1, -1, 0}
+end
+local i = tonumber(ARGV[1])
+local m = redis.call('HMGET', KEYS[1], 'total', 'batch_size', 'atomic')
+local total, b = tonumber(m[1]), tonumber(m[2])
+local settled = redis.call('HINCRBY', KEYS[1], 'settled', 1)
+if ARGV[3] == '1' then
+  redis.call('HINCRBY', KEYS[1], 'failures', 1)
+  if m[3] == '1' then
+    redis.call('SET', KEYS[4], ARGV[1], 'NX')
+  end
+end
+local failed = redis.call('EXISTS', KEYS[4]) == 1
+local offset = tonumber(redis.call('GET', KEYS[2]) or '0')
+local from, to = -1, -1
+-- The last position of the current batch claims the next one, and only by
+-- compare-and-set on the absolute offset: a duplicate trigger claims nothing.
+if not failed and (i + 1) % b == 0 and offset == i + 1 and offset < total then
+  local nxt = math.min(offset + b, total)
+  redis.call('SET', KEYS[2], nxt)
+  from, to, offset = offset, nxt - 1, nxt
+end
+local signal = 0
+if settled >= offset and (offset >= total or failed) then
+  if redis.call('SET', KEYS[5], '1', 'NX') then
+    signal = 1
+  end
+end
+return {1, from, to, signal}

@@ -1,0 +1,319 @@
+package mapstep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// DefaultBatchSize is how many element tasks one action enqueues at most,
+// unless a map sets BatchSize.
+const DefaultBatchSize = 50
+
+// Config describes a map step.
+type Config struct {
+	// Element is the reactor run once per item. Required.
+	Element *reactor.Definition
+	// Items binds the collection: a slice (reactor.FromInput("orders"),
+	// reactor.FromStep("load", "rows"), reactor.Const(...)). Required.
+	Items reactor.Ref
+	// Input is the element reactor's input that receives the item.
+	// Default "item".
+	Input string
+	// With binds more inputs of the element reactor, the same for every
+	// element. Default none.
+	With reactor.Bindings
+	// FanOut runs each element as its own task on workers. Default false
+	// (inline: elements run one after another where the map runs). A map
+	// inside a map element always runs inline.
+	FanOut bool
+	// BatchSize bounds how many element tasks one action enqueues.
+	// Default DefaultBatchSize (50).
+	BatchSize int
+	// Partial turns atomic off: the map completes with every element's
+	// outcome, and failed elements roll themselves back. Default false
+	// (atomic: the first element failure fails the map and stops claims).
+	Partial bool
+	// After lists steps that must complete first.
+	After []string
+}
+
+// Map declares a map step.
+func Map(name string, cfg Config) reactor.Part {
+	if cfg.Input == "" {
+		cfg.Input = "item"
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	args := reactor.Bindings{"items": cfg.Items}
+	for k, r := range cfg.With {
+		args["with."+k] = r
+	}
+	return reactor.ConstructStep(name, &construct{cfg: cfg}, reactor.ConstructConfig{Args: args, After: cfg.After})
+}
+
+type construct struct {
+	cfg Config
+}
+
+// Validate is called by reactor.Define.
+func (m *construct) Validate() error {
+	if m.cfg.Element == nil {
+		return errors.New("map needs an Element reactor")
+	}
+	return nil
+}
+
+// Definitions makes Engine.Register register the element reactor too.
+func (m *construct) Definitions() []*reactor.Definition { return []*reactor.Definition{m.cfg.Element} }
+
+// MapID is the id of the map run by step (a path) of owner run: derived, so
+// a re-entered owner finds its own keys.
+func MapID(owner, step string) string { return owner + "~" + step }
+
+// ElementID is the run id of element i of a map.
+func ElementID(mapID string, i int) string { return mapID + "." + strconv.Itoa(i) }
+
+func (m *construct) Run(ctx context.Context, c *reactor.ConstructContext) (codec.Raw, error) {
+	e := c.Engine
+	ms := storeOf(e)
+	var st state
+	if raw := c.State(); raw != nil {
+		if err := codec.Unmarshal(raw, &st); err != nil {
+			return nil, reactor.Permanent(fmt.Errorf("mapstep: decode map state: %w", err))
+		}
+		return m.resume(ctx, c, ms, st)
+	}
+	var args map[string]codec.Raw
+	if err := codec.Unmarshal(c.Args, &args); err != nil {
+		return nil, reactor.Permanent(fmt.Errorf("mapstep: decode arguments: %w", err))
+	}
+	var items []codec.Raw
+	if err := codec.Unmarshal(args["items"], &items); err != nil {
+		return nil, reactor.Permanent(fmt.Errorf("mapstep: Items must be a list: %w", err))
+	}
+	st = state{MapID: MapID(c.OwnerID, c.Step), Total: len(items), FanOut: m.cfg.FanOut && !c.Nested}
+	if st.FanOut && e.Enqueuer() == nil {
+		return nil, reactor.Permanent(errors.New("mapstep: a fan-out map needs an engine with an Enqueuer (worker.Client)"))
+	}
+	if st.Total == 0 { // an empty map settles at once, without keys or tasks
+		return codec.Marshal(Result{MapID: st.MapID})
+	}
+	enc, err := codec.Marshal(st)
+	if err != nil {
+		return nil, err
+	}
+	// Decide, save, then act.
+	if err := c.SaveState(ctx, enc); err != nil {
+		return nil, err
+	}
+	with := map[string]codec.Raw{}
+	for k, v := range args {
+		if len(k) > 5 && k[:5] == "with." {
+			with[k[5:]] = v
+		}
+	}
+	wenc, err := codec.Marshal(with)
+	if err != nil {
+		return nil, err
+	}
+	md := meta{Total: st.Total, BatchSize: m.cfg.BatchSize, Atomic: !m.cfg.Partial, FanOut: st.FanOut,
+		Owner: c.OwnerID, OwnerReact: c.OwnerReactor, Element: m.cfg.Element.Name(), Step: c.Step,
+		Input: m.cfg.Input, With: wenc}
+	if !st.FanOut {
+		md.BatchSize = st.Total // inline: everything is claimed at once, nothing is enqueued
+		if _, _, err := ms.start(ctx, st.MapID, md); err != nil {
+			return nil, err
+		}
+		return m.runInline(ctx, c, ms, st, items)
+	}
+	existing, err := ms.readMeta(ctx, st.MapID)
+	if err != nil {
+		return nil, err
+	}
+	if !existing.exists {
+		if err := ms.pushSource(ctx, st.MapID, items); err != nil {
+			return nil, err
+		}
+	}
+	created, offset, err := ms.start(ctx, st.MapID, md)
+	if err != nil {
+		return nil, err
+	}
+	if err := ms.rdb.ZAdd(ctx, ms.keys.Maps(), zmember(st.MapID)).Err(); err != nil {
+		return nil, err
+	}
+	if created {
+		if err := dispatch(ctx, e, st.MapID, 0, items[:offset]); err != nil {
+			return nil, err
+		}
+		return nil, reactor.Dispatch()
+	}
+	return m.resume(ctx, c, ms, st)
+}
+
+// resume is the owner re-entering its map step: adopt a settled map, or
+// hand off again without dispatching anything.
+func (m *construct) resume(ctx context.Context, c *reactor.ConstructContext, ms mapStore, st state) (codec.Raw, error) {
+	if !st.FanOut {
+		var args map[string]codec.Raw
+		var items []codec.Raw
+		if err := codec.Unmarshal(c.Args, &args); err == nil {
+			_ = codec.Unmarshal(args["items"], &items)
+		}
+		if len(items) != st.Total {
+			return nil, reactor.Permanent(fmt.Errorf("mapstep: map %s had %d items, its arguments now give %d", st.MapID, st.Total, len(items)))
+		}
+		return m.runInline(ctx, c, ms, st, items)
+	}
+	md, err := ms.readMeta(ctx, st.MapID)
+	if err != nil {
+		return nil, err
+	}
+	if !md.exists {
+		return nil, fmt.Errorf("mapstep: map %s has no metadata (expired?)", st.MapID)
+	}
+	if !md.settled() {
+		return nil, reactor.Dispatch()
+	}
+	return adopt(ctx, ms, st, md)
+}
+
+// adopt turns a settled map into the step's result: the failing element's
+// Failure for an atomic failure, else a Result.
+func adopt(ctx context.Context, ms mapStore, st state, md meta) (codec.Raw, error) {
+	_ = ms.rdb.ZRem(ctx, ms.keys.Maps(), st.MapID).Err()
+	if md.Atomic && md.Failed {
+		outs, err := ms.results(ctx, st.MapID, md.FailedIndex, md.FailedIndex)
+		if err != nil {
+			return nil, err
+		}
+		if o := outs[0]; o != nil && o.Failure != nil {
+			return nil, elementFailure(md.Step, md.FailedIndex, o.Failure)
+		}
+		return nil, fmt.Errorf("mapstep: element %d of map %s failed", md.FailedIndex, st.MapID)
+	}
+	return codec.Marshal(Result{MapID: st.MapID, Total: st.Total, Failed: md.Failures})
+}
+
+// elementFailure is the map step's failure for element i's failure: the
+// element's error, with the step path leading to it.
+func elementFailure(step string, i int, f *reactor.Failure) *reactor.Failure {
+	out := *f
+	out.Step = fmt.Sprintf("%s[%d]/%s", step, i, f.Step)
+	return &out
+}
+
+// runInline runs the elements one after another in this process, recording
+// each outcome as it settles, so a crash resumes after the last settled
+// element.
+func (m *construct) runInline(ctx context.Context, c *reactor.ConstructContext, ms mapStore, st state, items []codec.Raw) (codec.Raw, error) {
+	md, err := ms.readMeta(ctx, st.MapID)
+	if err != nil {
+		return nil, err
+	}
+	const chunk = 100
+	for from := 0; from < st.Total && !(md.Atomic && md.Failed); from += chunk {
+		to := min(from+chunk, st.Total) - 1
+		done, err := ms.results(ctx, st.MapID, from, to)
+		if err != nil {
+			return nil, err
+		}
+		for i := from; i <= to; i++ {
+			if done[i-from] != nil {
+				continue
+			}
+			o, err := runElement(ctx, c.Engine, m.cfg.Element, md, st.MapID, i, items[i])
+			if err != nil {
+				return nil, err
+			}
+			if _, err := ms.settle(ctx, st.MapID, i, o); err != nil {
+				return nil, err
+			}
+			if o.Status == outcomeFailed {
+				md.Failures++
+				if md.Atomic {
+					md.Failed, md.FailedIndex = true, i
+					break
+				}
+			}
+		}
+	}
+	return adopt(ctx, ms, st, md)
+}
+
+// runElement executes element i (or reads its stored result).
+func runElement(ctx context.Context, e *reactor.Engine, def *reactor.Definition, md meta, mapID string, i int, item codec.Raw) (outcome, error) {
+	inputs := map[string]codec.Raw{}
+	if len(md.With) > 0 {
+		if err := codec.Unmarshal(md.With, &inputs); err != nil {
+			return outcome{}, err
+		}
+	}
+	inputs[md.Input] = item
+	res, err := e.ExecuteElement(ctx, def, ElementID(mapID, i), inputs)
+	var ie *reactor.InputError
+	if errors.As(err, &ie) {
+		f := &reactor.Failure{Step: "", Message: ie.Error()}
+		return outcome{Status: outcomeFailed, Failure: f}, nil
+	}
+	if err != nil {
+		return outcome{}, err
+	}
+	return outcomeOf(res), nil
+}
+
+// Undo rolls back every completed element of a completed map, newest first,
+// in this process.
+func (m *construct) Undo(ctx context.Context, c *reactor.ConstructContext) error {
+	return m.rollback(ctx, c)
+}
+
+// Compensate rolls back the completed elements of a map that failed.
+func (m *construct) Compensate(ctx context.Context, c *reactor.ConstructContext, _ error) error {
+	return m.rollback(ctx, c)
+}
+
+// rollback undoes completed elements from the newest, reading outcomes in
+// chunks of 100, never all at once.
+func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) error {
+	var st state
+	if raw := c.State(); raw == nil {
+		return nil // the map never started
+	} else if err := codec.Unmarshal(raw, &st); err != nil {
+		return err
+	}
+	ms := storeOf(c.Engine)
+	var errs []error
+	const chunk = 100
+	for to := st.Total - 1; to >= 0; to -= chunk {
+		from := max(0, to-chunk+1)
+		outs, err := ms.results(ctx, st.MapID, from, to)
+		if err != nil {
+			return err
+		}
+		for i := to; i >= from; i-- {
+			o := outs[i-from]
+			if o == nil || o.Status != outcomeOK && o.Status != outcomeHalted {
+				continue
+			}
+			res, err := c.Engine.UndoElement(ctx, ElementID(st.MapID, i))
+			if err != nil {
+				if errors.Is(err, reactor.ErrNotFound) {
+					errs = append(errs, fmt.Errorf("element %d: context_unavailable", i))
+					continue
+				}
+				return err
+			}
+			if res.Failure != nil && len(res.Failure.RollbackFailures) > 0 {
+				errs = append(errs, fmt.Errorf("element %d: %w", i, res.Failure))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}

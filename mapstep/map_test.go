@@ -1,0 +1,249 @@
+package mapstep_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/internal/redistest"
+	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/worker"
+)
+
+type fixture struct {
+	engine *reactor.Engine
+	queue  string
+	mu     sync.Mutex
+	ran    map[int]int
+	undone []int
+}
+
+func newFixture(t *testing.T, withWorker bool) *fixture {
+	t.Helper()
+	rdb := redistest.Client(t)
+	queue := redistest.Queue(t)
+	client := worker.NewClient(rdb, queue)
+	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
+	e, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: redistest.Prefix(t), Enqueuer: client, Logger: logger})
+	require.NoError(t, err)
+	f := &fixture{engine: e, queue: queue, ran: map[int]int{}}
+	if withWorker {
+		w := worker.New(e, rdb, worker.Config{Queues: map[string]int{queue: 1}, Concurrency: 4, Logger: logger})
+		require.NoError(t, w.Start(context.Background()))
+		t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	}
+	return f
+}
+
+// element doubles its item; it fails for items in failOn.
+func (f *fixture) element(name string, failOn ...int) *reactor.Definition {
+	return reactor.MustDefine(name,
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("double", reactor.StepConfig[struct {
+			N int `json:"n"`
+		}, int]{
+			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+			Run: func(_ context.Context, in struct {
+				N int `json:"n"`
+			}) (int, error) {
+				f.mu.Lock()
+				f.ran[in.N]++
+				f.mu.Unlock()
+				for _, x := range failOn {
+					if x == in.N {
+						return 0, reactor.Permanent(fmt.Errorf("item %d is bad", in.N))
+					}
+				}
+				return in.N * 2, nil
+			},
+			Undo: func(_ context.Context, in struct {
+				N int `json:"n"`
+			}, _ int) error {
+				f.mu.Lock()
+				f.undone = append(f.undone, in.N)
+				f.mu.Unlock()
+				return nil
+			},
+		}),
+		reactor.Returns(reactor.FromStep("double")),
+	)
+}
+
+func items(n int) []int {
+	out := make([]int, n)
+	for i := range out {
+		out[i] = i
+	}
+	return out
+}
+
+func sumOwner(name string, elem *reactor.Definition, fanOut, partial bool, after ...reactor.Part) *reactor.Definition {
+	parts := []reactor.Part{
+		reactor.Input[[]int]("items", reactor.Required()),
+		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: fanOut, Partial: partial}),
+		reactor.Step("sum", reactor.StepConfig[struct {
+			R mapstep.Result `json:"r"`
+		}, int]{
+			Args: reactor.Bindings{"r": reactor.FromStep("each")},
+			Run: func(ctx context.Context, in struct {
+				R mapstep.Result `json:"r"`
+			}) (int, error) {
+				rd, err := mapstep.Read[int](ctx, in.R)
+				if err != nil {
+					return 0, err
+				}
+				all, err := rd.All(ctx)
+				if err != nil {
+					return 0, err
+				}
+				sum := 0
+				for i, el := range all {
+					if el.Index != i {
+						return 0, fmt.Errorf("element %d read at position %d", el.Index, i)
+					}
+					sum += el.Value
+				}
+				return sum, nil
+			},
+		}),
+		reactor.Returns(reactor.FromStep("sum")),
+	}
+	return reactor.MustDefine(name, append(parts, after...)...)
+}
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestInlineMap(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, false)
+	def := sumOwner("inline", f.element("inline-el"), false, false)
+	res, err := f.engine.Run(ctxT(t), def, map[string]any{"items": items(250)})
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+	sum, err := reactor.ValueOf[int](res)
+	require.NoError(t, err)
+	require.Equal(t, 249*250, sum)
+}
+
+func TestInlineAtomicFailureRollsBackCompletedElements(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, false)
+	def := sumOwner("inline-fail", f.element("inline-fail-el", 3), false, false)
+	res, err := f.engine.Run(ctxT(t), def, map[string]any{"items": items(10)})
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, "each[3]/double", res.Failure.Step)
+	require.Equal(t, "item 3 is bad", res.Failure.Message)
+	require.Equal(t, []int{2, 1, 0}, f.undone, "completed elements undone newest first")
+	require.Zero(t, f.ran[4], "no element after the failure runs")
+}
+
+func TestEmptyMapSettlesAtOnce(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, false)
+	for _, fan := range []bool{false, true} {
+		def := sumOwner(fmt.Sprint("empty-", fan), f.element(fmt.Sprint("empty-el-", fan)), fan, false)
+		res, err := f.engine.Run(ctxT(t), def, map[string]any{"items": []int{}})
+		require.NoError(t, err)
+		require.Equal(t, reactor.StatusCompleted, res.Status)
+	}
+}
+
+func TestFanOutMap(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, true)
+	def := sumOwner("fan", f.element("fan-el"), true, false)
+	res, err := f.engine.Run(ctxT(t), def, map[string]any{"items": items(120)})
+	require.NoError(t, err)
+	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	res, err = f.engine.Wait(ctxT(t), res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+	sum, err := reactor.ValueOf[int](res)
+	require.NoError(t, err)
+	require.Equal(t, 119*120, sum)
+	for i := range 120 {
+		require.Equal(t, 1, f.ran[i], "element %d", i)
+	}
+}
+
+func TestFanOutAtomicFailure(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, true)
+	def := sumOwner("fan-fail", f.element("fan-fail-el", 7), true, false)
+	res, err := f.engine.Enqueue(ctxT(t), def, map[string]any{"items": items(30)})
+	require.NoError(t, err)
+	res, err = f.engine.Wait(ctxT(t), res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, "each[7]/double", res.Failure.Step)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	completed := 0
+	for i, n := range f.ran {
+		if i != 7 && n > 0 {
+			completed++
+		}
+	}
+	require.Len(t, f.undone, completed, "every completed element is undone")
+}
+
+func TestPartialMapKeepsSuccessesAndFailures(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, true)
+	for _, fan := range []bool{false, true} {
+		elem := f.element(fmt.Sprint("partial-el-", fan), 2, 5)
+		def := reactor.MustDefine(fmt.Sprint("partial-", fan),
+			reactor.Input[[]int]("items", reactor.Required()),
+			mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: fan, Partial: true}),
+			reactor.Returns(reactor.FromStep("each")))
+		res, err := f.engine.Enqueue(ctxT(t), def, map[string]any{"items": items(8)})
+		require.NoError(t, err)
+		res, err = f.engine.Wait(ctxT(t), res.RunID)
+		require.NoError(t, err)
+		require.Equal(t, reactor.StatusCompleted, res.Status)
+		r, err := reactor.ValueOf[mapstep.Result](res)
+		require.NoError(t, err)
+		require.Equal(t, 2, r.Failed)
+		all, err := mapstep.ReadWith[int](f.engine, r).All(ctxT(t))
+		require.NoError(t, err)
+		require.Len(t, all, 8)
+		for _, el := range all {
+			if el.Index == 2 || el.Index == 5 {
+				require.NotNil(t, el.Failure, "element %d", el.Index)
+				require.False(t, el.OK)
+			} else {
+				require.True(t, el.OK, "element %d", el.Index)
+				require.Equal(t, el.Index*2, el.Value)
+			}
+		}
+	}
+}
+
+func TestStepFailureAfterMapUndoesElements(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, true)
+	fail := reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{After: []string{"sum"},
+		Run: func(context.Context, reactor.Args) (int, error) { return 0, errors.New("after map") }})
+	def := sumOwner("after", f.element("after-el"), true, false, fail)
+	res, err := f.engine.Enqueue(ctxT(t), def, map[string]any{"items": items(12)})
+	require.NoError(t, err)
+	res, err = f.engine.Wait(ctxT(t), res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.ElementsMatch(t, items(12), f.undone)
+}

@@ -1,0 +1,54 @@
+package mapstep
+
+import (
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+type outcomeStatus string
+
+const (
+	outcomeOK      outcomeStatus = "ok"
+	outcomeFailed  outcomeStatus = "failed"
+	outcomeHalted  outcomeStatus = "halted"
+	outcomeSkipped outcomeStatus = "skipped"
+)
+
+// outcome is one element's settled result, as stored in the map's results
+// hash.
+type outcome struct {
+	Status  outcomeStatus    `msgpack:"s"`
+	Value   codec.Raw        `msgpack:"v,omitempty"`
+	Failure *reactor.Failure `msgpack:"f,omitempty"`
+	Reason  string           `msgpack:"r,omitempty"`
+}
+
+func outcomeOf(res *reactor.Result) outcome {
+	switch res.Status {
+	case reactor.StatusCompleted:
+		return outcome{Status: outcomeOK, Value: res.Value}
+	case reactor.StatusHalted:
+		return outcome{Status: outcomeHalted, Reason: res.Reason}
+	default:
+		return outcome{Status: outcomeFailed, Failure: res.Failure}
+	}
+}
+
+// Result is a completed map step's value: what a later step binds with
+// reactor.FromStep. Read the elements' outcomes with Read.
+type Result struct {
+	MapID string `msgpack:"map"`
+	// Total is the number of elements.
+	Total int `msgpack:"total"`
+	// Failed counts elements that failed (partial maps only; an atomic map
+	// with a failure fails instead of completing).
+	Failed int `msgpack:"failed"`
+}
+
+// state is what the map step saves with the owner's run: only its map id
+// and shape, never the source.
+type state struct {
+	MapID  string `msgpack:"map"`
+	Total  int    `msgpack:"total"`
+	FanOut bool   `msgpack:"fanout"`
+}

@@ -1,0 +1,101 @@
+package mapstep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// Element is one element's outcome, as Read returns it.
+type Element[T any] struct {
+	Index int
+	// Value is the element reactor's return value (zero unless OK).
+	Value T
+	// OK is true when the element completed.
+	OK bool
+	// Failure is set when the element failed.
+	Failure *reactor.Failure
+	// Skipped is true for an element that never ran.
+	Skipped bool
+	// Halted is true for an element that halted; Reason says why.
+	Halted bool
+	Reason string
+}
+
+// Reader reads a map's outcomes in index order, a chunk at a time, so a map
+// of any size never sits in one process.
+type Reader[T any] struct {
+	ms    mapStore
+	r     Result
+	next  int
+	buf   []Element[T]
+	chunk int
+}
+
+// Read returns a reader over r's elements. Call it inside a step (it finds
+// the engine in ctx) or use ReadWith.
+func Read[T any](ctx context.Context, r Result) (*Reader[T], error) {
+	e := reactor.EngineFrom(ctx)
+	if e == nil {
+		return nil, errors.New("mapstep: Read needs a step's context; use ReadWith outside steps")
+	}
+	return ReadWith[T](e, r), nil
+}
+
+// ReadWith returns a reader over r's elements using engine e.
+func ReadWith[T any](e *reactor.Engine, r Result) *Reader[T] {
+	return &Reader[T]{ms: storeOf(e), r: r, chunk: 100}
+}
+
+// Next returns the next element; ok is false after the last one.
+func (rd *Reader[T]) Next(ctx context.Context) (el Element[T], ok bool, err error) {
+	if len(rd.buf) == 0 {
+		if rd.next >= rd.r.Total {
+			return el, false, nil
+		}
+		to := min(rd.next+rd.chunk, rd.r.Total) - 1
+		outs, err := rd.ms.results(ctx, rd.r.MapID, rd.next, to)
+		if err != nil {
+			return el, false, err
+		}
+		for k, o := range outs {
+			x := Element[T]{Index: rd.next + k}
+			switch {
+			case o == nil:
+				return el, false, fmt.Errorf("mapstep: map %s has no outcome for element %d", rd.r.MapID, x.Index)
+			case o.Status == outcomeOK:
+				x.OK = true
+				if len(o.Value) > 0 {
+					if err := codec.Unmarshal(o.Value, &x.Value); err != nil {
+						return el, false, fmt.Errorf("mapstep: decode element %d: %w", x.Index, err)
+					}
+				}
+			case o.Status == outcomeFailed:
+				x.Failure = o.Failure
+			case o.Status == outcomeSkipped:
+				x.Skipped = true
+			case o.Status == outcomeHalted:
+				x.Halted, x.Reason = true, o.Reason
+			}
+			rd.buf = append(rd.buf, x)
+		}
+		rd.next = to + 1
+	}
+	el, rd.buf = rd.buf[0], rd.buf[1:]
+	return el, true, nil
+}
+
+// All reads every element (convenient for small maps).
+func (rd *Reader[T]) All(ctx context.Context) ([]Element[T], error) {
+	var out []Element[T]
+	for {
+		el, ok, err := rd.Next(ctx)
+		if err != nil || !ok {
+			return out, err
+		}
+		out = append(out, el)
+	}
+}

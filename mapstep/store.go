@@ -1,0 +1,180 @@
+package mapstep
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+var (
+	//go:embed lua/start.lua
+	startSrc string
+	//go:embed lua/settle.lua
+	settleSrc string
+
+	startScript  = redis.NewScript(startSrc)
+	settleScript = redis.NewScript(settleSrc)
+)
+
+// mapStore is the Redis side of one engine's maps.
+type mapStore struct {
+	rdb  redis.UniversalClient
+	keys keys.Keys
+}
+
+func storeOf(e *reactor.Engine) mapStore {
+	return mapStore{rdb: e.Client(), keys: keys.New(e.Prefix())}
+}
+
+// meta is a map's metadata as the element jobs read it.
+type meta struct {
+	Total, BatchSize  int
+	Atomic, FanOut    bool
+	Owner, OwnerReact string
+	Element, Step     string
+	Input             string
+	With              codec.Raw
+	Settled, Failures int
+	Offset            int
+	Failed            bool
+	FailedIndex       int
+	exists            bool
+}
+
+func (s mapStore) readMeta(ctx context.Context, mapID string) (meta, error) {
+	var m meta
+	var h *redis.MapStringStringCmd
+	var off, failed *redis.StringCmd
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		h = p.HGetAll(ctx, s.keys.MapMeta(mapID))
+		off = p.Get(ctx, s.keys.MapOffset(mapID))
+		failed = p.Get(ctx, s.keys.MapFailed(mapID))
+		return nil
+	})
+	if err != nil && err != redis.Nil {
+		return m, fmt.Errorf("mapstep: read map %s: %w", mapID, err)
+	}
+	f := h.Val()
+	if len(f) == 0 {
+		return m, nil
+	}
+	atoi := func(k string) int { n, _ := strconv.Atoi(f[k]); return n }
+	m = meta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Atomic: f["atomic"] == "1",
+		FanOut: f["fanout"] == "1", Owner: f["owner"], OwnerReact: f["owner_reactor"], Element: f["element"],
+		Step: f["step"], Input: f["input"], With: codec.Raw(f["with"]), Settled: atoi("settled"), Failures: atoi("failures")}
+	m.Offset, _ = strconv.Atoi(off.Val())
+	if fi, err := failed.Result(); err == nil {
+		m.Failed = true
+		m.FailedIndex, _ = strconv.Atoi(fi)
+	}
+	return m, nil
+}
+
+func (m meta) settled() bool {
+	return m.Settled >= m.Offset && (m.Offset >= m.Total || m.Failed)
+}
+
+// start creates the map's metadata and claims its first batch, once.
+func (s mapStore) start(ctx context.Context, mapID string, m meta) (created bool, offset int, err error) {
+	b2s := func(b bool) string {
+		if b {
+			return "1"
+		}
+		return "0"
+	}
+	res, err := startScript.Run(ctx, s.rdb, []string{s.keys.MapMeta(mapID), s.keys.MapOffset(mapID)},
+		m.Total, m.BatchSize, b2s(m.Atomic), m.Owner, m.OwnerReact, m.Element, m.Step, []byte(m.With), m.Input, b2s(m.FanOut)).Slice()
+	if err != nil {
+		return false, 0, fmt.Errorf("mapstep: start map %s: %w", mapID, err)
+	}
+	return res[0].(int64) == 1, int(res[1].(int64)), nil
+}
+
+// settleResult is what one settle did.
+type settleResult struct {
+	Stored   bool
+	From, To int
+	Signal   bool
+}
+
+func (s mapStore) settle(ctx context.Context, mapID string, index int, o outcome) (settleResult, error) {
+	enc, err := codec.Marshal(o)
+	if err != nil {
+		return settleResult{}, err
+	}
+	failure := "0"
+	if o.Status == outcomeFailed {
+		failure = "1"
+	}
+	k := s.keys
+	res, err := settleScript.Run(ctx, s.rdb, []string{k.MapMeta(mapID), k.MapOffset(mapID), k.MapResults(mapID), k.MapFailed(mapID), k.MapSignalled(mapID)},
+		index, enc, failure).Slice()
+	if err != nil {
+		return settleResult{}, fmt.Errorf("mapstep: settle %s[%d]: %w", mapID, index, err)
+	}
+	return settleResult{Stored: res[0].(int64) == 1, From: int(res[1].(int64)), To: int(res[2].(int64)), Signal: res[3].(int64) == 1}, nil
+}
+
+// pushSource stores a value source once, before the map's meta exists.
+func (s mapStore) pushSource(ctx context.Context, mapID string, items []codec.Raw) error {
+	key := s.keys.MapSource(mapID)
+	if err := s.rdb.Del(ctx, key).Err(); err != nil {
+		return err
+	}
+	const chunk = 1000
+	for i := 0; i < len(items); i += chunk {
+		end := min(i+chunk, len(items))
+		vals := make([]any, 0, end-i)
+		for _, it := range items[i:end] {
+			vals = append(vals, []byte(it))
+		}
+		if err := s.rdb.RPush(ctx, key, vals...).Err(); err != nil {
+			return fmt.Errorf("mapstep: store source of %s: %w", mapID, err)
+		}
+	}
+	return nil
+}
+
+func (s mapStore) sourceRange(ctx context.Context, mapID string, from, to int) ([]codec.Raw, error) {
+	vals, err := s.rdb.LRange(ctx, s.keys.MapSource(mapID), int64(from), int64(to)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapstep: read source of %s: %w", mapID, err)
+	}
+	out := make([]codec.Raw, len(vals))
+	for i, v := range vals {
+		out[i] = codec.Raw(v)
+	}
+	return out, nil
+}
+
+// results reads the outcomes of indexes [from, to] (missing ones are nil).
+func (s mapStore) results(ctx context.Context, mapID string, from, to int) ([]*outcome, error) {
+	fields := make([]string, 0, to-from+1)
+	for i := from; i <= to; i++ {
+		fields = append(fields, strconv.Itoa(i))
+	}
+	vals, err := s.rdb.HMGet(ctx, s.keys.MapResults(mapID), fields...).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapstep: read results of %s: %w", mapID, err)
+	}
+	out := make([]*outcome, len(vals))
+	for i, v := range vals {
+		str, ok := v.(string)
+		if !ok {
+			continue
+		}
+		var o outcome
+		if err := codec.Unmarshal([]byte(str), &o); err != nil {
+			return nil, fmt.Errorf("mapstep: decode result %s[%d]: %w", mapID, from+i, err)
+		}
+		out[i] = &o
+	}
+	return out, nil
+}
