@@ -110,6 +110,9 @@ func Input[T any](name string, opts ...InputOption) Part {
 			return nil
 		}
 		for _, o := range opts {
+			if tv, ok := o.(interface{ valueType() reflect.Type }); ok && tv.valueType() != in.typ {
+				return &DefinitionError{Reactor: d.name, Reason: fmt.Sprintf("input %q: Validate takes a %s, input is a %s", name, tv.valueType(), in.typ)}
+			}
 			if vo, ok := o.(validateOption[T]); ok {
 				validators = append(validators, func(raw codec.Raw) error {
 					var v T
@@ -155,6 +158,8 @@ func Default[T any](v T) InputOption {
 type validateOption[T any] struct{ fn func(T) error }
 
 func (validateOption[T]) applyInput(*inputDef) error { return nil }
+
+func (validateOption[T]) valueType() reflect.Type { return reflect.TypeFor[T]() }
 
 // Validate checks the input's value before anything is stored; an error
 // rejects the run with an *InputError. T must be the input's type.

@@ -556,3 +556,93 @@ func TestEventsAndMiddleware(t *testing.T) {
 	}, events)
 	require.Equal(t, []string{"run:a", "run:b", "undo:a"}, calls)
 }
+
+// A halted composed child keeps what it completed, and undoing the parent
+// undoes it.
+func TestUndoOfHaltedParentUndoesHaltedChild(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	child := reactor.MustDefine("halting-child", simple(tr, "c1", nil), simple(tr, "c2", reactor.Halt("stop"), "c1"))
+	def := reactor.MustDefine("halting-parent", simple(tr, "p1", nil),
+		reactor.Compose("sub", child, reactor.ComposeConfig{After: []string{"p1"}}))
+	ctx := ctxTimeout(t)
+	res, err := env.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusHalted, res.Status)
+	_, err = env.engine.Undo(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, []string{"run:p1", "run:c1", "run:c2", "undo:c1", "undo:p1"}, tr.all())
+}
+
+// A run aborted inside a composed child: Undo undoes the child's completed
+// steps too, newest first.
+func TestUndoOfRunAbortedInsideChild(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	ctx, cancel := context.WithCancel(ctxTimeout(t))
+	child := reactor.MustDefine("abort-child", simple(tr, "c1", nil),
+		reactor.Step("c2", reactor.StepConfig[reactor.Args, int]{After: []string{"c1"},
+			Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+				cancel() // the caller gives up
+				<-ctx.Done()
+				return 0, ctx.Err()
+			}}))
+	def := reactor.MustDefine("abort-parent", simple(tr, "p1", nil),
+		reactor.Compose("sub", child, reactor.ComposeConfig{After: []string{"p1"}}))
+	res, err := env.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusAborted, res.Status)
+	require.ErrorIs(t, res.Err(), reactor.ErrAborted)
+	_, err = env.engine.Undo(ctxTimeout(t), res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, []string{"run:p1", "run:c1", "undo:c1", "undo:p1"}, tr.all())
+}
+
+// A cancel request outlives a step much longer than the lock expiry.
+func TestCancelRequestOutlivesLongStep(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = 60 * time.Millisecond })
+	tr := env.trail
+	ctx := ctxTimeout(t)
+	inB := make(chan struct{})
+	def := reactor.MustDefine("long-step", simple(tr, "a", nil),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{After: []string{"a"},
+			Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+				close(inB)
+				// Far longer than any expiry the request could have had.
+				for range 3 {
+					ttl := env.rdb.PTTL(ctx, env.prefix+":{run:long-1}:lock").Val()
+					if err := sleepCtx(ctx, 5*ttl); err != nil {
+						return 0, err
+					}
+				}
+				return 1, nil
+			}}),
+		simple(tr, "c", nil, "b"))
+	done := make(chan *reactor.Result)
+	go func() {
+		res, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("long-1"))
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	<-inB
+	require.NoError(t, env.engine.Cancel(ctx, "long-1"))
+	res := <-done
+	require.Equal(t, reactor.StatusCancelled, res.Status)
+	require.Equal(t, []string{"run:a", "undo:a"}, tr.all())
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

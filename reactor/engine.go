@@ -159,7 +159,8 @@ func (e *Engine) Register(defs ...*Definition) error {
 func (e *Engine) registerLocked(d *Definition) error {
 	if old, ok := e.defs[d.name]; ok {
 		if old != d {
-			return &DefinitionError{Reactor: d.name, Reason: "another definition is already registered under this name"}
+			return &DefinitionError{Reactor: d.name, Reason: "another definition is already registered under this name " +
+				"(define each reactor once, at package level, and reuse the *Definition)"}
 		}
 		return nil
 	}
@@ -395,6 +396,12 @@ func (e *Engine) resume(ctx context.Context, id string, inWorker bool) (*Result,
 		return nil, err
 	}
 	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status, inWorker: inWorker}
+	// A cancel requested while nobody held the run (queued, handed off)
+	// is honoured before any step runs.
+	if x.cancel, err = e.store.CancelRequested(ctx, target); err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
 	return x.execute(ctx, EventRunResumed)
 }
 
@@ -481,11 +488,11 @@ func (e *Engine) Undo(ctx context.Context, id string) (*Result, error) {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	switch st.Status {
-	case StatusCompleted, StatusHalted, StatusAborted:
-	case StatusRollingBack:
+	switch {
+	case treeRollingBack(st):
 		_ = lease.Release(context.WithoutCancel(ctx))
-		return nil, &StatusError{RunID: id, Status: st.Status, Op: "undo", Err: ErrRollbackInProgress}
+		return nil, &StatusError{RunID: id, Status: StatusRollingBack, Op: "undo", Err: ErrRollbackInProgress}
+	case st.Status == StatusCompleted, st.Status == StatusHalted, st.Status == StatusAborted:
 	default:
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, &StatusError{RunID: id, Status: st.Status, Op: "undo", Err: ErrNotUndoable}
@@ -565,7 +572,9 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 	target := e.store.RunTarget(id)
 	lease, err := e.locks.TryAcquire(ctx, target.Lock)
 	if errors.Is(err, lock.ErrHeld) {
-		return e.store.RequestCancel(ctx, target, e.cfg.LockExpiry*2)
+		// Kept until the run's terminal write deletes it: a long step or a
+		// hand-off must not outlive the request.
+		return e.store.RequestCancel(ctx, target, 0)
 	}
 	if err != nil {
 		return err
@@ -589,8 +598,8 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 
 func cancelable(st *runState) error {
 	switch {
-	case st.Status == StatusRollingBack:
-		return &StatusError{RunID: st.ID, Status: st.Status, Op: "cancel", Err: ErrRollbackInProgress}
+	case treeRollingBack(st):
+		return &StatusError{RunID: st.ID, Status: StatusRollingBack, Op: "cancel", Err: ErrRollbackInProgress}
 	case st.Status.Terminal():
 		return &StatusError{RunID: st.ID, Status: st.Status, Op: "cancel", Err: ErrAlreadyFinished}
 	}

@@ -412,3 +412,11 @@ func TestDefinitionErrorsNameTheStep(t *testing.T) {
 	_, err := reactor.Define("bad", reactor.Input[int]("n", reactor.Default("five")))
 	require.ErrorContains(t, err, "default is a string")
 }
+
+func TestValidateOfTheWrongTypeIsADefinitionError(t *testing.T) {
+	t.Parallel()
+	_, err := reactor.Define("v", reactor.Input[int]("qty", reactor.Validate(func(int64) error { return nil })))
+	var de *reactor.DefinitionError
+	require.ErrorAs(t, err, &de)
+	require.Contains(t, err.Error(), "Validate takes a int64, input is a int")
+}

@@ -31,6 +31,10 @@ var (
 	// ErrCancelled is what the Failure of a cancelled (or undone) run
 	// unwraps to.
 	ErrCancelled = errors.New("reactor: run cancelled")
+	// ErrAborted is what Result.Err returns for an aborted run: its
+	// caller's context ended mid-run. Its completed steps are kept; Undo
+	// rolls them back, Resume carries on.
+	ErrAborted = errors.New("reactor: run aborted because its context ended; Resume it or Undo it")
 )
 
 const codeCancelled = "reactor.cancelled"

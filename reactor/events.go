@@ -2,6 +2,7 @@ package reactor
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 )
@@ -107,6 +108,17 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	}
 	e.log.LogAttrs(ctx, level, string(ev.Kind), attrs...)
 	for _, h := range e.cfg.Hooks {
-		h.OnEvent(ctx, ev)
+		e.callHook(ctx, h, ev)
 	}
+}
+
+// callHook isolates the run from a panicking hook: the panic is logged, the
+// run goes on.
+func (e *Engine) callHook(ctx context.Context, h Hook, ev Event) {
+	defer func() {
+		if r := recover(); r != nil {
+			e.log.Error("hook panicked", "event", "reactor.hook.panic", "hook_event", string(ev.Kind), "run", ev.RunID, "panic", fmt.Sprint(r))
+		}
+	}()
+	h.OnEvent(ctx, ev)
 }

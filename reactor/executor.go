@@ -59,6 +59,7 @@ func (x *execution) execute(ctx context.Context, started EventKind) (*Result, er
 		x.st.Status = StatusRunning // saved with the first checkpoint
 	}
 	runCtx := x.lease.Keep(ctx)
+	defer x.lease.Stop() // also when a hook or middleware panics
 	x.e.emit(ctx, Event{Kind: started, RunID: x.st.ID, Reactor: x.st.Reactor, Status: x.st.Status})
 	_, err := x.runFrame(runCtx, &frame{def: x.def, st: x.st, root: true})
 	x.lease.Stop()
@@ -122,6 +123,16 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	if terminal {
 		opts = store.WriteOptions{Retention: x.e.cfg.Retention, Release: true}
 	}
+	reindex := x.st.Status != x.indexed && !x.element
+	if reindex && !terminal {
+		// Into the active index before the write that makes the run live
+		// again (an undo of a finished run): a crash between the two must
+		// not leave a live run where the sweeper cannot see it.
+		if err := x.e.store.MarkStatus(ctx, x.st.ID, string(x.indexed), string(x.st.Status), false, now); err != nil {
+			return err
+		}
+		x.indexed = x.st.Status
+	}
 	res, err := x.e.store.Write(ctx, x.target, x.lease.Token(), x.version, data, opts)
 	var conflict *store.VersionConflictError
 	if errors.Is(err, store.ErrLockNotHeld) || errors.As(err, &conflict) {
@@ -132,9 +143,12 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	}
 	x.version = res.Version
 	x.cancel = x.cancel || res.CancelRequested
-	if x.st.Status != x.indexed && !x.element {
-		if err := x.e.store.MarkStatus(ctx, x.st.ID, string(x.indexed), string(x.st.Status), terminal, now); err != nil {
-			return err
+	if reindex && terminal {
+		// The run is finished and saved; a failed index update only
+		// leaves a stale active entry, which the sweeper drops. It must not
+		// turn a finished run into an error.
+		if err := x.e.store.MarkStatus(ctx, x.st.ID, string(x.indexed), string(x.st.Status), true, now); err != nil {
+			x.e.log.Warn("run finished but its index entry was not updated", "event", "reactor.index.stale", "run", x.st.ID, "error", err)
 		}
 		x.indexed = x.st.Status
 	}
@@ -184,7 +198,12 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
 		}
 		if s.handoff == HandOffBefore && x.canHandOff() {
-			return nil, x.handOff(ctx, s.name, "before")
+			if err := x.handOff(ctx, s.name, "before"); err != nil {
+				return nil, err
+			}
+			// The hand-off's checkpoint saw a cancel request: honour it
+			// here instead of handing off.
+			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
 		}
 		out, err := x.runStep(ctx, f, s)
 		if err != nil {
@@ -192,7 +211,10 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 		}
 		pending--
 		if out.kind == outOK && s.handoff == HandOffAfter && pending > 0 && x.canHandOff() {
-			return nil, x.handOff(ctx, s.name, "after")
+			if err := x.handOff(ctx, s.name, "after"); err != nil {
+				return nil, err
+			}
+			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
 		}
 		switch out.kind {
 		case outOK, outSkip:
@@ -225,11 +247,16 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 func (x *execution) canHandOff() bool { return !x.inWorker && x.e.cfg.Enqueuer != nil }
 
 // handOff saves the run with the id of the wake-up about to be enqueued and
-// unwinds the execution; conclude releases the lock and enqueues.
+// returns the signal that unwinds the execution (conclude releases the lock
+// and enqueues). It returns nil when the save reported a cancel request.
 func (x *execution) handOff(ctx context.Context, step, where string) error {
 	x.st.Wake = wakeID(x.st.ID, fmt.Sprintf("handoff:%s:%s:%d", step, where, x.version))
 	if err := x.checkpoint(ctx); err != nil {
 		return err
+	}
+	if x.cancel {
+		x.st.Wake = ""
+		return nil // the caller rolls back instead
 	}
 	return &errHandOff{step: step}
 }
@@ -368,6 +395,13 @@ func (x *execution) call(ctx context.Context, c Call, timeout time.Duration, fn 
 	for i := len(mws) - 1; i >= 0; i-- {
 		mw, inner := mws[i], next
 		next = func(ctx context.Context) error { return mw(ctx, c, inner) }
+	}
+	if len(mws) > 0 { // a panicking middleware fails the call, not the run
+		defer func() {
+			if r := recover(); r != nil {
+				err = &PanicError{Value: fmt.Sprint(r), Stack: string(debug.Stack())}
+			}
+		}()
 	}
 	return next(ctx)
 }

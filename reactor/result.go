@@ -146,8 +146,12 @@ func (r *Result) Outcome() Outcome {
 	return OutcomeDispatched
 }
 
-// Err returns the Failure as an error, or nil.
+// Err returns the Failure as an error, ErrAborted for an aborted run, or
+// nil.
 func (r *Result) Err() error {
+	if r.Status == StatusAborted {
+		return fmt.Errorf("%w (run %s: %s)", ErrAborted, r.RunID, r.Reason)
+	}
 	if r.Failure == nil {
 		return nil
 	}

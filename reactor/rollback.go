@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/goreactor/goreactor/internal/codec"
@@ -15,6 +16,12 @@ import (
 // back to be retried while its predecessors are being undone. Then it rolls
 // back.
 func (x *execution) startRollback(ctx context.Context, f *frame, trigger RollbackTrigger, step string, failure *Failure, cause error) (*frameResult, error) {
+	// Composed children still in progress (a run aborted or crashed inside
+	// a child, then undone or cancelled) fold their completed entries onto
+	// the stack, so the rollback undoes them first.
+	for _, name := range sortedKeys(f.st.Children) {
+		foldChild(f.st, name, f.st.Children[name])
+	}
 	f.st.Status = StatusRollingBack
 	f.st.Rollback = &RollbackRecord{Trigger: trigger, Step: step, Failure: failure}
 	if err := x.checkpoint(ctx); err != nil {
@@ -27,6 +34,7 @@ func (x *execution) startRollback(ctx context.Context, f *frame, trigger Rollbac
 // undo rolls back a finished root run on request; it ends cancelled.
 func (x *execution) undo(ctx context.Context, msg string) (*Result, error) {
 	runCtx := x.lease.Keep(ctx)
+	defer x.lease.Stop()
 	_, err := x.startRollback(runCtx, &frame{def: x.def, st: x.st, root: true}, TriggerUndo, "", newCancelFailure(msg), nil)
 	x.lease.Stop()
 	return x.conclude(ctx, err)
@@ -190,7 +198,7 @@ func rollbackInterrupted(ctx context.Context) error {
 		return ErrLockLost
 	}
 	if ctx.Err() != nil {
-		return fmt.Errorf("reactor: rollback interrupted, it resumes from the last undone step: %w", context.Cause(ctx))
+		return fmt.Errorf("reactor: rollback interrupted; Resume the run (a worker's run sweeper does) to carry on from the last undone step: %w", context.Cause(ctx))
 	}
 	return nil
 }
@@ -262,8 +270,12 @@ func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args c
 		x.e.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path})
 		return stepOutcome{kind: outOK}, nil
 	case StatusHalted:
+		// A halted child keeps what it completed, like a halted run: its
+		// entries fold in so that undoing the parent undoes them.
+		foldChild(f.st, s.name, cst)
 		return stepOutcome{kind: outHalt, reason: res.reason}, nil
 	case StatusCancelled:
+		f.st.Undone = append(f.st.Undone, cst.Undone...)
 		return stepOutcome{kind: outCancel, failure: res.failure.clone()}, nil
 	default:
 		// The child rolled itself back; its failure, with the child's
@@ -272,4 +284,43 @@ func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args c
 		f.st.Undone = append(f.st.Undone, cst.Undone...)
 		return stepOutcome{kind: outFail, failure: fl, err: errors.Unwrap(fl)}, nil
 	}
+}
+
+// foldChild moves child run cst of compose step name into st: its completed
+// entries (its own in-progress children first) become one compose entry on
+// top of st's ledger, its rollback report joins st's, and it leaves
+// st.Children.
+func foldChild(st *runState, name string, cst *runState) {
+	for _, n := range sortedKeys(cst.Children) {
+		foldChild(cst, n, cst.Children[n])
+	}
+	if len(cst.Ledger) > 0 {
+		st.Seq++
+		st.Ledger = append(st.Ledger, &LedgerEntry{Ordinal: st.Seq, Step: name, Status: RollbackPending, Children: cst.Ledger})
+	}
+	st.Undone = append(st.Undone, cst.Undone...)
+	delete(st.Children, name)
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// treeRollingBack reports whether st or a composed child in progress is
+// rolling back.
+func treeRollingBack(st *runState) bool {
+	if st.Status == StatusRollingBack {
+		return true
+	}
+	for _, c := range st.Children {
+		if treeRollingBack(c) {
+			return true
+		}
+	}
+	return false
 }

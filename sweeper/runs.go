@@ -24,7 +24,8 @@ type RunConfig struct {
 	// Enqueuer wakes runs (a *worker.Client). Required.
 	Enqueuer reactor.Enqueuer
 	// Queue is the asynq queue the wake-ups go to, where the sweeper looks
-	// for a run's queued task. Default "goreactor".
+	// for a run's queued task. Default: the Enqueuer's queue when it has a
+	// Queue() method (worker.Client does), else "goreactor".
 	Queue string
 	// StaleAfter is how long a run must have gone without a write before the
 	// sweeper considers it lost. Default 10 s.
@@ -77,6 +78,13 @@ type RunSweeper struct {
 
 // NewRunSweeper returns a run sweeper.
 func NewRunSweeper(cfg RunConfig) (*RunSweeper, error) {
+	if q, ok := cfg.Enqueuer.(interface{ Queue() string }); ok {
+		if cfg.Queue == "" {
+			cfg.Queue = q.Queue()
+		} else if cfg.Queue != q.Queue() {
+			return nil, fmt.Errorf("sweeper: RunConfig.Queue %q is not the queue its Enqueuer uses (%q)", cfg.Queue, q.Queue())
+		}
+	}
 	cfg = cfg.WithDefaults()
 	if cfg.Engine == nil || cfg.Client == nil || cfg.Enqueuer == nil {
 		return nil, errors.New("sweeper: RunConfig needs Engine, Client and Enqueuer")

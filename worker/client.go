@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
@@ -15,6 +16,11 @@ import (
 
 // DefaultQueue is the asynq queue goreactor uses unless configured.
 const DefaultQueue = "goreactor"
+
+// DefaultTaskTimeout bounds one delivery of a goreactor task. A run's
+// liveness is its lock heartbeat, not the task timeout, so it is generous;
+// asynq's default of 30 minutes would cut long steps short.
+const DefaultTaskTimeout = 24 * time.Hour
 
 // DefaultMaxRetry is asynq's retry budget for goreactor tasks. Snoozes do
 // not spend it; only real failures (an unknown reactor, Redis trouble) do.
@@ -45,7 +51,7 @@ func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 	if err != nil {
 		return err
 	}
-	opts := []asynq.Option{asynq.TaskID(w.ID), asynq.Queue(c.queue), asynq.MaxRetry(DefaultMaxRetry)}
+	opts := []asynq.Option{asynq.TaskID(w.ID), asynq.Queue(c.queue), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout)}
 	if w.Delay > 0 {
 		opts = append(opts, asynq.ProcessIn(w.Delay))
 	}
@@ -66,7 +72,7 @@ func (c *Client) EnqueueElement(ctx context.Context, t mapstep.ElementTask) erro
 		return err
 	}
 	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeElement, payload),
-		asynq.TaskID(t.TaskID()), asynq.Queue(c.queue), asynq.MaxRetry(DefaultMaxRetry))
+		asynq.TaskID(t.TaskID()), asynq.Queue(c.queue), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout))
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil
 	}

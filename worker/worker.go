@@ -173,9 +173,12 @@ func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
 	case errors.Is(err, reactor.ErrRunLocked):
 		return &SnoozeError{RunID: p.RunID, Base: w.cfg.Snooze}
 	case errors.Is(err, reactor.ErrLockLost):
-		// Another process owns the run now and carries it on.
-		w.log.Warn("run lock lost; leaving the run to its new owner", "event", "worker.run.lock_lost", "run", p.RunID)
-		return nil
+		// Usually another process owns the run now; but the lock may simply
+		// have expired (a long GC pause, a partition). A redelivery is
+		// harmless either way: it snoozes while someone holds the run and
+		// resumes it otherwise.
+		w.log.Warn("run lock lost; the run will be looked at again", "event", "worker.run.lock_lost", "run", p.RunID)
+		return &SnoozeError{RunID: p.RunID, Base: w.cfg.Snooze}
 	case errors.Is(err, reactor.ErrNotFound):
 		return fmt.Errorf("worker: run %s no longer exists: %w", p.RunID, asynq.SkipRetry)
 	case err != nil:
@@ -201,7 +204,7 @@ func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
 	case errors.Is(err, reactor.ErrRunLocked):
 		return &SnoozeError{RunID: mapstep.ElementID(p.MapID, p.Index), Base: w.cfg.Snooze}
 	case errors.Is(err, reactor.ErrLockLost):
-		return nil
+		return &SnoozeError{RunID: mapstep.ElementID(p.MapID, p.Index), Base: w.cfg.Snooze}
 	case errors.Is(err, mapstep.ErrMapGone):
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}

@@ -367,7 +367,11 @@ func TestLostLockStopsWorkerRun(t *testing.T) {
 	<-takeoverDone
 	require.NoError(t, takeover.err)
 	require.ErrorIs(t, takeover.cause, lock.ErrLost)
-	f.awaitTaskGone(startTask(id)) // the handler returned: nothing to retry
+	// The handler snoozes: while the new owner holds the run, a redelivery
+	// only waits; it is not a failure and spends no retry.
+	info := f.awaitTaskState(startTask(id), asynq.TaskStateRetry)
+	require.Zero(t, info.Retried)
+	require.Contains(t, info.LastErr, "snoozing")
 
 	require.Equal(t, []string{"run:a", "run:b"}, tr.all(), "no undo, no later step")
 	run, err := api.Get(ctx, id)

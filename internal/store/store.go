@@ -5,7 +5,9 @@ package store
 
 import (
 	"context"
+	"crypto/rand"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"time"
@@ -142,8 +144,13 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 	if o.Release {
 		release = "1"
 	}
+	// One nonce per call: go-redis resends the same arguments after a lost
+	// reply, and only that resend may find its own write already done.
+	var nb [8]byte
+	_, _ = rand.Read(nb[:])
+	nonce := hex.EncodeToString(nb[:])
 	res, err := writeScript.Run(ctx, s.rdb, []string{t.State, t.Lock, t.Cancel},
-		token, version, data, o.Retention.Milliseconds(), release).Slice()
+		token, version, data, o.Retention.Milliseconds(), release, nonce).Slice()
 	if err != nil {
 		return WriteResult{}, fmt.Errorf("store: write: %w", err)
 	}
@@ -158,7 +165,14 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 }
 
 // RequestCancel asks the process executing run t to cancel it at its next
-// checkpoint. The request lives as long as the lock could.
+// checkpoint. With ttl 0 the request lasts until the run's terminal write
+// deletes it.
 func (s *Store) RequestCancel(ctx context.Context, t Target, ttl time.Duration) error {
 	return s.rdb.Set(ctx, t.Cancel, "1", ttl).Err()
+}
+
+// CancelRequested reports whether a cancel was requested for t.
+func (s *Store) CancelRequested(ctx context.Context, t Target) (bool, error) {
+	n, err := s.rdb.Exists(ctx, t.Cancel).Result()
+	return n == 1, err
 }

@@ -63,6 +63,7 @@ func (f fixture) requireStored(t *testing.T, target store.Target, data []byte, v
 	t.Helper()
 	got, err := f.rdb.HGetAll(f.ctx, target.State).Result()
 	require.NoError(t, err)
+	delete(got, "n") // the nonce of the last fenced write, if any
 	require.Equal(t, map[string]string{"d": string(data), "v": strconv.FormatInt(version, 10)}, got,
 		"raw state hash %s", target.State)
 	snap, err := f.st.Load(f.ctx, target)
@@ -758,4 +759,42 @@ func TestCluster(t *testing.T) {
 	mixed := store.Target{State: k.RunState(a), Lock: k.RunLock(b), Cancel: k.RunCancel(a)}
 	_, err = st.Write(ctx, mixed, "tok", 3, data1, store.WriteOptions{})
 	require.ErrorContains(t, err, "CROSSSLOT")
+}
+
+// A fenced write whose reply is lost is sent again by the client with the
+// same arguments; the resend must report the write as done, not as a lost
+// lock (terminal writes delete the lock) or a stale version.
+func TestResentWriteIsIdempotent(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	target := f.st.RunTarget("resend")
+	f.create(t, target, "tok-a", data1)
+	var sent []any
+	f.rdb.AddHook(resendHook{args: &sent})
+	res, err := f.st.Write(f.ctx, target, "tok-a", 1, data2, store.WriteOptions{Retention: time.Minute, Release: true})
+	require.NoError(t, err)
+	require.Equal(t, int64(2), res.Version)
+	require.False(t, f.exists(t, target.Lock), "the first send released the lock")
+	f.requireStored(t, target, data2, 2)
+}
+
+// resendHook sends every EVALSHA twice, as go-redis does after a read
+// timeout, and returns the second reply.
+type resendHook struct{ args *[]any }
+
+func (h resendHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h resendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() != "evalsha" {
+			return next(ctx, cmd)
+		}
+		first := redis.NewCmd(ctx, cmd.Args()...)
+		if err := next(ctx, first); err != nil {
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h resendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

@@ -9,18 +9,26 @@
 -- ARGV[3] encoded state
 -- ARGV[4] retention in ms for a terminal write (0: not terminal, the state is made persistent)
 -- ARGV[5] 1 to release the lock in the same step (terminal write), else 0
+-- ARGV[6] nonce naming this write (random per call, the same on a resend)
 -- Returns {-1}                 lock not held by the caller (lost or never held)
 --         {-2, version}        version mismatch: the stored version
 --         {version, cancel}    written; the new version and 1 if a cancel was requested
+-- A write whose reply was lost and that the client sends again finds its own
+-- nonce stored and succeeds again without writing, instead of reporting the
+-- lock it released (terminal write) or the version it bumped as lost.
+local last = redis.call('HMGET', KEYS[1], 'n', 'v')
+if last[1] == ARGV[6] then
+  return {tonumber(last[2]), redis.call('EXISTS', KEYS[3])}
+end
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return {-1}
 end
-local cur = tonumber(redis.call('HGET', KEYS[1], 'v') or '0')
+local cur = tonumber(last[2] or '0')
 if cur ~= tonumber(ARGV[2]) then
   return {-2, cur}
 end
 local nextv = cur + 1
-redis.call('HSET', KEYS[1], 'd', ARGV[3], 'v', nextv)
+redis.call('HSET', KEYS[1], 'd', ARGV[3], 'v', nextv, 'n', ARGV[6])
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
