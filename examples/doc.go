@@ -26,5 +26,5 @@ import "github.com/goreactor/goreactor/reactor"
 // Register registers every example definition with e, so that e's workers
 // can execute, resume and undo their runs.
 func Register(e *reactor.Engine) error {
-	return e.Register(Checkout, Travel, Trip)
+	return e.Register(Checkout, Travel, Trip, Fulfilment)
 }

@@ -99,3 +99,28 @@ func (rd *Reader[T]) All(ctx context.Context) ([]Element[T], error) {
 		out = append(out, el)
 	}
 }
+
+// Progress is where a map stands.
+type Progress struct {
+	// Total is the number of elements.
+	Total int
+	// Claimed is how many positions have been dispatched (fan-out) or are
+	// due to run (inline).
+	Claimed int
+	// Settled is how many elements have an outcome.
+	Settled int
+	// Failed is how many elements failed.
+	Failed int
+	// Done is true once the map has settled.
+	Done bool
+}
+
+// ProgressOf reads the progress of map mapID (see MapID) in one round trip.
+// A map that has not started (or whose keys expired) reports ok false.
+func ProgressOf(ctx context.Context, e *reactor.Engine, mapID string) (p Progress, ok bool, err error) {
+	md, err := storeOf(e).readMeta(ctx, mapID)
+	if err != nil || !md.exists {
+		return p, false, err
+	}
+	return Progress{Total: md.Total, Claimed: md.Offset, Settled: md.Settled, Failed: md.Failures, Done: md.settled()}, true, nil
+}

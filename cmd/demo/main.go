@@ -29,6 +29,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/examples"
+	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -111,7 +112,7 @@ func run() error {
 	}
 	fmt.Println("  worker  started in this process, 4 tasks at a time")
 
-	for _, part := range []func(context.Context, *reactor.Engine) error{checkoutInProcess, checkoutOnWorker, tripUndone} {
+	for _, part := range []func(context.Context, *reactor.Engine) error{checkoutInProcess, checkoutOnWorker, tripUndone, fulfilmentFanOut} {
 		if err = part(ctx, engine); err != nil {
 			break
 		}
@@ -194,6 +195,59 @@ func checkoutOnWorker(ctx context.Context, engine *reactor.Engine) error {
 		return fmt.Errorf("part 2: %s stock is %d after the rollback, want %d", item, after, stock)
 	}
 	fmt.Printf("   %s stock: %d before, %d after\n", item, stock, stock)
+	return nil
+}
+
+// fulfilmentFanOut is part 4: a fan-out map step packs 300 parcels, one
+// worker task each, never more than 50 enqueued by one action; the demo
+// shows the map's progress as the worker settles elements.
+func fulfilmentFanOut(ctx context.Context, engine *reactor.Engine) error {
+	const n, wave = 300, "W1"
+	fmt.Printf("\n4. Fulfilment of wave %s: a fan-out map step packs %d parcels, one worker task each, in batches of %d\n", wave, n, mapstep.DefaultBatchSize)
+	parcels := make([]examples.Parcel, n)
+	for i := range parcels {
+		parcels[i] = examples.Parcel{Order: fmt.Sprintf("P%03d", i), Item: "book"}
+	}
+	res, err := engine.Run(ctx, examples.Fulfilment, map[string]any{"wave": wave, "parcels": parcels},
+		reactor.WithRunID("fulfilment-"+wave))
+	if err != nil {
+		return fmt.Errorf("part 4: %w", err)
+	}
+	if res.Outcome() != reactor.OutcomeDispatched {
+		return fmt.Errorf("part 4: engine.Run returned %s, want dispatched", res.Status)
+	}
+	fmt.Printf("   engine.Run returned %s (the map was handed to the worker); progress:\n", res.Outcome())
+	mapID := mapstep.MapID(res.RunID, "pack_all")
+	wctx, cancel := context.WithTimeout(ctx, waitTimeout)
+	defer cancel()
+	last := -50
+	for {
+		p, ok, err := mapstep.ProgressOf(wctx, engine, mapID)
+		if err != nil {
+			return fmt.Errorf("part 4: %w", err)
+		}
+		if ok && (p.Settled >= last+50 || p.Done && p.Settled != last) {
+			fmt.Printf("     settled %3d/%d, dispatched %3d, failed %d\n", p.Settled, p.Total, p.Claimed, p.Failed)
+			last = p.Settled
+		}
+		if ok && p.Done {
+			break
+		}
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("part 4: the map did not settle: %w", wctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	res, err = engine.Wait(wctx, res.RunID)
+	if err != nil {
+		return fmt.Errorf("part 4: %w", err)
+	}
+	packed, err := reactor.ValueOf[int](res)
+	if err != nil || res.Status != reactor.StatusCompleted || packed != n {
+		return fmt.Errorf("part 4: run ended %s with %d packed (%v), want completed with %d", res.Status, packed, res.Err(), n)
+	}
+	fmt.Printf("   => %s: %d parcels packed, the owner run resumed once the map settled\n", res.Status, packed)
 	return nil
 }
 

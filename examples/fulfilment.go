@@ -1,0 +1,88 @@
+package examples
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// Parcel is one order line of a Fulfilment.
+type Parcel struct {
+	Order string `json:"order"`
+	Item  string `json:"item"`
+}
+
+type packIn struct {
+	Parcel Parcel `json:"parcel"`
+	Wave   string `json:"wave"`
+}
+
+// PackParcel is Fulfilment's element reactor: it packs one parcel and books
+// its pickup, each undoable. Its input "parcel" is the map's item; "wave"
+// is shared by every element.
+var PackParcel = reactor.MustDefine("examples.pack_parcel",
+	reactor.Input[Parcel]("parcel", reactor.Required()),
+	reactor.Input[string]("wave", reactor.Required()),
+	reactor.Step("pack", reactor.StepConfig[packIn, string]{
+		Args: reactor.Bindings{"parcel": reactor.FromInput("parcel"), "wave": reactor.FromInput("wave")},
+		Run: func(ctx context.Context, in packIn) (string, error) {
+			return fmt.Sprintf("box-%s", in.Parcel.Order), nil
+		},
+		Undo: func(ctx context.Context, in packIn, box string) error { return nil },
+	}),
+	reactor.Step("pickup", reactor.StepConfig[packIn, string]{
+		Args: reactor.Bindings{"parcel": reactor.FromInput("parcel"), "wave": reactor.FromInput("wave")},
+		Run: func(ctx context.Context, in packIn) (string, error) {
+			return fmt.Sprintf("%s/%s", in.Wave, in.Parcel.Order), nil
+		},
+		Undo:  func(ctx context.Context, in packIn, slot string) error { return nil },
+		After: []string{"pack"},
+	}),
+	reactor.Returns(reactor.FromStep("pickup")),
+)
+
+// Fulfilment packs every parcel of a wave: a fan-out map step runs one
+// PackParcel per parcel as its own worker task, 50 at a time per throw, then
+// counts the pickups booked.
+//
+// Inputs: wave (required), parcels (required).
+var Fulfilment = reactor.MustDefine("examples.fulfilment",
+	reactor.Input[string]("wave", reactor.Required()),
+	reactor.Input[[]Parcel]("parcels", reactor.Required()),
+	mapstep.Map("pack_all", mapstep.Config{
+		Element: PackParcel,
+		Items:   reactor.FromInput("parcels"),
+		Input:   "parcel",
+		With:    reactor.Bindings{"wave": reactor.FromInput("wave")},
+		FanOut:  true,
+	}),
+	reactor.Step("count", reactor.StepConfig[struct {
+		Packed mapstep.Result `json:"packed"`
+	}, int]{
+		Args: reactor.Bindings{"packed": reactor.FromStep("pack_all")},
+		Run: func(ctx context.Context, in struct {
+			Packed mapstep.Result `json:"packed"`
+		}) (int, error) {
+			rd, err := mapstep.Read[string](ctx, in.Packed)
+			if err != nil {
+				return 0, err
+			}
+			n := 0
+			for {
+				el, ok, err := rd.Next(ctx)
+				if err != nil {
+					return 0, err
+				}
+				if !ok {
+					return n, nil
+				}
+				if el.OK && el.Value != "" {
+					n++
+				}
+			}
+		},
+	}),
+	reactor.Returns(reactor.FromStep("count")),
+)
