@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/reactor"
@@ -176,7 +177,7 @@ func (m *construct) resume(ctx context.Context, c *reactor.ConstructContext, ms 
 		return nil, err
 	}
 	if !md.exists {
-		return nil, fmt.Errorf("mapstep: map %s has no metadata (expired?)", st.MapID)
+		return nil, reactor.Permanent(fmt.Errorf("mapstep: map %s has no metadata (expired?)", st.MapID))
 	}
 	if !md.settled() {
 		return nil, reactor.Dispatch()
@@ -196,7 +197,7 @@ func adopt(ctx context.Context, ms mapStore, st state, md meta) (codec.Raw, erro
 		if o := outs[0]; o != nil && o.Failure != nil {
 			return nil, elementFailure(md.Step, md.FailedIndex, o.Failure)
 		}
-		return nil, fmt.Errorf("mapstep: element %d of map %s failed", md.FailedIndex, st.MapID)
+		return nil, reactor.Permanent(fmt.Errorf("mapstep: element %d of map %s failed", md.FailedIndex, st.MapID))
 	}
 	return codec.Marshal(Result{MapID: st.MapID, Total: st.Total, Failed: md.Failures})
 }
@@ -228,7 +229,7 @@ func (m *construct) runInline(ctx context.Context, c *reactor.ConstructContext, 
 			if done[i-from] != nil {
 				continue
 			}
-			o, err := runElement(ctx, c.Engine, m.cfg.Element, md, st.MapID, i, items[i])
+			o, err := runInlineElement(ctx, c.Engine, m.cfg.Element, md, st.MapID, i, items[i])
 			if err != nil {
 				return nil, err
 			}
@@ -266,6 +267,31 @@ func runElement(ctx context.Context, e *reactor.Engine, def *reactor.Definition,
 		return outcome{}, err
 	}
 	return outcomeOf(res), nil
+}
+
+// runInlineElement runs element i of an inline map, waiting while its lock
+// is held: after the process that ran the map lost it mid-element (crash,
+// lost owner lock), the element's lock lives on until it expires, and
+// ErrRunLocked returned from the construct would fail the map step instead
+// of resuming it. Only ctx (the owner's run) bounds the wait; the owner's
+// lock guarantees no other execution of this map holds the element for
+// long.
+func runInlineElement(ctx context.Context, e *reactor.Engine, def *reactor.Definition, md meta, mapID string, i int, item codec.Raw) (outcome, error) {
+	delay := 10 * time.Millisecond
+	for {
+		o, err := runElement(ctx, e, def, md, mapID, i, item)
+		if !errors.Is(err, reactor.ErrRunLocked) {
+			return o, err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return outcome{}, err
+		case <-t.C:
+		}
+		delay = min(2*delay, 200*time.Millisecond)
+	}
 }
 
 // Undo rolls back every completed element of a completed map, newest first,

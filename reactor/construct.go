@@ -3,6 +3,7 @@ package reactor
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/goreactor/goreactor/internal/codec"
 )
@@ -18,7 +19,10 @@ import (
 // outcome idempotently: return the result, or Dispatch() again without
 // dispatching anything.
 type Construct interface {
-	// Run executes the step forward and returns its encoded result.
+	// Run executes the step forward and returns its encoded result. A
+	// *Failure or a Permanent error fails the step; any other error is
+	// infrastructure trouble: the run stops at its last checkpoint, to be
+	// retried, and is not rolled back for it.
 	Run(ctx context.Context, c *ConstructContext) (codec.Raw, error)
 	// Undo rolls back the completed step (State holds what Run saved).
 	Undo(ctx context.Context, c *ConstructContext) error
@@ -143,9 +147,15 @@ func (x *execution) runConstruct(ctx context.Context, f *frame, s *stepDef, args
 	case errors.As(err, &halt):
 		return stepOutcome{kind: outHalt, reason: halt.reason}, nil
 	}
+	var fl *Failure
+	if !errors.As(err, &fl) && !IsPermanent(err) {
+		// Not the construct's verdict but trouble reaching it (Redis, a
+		// held element lock): the run stays at its checkpoint and is
+		// retried, never rolled back for it.
+		return stepOutcome{}, fmt.Errorf("reactor: step %q: %w", path, err)
+	}
 	x.e.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1, Err: err})
-	fl := asFailure(path, err)
-	return stepOutcome{kind: outFail, failure: fl, err: err}, nil
+	return stepOutcome{kind: outFail, failure: asFailure(path, err), err: err}, nil
 }
 
 // asFailure keeps a *Failure a construct returns (an element's failure) as
