@@ -127,6 +127,9 @@ func resumeOwner(ctx context.Context, e *reactor.Engine, md meta, mapID string) 
 // failpoints are test-only hooks at the narrow windows of the protocol.
 // They are set only by tests (export_test.go), before any map runs.
 var failpoints struct {
+	// beforeStart runs between the owner's save of its map id and the
+	// start script of a fan-out map.
+	beforeStart func(mapID string, index int) error
 	// afterSettle runs after a settle stored an outcome, before it acts.
 	afterSettle func(mapID string, index int) error
 	// beforeEnqueue runs before each element task is enqueued.

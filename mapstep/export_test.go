@@ -3,6 +3,7 @@ package mapstep
 // Failpoints are test hooks at the protocol's narrow windows. They are
 // process-global: a hook must filter on the map ids of its own test.
 type Failpoints struct {
+	BeforeStart   func(mapID string, index int) error
 	AfterSettle   func(mapID string, index int) error
 	BeforeEnqueue func(mapID string, index int) error
 	OnSignal      func(mapID string, index int) error
@@ -12,6 +13,7 @@ type Failpoints struct {
 // binary (in TestMain or a non-parallel test) and never change them while
 // maps run.
 func SetFailpoints(f Failpoints) {
+	failpoints.beforeStart = f.BeforeStart
 	failpoints.afterSettle = f.AfterSettle
 	failpoints.beforeEnqueue = f.BeforeEnqueue
 	failpoints.onSignal = f.OnSignal

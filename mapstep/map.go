@@ -113,6 +113,15 @@ func (m *construct) Run(ctx context.Context, c *reactor.ConstructContext) (codec
 	if err := c.SaveState(ctx, enc); err != nil {
 		return nil, err
 	}
+	return m.begin(ctx, c, ms, st, args, items)
+}
+
+// begin acts on the saved decision: it creates the map (once) and runs it
+// inline, or dispatches its first batch. A re-entered owner whose map never
+// got created (a crash between its save and the start script) comes here
+// again.
+func (m *construct) begin(ctx context.Context, c *reactor.ConstructContext, ms mapStore, st state, args map[string]codec.Raw, items []codec.Raw) (codec.Raw, error) {
+	e := c.Engine
 	with := map[string]codec.Raw{}
 	for k, v := range args {
 		if len(k) > 5 && k[:5] == "with." {
@@ -133,6 +142,16 @@ func (m *construct) Run(ctx context.Context, c *reactor.ConstructContext) (codec
 		}
 		return m.runInline(ctx, c, ms, st, items)
 	}
+	// Indexed before it exists, so a crash after the start script can
+	// never leave a claimed map where the map sweeper does not look.
+	if err := ms.rdb.ZAdd(ctx, ms.keys.Maps(), zmember(st.MapID)).Err(); err != nil {
+		return nil, err
+	}
+	if hook := failpoints.beforeStart; hook != nil {
+		if err := hook(st.MapID, 0); err != nil {
+			return nil, err
+		}
+	}
 	existing, err := ms.readMeta(ctx, st.MapID)
 	if err != nil {
 		return nil, err
@@ -144,9 +163,6 @@ func (m *construct) Run(ctx context.Context, c *reactor.ConstructContext) (codec
 	}
 	created, offset, err := ms.start(ctx, st.MapID, md)
 	if err != nil {
-		return nil, err
-	}
-	if err := ms.rdb.ZAdd(ctx, ms.keys.Maps(), zmember(st.MapID)).Err(); err != nil {
 		return nil, err
 	}
 	if created {
@@ -170,14 +186,25 @@ func (m *construct) resume(ctx context.Context, c *reactor.ConstructContext, ms 
 		if len(items) != st.Total {
 			return nil, reactor.Permanent(fmt.Errorf("mapstep: map %s had %d items, its arguments now give %d", st.MapID, st.Total, len(items)))
 		}
-		return m.runInline(ctx, c, ms, st, items)
+		// start is idempotent: it creates the map if a crash came between
+		// the save and the start script, and finds it otherwise.
+		return m.begin(ctx, c, ms, st, args, items)
 	}
 	md, err := ms.readMeta(ctx, st.MapID)
 	if err != nil {
 		return nil, err
 	}
 	if !md.exists {
-		return nil, reactor.Permanent(fmt.Errorf("mapstep: map %s has no metadata (expired?)", st.MapID))
+		// Saved, then crashed before the start script: act now.
+		var args map[string]codec.Raw
+		var items []codec.Raw
+		if err := codec.Unmarshal(c.Args, &args); err != nil {
+			return nil, reactor.Permanent(fmt.Errorf("mapstep: decode arguments: %w", err))
+		}
+		if err := codec.Unmarshal(args["items"], &items); err != nil || len(items) != st.Total {
+			return nil, reactor.Permanent(fmt.Errorf("mapstep: map %s had %d items, its arguments now give %d", st.MapID, st.Total, len(items)))
+		}
+		return m.begin(ctx, c, ms, st, args, items)
 	}
 	if !md.settled() {
 		return nil, reactor.Dispatch()

@@ -247,3 +247,35 @@ func TestStepFailureAfterMapUndoesElements(t *testing.T) {
 	defer f.mu.Unlock()
 	require.ElementsMatch(t, items(12), f.undone)
 }
+
+// A crash between the owner's save of its map id and the start script: the
+// resumed owner creates the map and dispatches it, instead of failing.
+func TestCrashBetweenSaveAndStartResumes(t *testing.T) {
+	f := newFixture(t, true)
+	def := sumOwner("save-start", f.element("save-start-el"), true, false)
+	crashed := false
+	mapstep.SetFailpoints(mapstep.Failpoints{BeforeStart: func(mapID string, _ int) error {
+		if !crashed && mapID == mapstep.MapID("save-start-1", "each") {
+			crashed = true
+			return errors.New("injected crash before the start script")
+		}
+		return nil
+	}})
+	t.Cleanup(func() { mapstep.SetFailpoints(mapstep.Failpoints{}) })
+	ctx := ctxT(t)
+	_, err := f.engine.Run(ctx, def, map[string]any{"items": items(60)}, reactor.WithRunID("save-start-1"))
+	require.ErrorContains(t, err, "injected crash")
+	run, err := f.engine.Get(ctx, "save-start-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusRunning, run.Status, "an infrastructure error is not a step failure")
+
+	res, err := f.engine.Resume(ctx, "save-start-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	res, err = f.engine.Wait(ctx, "save-start-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+	sum, err := reactor.ValueOf[int](res)
+	require.NoError(t, err)
+	require.Equal(t, 59*60, sum)
+}

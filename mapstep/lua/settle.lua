@@ -9,14 +9,19 @@
 -- ARGV[2] encoded outcome
 -- ARGV[3] 1 if the outcome is a failure, else 0
 -- Returns {stored, from, to, signal}: stored 0 means a duplicate (another
--- delivery settled this index first) and nothing else happened; [from, to]
+-- delivery settled this index first) or a position never claimed, and
+-- nothing else happened; [from, to]
 -- is the batch this settle claimed (-1, -1 for none); signal 1 means this
 -- settle must enqueue the owner's resume. Only the settle that stored a
 -- result may claim or signal.
+local i = tonumber(ARGV[1])
+-- A position that was never claimed (a stray task) settles nothing.
+if i >= tonumber(redis.call('GET', KEYS[2]) or '0') then
+  return {0, -1, -1, 0}
+end
 if redis.call('HSETNX', KEYS[3], ARGV[1], ARGV[2]) == 0 then
   return {0, -1, -1, 0}
 end
-local i = tonumber(ARGV[1])
 local m = redis.call('HMGET', KEYS[1], 'total', 'batch_size', 'atomic')
 local total, b = tonumber(m[1]), tonumber(m[2])
 local settled = redis.call('HINCRBY', KEYS[1], 'settled', 1)
