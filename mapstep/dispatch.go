@@ -98,7 +98,7 @@ func ProcessElement(ctx context.Context, e *reactor.Engine, t ElementTask) error
 		}
 	}
 	if sr.From >= 0 {
-		items, err := ms.sourceRange(ctx, t.MapID, sr.From, sr.To)
+		items, err := claimedItems(ctx, e, ms, md, t.MapID, sr.From, sr.To)
 		if err != nil {
 			return err
 		}
@@ -115,6 +115,30 @@ func ProcessElement(ctx context.Context, e *reactor.Engine, t ElementTask) error
 		return resumeOwner(ctx, e, md, t.MapID)
 	}
 	return nil
+}
+
+// claimedItems reads the items of a claimed batch: from the stored source,
+// or from the map's Source (found through the owner's definition).
+func claimedItems(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, mapID string, from, to int) ([]codec.Raw, error) {
+	if !md.Paged {
+		return ms.sourceRange(ctx, mapID, from, to)
+	}
+	owner, ok := e.Definition(md.OwnerReact)
+	if !ok {
+		return nil, fmt.Errorf("%w %q (owner of map %s): register it on this worker", reactor.ErrUnknownReactor, md.OwnerReact, mapID)
+	}
+	c, ok := owner.ConstructAt(md.Step)
+	m, isMap := c.(*construct)
+	if !ok || !isMap || m.cfg.Pages == nil {
+		return nil, fmt.Errorf("mapstep: reactor %q has no paged map step at %q", md.OwnerReact, md.Step)
+	}
+	var with reactor.Args
+	if len(md.With) > 0 {
+		if err := codec.Unmarshal(md.With, &with); err != nil {
+			return nil, err
+		}
+	}
+	return m.page(ctx, with, from, to)
 }
 
 func resumeOwner(ctx context.Context, e *reactor.Engine, md meta, mapID string) error {

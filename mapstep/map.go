@@ -20,8 +20,12 @@ type Config struct {
 	// Element is the reactor run once per item. Required.
 	Element *reactor.Definition
 	// Items binds the collection: a slice (reactor.FromInput("orders"),
-	// reactor.FromStep("load", "rows"), reactor.Const(...)). Required.
+	// reactor.FromStep("load", "rows"), reactor.Const(...)). Set Items or
+	// Pages.
 	Items reactor.Ref
+	// Pages, instead of Items, pages through a collection too big to hold
+	// in one process: every batch is fetched by whichever job claims it.
+	Pages Source
 	// Input is the element reactor's input that receives the item.
 	// Default "item".
 	Input string
@@ -51,7 +55,10 @@ func Map(name string, cfg Config) reactor.Part {
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = DefaultBatchSize
 	}
-	args := reactor.Bindings{"items": cfg.Items}
+	args := reactor.Bindings{}
+	if cfg.Pages == nil {
+		args["items"] = cfg.Items
+	}
 	for k, r := range cfg.With {
 		args["with."+k] = r
 	}
@@ -67,7 +74,83 @@ func (m *construct) Validate() error {
 	if m.cfg.Element == nil {
 		return errors.New("map needs an Element reactor")
 	}
+	if m.cfg.Pages != nil && !m.cfg.Items.IsZero() {
+		return errors.New("map sets both Items and Pages; choose one")
+	}
+	if m.cfg.Pages == nil && m.cfg.Items.IsZero() {
+		return errors.New("map needs Items (a slice) or Pages (a Source)")
+	}
 	return nil
+}
+
+// Source pages through a map's collection. Both calls get the map's With
+// arguments, so one Source serves every run ("orders of customer X").
+type Source interface {
+	// Len returns the number of items; it is called once, when the map
+	// starts, and fixes the map's size.
+	Len(ctx context.Context, with reactor.Args) (int, error)
+	// Page returns items [offset, offset+limit), each a value the element
+	// reactor's input decodes.
+	Page(ctx context.Context, with reactor.Args, offset, limit int) ([]any, error)
+}
+
+// itemsFunc returns the encoded items at positions [from, to].
+type itemsFunc func(ctx context.Context, from, to int) ([]codec.Raw, error)
+
+// openItems gives the map's size and a way to read its items. total < 0
+// asks a Source for its length; a resumed map passes its saved size.
+func (m *construct) openItems(ctx context.Context, args map[string]codec.Raw, total int) (int, itemsFunc, error) {
+	if m.cfg.Pages == nil {
+		var items []codec.Raw
+		if err := codec.Unmarshal(args["items"], &items); err != nil {
+			return 0, nil, reactor.Permanent(fmt.Errorf("mapstep: Items must be a list: %w", err))
+		}
+		if total >= 0 && total != len(items) {
+			return 0, nil, reactor.Permanent(fmt.Errorf("mapstep: the map had %d items, its arguments now give %d", total, len(items)))
+		}
+		return len(items), func(_ context.Context, from, to int) ([]codec.Raw, error) { return items[from : to+1], nil }, nil
+	}
+	with := withArgs(args)
+	if total < 0 {
+		n, err := m.cfg.Pages.Len(ctx, with)
+		if err != nil {
+			return 0, nil, fmt.Errorf("mapstep: source length: %w", err)
+		}
+		total = n
+	}
+	return total, func(ctx context.Context, from, to int) ([]codec.Raw, error) {
+		return m.page(ctx, with, from, to)
+	}, nil
+}
+
+// page fetches items [from, to] from the Source.
+func (m *construct) page(ctx context.Context, with reactor.Args, from, to int) ([]codec.Raw, error) {
+	vals, err := m.cfg.Pages.Page(ctx, with, from, to-from+1)
+	if err != nil {
+		return nil, fmt.Errorf("mapstep: source page [%d, %d]: %w", from, to, err)
+	}
+	if len(vals) != to-from+1 {
+		return nil, fmt.Errorf("mapstep: source page [%d, %d] returned %d items", from, to, len(vals))
+	}
+	out := make([]codec.Raw, len(vals))
+	for i, v := range vals {
+		b, err := codec.Marshal(v)
+		if err != nil {
+			return nil, reactor.Permanent(fmt.Errorf("mapstep: encode item %d: %w", from+i, err))
+		}
+		out[i] = b
+	}
+	return out, nil
+}
+
+func withArgs(args map[string]codec.Raw) reactor.Args {
+	with := reactor.Args{}
+	for k, v := range args {
+		if len(k) > 5 && k[:5] == "with." {
+			with[k[5:]] = v
+		}
+	}
+	return with
 }
 
 // Definitions makes Engine.Register register the element reactor too.
@@ -94,11 +177,11 @@ func (m *construct) Run(ctx context.Context, c *reactor.ConstructContext) (codec
 	if err := codec.Unmarshal(c.Args, &args); err != nil {
 		return nil, reactor.Permanent(fmt.Errorf("mapstep: decode arguments: %w", err))
 	}
-	var items []codec.Raw
-	if err := codec.Unmarshal(args["items"], &items); err != nil {
-		return nil, reactor.Permanent(fmt.Errorf("mapstep: Items must be a list: %w", err))
+	total, items, err := m.openItems(ctx, args, -1)
+	if err != nil {
+		return nil, err
 	}
-	st = state{MapID: MapID(c.OwnerID, c.Step), Total: len(items), FanOut: m.cfg.FanOut && !c.Nested}
+	st = state{MapID: MapID(c.OwnerID, c.Step), Total: total, FanOut: m.cfg.FanOut && !c.Nested}
 	if st.FanOut && e.Enqueuer() == nil {
 		return nil, reactor.Permanent(errors.New("mapstep: a fan-out map needs an engine with an Enqueuer (worker.Client)"))
 	}
@@ -120,19 +203,13 @@ func (m *construct) Run(ctx context.Context, c *reactor.ConstructContext) (codec
 // inline, or dispatches its first batch. A re-entered owner whose map never
 // got created (a crash between its save and the start script) comes here
 // again.
-func (m *construct) begin(ctx context.Context, c *reactor.ConstructContext, ms mapStore, st state, args map[string]codec.Raw, items []codec.Raw) (codec.Raw, error) {
+func (m *construct) begin(ctx context.Context, c *reactor.ConstructContext, ms mapStore, st state, args map[string]codec.Raw, items itemsFunc) (codec.Raw, error) {
 	e := c.Engine
-	with := map[string]codec.Raw{}
-	for k, v := range args {
-		if len(k) > 5 && k[:5] == "with." {
-			with[k[5:]] = v
-		}
-	}
-	wenc, err := codec.Marshal(with)
+	wenc, err := codec.Marshal(withArgs(args))
 	if err != nil {
 		return nil, err
 	}
-	md := meta{Total: st.Total, BatchSize: m.cfg.BatchSize, Atomic: !m.cfg.Partial, FanOut: st.FanOut,
+	md := meta{Total: st.Total, BatchSize: m.cfg.BatchSize, Atomic: !m.cfg.Partial, FanOut: st.FanOut, Paged: m.cfg.Pages != nil,
 		Owner: c.OwnerID, OwnerReact: c.OwnerReactor, Element: m.cfg.Element.Name(), Step: c.Step,
 		Input: m.cfg.Input, With: wenc}
 	if !st.FanOut {
@@ -156,8 +233,12 @@ func (m *construct) begin(ctx context.Context, c *reactor.ConstructContext, ms m
 	if err != nil {
 		return nil, err
 	}
-	if !existing.exists {
-		if err := ms.pushSource(ctx, st.MapID, items); err != nil {
+	if !existing.exists && m.cfg.Pages == nil {
+		all, err := items(ctx, 0, st.Total-1)
+		if err != nil {
+			return nil, err
+		}
+		if err := ms.pushSource(ctx, st.MapID, all); err != nil {
 			return nil, err
 		}
 	}
@@ -166,7 +247,11 @@ func (m *construct) begin(ctx context.Context, c *reactor.ConstructContext, ms m
 		return nil, err
 	}
 	if created {
-		if err := dispatch(ctx, e, st.MapID, 0, items[:offset]); err != nil {
+		first, err := items(ctx, 0, offset-1)
+		if err != nil {
+			return nil, err
+		}
+		if err := dispatch(ctx, e, st.MapID, 0, first); err != nil {
 			return nil, err
 		}
 		return nil, reactor.Dispatch()
@@ -178,17 +263,9 @@ func (m *construct) begin(ctx context.Context, c *reactor.ConstructContext, ms m
 // hand off again without dispatching anything.
 func (m *construct) resume(ctx context.Context, c *reactor.ConstructContext, ms mapStore, st state) (codec.Raw, error) {
 	if !st.FanOut {
-		var args map[string]codec.Raw
-		var items []codec.Raw
-		if err := codec.Unmarshal(c.Args, &args); err == nil {
-			_ = codec.Unmarshal(args["items"], &items)
-		}
-		if len(items) != st.Total {
-			return nil, reactor.Permanent(fmt.Errorf("mapstep: map %s had %d items, its arguments now give %d", st.MapID, st.Total, len(items)))
-		}
 		// start is idempotent: it creates the map if a crash came between
 		// the save and the start script, and finds it otherwise.
-		return m.begin(ctx, c, ms, st, args, items)
+		return m.reopen(ctx, c, ms, st)
 	}
 	md, err := ms.readMeta(ctx, st.MapID)
 	if err != nil {
@@ -196,20 +273,25 @@ func (m *construct) resume(ctx context.Context, c *reactor.ConstructContext, ms 
 	}
 	if !md.exists {
 		// Saved, then crashed before the start script: act now.
-		var args map[string]codec.Raw
-		var items []codec.Raw
-		if err := codec.Unmarshal(c.Args, &args); err != nil {
-			return nil, reactor.Permanent(fmt.Errorf("mapstep: decode arguments: %w", err))
-		}
-		if err := codec.Unmarshal(args["items"], &items); err != nil || len(items) != st.Total {
-			return nil, reactor.Permanent(fmt.Errorf("mapstep: map %s had %d items, its arguments now give %d", st.MapID, st.Total, len(items)))
-		}
-		return m.begin(ctx, c, ms, st, args, items)
+		return m.reopen(ctx, c, ms, st)
 	}
 	if !md.settled() {
 		return nil, reactor.Dispatch()
 	}
 	return adopt(ctx, ms, st, md)
+}
+
+// reopen re-derives a saved map's items and acts on it again.
+func (m *construct) reopen(ctx context.Context, c *reactor.ConstructContext, ms mapStore, st state) (codec.Raw, error) {
+	var args map[string]codec.Raw
+	if err := codec.Unmarshal(c.Args, &args); err != nil {
+		return nil, reactor.Permanent(fmt.Errorf("mapstep: decode arguments: %w", err))
+	}
+	_, items, err := m.openItems(ctx, args, st.Total)
+	if err != nil {
+		return nil, err
+	}
+	return m.begin(ctx, c, ms, st, args, items)
 }
 
 // adopt turns a settled map into the step's result: the failing element's
@@ -240,7 +322,7 @@ func elementFailure(step string, i int, f *reactor.Failure) *reactor.Failure {
 // runInline runs the elements one after another in this process, recording
 // each outcome as it settles, so a crash resumes after the last settled
 // element.
-func (m *construct) runInline(ctx context.Context, c *reactor.ConstructContext, ms mapStore, st state, items []codec.Raw) (codec.Raw, error) {
+func (m *construct) runInline(ctx context.Context, c *reactor.ConstructContext, ms mapStore, st state, items itemsFunc) (codec.Raw, error) {
 	md, err := ms.readMeta(ctx, st.MapID)
 	if err != nil {
 		return nil, err
@@ -252,11 +334,17 @@ func (m *construct) runInline(ctx context.Context, c *reactor.ConstructContext, 
 		if err != nil {
 			return nil, err
 		}
+		var chunkItems []codec.Raw
 		for i := from; i <= to; i++ {
 			if done[i-from] != nil {
 				continue
 			}
-			o, err := runInlineElement(ctx, c.Engine, m.cfg.Element, md, st.MapID, i, items[i])
+			if chunkItems == nil { // fetched only for a chunk with work left
+				if chunkItems, err = items(ctx, from, to); err != nil {
+					return nil, err
+				}
+			}
+			o, err := runInlineElement(ctx, c.Engine, m.cfg.Element, md, st.MapID, i, chunkItems[i-from])
 			if err != nil {
 				return nil, err
 			}

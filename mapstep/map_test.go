@@ -279,3 +279,122 @@ func TestCrashBetweenSaveAndStartResumes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, 59*60, sum)
 }
+
+// numbers is a paging Source of n ints, offset by the "base" With argument;
+// it records the largest page asked for.
+type numbers struct {
+	n       int
+	mu      sync.Mutex
+	maxPage int
+	pages   int
+}
+
+func (s *numbers) Len(_ context.Context, with reactor.Args) (int, error) { return s.n, nil }
+func (s *numbers) Page(_ context.Context, with reactor.Args, offset, limit int) ([]any, error) {
+	base, err := reactor.Arg[int](with, "base")
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.maxPage = max(s.maxPage, limit)
+	s.pages++
+	s.mu.Unlock()
+	out := make([]any, 0, limit)
+	for i := offset; i < offset+limit && i < s.n; i++ {
+		out = append(out, base+i)
+	}
+	return out, nil
+}
+
+func TestPagedSource(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, true)
+	for _, fan := range []bool{false, true} {
+		src := &numbers{n: 230}
+		// With feeds both the Source and every element.
+		elem := reactor.MustDefine(fmt.Sprint("paged-el-", fan),
+			reactor.Input[int]("item", reactor.Required()),
+			reactor.Input[int]("base", reactor.Required()),
+			reactor.Step("double", reactor.StepConfig[struct {
+				N    int `json:"n"`
+				Base int `json:"base"`
+			}, int]{
+				Args: reactor.Bindings{"n": reactor.FromInput("item"), "base": reactor.FromInput("base")},
+				Run: func(_ context.Context, in struct {
+					N    int `json:"n"`
+					Base int `json:"base"`
+				}) (int, error) {
+					if in.Base != 1000 {
+						return 0, fmt.Errorf("base %d", in.Base)
+					}
+					return in.N * 2, nil
+				},
+			}),
+			reactor.Returns(reactor.FromStep("double")))
+		def := reactor.MustDefine(fmt.Sprint("paged-", fan),
+			mapstep.Map("each", mapstep.Config{Element: elem, Pages: src, FanOut: fan, BatchSize: 40,
+				With: reactor.Bindings{"base": reactor.Const(1000)}}),
+			reactor.Returns(reactor.FromStep("each")))
+		res, err := f.engine.Run(ctxT(t), def, nil)
+		require.NoError(t, err)
+		res, err = f.engine.Wait(ctxT(t), res.RunID)
+		require.NoError(t, err)
+		require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+		r, err := reactor.ValueOf[mapstep.Result](res)
+		require.NoError(t, err)
+		all, err := mapstep.ReadWith[int](f.engine, r).All(ctxT(t))
+		require.NoError(t, err)
+		require.Len(t, all, 230)
+		for i, el := range all {
+			require.Equal(t, 2*(1000+i), el.Value)
+		}
+		if fan {
+			require.LessOrEqual(t, src.maxPage, 40, "each claim fetches one batch")
+			require.Equal(t, 6, src.pages, "one page per batch: 230 items in batches of 40")
+		} else {
+			require.LessOrEqual(t, src.maxPage, 100, "inline maps read a chunk at a time")
+		}
+	}
+}
+
+// A map inside a map element runs inline, in the element's job.
+func TestNestedMapRunsInline(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, true)
+	leaf := f.element("nested-leaf")
+	inner := reactor.MustDefine("nested-inner",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("spread", reactor.StepConfig[struct {
+			N int `json:"n"`
+		}, []int]{
+			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+			Run: func(_ context.Context, in struct {
+				N int `json:"n"`
+			}) ([]int, error) {
+				return []int{in.N * 10, in.N*10 + 1}, nil
+			},
+		}),
+		mapstep.Map("leaves", mapstep.Config{Element: leaf, Items: reactor.FromStep("spread"), FanOut: true}),
+		reactor.Returns(reactor.FromStep("leaves")))
+	def := reactor.MustDefine("nested-outer",
+		mapstep.Map("outer", mapstep.Config{Element: inner, Items: reactor.Const([]int{1, 2, 3}), FanOut: true}),
+		reactor.Returns(reactor.FromStep("outer")))
+	res, err := f.engine.Run(ctxT(t), def, nil)
+	require.NoError(t, err)
+	res, err = f.engine.Wait(ctxT(t), res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, n := range []int{10, 11, 20, 21, 30, 31} {
+		require.Equal(t, 1, f.ran[n], "leaf %d", n)
+	}
+	// The inner maps ran inline: their meta says so.
+	for i := range 3 {
+		innerMap := mapstep.MapID(mapstep.ElementID(mapstep.MapID(res.RunID, "outer"), i), "leaves")
+		p, ok, err := mapstep.ProgressOf(ctxT(t), f.engine, innerMap)
+		require.NoError(t, err)
+		require.True(t, ok, "inner map %s", innerMap)
+		require.Equal(t, 2, p.Settled)
+	}
+}

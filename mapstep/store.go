@@ -37,6 +37,7 @@ func storeOf(e *reactor.Engine) mapStore {
 type meta struct {
 	Total, BatchSize  int
 	Atomic, FanOut    bool
+	Paged             bool
 	Owner, OwnerReact string
 	Element, Step     string
 	Input             string
@@ -67,7 +68,7 @@ func (s mapStore) readMeta(ctx context.Context, mapID string) (meta, error) {
 	}
 	atoi := func(k string) int { n, _ := strconv.Atoi(f[k]); return n }
 	m = meta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Atomic: f["atomic"] == "1",
-		FanOut: f["fanout"] == "1", Owner: f["owner"], OwnerReact: f["owner_reactor"], Element: f["element"],
+		FanOut: f["fanout"] == "1", Paged: f["paged"] == "1", Owner: f["owner"], OwnerReact: f["owner_reactor"], Element: f["element"],
 		Step: f["step"], Input: f["input"], With: codec.Raw(f["with"]), Settled: atoi("settled"), Failures: atoi("failures")}
 	m.Offset, _ = strconv.Atoi(off.Val())
 	if fi, err := failed.Result(); err == nil {
@@ -90,7 +91,7 @@ func (s mapStore) start(ctx context.Context, mapID string, m meta) (created bool
 		return "0"
 	}
 	res, err := startScript.Run(ctx, s.rdb, []string{s.keys.MapMeta(mapID), s.keys.MapOffset(mapID)},
-		m.Total, m.BatchSize, b2s(m.Atomic), m.Owner, m.OwnerReact, m.Element, m.Step, []byte(m.With), m.Input, b2s(m.FanOut)).Slice()
+		m.Total, m.BatchSize, b2s(m.Atomic), m.Owner, m.OwnerReact, m.Element, m.Step, []byte(m.With), m.Input, b2s(m.FanOut), b2s(m.Paged)).Slice()
 	if err != nil {
 		return false, 0, fmt.Errorf("mapstep: start map %s: %w", mapID, err)
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"github.com/goreactor/goreactor/internal/codec"
 )
@@ -170,4 +171,25 @@ func asFailure(path string, err error) *Failure {
 		return c
 	}
 	return newFailure(path, err)
+}
+
+// ConstructAt returns the construct of the step at path ("items", or
+// "book/items" inside a composed child), so that a worker can reach a
+// construct's configuration from its owner's definition.
+func (d *Definition) ConstructAt(path string) (Construct, bool) {
+	def := d
+	for {
+		name, rest, nested := strings.Cut(path, "/")
+		s, ok := def.byName[name]
+		if !ok {
+			return nil, false
+		}
+		if !nested {
+			return s.construct, s.construct != nil
+		}
+		if s.child == nil {
+			return nil, false
+		}
+		def, path = s.child, rest
+	}
 }

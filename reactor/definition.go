@@ -198,6 +198,9 @@ func Const(v any) Ref {
 	return Ref{kind: refConst, value: b, err: err}
 }
 
+// IsZero reports whether r was never set.
+func (r Ref) IsZero() bool { return r.kind == 0 }
+
 func (r Ref) String() string {
 	switch r.kind {
 	case refInput:
