@@ -161,4 +161,11 @@ var failpoints struct {
 	// onSignal runs when a settle claimed the owner signal, before the
 	// owner's resume is enqueued.
 	onSignal func(mapID string, index int) error
+
+	// Rollback windows (index = rollback position, -1 for the owner).
+	rbBeforeEnqueue func(mapID string, pos int) error // before each rollback job is enqueued
+	rbAfterSettle   func(mapID string, pos int) error // after a job stored its outcome
+	rbJobSignal     func(mapID string, pos int) error // a job claimed the owner signal
+	rbBeforeHandOff func(mapID string, pos int) error // owner saved, handed_off not yet set
+	rbOwnerSignal   func(mapID string, pos int) error // the owner claimed the signal itself
 }

@@ -7,6 +7,12 @@ type Failpoints struct {
 	AfterSettle   func(mapID string, index int) error
 	BeforeEnqueue func(mapID string, index int) error
 	OnSignal      func(mapID string, index int) error
+
+	RbBeforeEnqueue func(mapID string, pos int) error
+	RbAfterSettle   func(mapID string, pos int) error
+	RbJobSignal     func(mapID string, pos int) error
+	RbBeforeHandOff func(mapID string, pos int) error
+	RbOwnerSignal   func(mapID string, pos int) error
 }
 
 // SetFailpoints installs hooks; set them before any map runs in the test
@@ -17,4 +23,9 @@ func SetFailpoints(f Failpoints) {
 	failpoints.afterSettle = f.AfterSettle
 	failpoints.beforeEnqueue = f.BeforeEnqueue
 	failpoints.onSignal = f.OnSignal
+	failpoints.rbBeforeEnqueue = f.RbBeforeEnqueue
+	failpoints.rbAfterSettle = f.RbAfterSettle
+	failpoints.rbJobSignal = f.RbJobSignal
+	failpoints.rbBeforeHandOff = f.RbBeforeHandOff
+	failpoints.rbOwnerSignal = f.RbOwnerSignal
 }

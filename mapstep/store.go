@@ -19,8 +19,18 @@ var (
 	//go:embed lua/settle.lua
 	settleSrc string
 
-	startScript  = redis.NewScript(startSrc)
-	settleScript = redis.NewScript(settleSrc)
+	//go:embed lua/rb_start.lua
+	rbStartSrc string
+	//go:embed lua/rb_settle.lua
+	rbSettleSrc string
+	//go:embed lua/rb_handoff.lua
+	rbHandOffSrc string
+
+	startScript     = redis.NewScript(startSrc)
+	settleScript    = redis.NewScript(settleSrc)
+	rbStartScript   = redis.NewScript(rbStartSrc)
+	rbSettleScript  = redis.NewScript(rbSettleSrc)
+	rbHandOffScript = redis.NewScript(rbHandOffSrc)
 )
 
 // mapStore is the Redis side of one engine's maps.

@@ -66,6 +66,39 @@ func (c *ConstructContext) SaveState(ctx context.Context, state codec.Raw) error
 	return c.save(ctx, state)
 }
 
+// RollbackHandedOff is the control signal a Construct's Undo or Compensate
+// returns when it handed its rollback to workers (a fan-out map rolls back
+// through one job per element). It is not a failure: the executor keeps the
+// construct's entry on the undo stack, saves the run (rolling_back, with its
+// rollback record) while it still holds the lock, then calls AfterSave, and
+// releases the run. When the owner is resumed, the rollback carries on and
+// calls the construct again, which adopts the settled outcome.
+type RollbackHandedOff struct {
+	// AfterSave runs after the owner's save, still under its lock: the
+	// construct's half of the two-flag handshake (mark the hand-off, and
+	// resume the owner if the work already settled).
+	AfterSave func(ctx context.Context) error
+}
+
+func (*RollbackHandedOff) Error() string { return "reactor: rollback handed off to workers" }
+
+// RollbackFailures is what a Construct's Undo or Compensate returns to
+// report the rollback failures of its parts (a map's elements): each is
+// recorded on the run's Failure as it is, with the same cap as any other.
+type RollbackFailures struct {
+	Failures []RollbackFailure
+	// Omitted counts failures beyond those listed.
+	Omitted int
+}
+
+func (e *RollbackFailures) Error() string {
+	n := len(e.Failures) + e.Omitted
+	if len(e.Failures) == 0 {
+		return fmt.Sprintf("reactor: %d rollback failure(s)", n)
+	}
+	return fmt.Sprintf("reactor: %d rollback failure(s), first: %s of %q: %s", n, e.Failures[0].Kind, e.Failures[0].Step, e.Failures[0].Message)
+}
+
 // dispatchSignal unwinds an execution whose construct handed work off.
 type dispatchSignal struct{}
 

@@ -414,6 +414,12 @@ func (e *Engine) Locked(ctx context.Context, id string) (bool, error) {
 	return n == 1, err
 }
 
+// Logger returns the engine's logger.
+func (e *Engine) Logger() *slog.Logger { return e.log }
+
+// UndoLockWait is how long Undo waits for a run's lock.
+func (e *Engine) UndoLockWait() time.Duration { return e.cfg.UndoLockWait }
+
 // Client returns the engine's Redis client.
 func (e *Engine) Client() redis.UniversalClient { return e.cfg.Client }
 
@@ -507,16 +513,17 @@ func (e *Engine) Undo(ctx context.Context, id string) (*Result, error) {
 }
 
 // UndoElement rolls back a completed construct element run (a map
-// element) in this process, newest first, saving after every undone entry;
-// it ends cancelled. An element that failed, was cancelled or is already
-// undone returns its stored result and undoes nothing. It waits up to
-// UndoLockWait for the element's lock.
-func (e *Engine) UndoElement(ctx context.Context, id string) (*Result, error) {
+// element) in this process, newest first, saving after every undone entry
+// (a crashed element undo resumes after the last saved entry); it ends
+// cancelled. An element that failed, was cancelled or is already undone
+// returns its stored result and undoes nothing. It waits up to wait for the
+// element's lock (0: one try) and returns ErrRunLocked if it stays held.
+func (e *Engine) UndoElement(ctx context.Context, id string, wait time.Duration) (*Result, error) {
 	if err := validateRunID(id); err != nil {
 		return nil, err
 	}
 	target := e.store.ElemTarget(id)
-	lease, err := e.locks.Acquire(ctx, target.Lock, e.cfg.UndoLockWait)
+	lease, err := e.locks.Acquire(ctx, target.Lock, wait)
 	if errors.Is(err, lock.ErrHeld) {
 		return nil, fmt.Errorf("%w (element %s; waited %s)", ErrRunLocked, id, e.cfg.UndoLockWait)
 	}

@@ -21,15 +21,17 @@ const (
 	EventRunAborted      EventKind = "reactor.run.aborted"
 	EventRunLockLost     EventKind = "reactor.run.lock_lost"
 	EventRollbackStarted EventKind = "reactor.rollback.started"
-	EventStepStarted     EventKind = "reactor.step.started"
-	EventStepCompleted   EventKind = "reactor.step.completed"
-	EventStepSkipped     EventKind = "reactor.step.skipped"
-	EventStepRetrying    EventKind = "reactor.step.retrying"
-	EventStepFailed      EventKind = "reactor.step.failed"
-	EventStepUndone      EventKind = "reactor.step.undo"
-	EventStepUndoFailed  EventKind = "reactor.step.undo_failed"
-	EventStepCompensated EventKind = "reactor.step.compensate"
-	EventCompensateFail  EventKind = "reactor.step.compensate_failed"
+	// EventRollbackHandedOff: a construct handed its rollback to workers.
+	EventRollbackHandedOff EventKind = "reactor.rollback.handed_off"
+	EventStepStarted       EventKind = "reactor.step.started"
+	EventStepCompleted     EventKind = "reactor.step.completed"
+	EventStepSkipped       EventKind = "reactor.step.skipped"
+	EventStepRetrying      EventKind = "reactor.step.retrying"
+	EventStepFailed        EventKind = "reactor.step.failed"
+	EventStepUndone        EventKind = "reactor.step.undo"
+	EventStepUndoFailed    EventKind = "reactor.step.undo_failed"
+	EventStepCompensated   EventKind = "reactor.step.compensate"
+	EventCompensateFail    EventKind = "reactor.step.compensate_failed"
 )
 
 // Event describes something that happened to a run or a step.

@@ -84,6 +84,11 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 		// Everything up to here was checkpointed (SaveState included).
 		_ = x.lease.Release(bg)
 		return x.st.result(), nil
+	case handedOff(err) != nil:
+		// Saved under the lock before the construct marked the hand-off;
+		// the construct's workers resume the owner when they settle.
+		_ = x.lease.Release(bg)
+		return x.st.result(), nil
 	case errors.As(err, new(*errHandOff)):
 		// Saved (with its wake-up id) before the lock goes: a crash before
 		// the enqueue leaves a running, unlocked run for the sweeper.

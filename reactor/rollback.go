@@ -121,11 +121,14 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 	if ierr := rollbackInterrupted(ctx); ierr != nil {
 		return false, ierr
 	}
+	if ho := handedOff(err); ho != nil {
+		return false, x.handOffRollback(ctx, ho)
+	}
 	rec := StepRollback{Step: path, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
 	if err != nil {
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
 		rb.CompensationError = err.Error()
-		x.addRollbackFailure(rb, RollbackFailure{Step: path, Kind: KindCompensate, Reason: rec.Reason, Message: rec.Message})
+		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: KindCompensate, Reason: rec.Reason, Message: rec.Message})
 		x.e.emit(ctx, Event{Kind: EventCompensateFail, RunID: x.st.ID, Reactor: f.def.name, Step: path, Err: err})
 	} else {
 		x.e.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: f.def.name, Step: path})
@@ -178,12 +181,17 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 			e.Status = RollbackPending
 			return ierr
 		}
+		if ho := handedOff(err); ho != nil {
+			// The entry stays on the stack until the construct adopts.
+			e.Status = RollbackCompensating
+			return x.handOffRollback(ctx, ho)
+		}
 	}
 	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
 	if err != nil {
 		e.Status = RollbackFailed
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
-		x.addRollbackFailure(rb, RollbackFailure{Step: path, Kind: KindUndo, Reason: rec.Reason, Message: rec.Message})
+		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: KindUndo, Reason: rec.Reason, Message: rec.Message})
 		x.e.emit(ctx, Event{Kind: EventStepUndoFailed, RunID: x.st.ID, Reactor: d.name, Step: path, Err: err})
 	} else {
 		e.Status = RollbackCompensated
@@ -211,6 +219,43 @@ func (x *execution) undoTimeout(s *stepDef) time.Duration {
 		return s.undoTO
 	}
 	return x.e.cfg.UndoTimeout
+}
+
+// addRollbackFailures records err: the failures a construct reported one by
+// one (RollbackFailures), or else the single failure one.
+func (x *execution) addRollbackFailures(rb *RollbackRecord, err error, one RollbackFailure) {
+	var many *RollbackFailures
+	if !errors.As(err, &many) {
+		x.addRollbackFailure(rb, one)
+		return
+	}
+	for _, f := range many.Failures {
+		x.addRollbackFailure(rb, f)
+	}
+	rb.Failure.RollbackFailuresOmitted += many.Omitted
+}
+
+func handedOff(err error) *RollbackHandedOff {
+	var ho *RollbackHandedOff
+	if errors.As(err, &ho) {
+		return ho
+	}
+	return nil
+}
+
+// handOffRollback saves the run while it still holds the lock, then lets the
+// construct mark the hand-off, then unwinds the execution with the signal.
+func (x *execution) handOffRollback(ctx context.Context, ho *RollbackHandedOff) error {
+	if err := x.checkpoint(ctx); err != nil {
+		return err
+	}
+	if ho.AfterSave != nil {
+		if err := ho.AfterSave(context.WithoutCancel(ctx)); err != nil {
+			return err
+		}
+	}
+	x.e.emit(ctx, Event{Kind: EventRollbackHandedOff, RunID: x.st.ID, Reactor: x.st.Reactor, Status: x.st.Status})
+	return ho
 }
 
 // addRollbackFailure keeps the first MaxRollbackFailures and counts the rest,

@@ -82,6 +82,24 @@ func (c *Client) EnqueueElement(ctx context.Context, t mapstep.ElementTask) erro
 	return nil
 }
 
+// EnqueueRollback puts a map element rollback job on the queue
+// (mapstep.RollbackEnqueuer).
+func (c *Client) EnqueueRollback(ctx context.Context, t mapstep.RollbackTask) error {
+	payload, err := codec.Marshal(RollbackPayload{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos})
+	if err != nil {
+		return err
+	}
+	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeRollback, payload),
+		asynq.TaskID(t.TaskID()), asynq.Queue(c.queue), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout))
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("worker: enqueue %s: %w", t.TaskID(), err)
+	}
+	return nil
+}
+
 // Close is a no-op kept for symmetry: the asynq client shares the Redis
 // client it was given (close that yourself) and holds nothing else.
 func (c *Client) Close() error { return nil }

@@ -14,7 +14,31 @@ const (
 	TypeRun = "goreactor:run"
 	// TypeElement executes one element of a fan-out map.
 	TypeElement = "goreactor:element"
+	// TypeRollback rolls back one element of a fan-out map.
+	TypeRollback = "goreactor:rollback"
 )
+
+// RollbackPayload is the payload of a TypeRollback task (msgpack).
+type RollbackPayload struct {
+	MapID string `msgpack:"map"`
+	Gen   int    `msgpack:"gen"`
+	Pos   int    `msgpack:"pos"`
+}
+
+// DecodeRollback decodes and validates a TypeRollback payload.
+func DecodeRollback(b []byte) (RollbackPayload, error) {
+	var p RollbackPayload
+	if err := codec.Unmarshal(b, &p); err != nil {
+		return p, fmt.Errorf("%w: %v", errMalformed, err)
+	}
+	if err := keys.ValidateID(p.MapID); err != nil {
+		return p, fmt.Errorf("%w: map id: %v", errMalformed, err)
+	}
+	if p.Pos < 0 || p.Gen < 1 {
+		return p, fmt.Errorf("%w: rollback position %d, generation %d", errMalformed, p.Pos, p.Gen)
+	}
+	return p, nil
+}
 
 // ElementPayload is the payload of a TypeElement task (msgpack).
 type ElementPayload struct {

@@ -34,6 +34,10 @@ type Config struct {
 	// Snooze is the base delay of a task waiting for a held run lock; each
 	// snooze waits Snooze to 2*Snooze. Default 100 ms.
 	Snooze time.Duration
+	// RollbackLockAttempts is how many times a map element rollback job
+	// finds its element locked (and snoozes) before it reports the element
+	// as element_in_flight. Default mapstep.DefaultRollbackLockAttempts.
+	RollbackLockAttempts int
 	// ShutdownTimeout is how long Stop waits for running tasks. Default 10 s.
 	ShutdownTimeout time.Duration
 	// Logger receives the worker's logs. Default slog.Default().
@@ -97,6 +101,7 @@ func New(engine *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker 
 	w := &Worker{cfg: cfg, engine: engine, log: cfg.Logger, mux: asynq.NewServeMux()}
 	w.mux.HandleFunc(TypeRun, w.handleRun)
 	w.mux.HandleFunc(TypeElement, w.handleElement)
+	w.mux.HandleFunc(TypeRollback, w.handleRollback)
 	w.srv = asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:              cfg.Concurrency,
 		Queues:                   cfg.Queues,
@@ -205,6 +210,27 @@ func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
 		return &SnoozeError{RunID: mapstep.ElementID(p.MapID, p.Index), Base: w.cfg.Snooze}
 	case errors.Is(err, reactor.ErrLockLost):
 		return &SnoozeError{RunID: mapstep.ElementID(p.MapID, p.Index), Base: w.cfg.Snooze}
+	case errors.Is(err, mapstep.ErrMapGone):
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	return err
+}
+
+func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("worker: panic handling %s: %v\n%s", t.Type(), r, debug.Stack())
+		}
+	}()
+	p, err := DecodeRollback(t.Payload())
+	if err != nil {
+		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	err = mapstep.ProcessRollback(ctx, w.engine, mapstep.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos}, w.cfg.RollbackLockAttempts)
+	switch {
+	case errors.Is(err, reactor.ErrRunLocked), errors.Is(err, reactor.ErrLockLost):
+		return &SnoozeError{RunID: fmt.Sprintf("%s rollback %d", p.MapID, p.Pos), Base: w.cfg.Snooze}
 	case errors.Is(err, mapstep.ErrMapGone):
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}

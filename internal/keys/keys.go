@@ -9,6 +9,7 @@ package keys
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -107,3 +108,23 @@ func (k Keys) MapSignalled(id string) string { return k.mapKey(id, "owner_signal
 
 // Maps is the index of maps with outstanding work (sweeper input).
 func (k Keys) Maps() string { return k.prefix + ":idx:maps" }
+
+func (k Keys) rbKey(id string, gen int, suffix string) string {
+	return k.mapKey(id, "rb:"+strconv.Itoa(gen)+":"+suffix)
+}
+
+// MapRbMeta is a map rollback's metadata: total, batch_size, started_at,
+// settled and per-outcome counters (generation gen).
+func (k Keys) MapRbMeta(id string, gen int) string { return k.rbKey(id, gen, "meta") }
+
+// MapRbOffset is a map rollback's claim counter (compare-and-set).
+func (k Keys) MapRbOffset(id string, gen int) string { return k.rbKey(id, gen, "offset") }
+
+// MapRbResults is a map rollback's position -> outcome hash (HSETNX).
+func (k Keys) MapRbResults(id string, gen int) string { return k.rbKey(id, gen, "results") }
+
+// MapRbHandedOff is set by the owner after its hand-off save.
+func (k Keys) MapRbHandedOff(id string, gen int) string { return k.rbKey(id, gen, "handed_off") }
+
+// MapRbSignalled is claimed (SET NX) by whoever resumes the owner.
+func (k Keys) MapRbSignalled(id string, gen int) string { return k.rbKey(id, gen, "signalled") }

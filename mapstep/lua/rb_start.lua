@@ -1,0 +1,16 @@
+-- rb_start.lua: create a map rollback (one generation) and claim its first
+-- batch, once. The total is fixed here: a second start finds the first.
+-- KEYS[1] rollback meta    P:{map:<id>}:rb:<gen>:meta
+-- KEYS[2] rollback offset  P:{map:<id>}:rb:<gen>:offset
+-- ARGV[1] total (the forward positions claimed, capped at the map's size)
+-- ARGV[2] batch size       ARGV[3] start time (ms)
+-- Returns {1, offset} when this call created the rollback and claimed
+-- [0, offset), {0, offset} when it existed.
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return {0, tonumber(redis.call('GET', KEYS[2]) or '0')}
+end
+redis.call('HSET', KEYS[1], 'total', ARGV[1], 'batch_size', ARGV[2], 'started_at', ARGV[3],
+  'settled', 0, 'failed', 0)
+local first = math.min(tonumber(ARGV[2]), tonumber(ARGV[1]))
+redis.call('SET', KEYS[2], first)
+return {1, first}

@@ -1,0 +1,480 @@
+package mapstep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// A map rolls back the way it ran. An inline map undoes its elements in
+// this process, newest first, reading positions in chunks of 100. A fan-out
+// map dispatches one rollback job per claimed position, newest first, in
+// batches of the map's batch size, with the same claim-by-compare-and-set as
+// the forward path; the owner hands off (reactor.RollbackHandedOff) and is
+// resumed exactly once, after its hand-off save, by a two-flag handshake.
+// Both paths record each position's outcome in the rollback's results hash
+// through the same element rollback code, and the owner aggregates the
+// failures from there, so the two end with the same Failure.
+
+// Rollback outcomes of one element.
+const (
+	rbUndone             = "undone"
+	rbNotNeeded          = "not_needed"
+	rbFailed             = "failed"
+	rbContextUnavailable = "context_unavailable"
+	rbElementInFlight    = "element_in_flight"
+)
+
+// rbGen is the rollback generation. A map is rolled back once per run
+// today; the keys carry the generation so that a re-triggered rollback can
+// get fresh keys and task ids without colliding with the first.
+const rbGen = 1
+
+// DefaultRollbackLockAttempts is how many times a rollback job finds its
+// element locked (and snoozes) before it reports element_in_flight.
+const DefaultRollbackLockAttempts = 50
+
+// maxKeptFailures is how many element rollback failures the owner keeps;
+// the rest are counted (the engine's MaxRollbackFailures caps again).
+const maxKeptFailures = 100
+
+// rbOutcome is one position's rollback outcome.
+type rbOutcome struct {
+	Index    int                       `msgpack:"i"`
+	Outcome  string                    `msgpack:"o"`
+	Failures []reactor.RollbackFailure `msgpack:"f,omitempty"`
+}
+
+// RollbackTask is one element rollback job.
+type RollbackTask struct {
+	MapID string
+	Gen   int
+	Pos   int
+}
+
+// TaskID is the asynq task id of a rollback job.
+func (t RollbackTask) TaskID() string { return fmt.Sprintf("rb:%s:%d:%d", t.MapID, t.Gen, t.Pos) }
+
+// RollbackEnqueuer puts rollback jobs on the queue; worker.Client implements it.
+type RollbackEnqueuer interface {
+	EnqueueRollback(ctx context.Context, t RollbackTask) error
+}
+
+// rbMeta is a rollback's metadata.
+type rbMeta struct {
+	exists                   bool
+	Total, BatchSize, Offset int
+	Settled, Failed          int
+}
+
+func (m rbMeta) settled() bool { return m.exists && m.Settled >= m.Offset && m.Offset >= m.Total }
+
+func (s mapStore) readRb(ctx context.Context, mapID string) (rbMeta, error) {
+	var h *redis.MapStringStringCmd
+	var off *redis.StringCmd
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		h = p.HGetAll(ctx, s.keys.MapRbMeta(mapID, rbGen))
+		off = p.Get(ctx, s.keys.MapRbOffset(mapID, rbGen))
+		return nil
+	})
+	if err != nil && err != redis.Nil {
+		return rbMeta{}, fmt.Errorf("mapstep: read rollback of %s: %w", mapID, err)
+	}
+	f := h.Val()
+	if len(f) == 0 {
+		return rbMeta{}, nil
+	}
+	atoi := func(k string) int { n, _ := strconv.Atoi(f[k]); return n }
+	m := rbMeta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Settled: atoi("settled"), Failed: atoi("failed")}
+	m.Offset, _ = strconv.Atoi(off.Val())
+	return m, nil
+}
+
+func (s mapStore) rbKeys(mapID string) []string {
+	k := s.keys
+	return []string{k.MapRbMeta(mapID, rbGen), k.MapRbOffset(mapID, rbGen), k.MapRbResults(mapID, rbGen),
+		k.MapRbHandedOff(mapID, rbGen), k.MapRbSignalled(mapID, rbGen)}
+}
+
+func (s mapStore) rbStart(ctx context.Context, mapID string, total, batch int) (created bool, offset int, err error) {
+	k := s.keys
+	res, err := rbStartScript.Run(ctx, s.rdb, []string{k.MapRbMeta(mapID, rbGen), k.MapRbOffset(mapID, rbGen)},
+		total, batch, time.Now().UnixMilli()).Slice()
+	if err != nil {
+		return false, 0, fmt.Errorf("mapstep: start rollback of %s: %w", mapID, err)
+	}
+	return res[0].(int64) == 1, int(res[1].(int64)), nil
+}
+
+func (s mapStore) rbSettle(ctx context.Context, mapID string, pos int, o rbOutcome) (settleResult, error) {
+	enc, err := codec.Marshal(o)
+	if err != nil {
+		return settleResult{}, err
+	}
+	failure := "0"
+	if len(o.Failures) > 0 {
+		failure = "1"
+	}
+	res, err := rbSettleScript.Run(ctx, s.rdb, s.rbKeys(mapID), pos, enc, o.Outcome, failure).Slice()
+	if err != nil {
+		return settleResult{}, fmt.Errorf("mapstep: settle rollback %s[%d]: %w", mapID, pos, err)
+	}
+	return settleResult{Stored: res[0].(int64) == 1, From: int(res[1].(int64)), To: int(res[2].(int64)), Signal: res[3].(int64) == 1}, nil
+}
+
+func (s mapStore) rbHandOff(ctx context.Context, mapID string) (bool, error) {
+	k := s.keys
+	n, err := rbHandOffScript.Run(ctx, s.rdb, []string{k.MapRbHandedOff(mapID, rbGen), k.MapRbMeta(mapID, rbGen),
+		k.MapRbOffset(mapID, rbGen), k.MapRbSignalled(mapID, rbGen)}).Int()
+	if err != nil {
+		return false, fmt.Errorf("mapstep: hand off rollback of %s: %w", mapID, err)
+	}
+	return n == 1, nil
+}
+
+// rbDone reads which positions of [from, to] already have an outcome.
+func (s mapStore) rbDone(ctx context.Context, mapID string, from, to int) ([]bool, error) {
+	fields := make([]string, 0, to-from+1)
+	for p := from; p <= to; p++ {
+		fields = append(fields, strconv.Itoa(p))
+	}
+	vals, err := s.rdb.HMGet(ctx, s.keys.MapRbResults(mapID, rbGen), fields...).Result()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]bool, len(vals))
+	for i, v := range vals {
+		out[i] = v != nil
+	}
+	return out, nil
+}
+
+// Undo rolls back a completed map: every completed element, newest first.
+func (m *construct) Undo(ctx context.Context, c *reactor.ConstructContext) error {
+	return m.rollback(ctx, c)
+}
+
+// Compensate rolls back the completed elements of a map that failed.
+func (m *construct) Compensate(ctx context.Context, c *reactor.ConstructContext, _ error) error {
+	return m.rollback(ctx, c)
+}
+
+// rollback starts the map's rollback, or adopts it once settled. A fan-out
+// map hands off while its jobs work; an inline map rolls back here.
+func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) error {
+	raw := c.State()
+	if raw == nil {
+		return nil // the map never started: nothing to undo
+	}
+	var st state
+	if err := codec.Unmarshal(raw, &st); err != nil {
+		return reactor.Permanent(fmt.Errorf("mapstep: decode map state: %w", err))
+	}
+	if st.Total == 0 {
+		return nil
+	}
+	e := c.Engine
+	ms := storeOf(e)
+	md, err := ms.readMeta(ctx, st.MapID)
+	if err != nil {
+		return err
+	}
+	if !md.exists {
+		return reactor.Permanent(fmt.Errorf("mapstep: map %s has no metadata; its elements cannot be found to undo", st.MapID))
+	}
+	rb, err := ms.readRb(ctx, st.MapID)
+	if err != nil {
+		return err
+	}
+	log := e.Logger().With("reactor", c.OwnerReactor, "run", c.OwnerID, "map_step", c.Step, "map", st.MapID)
+	if !rb.exists {
+		// The work list: the claimed forward positions, newest first,
+		// anchored at the claim offset fixed now.
+		total := min(md.Offset, md.Total)
+		batch := md.BatchSize
+		if !st.FanOut {
+			batch = max(total, 1)
+		}
+		created, offset, err := ms.rbStart(ctx, st.MapID, total, batch)
+		if err != nil {
+			return err
+		}
+		if created {
+			log.Info("map rollback started", "event", "reactor.map.rollback.started", "total", total, "batch_size", batch)
+		}
+		if created && st.FanOut && offset > 0 {
+			if err := dispatchRollback(ctx, e, st.MapID, 0, offset-1); err != nil {
+				return err
+			}
+		}
+		if rb, err = ms.readRb(ctx, st.MapID); err != nil {
+			return err
+		}
+	}
+	if !st.FanOut && !rb.settled() {
+		if err := m.rollbackInline(ctx, c, ms, md, st.MapID, rb.Total); err != nil {
+			return err
+		}
+		if rb, err = ms.readRb(ctx, st.MapID); err != nil {
+			return err
+		}
+	}
+	if !rb.settled() {
+		// Not settled (or a resume came early): hand off, dispatching
+		// nothing more.
+		mapID, owner, reactorName := st.MapID, c.OwnerID, c.OwnerReactor
+		return &reactor.RollbackHandedOff{AfterSave: func(ctx context.Context) error {
+			if hook := failpoints.rbBeforeHandOff; hook != nil {
+				if err := hook(mapID, -1); err != nil {
+					return err
+				}
+			}
+			resume, err := ms.rbHandOff(ctx, mapID)
+			if err != nil || !resume {
+				return err
+			}
+			if hook := failpoints.rbOwnerSignal; hook != nil {
+				if err := hook(mapID, -1); err != nil {
+					return err
+				}
+			}
+			return resumeOwnerRollback(ctx, e, owner, reactorName, mapID)
+		}}
+	}
+	failures, omitted, err := m.aggregate(ctx, ms, st.MapID)
+	if err != nil {
+		return err
+	}
+	log.Info("map rollback completed", "event", "reactor.map.rollback.completed", "total", rb.Total, "failed", rb.Failed)
+	if len(failures) == 0 && omitted == 0 {
+		return nil
+	}
+	return &reactor.RollbackFailures{Failures: failures, Omitted: omitted}
+}
+
+// rollbackInline undoes the positions without an outcome, newest first, a
+// chunk of 100 at a time, through the same code as the rollback jobs.
+func (m *construct) rollbackInline(ctx context.Context, c *reactor.ConstructContext, ms mapStore, md meta, mapID string, total int) error {
+	const chunk = 100
+	for from := 0; from < total; from += chunk {
+		to := min(from+chunk, total) - 1
+		done, err := ms.rbDone(ctx, mapID, from, to)
+		if err != nil {
+			return err
+		}
+		for p := from; p <= to; p++ {
+			if done[p-from] {
+				continue
+			}
+			o, err := rollbackElement(ctx, c.Engine, ms, md, mapID, total, p, c.Engine.UndoLockWait())
+			if errors.Is(err, reactor.ErrRunLocked) {
+				o, err = rbOutcome{Index: total - 1 - p, Outcome: rbElementInFlight,
+					Failures: []reactor.RollbackFailure{inFlight(md.Step, total-1-p)}}, nil
+			}
+			if err != nil {
+				return err
+			}
+			if _, err := ms.rbSettle(ctx, mapID, p, o); err != nil {
+				return err
+			}
+			logElement(c.Engine.Logger(), md, mapID, o)
+		}
+	}
+	return nil
+}
+
+// rollbackElement rolls back the element at rollback position p: the one
+// code path of inline rollbacks and rollback jobs.
+func rollbackElement(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, mapID string, total, p int, wait time.Duration) (rbOutcome, error) {
+	i := total - 1 - p
+	o := rbOutcome{Index: i}
+	fwd, err := ms.results(ctx, mapID, i, i)
+	if err != nil {
+		return o, err
+	}
+	// Skipped, failed (it rolled itself back) and halted elements have
+	// nothing for the map to undo.
+	if f := fwd[0]; f == nil || f.Status != outcomeOK {
+		o.Outcome = rbNotNeeded
+		return o, nil
+	}
+	res, err := e.UndoElement(ctx, ElementID(mapID, i), wait)
+	switch {
+	case errors.Is(err, reactor.ErrNotFound):
+		o.Outcome = rbContextUnavailable
+		o.Failures = []reactor.RollbackFailure{{Step: elementPath(md.Step, i), Kind: reactor.KindUndo, Reason: rbContextUnavailable,
+			Message: fmt.Sprintf("element %d completed but its run is gone (expired?); its steps were not undone", i)}}
+		return o, nil
+	case err != nil:
+		return o, err
+	}
+	o.Outcome = rbUndone
+	if res.Failure != nil {
+		for _, f := range res.Failure.RollbackFailures {
+			f.Step = elementPath(md.Step, i) + "/" + f.Step
+			o.Failures = append(o.Failures, f)
+		}
+		if len(o.Failures) > 0 {
+			o.Outcome = rbFailed
+		}
+	}
+	return o, nil
+}
+
+func elementPath(step string, i int) string { return fmt.Sprintf("%s[%d]", step, i) }
+
+func inFlight(step string, i int) reactor.RollbackFailure {
+	return reactor.RollbackFailure{Step: elementPath(step, i), Kind: reactor.KindUndo, Reason: rbElementInFlight,
+		Message: fmt.Sprintf("element %d stayed locked by another process; it was not undone", i)}
+}
+
+func logElement(log *slog.Logger, md meta, mapID string, o rbOutcome) {
+	log.Info("map element rolled back", "event", "reactor.map.rollback.element", "reactor", md.OwnerReact,
+		"run", md.Owner, "map_step", md.Step, "map", mapID, "index", o.Index, "outcome", o.Outcome, "failures", len(o.Failures))
+}
+
+// aggregate reads the rollback's outcomes with HSCAN, a chunk at a time,
+// keeping only failures: the first maxKeptFailures (newest element first)
+// and a count of the rest. It never loads every outcome at once.
+func (m *construct) aggregate(ctx context.Context, ms mapStore, mapID string) ([]reactor.RollbackFailure, int, error) {
+	type indexed struct {
+		i int
+		f reactor.RollbackFailure
+	}
+	var kept []indexed
+	omitted := 0
+	var cursor uint64
+	for {
+		kv, next, err := ms.rdb.HScan(ctx, ms.keys.MapRbResults(mapID, rbGen), cursor, "", 100).Result()
+		if err != nil {
+			return nil, 0, fmt.Errorf("mapstep: scan rollback of %s: %w", mapID, err)
+		}
+		for j := 1; j < len(kv); j += 2 {
+			var o rbOutcome
+			if err := codec.Unmarshal([]byte(kv[j]), &o); err != nil {
+				return nil, 0, fmt.Errorf("mapstep: decode rollback outcome of %s: %w", mapID, err)
+			}
+			for _, f := range o.Failures {
+				kept = append(kept, indexed{o.Index, f})
+			}
+			if len(kept) > maxKeptFailures {
+				sort.SliceStable(kept, func(a, b int) bool { return kept[a].i > kept[b].i })
+				omitted += len(kept) - maxKeptFailures
+				kept = kept[:maxKeptFailures]
+			}
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	sort.SliceStable(kept, func(a, b int) bool { return kept[a].i > kept[b].i })
+	out := make([]reactor.RollbackFailure, len(kept))
+	for j, k := range kept {
+		out[j] = k.f
+	}
+	return out, omitted, nil
+}
+
+// dispatchRollback enqueues the rollback jobs of positions [from, to].
+func dispatchRollback(ctx context.Context, e *reactor.Engine, mapID string, from, to int) error {
+	q, ok := e.Enqueuer().(RollbackEnqueuer)
+	if !ok {
+		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
+	}
+	for p := from; p <= to; p++ {
+		if hook := failpoints.rbBeforeEnqueue; hook != nil {
+			if err := hook(mapID, p); err != nil {
+				return err
+			}
+		}
+		if err := q.EnqueueRollback(ctx, RollbackTask{MapID: mapID, Gen: rbGen, Pos: p}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func resumeOwnerRollback(ctx context.Context, e *reactor.Engine, owner, reactorName, mapID string) error {
+	return e.Enqueuer().Enqueue(ctx, reactor.Wake{
+		ID:    fmt.Sprintf("resume:%s:rb:%s:%d", owner, mapID, rbGen),
+		RunID: owner, Reactor: reactorName,
+	})
+}
+
+// ProcessRollback executes one element rollback job on a worker: undo the
+// element (checkpointed after every undone entry), store its outcome (first
+// writer wins), claim the next batch on trigger, and resume the owner when
+// the rollback has settled and the owner has handed off. A held element
+// lock returns reactor.ErrRunLocked (the worker snoozes) until
+// lockAttempts, then reports element_in_flight.
+func ProcessRollback(ctx context.Context, e *reactor.Engine, t RollbackTask, lockAttempts int) error {
+	if t.Gen != rbGen {
+		return fmt.Errorf("%w: rollback generation %d of map %s", ErrMapGone, t.Gen, t.MapID)
+	}
+	if lockAttempts <= 0 {
+		lockAttempts = DefaultRollbackLockAttempts
+	}
+	ms := storeOf(e)
+	md, err := ms.readMeta(ctx, t.MapID)
+	if err != nil {
+		return err
+	}
+	rb, err := ms.readRb(ctx, t.MapID)
+	if err != nil {
+		return err
+	}
+	if !md.exists || !rb.exists {
+		return ErrMapGone
+	}
+	o, err := rollbackElement(ctx, e, ms, md, t.MapID, rb.Total, t.Pos, 0)
+	if errors.Is(err, reactor.ErrRunLocked) {
+		n, herr := ms.rdb.HIncrBy(ctx, ms.keys.MapRbMeta(t.MapID, rbGen), "attempts:"+strconv.Itoa(t.Pos), 1).Result()
+		if herr != nil {
+			return herr
+		}
+		if int(n) < lockAttempts {
+			return err // snooze; the position stays outstanding
+		}
+		i := rb.Total - 1 - t.Pos
+		o, err = rbOutcome{Index: i, Outcome: rbElementInFlight, Failures: []reactor.RollbackFailure{inFlight(md.Step, i)}}, nil
+	}
+	if err != nil {
+		return err
+	}
+	sr, err := ms.rbSettle(ctx, t.MapID, t.Pos, o)
+	if err != nil {
+		return err
+	}
+	if !sr.Stored {
+		return nil
+	}
+	logElement(e.Logger(), md, t.MapID, o)
+	if hook := failpoints.rbAfterSettle; hook != nil {
+		if err := hook(t.MapID, t.Pos); err != nil {
+			return err
+		}
+	}
+	if sr.From >= 0 {
+		if err := dispatchRollback(ctx, e, t.MapID, sr.From, sr.To); err != nil {
+			return err
+		}
+	}
+	if sr.Signal {
+		if hook := failpoints.rbJobSignal; hook != nil {
+			if err := hook(t.MapID, t.Pos); err != nil {
+				return err
+			}
+		}
+		return resumeOwnerRollback(ctx, e, md.Owner, md.OwnerReact, t.MapID)
+	}
+	return nil
+}
