@@ -47,10 +47,15 @@ var PackParcel = reactor.MustDefine("examples.pack_parcel",
 // PackParcel per parcel as its own worker task, 50 at a time per throw, then
 // counts the pickups booked.
 //
-// Inputs: wave (required), parcels (required).
+// When the trucks cannot be booked (input fail_trucks true), the run fails
+// after the map, and the map rolls back the way it ran: one rollback job per
+// packed parcel, in batches, unpacking each newest first.
+//
+// Inputs: wave (required), parcels (required), fail_trucks (default false).
 var Fulfilment = reactor.MustDefine("examples.fulfilment",
 	reactor.Input[string]("wave", reactor.Required()),
 	reactor.Input[[]Parcel]("parcels", reactor.Required()),
+	reactor.Input[bool]("fail_trucks", reactor.Default(false)),
 	mapstep.Map("pack_all", mapstep.Config{
 		Element: PackParcel,
 		Items:   reactor.FromInput("parcels"),
@@ -82,6 +87,21 @@ var Fulfilment = reactor.MustDefine("examples.fulfilment",
 					n++
 				}
 			}
+		},
+	}),
+	reactor.Step("trucks", reactor.StepConfig[struct {
+		Count int  `json:"count"`
+		Fail  bool `json:"fail"`
+	}, string]{
+		Args: reactor.Bindings{"count": reactor.FromStep("count"), "fail": reactor.FromInput("fail_trucks")},
+		Run: func(ctx context.Context, in struct {
+			Count int  `json:"count"`
+			Fail  bool `json:"fail"`
+		}) (string, error) {
+			if in.Fail {
+				return "", reactor.Permanent(fmt.Errorf("%w: no truck free for %d parcels", ErrInjected, in.Count))
+			}
+			return fmt.Sprintf("%d trucks", (in.Count+99)/100), nil
 		},
 	}),
 	reactor.Returns(reactor.FromStep("count")),

@@ -124,3 +124,24 @@ func ProgressOf(ctx context.Context, e *reactor.Engine, mapID string) (p Progres
 	}
 	return Progress{Total: md.Total, Claimed: md.Offset, Settled: md.Settled, Failed: md.Failures, Done: md.settled()}, true, nil
 }
+
+// RollbackProgress is where a map's rollback stands: what a dashboard shows
+// while the owner run is rolling_back.
+type RollbackProgress struct {
+	Total, Settled, Outstanding, Failed int
+	// Dispatched is how many rollback positions have been claimed.
+	Dispatched int
+	// Done is true once every position has an outcome.
+	Done bool
+}
+
+// RollbackProgressOf reads the progress of map mapID's rollback. ok is
+// false when the map has no rollback (yet).
+func RollbackProgressOf(ctx context.Context, e *reactor.Engine, mapID string) (p RollbackProgress, ok bool, err error) {
+	rb, err := storeOf(e).readRb(ctx, mapID)
+	if err != nil || !rb.exists {
+		return p, false, err
+	}
+	return RollbackProgress{Total: rb.Total, Settled: rb.Settled, Outstanding: rb.Total - rb.Settled,
+		Failed: rb.Failed, Dispatched: rb.Offset, Done: rb.settled()}, true, nil
+}

@@ -112,7 +112,7 @@ func run() error {
 	}
 	fmt.Println("  worker  started in this process, 4 tasks at a time")
 
-	for _, part := range []func(context.Context, *reactor.Engine) error{checkoutInProcess, checkoutOnWorker, tripUndone, fulfilmentFanOut} {
+	for _, part := range []func(context.Context, *reactor.Engine) error{checkoutInProcess, checkoutOnWorker, tripUndone, fulfilmentFanOut, fulfilmentRollback} {
 		if err = part(ctx, engine); err != nil {
 			break
 		}
@@ -248,6 +248,64 @@ func fulfilmentFanOut(ctx context.Context, engine *reactor.Engine) error {
 		return fmt.Errorf("part 4: run ended %s with %d packed (%v), want completed with %d", res.Status, packed, res.Err(), n)
 	}
 	fmt.Printf("   => %s: %d parcels packed, the owner run resumed once the map settled\n", res.Status, packed)
+	return nil
+}
+
+// fulfilmentRollback is part 5: the same fan-out map, then a step after it
+// fails; the map rolls back the way it ran, one rollback job per packed
+// parcel, and the demo shows the distributed rollback's progress until the
+// run is failed.
+func fulfilmentRollback(ctx context.Context, engine *reactor.Engine) error {
+	const n, wave = 200, "W2"
+	fmt.Printf("\n5. Fulfilment of wave %s (%d parcels) whose truck booking fails after the map: a distributed rollback\n", wave, n)
+	parcels := make([]examples.Parcel, n)
+	for i := range parcels {
+		parcels[i] = examples.Parcel{Order: fmt.Sprintf("Q%03d", i), Item: "lamp"}
+	}
+	res, err := engine.Enqueue(ctx, examples.Fulfilment, map[string]any{"wave": wave, "parcels": parcels, "fail_trucks": true},
+		reactor.WithRunID("fulfilment-"+wave))
+	if err != nil {
+		return fmt.Errorf("part 5: %w", err)
+	}
+	mapID := mapstep.MapID(res.RunID, "pack_all")
+	wctx, cancel := context.WithTimeout(ctx, waitTimeout)
+	defer cancel()
+	last := -50
+	for {
+		run, err := engine.Get(wctx, res.RunID)
+		if err != nil {
+			return fmt.Errorf("part 5: %w", err)
+		}
+		p, ok, err := mapstep.RollbackProgressOf(wctx, engine, mapID)
+		if err != nil {
+			return fmt.Errorf("part 5: %w", err)
+		}
+		if ok && run.Status == reactor.StatusRollingBack && (p.Settled >= last+50 || p.Done && p.Settled != last) {
+			fmt.Printf("     %s: rolled back %3d/%d, outstanding %3d, failed %d\n", run.Status, p.Settled, p.Total, p.Outstanding, p.Failed)
+			last = p.Settled
+		}
+		if run.Status.Terminal() {
+			break
+		}
+		select {
+		case <-wctx.Done():
+			return fmt.Errorf("part 5: the run did not finish: %w", wctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	res, err = engine.Wait(wctx, res.RunID)
+	if err != nil {
+		return fmt.Errorf("part 5: %w", err)
+	}
+	p, _, err := mapstep.RollbackProgressOf(wctx, engine, mapID)
+	if err != nil {
+		return fmt.Errorf("part 5: %w", err)
+	}
+	if res.Status != reactor.StatusFailed || res.Failure == nil || res.Failure.Step != "trucks" || p.Settled != n || p.Failed != 0 {
+		return fmt.Errorf("part 5: run ended %s (%v), rollback %d/%d settled, want failed at trucks with all %d rolled back", res.Status, res.Err(), p.Settled, p.Total, n)
+	}
+	fmt.Printf("   => %s at step %q: %s\n", res.Status, res.Failure.Step, res.Failure.Message)
+	fmt.Printf("      all %d parcels unpacked by %d rollback jobs, then the resumed owner finished the run\n", p.Settled, p.Total)
 	return nil
 }
 
