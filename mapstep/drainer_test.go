@@ -39,6 +39,16 @@ type drainer struct {
 	queue   string
 	insp    *asynq.Inspector
 	handler asynq.Handler
+	rdb     redis.UniversalClient
+
+	// pendingKey is asynq's list of the queue's pending tasks. Its length
+	// tells diff that nothing appeared (only the drainer removes tasks), so
+	// a step that enqueued nothing costs one LLEN instead of a listing of
+	// the whole queue. It is trusted only once a listing of a non-empty
+	// queue agreed with it (pendingKeyOK): were asynq's key layout to
+	// change, the drainer would just list every time.
+	pendingKey   string
+	pendingKeyOK bool
 
 	// known is the queue's content at the last listing, by task id.
 	known map[string]*asynq.TaskInfo
@@ -62,8 +72,9 @@ type drainRecord struct {
 	Info *asynq.TaskInfo
 	// Type is the delivered task's type ("" for an observation).
 	Type string
-	// MapID and Index name the element of an element task (Index -1
-	// otherwise); RunID the run of a run task.
+	// MapID and Index name the element of an element task, or the map and
+	// rollback position of a rollback task (Index -1 otherwise); RunID the
+	// run of a run task.
 	MapID string
 	Index int
 	RunID string
@@ -92,6 +103,9 @@ func (r drainRecord) Burst() int { return r.count(worker.TypeElement) }
 // Resumes is the number of run (owner resume) tasks the action enqueued.
 func (r drainRecord) Resumes() int { return r.count(worker.TypeRun) }
 
+// Rollbacks is the number of map rollback jobs the action enqueued.
+func (r drainRecord) Rollbacks() int { return r.count(worker.TypeRollback) }
+
 func (r drainRecord) count(typ string) int {
 	n := 0
 	for _, ti := range r.New {
@@ -110,7 +124,7 @@ func (r drainRecord) String() string {
 			what += " (again)"
 		}
 	}
-	return fmt.Sprintf("%s: +%d elements +%d resumes err=%v", what, r.Burst(), r.Resumes(), r.Err)
+	return fmt.Sprintf("%s: +%d elements +%d rollbacks +%d resumes err=%v", what, r.Burst(), r.Rollbacks(), r.Resumes(), r.Err)
 }
 
 // newDrainer returns a drainer of queue whose tasks are executed by a worker
@@ -122,14 +136,17 @@ func newDrainer(t testing.TB, engine *reactor.Engine, rdb redis.UniversalClient,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	return &drainer{
-		t:        t,
-		queue:    queue,
-		insp:     asynq.NewInspectorFromRedisClient(rdb), // shares rdb: nothing to close
-		handler:  w.Handler(),
-		known:    map[string]*asynq.TaskInfo{},
-		order:    map[string]int{},
-		held:     map[string]bool{},
-		appeared: map[string]int{},
+		t:       t,
+		queue:   queue,
+		insp:    asynq.NewInspectorFromRedisClient(rdb), // shares rdb: nothing to close
+		handler: w.Handler(),
+		rdb:     rdb,
+		// asynq's base.PendingKey (internal): "asynq:{<queue>}:pending".
+		pendingKey: "asynq:{" + queue + "}:pending",
+		known:      map[string]*asynq.TaskInfo{},
+		order:      map[string]int{},
+		held:       map[string]bool{},
+		appeared:   map[string]int{},
 	}
 }
 
@@ -159,7 +176,13 @@ func (d *drainer) list() map[string]*asynq.TaskInfo {
 // listing, in FIFO order, and records them as known.
 func (d *drainer) diff() []*asynq.TaskInfo {
 	d.t.Helper()
+	if d.pendingKeyOK && d.pendingLen() == len(d.known) {
+		return nil
+	}
 	now := d.list()
+	if !d.pendingKeyOK && len(now) > 0 {
+		d.pendingKeyOK = d.pendingLen() == len(now)
+	}
 	var fresh []*asynq.TaskInfo
 	for id, ti := range now {
 		if _, ok := d.known[id]; !ok {
@@ -170,11 +193,13 @@ func (d *drainer) diff() []*asynq.TaskInfo {
 		_, ok := now[id]
 		require.True(d.t, ok, "task %s left the queue without the drainer", id)
 	}
-	// Within one action: element tasks in index order, then the rest.
+	// Within one action: tasks grouped by type, element tasks in index
+	// order and rollback jobs in position order (the order the map
+	// enqueues them, so FIFO picking follows it), then by id.
 	slices.SortFunc(fresh, func(a, b *asynq.TaskInfo) int {
 		ka, kb := drainTaskKey(a), drainTaskKey(b)
 		if ka.typ != kb.typ {
-			return strings.Compare(kb.typ, ka.typ) // goreactor:run after goreactor:element
+			return strings.Compare(kb.typ, ka.typ) // reverse by name: run, rollback, element
 		}
 		if ka.index != kb.index {
 			return ka.index - kb.index
@@ -190,6 +215,14 @@ func (d *drainer) diff() []*asynq.TaskInfo {
 	return fresh
 }
 
+// pendingLen is the length of asynq's pending list of the queue.
+func (d *drainer) pendingLen() int {
+	d.t.Helper()
+	n, err := d.rdb.LLen(context.Background(), d.pendingKey).Result()
+	require.NoError(d.t, err)
+	return int(n)
+}
+
 type drainKey struct {
 	typ   string
 	index int
@@ -197,9 +230,14 @@ type drainKey struct {
 
 func drainTaskKey(ti *asynq.TaskInfo) drainKey {
 	k := drainKey{typ: ti.Type, index: -1}
-	if ti.Type == worker.TypeElement {
+	switch ti.Type {
+	case worker.TypeElement:
 		if p, err := worker.DecodeElement(ti.Payload); err == nil {
 			k.index = p.Index
+		}
+	case worker.TypeRollback:
+		if p, err := worker.DecodeRollback(ti.Payload); err == nil {
+			k.index = p.Pos
 		}
 	}
 	return k
@@ -310,6 +348,10 @@ func (d *drainer) deliver(ti *asynq.TaskInfo, again, synced bool) drainRecord {
 		p, err := worker.DecodeElement(ti.Payload)
 		require.NoError(d.t, err)
 		r.MapID, r.Index = p.MapID, p.Index
+	case worker.TypeRollback:
+		p, err := worker.DecodeRollback(ti.Payload)
+		require.NoError(d.t, err)
+		r.MapID, r.Index = p.MapID, p.Pos
 	case worker.TypeRun:
 		p, err := worker.DecodeRun(ti.Payload)
 		require.NoError(d.t, err)
@@ -392,6 +434,26 @@ func (d *drainer) MaxBurst() int {
 	m := 0
 	for _, r := range d.Log {
 		m = max(m, r.Burst())
+	}
+	return m
+}
+
+// RbBursts returns the non-zero rollback-job bursts of the log, in order.
+func (d *drainer) RbBursts() []int {
+	var out []int
+	for _, r := range d.Log {
+		if b := r.Rollbacks(); b > 0 {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// MaxRbBurst is the largest number of rollback jobs one action enqueued.
+func (d *drainer) MaxRbBurst() int {
+	m := 0
+	for _, r := range d.Log {
+		m = max(m, r.Rollbacks())
 	}
 	return m
 }

@@ -525,7 +525,7 @@ func (e *Engine) UndoElement(ctx context.Context, id string, wait time.Duration)
 	target := e.store.ElemTarget(id)
 	lease, err := e.locks.Acquire(ctx, target.Lock, wait)
 	if errors.Is(err, lock.ErrHeld) {
-		return nil, fmt.Errorf("%w (element %s; waited %s)", ErrRunLocked, id, e.cfg.UndoLockWait)
+		return nil, fmt.Errorf("%w (element %s; waited %s)", ErrRunLocked, id, wait)
 	}
 	if err != nil {
 		return nil, err
