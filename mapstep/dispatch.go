@@ -71,9 +71,10 @@ func ProcessElement(ctx context.Context, e *reactor.Engine, t ElementTask) error
 		return ErrMapGone
 	}
 	var o outcome
-	if md.Atomic && md.Failed {
-		// The map failed: claimed positions that never started settle
-		// as skipped, so the map can settle and the owner resume.
+	if md.Failed {
+		// The map failed (or was stopped for a rollback): claimed
+		// positions that never started settle as skipped, so the map can
+		// settle and the owner resume.
 		o = outcome{Status: outcomeSkipped}
 	} else {
 		def, ok := e.Definition(md.Element)

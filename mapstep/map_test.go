@@ -398,3 +398,110 @@ func TestNestedMapRunsInline(t *testing.T) {
 		require.Equal(t, 2, p.Settled)
 	}
 }
+
+// Cancel while a fan-out map still runs forward: the map stops claiming,
+// the elements in flight settle, and every element that completed is
+// undone exactly once; the run ends cancelled.
+func TestCancelDuringFanOutForward(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, true)
+	gate := make(chan struct{})
+	var completed sync.Map
+	var started sync.WaitGroup
+	started.Add(10)
+	elem := reactor.MustDefine("cancel-fwd-el",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("work", reactor.StepConfig[struct {
+			N int `json:"n"`
+		}, int]{
+			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+			Run: func(ctx context.Context, in struct {
+				N int `json:"n"`
+			}) (int, error) {
+				if in.N >= 10 {
+					select { // held until the cancel is in
+					case <-gate:
+					case <-ctx.Done():
+						return 0, ctx.Err()
+					}
+				} else {
+					defer started.Done()
+				}
+				completed.Store(in.N, true)
+				return in.N, nil
+			},
+			Undo: func(_ context.Context, in struct {
+				N int `json:"n"`
+			}, _ int) error {
+				f.mu.Lock()
+				f.undone = append(f.undone, in.N)
+				f.mu.Unlock()
+				return nil
+			},
+		}),
+		reactor.Returns(reactor.FromStep("work")))
+	def := reactor.MustDefine("cancel-fwd",
+		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.Const(items(120)), FanOut: true, BatchSize: 10}))
+	ctx := ctxT(t)
+	res, err := f.engine.Run(ctx, def, nil, reactor.WithRunID("cancel-fwd-1"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	started.Wait() // elements 0-9 completed; batch [10, 20) is claimed and held
+	require.NoError(t, f.engine.Cancel(ctx, "cancel-fwd-1"))
+	close(gate)
+	res, err = f.engine.Wait(ctx, "cancel-fwd-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, res.Status, "%v", res.Err())
+	var want []int
+	completed.Range(func(k, _ any) bool { want = append(want, k.(int)); return true })
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.ElementsMatch(t, want, f.undone, "every completed element undone exactly once")
+	require.Less(t, len(want), 120, "the map stopped claiming")
+}
+
+// An inline map cut short (its caller's context ended mid-map), then Undo:
+// the elements that completed are undone, and so are the completed steps of
+// the element that was cut short.
+func TestUndoOfRunAbortedMidInlineMap(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, false)
+	ctx, cancel := context.WithCancel(ctxT(t))
+	type in struct {
+		N int `json:"n"`
+	}
+	elem := reactor.MustDefine("abort-inline-el",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("first", reactor.StepConfig[in, int]{
+			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+			Run:  func(_ context.Context, x in) (int, error) { return x.N, nil },
+			Undo: func(_ context.Context, x in, _ int) error {
+				f.mu.Lock()
+				f.undone = append(f.undone, x.N)
+				f.mu.Unlock()
+				return nil
+			},
+		}),
+		reactor.Step("second", reactor.StepConfig[in, int]{
+			Args: reactor.Bindings{"n": reactor.FromInput("item")}, After: []string{"first"},
+			Run: func(ctx context.Context, x in) (int, error) {
+				if x.N == 4 {
+					cancel() // the caller gives up while element 4 runs
+					<-ctx.Done()
+					return 0, ctx.Err()
+				}
+				return x.N, nil
+			},
+		}))
+	def := reactor.MustDefine("abort-inline",
+		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.Const(items(10))}))
+	res, err := f.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusAborted, res.Status)
+	undone, err := f.engine.Undo(ctxT(t), res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, undone.Status, "%v", undone.Err())
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	require.Equal(t, []int{4, 3, 2, 1, 0}, f.undone, "newest first, the cut-short element included")
+}

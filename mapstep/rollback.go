@@ -191,6 +191,21 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 	if !md.exists {
 		return reactor.Permanent(fmt.Errorf("mapstep: map %s has no metadata; its elements cannot be found to undo", st.MapID))
 	}
+	if st.FanOut && !md.settled() {
+		// Still running forward (the run was cancelled or undone mid-map):
+		// stop further claims, and let the elements in flight settle
+		// first, or one could complete after its rollback position was
+		// judged. The forward settle then resumes the owner as usual.
+		if err := ms.rdb.SetNX(ctx, ms.keys.MapFailed(st.MapID), "-1", 0).Err(); err != nil {
+			return err
+		}
+		if md, err = ms.readMeta(ctx, st.MapID); err != nil {
+			return err
+		}
+		if !md.settled() {
+			return &reactor.RollbackHandedOff{}
+		}
+	}
 	rb, err := ms.readRb(ctx, st.MapID)
 	if err != nil {
 		return err
@@ -302,13 +317,19 @@ func rollbackElement(ctx context.Context, e *reactor.Engine, ms mapStore, md met
 		return o, err
 	}
 	// Skipped, failed (it rolled itself back) and halted elements have
-	// nothing for the map to undo.
-	if f := fwd[0]; f == nil || f.Status != outcomeOK {
+	// nothing for the map to undo. An element with no outcome at all was
+	// cut short with its map (an inline map aborted mid-way): whatever it
+	// completed is undone, and if it never started there is nothing.
+	f := fwd[0]
+	if f != nil && f.Status != outcomeOK {
 		o.Outcome = rbNotNeeded
 		return o, nil
 	}
 	res, err := e.UndoElement(ctx, ElementID(mapID, i), wait)
 	switch {
+	case f == nil && errors.Is(err, reactor.ErrNotFound):
+		o.Outcome = rbNotNeeded
+		return o, nil
 	case errors.Is(err, reactor.ErrNotFound):
 		o.Outcome = rbContextUnavailable
 		o.Failures = []reactor.RollbackFailure{{Step: elementPath(md.Step, i), Kind: reactor.KindUndo, Reason: rbContextUnavailable,

@@ -546,6 +546,9 @@ func (e *Engine) UndoElement(ctx context.Context, id string, wait time.Duration)
 	}
 	switch st.Status {
 	case StatusCompleted, StatusHalted, StatusRollingBack:
+	case StatusRunning, StatusPending, StatusAborted:
+		// An element cut short (its map is being undone before it
+		// settled): roll back what it completed.
 	default:
 		_ = lease.Release(bg)
 		return st.result(), nil

@@ -22,6 +22,18 @@ func (x *execution) startRollback(ctx context.Context, f *frame, trigger Rollbac
 	for _, name := range sortedKeys(f.st.Children) {
 		foldChild(f.st, name, f.st.Children[name])
 	}
+	// So do constructs still in progress (a map still running forward when
+	// the run is cancelled, or an inline map cut short): each goes on top of
+	// the stack with its saved state, and its Undo stops and rolls it back.
+	// A failing construct keeps its state for its Compensate instead.
+	for _, name := range sortedKeys(f.st.Constructs) {
+		if trigger == TriggerFailure && name == step {
+			continue
+		}
+		f.st.Seq++
+		f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: name, Args: f.st.Constructs[name], Status: RollbackPending})
+		delete(f.st.Constructs, name)
+	}
 	f.st.Status = StatusRollingBack
 	f.st.Rollback = &RollbackRecord{Trigger: trigger, Step: step, Failure: failure}
 	if err := x.checkpoint(ctx); err != nil {
