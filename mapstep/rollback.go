@@ -40,8 +40,11 @@ const (
 const rbGen = 1
 
 // DefaultRollbackLockAttempts is how many times a rollback job finds its
-// element locked (and snoozes) before it reports element_in_flight.
-const DefaultRollbackLockAttempts = 50
+// element locked (and snoozes) before it reports element_in_flight. With
+// the worker's 200 ms delayed-task check that is about 40 s: longer than a
+// dead worker's element lock lives (30 s by default), so a crash does not
+// turn into a false element_in_flight.
+const DefaultRollbackLockAttempts = 200
 
 // maxKeptFailures is how many element rollback failures the owner keeps;
 // the rest are counted (the engine's MaxRollbackFailures caps again).
@@ -218,6 +221,10 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 		batch := md.BatchSize
 		if !st.FanOut {
 			batch = max(total, 1)
+		} else if err := ms.rdb.ZAdd(ctx, ms.keys.Maps(), zmember(st.MapID)).Err(); err != nil {
+			// Indexed before the rollback exists, like the forward map, so
+			// the map sweeper can find a rollback with outstanding work.
+			return err
 		}
 		created, offset, err := ms.rbStart(ctx, st.MapID, total, batch)
 		if err != nil {
@@ -268,6 +275,9 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 	failures, omitted, err := m.aggregate(ctx, ms, st.MapID)
 	if err != nil {
 		return err
+	}
+	if st.FanOut {
+		_ = ms.rdb.ZRem(ctx, ms.keys.Maps(), st.MapID).Err()
 	}
 	log.Info("map rollback completed", "event", "reactor.map.rollback.completed", "total", rb.Total, "failed", rb.Failed)
 	if len(failures) == 0 && omitted == 0 {
