@@ -2,6 +2,7 @@ package mapstep_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -259,4 +260,64 @@ func formatCounts(m map[string]int64, n int) string {
 		parts = append(parts, fmt.Sprintf("%s=%d (%.2f/el)", name, m[name], float64(m[name])/float64(n)))
 	}
 	return strings.Join(parts, " ")
+}
+
+// TestRollbackRoundTripsPerElement counts what goreactor adds per element
+// when a fan-out map rolls back: its elements have one undoable step, and a
+// step after the map fails. The forward cost is measured on the same map
+// completing, and subtracted.
+func TestRollbackRoundTripsPerElement(t *testing.T) {
+	t.Parallel()
+	ctx := eoCtx(t, 90*time.Second)
+	const small, large = 100, 300
+	count := &eoCounter{}
+	engineRdb := redistest.Client(t)
+	engineRdb.AddHook(count)
+	h := newEOHarness(t, eoOptions{concurrency: benchConcurrency, engineRdb: engineRdb})
+	elem := reactor.MustDefine("rrt-el",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("id", reactor.StepConfig[eoIn, int]{
+			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+			Run:  func(_ context.Context, in eoIn) (int, error) { return in.N, nil },
+			Undo: func(context.Context, eoIn, int) error { return nil },
+		}),
+		reactor.Returns(reactor.FromStep("id")))
+	def := reactor.MustDefine("rrt",
+		reactor.Input[[]int]("items", reactor.Required()),
+		reactor.Input[bool]("fail", reactor.Default(false)),
+		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: true}),
+		reactor.Step("after", reactor.StepConfig[struct {
+			Fail bool `json:"fail"`
+		}, int]{
+			Args:  reactor.Bindings{"fail": reactor.FromInput("fail")},
+			After: []string{"each"},
+			Run: func(_ context.Context, in struct {
+				Fail bool `json:"fail"`
+			}) (int, error) {
+				if in.Fail {
+					return 0, reactor.Permanent(errors.New("after the map"))
+				}
+				return 0, nil
+			},
+		}))
+	measure := func(n int, fail bool) int64 {
+		owner := fmt.Sprintf("rrt-%d-%v-%s", n, fail, reactor.NewRunID())
+		finished := h.done(owner)
+		count.reset()
+		_, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n), "fail": fail}, reactor.WithRunID(owner))
+		require.NoError(t, err)
+		eoAwait(t, ctx, finished, "the owner")
+		res, err := h.engine.Wait(ctx, owner)
+		require.NoError(t, err)
+		want := reactor.StatusCompleted
+		if fail {
+			want = reactor.StatusFailed
+		}
+		require.Equal(t, want, res.Status, "%v", res.Failure)
+		return count.total()
+	}
+	fwd := float64(measure(large, false)-measure(small, false)) / (large - small)
+	both := float64(measure(large, true)-measure(small, true)) / (large - small)
+	t.Logf("goreactor round trips per element: forward %.2f, rollback %.2f (one undone entry per element)", fwd, both-fwd)
+	require.LessOrEqual(t, both-fwd, 7.0, "rollback round trips per element: <= 6 plus one per undone entry")
 }

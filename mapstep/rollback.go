@@ -62,6 +62,10 @@ type RollbackTask struct {
 	MapID string
 	Gen   int
 	Pos   int
+	// Index is the element at position Pos (total-1-Pos, with the total
+	// fixed when the rollback started), carried so the job reads its map
+	// in one round trip.
+	Index int
 }
 
 // TaskID is the asynq task id of a rollback job.
@@ -92,14 +96,17 @@ func (s mapStore) readRb(ctx context.Context, mapID string) (rbMeta, error) {
 	if err != nil && err != redis.Nil {
 		return rbMeta{}, fmt.Errorf("mapstep: read rollback of %s: %w", mapID, err)
 	}
-	f := h.Val()
+	return parseRb(h.Val(), off.Val()), nil
+}
+
+func parseRb(f map[string]string, offset string) rbMeta {
 	if len(f) == 0 {
-		return rbMeta{}, nil
+		return rbMeta{}
 	}
 	atoi := func(k string) int { n, _ := strconv.Atoi(f[k]); return n }
 	m := rbMeta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Settled: atoi("settled"), Failed: atoi("failed")}
-	m.Offset, _ = strconv.Atoi(off.Val())
-	return m, nil
+	m.Offset, _ = strconv.Atoi(offset)
+	return m
 }
 
 func (s mapStore) rbKeys(mapID string) []string {
@@ -142,6 +149,36 @@ func (s mapStore) rbHandOff(ctx context.Context, mapID string) (bool, error) {
 		return false, fmt.Errorf("mapstep: hand off rollback of %s: %w", mapID, err)
 	}
 	return n == 1, nil
+}
+
+// readJob reads what a rollback job needs in one round trip: the map's
+// metadata, its rollback's, and element i's forward outcome.
+func (s mapStore) readJob(ctx context.Context, mapID string, i int) (meta, rbMeta, *outcome, error) {
+	k := s.keys
+	var mh, rh *redis.MapStringStringCmd
+	var off, failed, roff, res *redis.StringCmd
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		mh = p.HGetAll(ctx, k.MapMeta(mapID))
+		off = p.Get(ctx, k.MapOffset(mapID))
+		failed = p.Get(ctx, k.MapFailed(mapID))
+		rh = p.HGetAll(ctx, k.MapRbMeta(mapID, rbGen))
+		roff = p.Get(ctx, k.MapRbOffset(mapID, rbGen))
+		res = p.HGet(ctx, k.MapResults(mapID), strconv.Itoa(i))
+		return nil
+	})
+	if err != nil && err != redis.Nil {
+		return meta{}, rbMeta{}, nil, fmt.Errorf("mapstep: read rollback job of %s: %w", mapID, err)
+	}
+	md := parseMeta(mh.Val(), off.Val(), failed)
+	rb := parseRb(rh.Val(), roff.Val())
+	var o *outcome
+	if raw, err := res.Result(); err == nil {
+		o = &outcome{}
+		if err := codec.Unmarshal([]byte(raw), o); err != nil {
+			return md, rb, nil, fmt.Errorf("mapstep: decode result %s[%d]: %w", mapID, i, err)
+		}
+	}
+	return md, rb, o, nil
 }
 
 // rbDone reads which positions of [from, to] already have an outcome.
@@ -234,7 +271,7 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 			log.Info("map rollback started", "event", "reactor.map.rollback.started", "total", total, "batch_size", batch)
 		}
 		if created && st.FanOut && offset > 0 {
-			if err := dispatchRollback(ctx, e, st.MapID, 0, offset-1); err != nil {
+			if err := dispatchRollback(ctx, e, st.MapID, total, 0, offset-1); err != nil {
 				return err
 			}
 		}
@@ -321,16 +358,21 @@ func (m *construct) rollbackInline(ctx context.Context, c *reactor.ConstructCont
 // code path of inline rollbacks and rollback jobs.
 func rollbackElement(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, mapID string, total, p int, wait time.Duration) (rbOutcome, error) {
 	i := total - 1 - p
-	o := rbOutcome{Index: i}
 	fwd, err := ms.results(ctx, mapID, i, i)
 	if err != nil {
-		return o, err
+		return rbOutcome{Index: i}, err
 	}
+	return rollbackElementWith(ctx, e, md, mapID, i, fwd[0], wait)
+}
+
+// rollbackElementWith rolls back element i given its forward outcome.
+func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID string, i int, fwd *outcome, wait time.Duration) (rbOutcome, error) {
+	o := rbOutcome{Index: i}
 	// Skipped, failed (it rolled itself back) and halted elements have
 	// nothing for the map to undo. An element with no outcome at all was
 	// cut short with its map (an inline map aborted mid-way): whatever it
 	// completed is undone, and if it never started there is nothing.
-	f := fwd[0]
+	f := fwd
 	if f != nil && f.Status != outcomeOK {
 		o.Outcome = rbNotNeeded
 		return o, nil
@@ -416,7 +458,7 @@ func (m *construct) aggregate(ctx context.Context, ms mapStore, mapID string) ([
 }
 
 // dispatchRollback enqueues the rollback jobs of positions [from, to].
-func dispatchRollback(ctx context.Context, e *reactor.Engine, mapID string, from, to int) error {
+func dispatchRollback(ctx context.Context, e *reactor.Engine, mapID string, total, from, to int) error {
 	q, ok := e.Enqueuer().(RollbackEnqueuer)
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
@@ -427,7 +469,7 @@ func dispatchRollback(ctx context.Context, e *reactor.Engine, mapID string, from
 				return err
 			}
 		}
-		if err := q.EnqueueRollback(ctx, RollbackTask{MapID: mapID, Gen: rbGen, Pos: p}); err != nil {
+		if err := q.EnqueueRollback(ctx, RollbackTask{MapID: mapID, Gen: rbGen, Pos: p, Index: total - 1 - p}); err != nil {
 			return err
 		}
 	}
@@ -455,18 +497,17 @@ func ProcessRollback(ctx context.Context, e *reactor.Engine, t RollbackTask, loc
 		lockAttempts = DefaultRollbackLockAttempts
 	}
 	ms := storeOf(e)
-	md, err := ms.readMeta(ctx, t.MapID)
-	if err != nil {
-		return err
-	}
-	rb, err := ms.readRb(ctx, t.MapID)
+	md, rb, fwd, err := ms.readJob(ctx, t.MapID, t.Index)
 	if err != nil {
 		return err
 	}
 	if !md.exists || !rb.exists {
 		return ErrMapGone
 	}
-	o, err := rollbackElement(ctx, e, ms, md, t.MapID, rb.Total, t.Pos, 0)
+	if t.Index != rb.Total-1-t.Pos {
+		return fmt.Errorf("mapstep: rollback task %s names element %d, position %d of %d is element %d", t.TaskID(), t.Index, t.Pos, rb.Total, rb.Total-1-t.Pos)
+	}
+	o, err := rollbackElementWith(ctx, e, md, t.MapID, t.Index, fwd, 0)
 	if errors.Is(err, reactor.ErrRunLocked) {
 		n, herr := ms.rdb.HIncrBy(ctx, ms.keys.MapRbMeta(t.MapID, rbGen), "attempts:"+strconv.Itoa(t.Pos), 1).Result()
 		if herr != nil {
@@ -495,7 +536,7 @@ func ProcessRollback(ctx context.Context, e *reactor.Engine, t RollbackTask, loc
 		}
 	}
 	if sr.From >= 0 {
-		if err := dispatchRollback(ctx, e, t.MapID, sr.From, sr.To); err != nil {
+		if err := dispatchRollback(ctx, e, t.MapID, rb.Total, sr.From, sr.To); err != nil {
 			return err
 		}
 	}

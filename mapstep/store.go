@@ -72,20 +72,24 @@ func (s mapStore) readMeta(ctx context.Context, mapID string) (meta, error) {
 	if err != nil && err != redis.Nil {
 		return m, fmt.Errorf("mapstep: read map %s: %w", mapID, err)
 	}
-	f := h.Val()
+	return parseMeta(h.Val(), off.Val(), failed), nil
+}
+
+func parseMeta(f map[string]string, offset string, failed *redis.StringCmd) meta {
+	var m meta
 	if len(f) == 0 {
-		return m, nil
+		return m
 	}
 	atoi := func(k string) int { n, _ := strconv.Atoi(f[k]); return n }
 	m = meta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Atomic: f["atomic"] == "1",
 		FanOut: f["fanout"] == "1", Paged: f["paged"] == "1", Owner: f["owner"], OwnerReact: f["owner_reactor"], Element: f["element"],
 		Step: f["step"], Input: f["input"], With: codec.Raw(f["with"]), Settled: atoi("settled"), Failures: atoi("failures")}
-	m.Offset, _ = strconv.Atoi(off.Val())
+	m.Offset, _ = strconv.Atoi(offset)
 	if fi, err := failed.Result(); err == nil {
 		m.Failed = true
 		m.FailedIndex, _ = strconv.Atoi(fi)
 	}
-	return m, nil
+	return m
 }
 
 func (m meta) settled() bool {

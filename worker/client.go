@@ -85,7 +85,7 @@ func (c *Client) EnqueueElement(ctx context.Context, t mapstep.ElementTask) erro
 // EnqueueRollback puts a map element rollback job on the queue
 // (mapstep.RollbackEnqueuer).
 func (c *Client) EnqueueRollback(ctx context.Context, t mapstep.RollbackTask) error {
-	payload, err := codec.Marshal(RollbackPayload{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos})
+	payload, err := codec.Marshal(RollbackPayload{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos, Index: t.Index})
 	if err != nil {
 		return err
 	}

@@ -23,6 +23,7 @@ type RollbackPayload struct {
 	MapID string `msgpack:"map"`
 	Gen   int    `msgpack:"gen"`
 	Pos   int    `msgpack:"pos"`
+	Index int    `msgpack:"i"`
 }
 
 // DecodeRollback decodes and validates a TypeRollback payload.
@@ -34,7 +35,7 @@ func DecodeRollback(b []byte) (RollbackPayload, error) {
 	if err := keys.ValidateID(p.MapID); err != nil {
 		return p, fmt.Errorf("%w: map id: %v", errMalformed, err)
 	}
-	if p.Pos < 0 || p.Gen < 1 {
+	if p.Pos < 0 || p.Gen < 1 || p.Index < 0 {
 		return p, fmt.Errorf("%w: rollback position %d, generation %d", errMalformed, p.Pos, p.Gen)
 	}
 	return p, nil

@@ -227,7 +227,7 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
-	err = mapstep.ProcessRollback(ctx, w.engine, mapstep.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos}, w.cfg.RollbackLockAttempts)
+	err = mapstep.ProcessRollback(ctx, w.engine, mapstep.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index}, w.cfg.RollbackLockAttempts)
 	switch {
 	case errors.Is(err, reactor.ErrRunLocked), errors.Is(err, reactor.ErrLockLost):
 		return &SnoozeError{RunID: fmt.Sprintf("%s rollback %d", p.MapID, p.Pos), Base: w.cfg.Snooze}
