@@ -72,10 +72,11 @@ func ProcessElement(ctx context.Context, e *reactor.Engine, t ElementTask) error
 	}
 	var o outcome
 	if md.Failed {
-		// The map failed (or was stopped for a rollback): claimed
-		// positions that never started settle as skipped, so the map can
-		// settle and the owner resume.
-		o = outcome{Status: outcomeSkipped}
+		// The map failed (or was stopped for a rollback): the position
+		// settles without running, so the map can settle and the owner
+		// resume. An earlier delivery may have run part of the element
+		// before it died: "stopped" tells the rollback to look.
+		o = outcome{Status: outcomeStopped}
 	} else {
 		def, ok := e.Definition(md.Element)
 		if !ok {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -182,6 +183,11 @@ func (m *construct) Run(ctx context.Context, c *reactor.ConstructContext) (codec
 		return nil, err
 	}
 	st = state{MapID: MapID(c.OwnerID, c.Step), Total: total, FanOut: m.cfg.FanOut && !c.Nested}
+	if total > 0 {
+		if err := keys.ValidateID(ElementID(st.MapID, total-1)); err != nil {
+			return nil, reactor.Permanent(fmt.Errorf("mapstep: element run ids of this map are invalid (shorten the run id or step name): %w", err))
+		}
+	}
 	if st.FanOut && e.Enqueuer() == nil {
 		return nil, reactor.Permanent(errors.New("mapstep: a fan-out map needs an engine with an Enqueuer (worker.Client)"))
 	}
@@ -373,6 +379,11 @@ func runElement(ctx context.Context, e *reactor.Engine, def *reactor.Definition,
 	}
 	inputs[md.Input] = item
 	res, err := e.ExecuteElement(ctx, def, ElementID(mapID, i), inputs)
+	if errors.Is(err, reactor.ErrLockLost) {
+		// The element's lock, not the owner's: for the caller this element
+		// is held elsewhere (a worker snoozes, an inline map waits).
+		return outcome{}, fmt.Errorf("mapstep: element %d of %s: %v: %w", i, mapID, err, reactor.ErrRunLocked)
+	}
 	var ie *reactor.InputError
 	if errors.As(err, &ie) {
 		f := &reactor.Failure{Step: "", Message: ie.Error()}

@@ -12,6 +12,10 @@ const (
 	outcomeFailed  outcomeStatus = "failed"
 	outcomeHalted  outcomeStatus = "halted"
 	outcomeSkipped outcomeStatus = "skipped"
+	// outcomeStopped: settled without running because the map had failed
+	// or was stopped; an earlier delivery of the element may still have
+	// run some of it, so a rollback looks at the element run.
+	outcomeStopped outcomeStatus = "stopped"
 )
 
 // outcome is one element's settled result, as stored in the map's results

@@ -75,7 +75,7 @@ func (rd *Reader[T]) Next(ctx context.Context) (el Element[T], ok bool, err erro
 				}
 			case o.Status == outcomeFailed:
 				x.Failure = o.Failure
-			case o.Status == outcomeSkipped:
+			case o.Status == outcomeSkipped, o.Status == outcomeStopped:
 				x.Skipped = true
 			case o.Status == outcomeHalted:
 				x.Halted, x.Reason = true, o.Reason

@@ -229,7 +229,9 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 		return err
 	}
 	if !md.exists {
-		return reactor.Permanent(fmt.Errorf("mapstep: map %s has no metadata; its elements cannot be found to undo", st.MapID))
+		// Saved, but the map was never created (a crash before its start
+		// script): no element can exist, nothing to undo.
+		return nil
 	}
 	if st.FanOut && !md.settled() {
 		// Still running forward (the run was cancelled or undone mid-map):
@@ -276,6 +278,14 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 			}
 		}
 		if rb, err = ms.readRb(ctx, st.MapID); err != nil {
+			return err
+		}
+	} else if st.FanOut && rb.Settled == 0 && rb.Offset > 0 {
+		// Nothing settled yet: the first batch may never have gone out (the
+		// enqueue after the start script failed, or the owner died there).
+		// Enqueue it again: at most one batch, and task ids dedupe the jobs
+		// still queued.
+		if err := dispatchRollback(ctx, e, st.MapID, rb.Total, 0, min(rb.Offset, rb.BatchSize)-1); err != nil {
 			return err
 		}
 	}
@@ -368,18 +378,21 @@ func rollbackElement(ctx context.Context, e *reactor.Engine, ms mapStore, md met
 // rollbackElementWith rolls back element i given its forward outcome.
 func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID string, i int, fwd *outcome, wait time.Duration) (rbOutcome, error) {
 	o := rbOutcome{Index: i}
-	// Skipped, failed (it rolled itself back) and halted elements have
-	// nothing for the map to undo. An element with no outcome at all was
-	// cut short with its map (an inline map aborted mid-way): whatever it
-	// completed is undone, and if it never started there is nothing.
+	// Skipped and failed elements (a failed element rolled itself back)
+	// have nothing for the map to undo. A halted element kept what it
+	// completed, like a halted run, and is undone. An element with no
+	// outcome, or settled "stopped", may have been cut short with its map:
+	// whatever it completed is undone, and if it never started there is
+	// nothing.
 	f := fwd
-	if f != nil && f.Status != outcomeOK {
+	if f != nil && (f.Status == outcomeSkipped || f.Status == outcomeFailed) {
 		o.Outcome = rbNotNeeded
 		return o, nil
 	}
+	mayBeAbsent := f == nil || f.Status == outcomeStopped
 	res, err := e.UndoElement(ctx, ElementID(mapID, i), wait)
 	switch {
-	case f == nil && errors.Is(err, reactor.ErrNotFound):
+	case mayBeAbsent && errors.Is(err, reactor.ErrNotFound):
 		o.Outcome = rbNotNeeded
 		return o, nil
 	case errors.Is(err, reactor.ErrNotFound):

@@ -25,9 +25,13 @@ type Construct interface {
 	// infrastructure trouble: the run stops at its last checkpoint, to be
 	// retried, and is not rolled back for it.
 	Run(ctx context.Context, c *ConstructContext) (codec.Raw, error)
-	// Undo rolls back the completed step (State holds what Run saved).
+	// Undo rolls back the completed step (State holds what Run saved). A
+	// *RollbackFailures, *Failure or Permanent error is recorded as the
+	// step's rollback failure; any other error stops the rollback at its
+	// checkpoint, to be resumed, with the entry still on the stack.
 	Undo(ctx context.Context, c *ConstructContext) error
-	// Compensate cleans up after the step's own failure.
+	// Compensate cleans up after the step's own failure; errors are
+	// classified as for Undo.
 	Compensate(ctx context.Context, c *ConstructContext, cause error) error
 }
 

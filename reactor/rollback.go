@@ -136,6 +136,11 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 	if ho := handedOff(err); ho != nil {
 		return false, x.handOffRollback(ctx, ho)
 	}
+	if s.kind == kindConstruct && transient(err) {
+		// Trouble reaching the construct's parts (Redis, an enqueue), not
+		// their verdict: stop at the checkpoint; the rollback resumes.
+		return false, fmt.Errorf("reactor: compensate %q: %w", path, err)
+	}
 	rec := StepRollback{Step: path, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
 	if err != nil {
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
@@ -198,6 +203,10 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 			e.Status = RollbackCompensating
 			return x.handOffRollback(ctx, ho)
 		}
+		if s.kind == kindConstruct && transient(err) {
+			e.Status = RollbackPending
+			return fmt.Errorf("reactor: undo %q: %w", path, err)
+		}
 	}
 	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
 	if err != nil {
@@ -245,6 +254,18 @@ func (x *execution) addRollbackFailures(rb *RollbackRecord, err error, one Rollb
 		x.addRollbackFailure(rb, f)
 	}
 	rb.Failure.RollbackFailuresOmitted += many.Omitted
+}
+
+// transient reports whether a construct's undo error is infrastructure
+// trouble rather than its verdict: a verdict is a *RollbackFailures, a
+// *Failure or a Permanent error.
+func transient(err error) bool {
+	if err == nil {
+		return false
+	}
+	var many *RollbackFailures
+	var fl *Failure
+	return !errors.As(err, &many) && !errors.As(err, &fl) && !IsPermanent(err)
 }
 
 func handedOff(err error) *RollbackHandedOff {
@@ -350,6 +371,13 @@ func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args c
 func foldChild(st *runState, name string, cst *runState) {
 	for _, n := range sortedKeys(cst.Children) {
 		foldChild(cst, n, cst.Children[n])
+	}
+	// The child's constructs in progress (a map still running, or kept for
+	// its Compensate) are undone with it, like startRollback's own.
+	for _, n := range sortedKeys(cst.Constructs) {
+		cst.Seq++
+		cst.Ledger = append(cst.Ledger, &LedgerEntry{Ordinal: cst.Seq, Step: n, Args: cst.Constructs[n], Status: RollbackPending})
+		delete(cst.Constructs, n)
 	}
 	if len(cst.Ledger) > 0 {
 		st.Seq++

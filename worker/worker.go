@@ -242,13 +242,17 @@ func (w *Worker) retryDelay(n int, err error, t *asynq.Task) time.Duration {
 }
 
 // RetryDelay is the asynq RetryDelayFunc goreactor needs: a snooze waits its
-// base to twice its base (jittered), anything else backs off like asynq.
+// base to twice its base (jittered); anything else is infrastructure trouble
+// (a run's own failures are handled inside the run, never by asynq), retried
+// after 1 s, 2 s, 4 s ... up to 5 minutes, jittered by up to a half.
 func RetryDelay(n int, err error, t *asynq.Task) time.Duration {
 	var s *SnoozeError
 	if errors.As(err, &s) {
 		return s.Base + rand.N(s.Base+1)
 	}
-	return asynq.DefaultRetryDelayFunc(n, err, t)
+	d := time.Second << min(n, 9)
+	d = min(d, 5*time.Minute)
+	return d + rand.N(d/2+1)
 }
 
 // IsFailure is the asynq IsFailure goreactor needs: snoozes are not failures.

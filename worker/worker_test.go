@@ -465,5 +465,11 @@ func TestSnoozeIsNotAFailure(t *testing.T) {
 		require.GreaterOrEqual(t, d, s.Base)
 		require.LessOrEqual(t, d, 2*s.Base)
 	}
-	require.GreaterOrEqual(t, worker.RetryDelay(0, errors.New("boom"), task), 15*time.Second, "other errors back off like asynq")
+	// Other errors back off exponentially from 1 s, jittered by up to a
+	// half, capped at 5 minutes.
+	for n, base := range map[int]time.Duration{0: time.Second, 3: 8 * time.Second, 20: 5 * time.Minute} {
+		d := worker.RetryDelay(n, errors.New("boom"), task)
+		require.GreaterOrEqual(t, d, base, "retry %d", n)
+		require.LessOrEqual(t, d, base+base/2, "retry %d", n)
+	}
 }
