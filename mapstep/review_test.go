@@ -123,6 +123,7 @@ func TestElementCompletedBeforeMapFailedIsUndone(t *testing.T) {
 	ctx := ctxT(t)
 	res, err := f.engine.Run(ctx, def, nil, reactor.WithRunID("zombie-1"))
 	require.NoError(t, err)
+	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 	mapID := mapstep.MapID("zombie-1", "each")
 	// Element 2's first delivery: runs to completion, then "dies" before
 	// its settle.
