@@ -16,7 +16,7 @@ lint:
 	@files="$$(git ls-files -z '*.go' | xargs -0 -r gofmt -l)"; \
 	if [ -n "$$files" ]; then echo "gofmt: these files need formatting:"; echo "$$files"; exit 1; fi
 	$(GO) vet ./...
-	@if command -v staticcheck >/dev/null 2>&1; then staticcheck ./...; else echo "staticcheck not on PATH; skipped"; fi
+	@if command -v staticcheck >/dev/null 2>&1; then staticcheck ./...; else $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2 ./...; fi
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
