@@ -65,34 +65,21 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 	if e.cfg.Enqueuer == nil {
 		return nil, ErrNoEnqueuer
 	}
-	if err := e.Register(def); err != nil {
-		return nil, err
-	}
-	var o runOptions
-	for _, opt := range opts {
-		opt(&o)
-	}
-	if o.id == "" {
-		o.id = NewRunID()
-	}
-	if err := validateRunID(o.id); err != nil {
-		return nil, err
-	}
-	encoded, err := def.prepareInputs(inputs)
+	id, encoded, err := e.prepareRun(def, inputs, opts)
 	if err != nil {
 		return nil, err
 	}
-	target := e.store.RunTarget(o.id)
+	target := e.store.RunTarget(id)
 	lease, err := e.locks.TryAcquire(ctx, target.Lock)
 	if errors.Is(err, lock.ErrHeld) {
 		// Someone executes it already: it is dispatched, or finished.
-		if st, _, lerr := e.load(ctx, o.id); lerr == nil {
+		if st, _, lerr := e.load(ctx, id); lerr == nil {
 			if st.Reactor != def.name {
-				return nil, errIDTaken(o.id, st.Reactor)
+				return nil, errIDTaken(id, st.Reactor)
 			}
 			return st.result(), nil
 		}
-		return nil, fmt.Errorf("%w (run %s)", ErrRunLocked, o.id)
+		return nil, fmt.Errorf("%w (run %s)", ErrRunLocked, id)
 	}
 	if err != nil {
 		return nil, err
@@ -100,15 +87,15 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 	bg := context.WithoutCancel(ctx)
 	defer func() { _ = lease.Release(bg) }()
 	now := e.now()
-	st := newState(o.id, def, encoded, now)
+	st := newState(id, def, encoded, now)
 	st.Status = StatusPending
-	w := Wake{ID: wakeID(o.id, "start"), RunID: o.id, Reactor: def.name}
+	w := Wake{ID: wakeID(id, "start"), RunID: id, Reactor: def.name}
 	st.Wake = w.ID
 	data, err := codec.Marshal(st)
 	if err != nil {
 		return nil, fmt.Errorf("reactor: encode run: %w", err)
 	}
-	if err := e.store.MarkStarted(ctx, o.id, string(StatusPending), now); err != nil {
+	if err := e.store.MarkStarted(ctx, id, string(StatusPending), now); err != nil {
 		return nil, err
 	}
 	snap, created, err := e.store.Create(ctx, target, lease.Token(), data)
@@ -122,14 +109,14 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 		}
 		// Undo the speculative pending index entry where it is wrong.
 		if existing.Status.Terminal() {
-			_ = e.store.Unindex(bg, o.id, string(StatusPending))
+			_ = e.store.Unindex(bg, id, string(StatusPending))
 		} else if existing.Status != StatusPending {
-			_ = e.store.MarkStatus(bg, o.id, string(StatusPending), string(existing.Status), false, now)
+			_ = e.store.MarkStatus(bg, id, string(StatusPending), string(existing.Status), false, now)
 		}
 		if existing.Reactor != def.name {
 			// As Run does: the id belongs to another reactor's run, which
 			// must not be woken under this reactor's name.
-			return nil, errIDTaken(o.id, existing.Reactor)
+			return nil, errIDTaken(id, existing.Reactor)
 		}
 		if existing.Status.Terminal() {
 			return existing.result(), nil
@@ -139,7 +126,7 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 	// Saved first, then enqueued: a crash in between leaves a pending run
 	// that the run sweeper wakes.
 	if err := e.cfg.Enqueuer.Enqueue(ctx, w); err != nil {
-		return nil, fmt.Errorf("reactor: enqueue run %s (stored; the run sweeper will wake it): %w", o.id, err)
+		return nil, fmt.Errorf("reactor: enqueue run %s (stored; the run sweeper will wake it): %w", id, err)
 	}
 	return st.result(), nil
 }

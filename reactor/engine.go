@@ -225,8 +225,19 @@ func NewRunID() string {
 // returned for what prevented the run from being executed or recorded
 // (invalid inputs, Redis, a lost lock); what the run did is in the Result.
 func (e *Engine) Run(ctx context.Context, def *Definition, inputs map[string]any, opts ...RunOption) (*Result, error) {
-	if err := e.Register(def); err != nil {
+	id, encoded, err := e.prepareRun(def, inputs, opts)
+	if err != nil {
 		return nil, err
+	}
+	return e.start(ctx, def, id, encoded, false)
+}
+
+// prepareRun is what starting a run in-process and enqueuing it share:
+// register the definition, settle the run id, and check the inputs before
+// anything is stored.
+func (e *Engine) prepareRun(def *Definition, inputs map[string]any, opts []RunOption) (string, map[string]codec.Raw, error) {
+	if err := e.Register(def); err != nil {
+		return "", nil, err
 	}
 	var o runOptions
 	for _, opt := range opts {
@@ -236,13 +247,13 @@ func (e *Engine) Run(ctx context.Context, def *Definition, inputs map[string]any
 		o.id = NewRunID()
 	}
 	if err := validateRunID(o.id); err != nil {
-		return nil, err
+		return "", nil, err
 	}
 	encoded, err := def.prepareInputs(inputs)
 	if err != nil {
-		return nil, err
+		return "", nil, err
 	}
-	return e.start(ctx, def, o.id, encoded, false)
+	return o.id, encoded, nil
 }
 
 // ExecuteElement runs (or resumes, or reads the result of) the element run
