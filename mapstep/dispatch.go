@@ -17,12 +17,22 @@ type ElementTask struct {
 	MapID string
 	Index int
 	// Input is the element's item, encoded (carried in the task so the job
-	// needs no read of the source).
+	// needs no read of the source). Empty: the job fetches its item from
+	// the map's source (the map sweeper's re-enqueues carry none).
 	Input codec.Raw
+	// Redelivery, when set, is appended to the task id: the map sweeper
+	// re-enqueues a position whose task id is spent (its worker died with
+	// the task active) under a fresh id.
+	Redelivery string
 }
 
 // TaskID is the asynq task id of an element: one cause, one id.
-func (t ElementTask) TaskID() string { return fmt.Sprintf("el:%s:%d", t.MapID, t.Index) }
+func (t ElementTask) TaskID() string {
+	if t.Redelivery != "" {
+		return fmt.Sprintf("el:%s:%d:%s", t.MapID, t.Index, t.Redelivery)
+	}
+	return fmt.Sprintf("el:%s:%d", t.MapID, t.Index)
+}
 
 // Enqueuer puts element tasks on the workers' queue; worker.Client
 // implements it. An id already queued must return nil.
@@ -30,8 +40,31 @@ type Enqueuer interface {
 	EnqueueElement(ctx context.Context, t ElementTask) error
 }
 
-func zmember(mapID string) redis.Z {
-	return redis.Z{Score: float64(time.Now().UnixMilli()), Member: mapID}
+// index puts a fan-out map where the sweepers look: the map index (the
+// map sweeper's work list) and the owner's set of maps still working (the
+// run sweeper leaves an owner alone while one of them works). It is called
+// before the map's keys exist, so a crash can never leave claimed work
+// where no sweeper looks.
+func (s mapStore) index(ctx context.Context, mapID, owner string) error {
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZAdd(ctx, s.keys.Maps(), redis.Z{Score: float64(time.Now().UnixMilli()), Member: mapID})
+		p.SAdd(ctx, s.keys.RunMaps(owner), mapID)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("mapstep: index map %s: %w", mapID, err)
+	}
+	return nil
+}
+
+// unindex removes an adopted map from both indexes. It is best effort: a
+// map left in the index costs the map sweeper a look and is removed then.
+func (s mapStore) unindex(ctx context.Context, mapID, owner string) {
+	_, _ = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRem(ctx, s.keys.Maps(), mapID)
+		p.SRem(ctx, s.keys.RunMaps(owner), mapID)
+		return nil
+	})
 }
 
 // dispatch enqueues the element tasks of positions [from, from+len(items)).
@@ -53,6 +86,11 @@ func dispatch(ctx context.Context, e *reactor.Engine, mapID string, from int, it
 	}
 	return nil
 }
+
+// ErrBadTask is returned for a task that names something its map does not
+// have (an element out of range, a rollback position for another element):
+// retrying cannot help, so workers archive it.
+var ErrBadTask = errors.New("mapstep: malformed task")
 
 // ErrMapGone is returned for an element task whose map no longer exists.
 var ErrMapGone = errors.New("mapstep: map not found (finished and expired, or never started)")
@@ -82,7 +120,18 @@ func ProcessElement(ctx context.Context, e *reactor.Engine, t ElementTask) error
 		if !ok {
 			return fmt.Errorf("%w %q (element of map %s): register it on this worker", reactor.ErrUnknownReactor, md.Element, t.MapID)
 		}
-		o, err = runElement(ctx, e, def, md, t.MapID, t.Index, t.Input)
+		item := t.Input
+		if len(item) == 0 {
+			if t.Index < 0 || t.Index >= md.Total {
+				return fmt.Errorf("%w: element %d of map %s is out of range (size %d)", ErrBadTask, t.Index, t.MapID, md.Total)
+			}
+			items, err := claimedItems(ctx, e, ms, md, t.MapID, t.Index, t.Index)
+			if err != nil {
+				return err
+			}
+			item = items[0]
+		}
+		o, err = runElement(ctx, e, def, md, t.MapID, t.Index, item)
 		if err != nil {
 			return err
 		}
@@ -145,9 +194,19 @@ func claimedItems(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, 
 
 func resumeOwner(ctx context.Context, e *reactor.Engine, md meta, mapID string) error {
 	return e.Enqueuer().Enqueue(ctx, reactor.Wake{
-		ID:    "resume:" + md.Owner + ":fwd:" + mapID,
-		RunID: md.Owner, Reactor: md.OwnerReact,
+		ID:    fwdResumeID(md.Owner, mapID),
+		RunID: md.Owner, Reactor: md.OwnerReact, Retain: resumeRetention,
 	})
+}
+
+// resumeRetention keeps an owner's completed resume visible to the map
+// sweeper, which tells a resume that ran from one that was lost by it.
+const resumeRetention = time.Hour
+
+func fwdResumeID(owner, mapID string) string { return "resume:" + owner + ":fwd:" + mapID }
+
+func rbResumeID(owner, mapID string) string {
+	return fmt.Sprintf("resume:%s:rb:%s:%d", owner, mapID, rbGen)
 }
 
 // failpoints are test-only hooks at the narrow windows of the protocol.

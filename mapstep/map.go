@@ -227,7 +227,7 @@ func (m *construct) begin(ctx context.Context, c *reactor.ConstructContext, ms m
 	}
 	// Indexed before it exists, so a crash after the start script can
 	// never leave a claimed map where the map sweeper does not look.
-	if err := ms.rdb.ZAdd(ctx, ms.keys.Maps(), zmember(st.MapID)).Err(); err != nil {
+	if err := ms.index(ctx, st.MapID, c.OwnerID); err != nil {
 		return nil, err
 	}
 	if hook := failpoints.beforeStart; hook != nil {
@@ -303,7 +303,9 @@ func (m *construct) reopen(ctx context.Context, c *reactor.ConstructContext, ms 
 // adopt turns a settled map into the step's result: the failing element's
 // Failure for an atomic failure, else a Result.
 func adopt(ctx context.Context, ms mapStore, st state, md meta) (codec.Raw, error) {
-	_ = ms.rdb.ZRem(ctx, ms.keys.Maps(), st.MapID).Err()
+	if st.FanOut {
+		ms.unindex(ctx, st.MapID, md.Owner)
+	}
 	if md.Atomic && md.Failed {
 		outs, err := ms.results(ctx, st.MapID, md.FailedIndex, md.FailedIndex)
 		if err != nil {

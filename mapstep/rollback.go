@@ -66,10 +66,17 @@ type RollbackTask struct {
 	// fixed when the rollback started), carried so the job reads its map
 	// in one round trip.
 	Index int
+	// Redelivery, when set, is appended to the task id (see ElementTask).
+	Redelivery string
 }
 
 // TaskID is the asynq task id of a rollback job.
-func (t RollbackTask) TaskID() string { return fmt.Sprintf("rb:%s:%d:%d", t.MapID, t.Gen, t.Pos) }
+func (t RollbackTask) TaskID() string {
+	if t.Redelivery != "" {
+		return fmt.Sprintf("rb:%s:%d:%d:%s", t.MapID, t.Gen, t.Pos, t.Redelivery)
+	}
+	return fmt.Sprintf("rb:%s:%d:%d", t.MapID, t.Gen, t.Pos)
+}
 
 // RollbackEnqueuer puts rollback jobs on the queue; worker.Client implements it.
 type RollbackEnqueuer interface {
@@ -260,7 +267,7 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 		batch := md.BatchSize
 		if !st.FanOut {
 			batch = max(total, 1)
-		} else if err := ms.rdb.ZAdd(ctx, ms.keys.Maps(), zmember(st.MapID)).Err(); err != nil {
+		} else if err := ms.index(ctx, st.MapID, c.OwnerID); err != nil {
 			// Indexed before the rollback exists, like the forward map, so
 			// the map sweeper can find a rollback with outstanding work.
 			return err
@@ -324,7 +331,7 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 		return err
 	}
 	if st.FanOut {
-		_ = ms.rdb.ZRem(ctx, ms.keys.Maps(), st.MapID).Err()
+		ms.unindex(ctx, st.MapID, c.OwnerID)
 	}
 	log.Info("map rollback completed", "event", "reactor.map.rollback.completed", "total", rb.Total, "failed", rb.Failed)
 	if len(failures) == 0 && omitted == 0 {
@@ -489,10 +496,18 @@ func dispatchRollback(ctx context.Context, e *reactor.Engine, mapID string, tota
 	return nil
 }
 
+func dispatchRollbackTask(ctx context.Context, e *reactor.Engine, t RollbackTask) error {
+	q, ok := e.Enqueuer().(RollbackEnqueuer)
+	if !ok {
+		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
+	}
+	return q.EnqueueRollback(ctx, t)
+}
+
 func resumeOwnerRollback(ctx context.Context, e *reactor.Engine, owner, reactorName, mapID string) error {
 	return e.Enqueuer().Enqueue(ctx, reactor.Wake{
-		ID:    fmt.Sprintf("resume:%s:rb:%s:%d", owner, mapID, rbGen),
-		RunID: owner, Reactor: reactorName,
+		ID:    rbResumeID(owner, mapID),
+		RunID: owner, Reactor: reactorName, Retain: resumeRetention,
 	})
 }
 
@@ -518,7 +533,7 @@ func ProcessRollback(ctx context.Context, e *reactor.Engine, t RollbackTask, loc
 		return ErrMapGone
 	}
 	if t.Index != rb.Total-1-t.Pos {
-		return fmt.Errorf("mapstep: rollback task %s names element %d, position %d of %d is element %d", t.TaskID(), t.Index, t.Pos, rb.Total, rb.Total-1-t.Pos)
+		return fmt.Errorf("%w: rollback task %s names element %d, position %d of %d is element %d", ErrBadTask, t.TaskID(), t.Index, t.Pos, rb.Total, rb.Total-1-t.Pos)
 	}
 	o, err := rollbackElementWith(ctx, e, md, t.MapID, t.Index, fwd, 0)
 	if errors.Is(err, reactor.ErrRunLocked) {

@@ -20,6 +20,10 @@ type Wake struct {
 	Reactor string
 	// Delay postpones the task.
 	Delay time.Duration
+	// Retain keeps the completed task visible this long (asynq retention),
+	// so a sweeper can tell a wake-up that ran from one that was lost.
+	// Zero: the task is forgotten when it completes.
+	Retain time.Duration
 }
 
 // Enqueuer puts wake-ups on the workers' queue. The worker package's Client

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -67,8 +68,9 @@ type RunReport struct {
 }
 
 // RunSweeper recovers runs whose worker died: non-terminal runs in the
-// active index, untouched for StaleAfter, whose lock is free and whose last
-// wake-up task is no longer queued, get a resume with a fresh sweep id.
+// active index, untouched for StaleAfter, whose lock is free, that wait for
+// no unsettled fan-out map and whose last wake-up task is no longer queued,
+// get a resume with a fresh sweep id.
 // Resume is idempotent, so a mistaken wake-up is harmless.
 type RunSweeper struct {
 	cfg  RunConfig
@@ -159,13 +161,24 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, now time.Time, cut
 		return false, false, err
 	}
 	if run.Status.Terminal() {
-		return false, true, s.cfg.Client.ZRem(ctx, s.keys.Active(), id).Err()
+		_, err := s.cfg.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
+			p.ZRem(ctx, s.keys.Active(), id)
+			p.Del(ctx, s.keys.RunMaps(id)) // left over only if an unindex failed
+			return nil
+		})
+		return false, true, err
 	}
 	if run.UpdatedAt.UnixMilli() > cutoff {
 		return false, false, nil
 	}
 	locked, err := s.cfg.Engine.Locked(ctx, id)
 	if err != nil || locked {
+		return false, false, err
+	}
+	// A run waiting for a fan-out map is resumed by the map's workers (or
+	// by the map sweeper) when the map settles; waking it earlier would
+	// only make it hand off again.
+	if waiting, err := mapstep.Awaiting(ctx, s.cfg.Engine, id); err != nil || waiting {
 		return false, false, err
 	}
 	sweepID := fmt.Sprintf("resume:%s:sweep:%d", id, run.Version)

@@ -55,6 +55,9 @@ func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 	if w.Delay > 0 {
 		opts = append(opts, asynq.ProcessIn(w.Delay))
 	}
+	if w.Retain > 0 {
+		opts = append(opts, asynq.Retention(w.Retain))
+	}
 	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeRun, payload), opts...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil

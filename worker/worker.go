@@ -210,7 +210,7 @@ func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
 		return &SnoozeError{RunID: mapstep.ElementID(p.MapID, p.Index), Base: w.cfg.Snooze}
 	case errors.Is(err, reactor.ErrLockLost):
 		return &SnoozeError{RunID: mapstep.ElementID(p.MapID, p.Index), Base: w.cfg.Snooze}
-	case errors.Is(err, mapstep.ErrMapGone):
+	case errors.Is(err, mapstep.ErrMapGone), errors.Is(err, mapstep.ErrBadTask):
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
 	return err
@@ -231,7 +231,7 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 	switch {
 	case errors.Is(err, reactor.ErrRunLocked), errors.Is(err, reactor.ErrLockLost):
 		return &SnoozeError{RunID: fmt.Sprintf("%s rollback %d", p.MapID, p.Pos), Base: w.cfg.Snooze}
-	case errors.Is(err, mapstep.ErrMapGone):
+	case errors.Is(err, mapstep.ErrMapGone), errors.Is(err, mapstep.ErrBadTask):
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
 	return err

@@ -64,6 +64,11 @@ func (k Keys) RunCancel(id string) string { return k.run(id, "cancel") }
 // RunAudit is the append-only stream of the run's compensation events.
 func (k Keys) RunAudit(id string) string { return k.run(id, "audit") }
 
+// RunMaps is the set of the run's fan-out maps (forward or rolling back)
+// that have not been adopted yet: the run sweeper leaves a run alone while
+// one of them is still working.
+func (k Keys) RunMaps(id string) string { return k.run(id, "maps") }
+
 // Active is the index of non-terminal runs scored by last-touched time (ms).
 func (k Keys) Active() string { return k.prefix + ":idx:active" }
 
@@ -105,6 +110,10 @@ func (k Keys) MapFailed(id string) string { return k.mapKey(id, "failed") }
 
 // MapSignalled is claimed (SET NX) by the one settle that resumes the owner.
 func (k Keys) MapSignalled(id string) string { return k.mapKey(id, "owner_signalled") }
+
+// SweeperLeader is the lock a sweeper pass holds, so that replicas of
+// cmd/sweeper do not sweep at the same time.
+func (k Keys) SweeperLeader() string { return k.prefix + ":{sweeper}:leader" }
 
 // Maps is the index of maps with outstanding work (sweeper input).
 func (k Keys) Maps() string { return k.prefix + ":idx:maps" }

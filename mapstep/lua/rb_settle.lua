@@ -19,6 +19,9 @@ end
 local m = redis.call('HMGET', KEYS[1], 'total', 'batch_size')
 local total, b = tonumber(m[1]), tonumber(m[2])
 local settled = redis.call('HINCRBY', KEYS[1], 'settled', 1)
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('HSET', KEYS[1], 'touched', now)
 redis.call('HINCRBY', KEYS[1], 'n:' .. ARGV[3], 1)
 if ARGV[4] == '1' then
   redis.call('HINCRBY', KEYS[1], 'failed', 1)

@@ -11,6 +11,9 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
 end
 redis.call('HSET', KEYS[1], 'total', ARGV[1], 'batch_size', ARGV[2], 'started_at', ARGV[3],
   'settled', 0, 'failed', 0)
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('HSET', KEYS[1], 'touched', now)
 local first = math.min(tonumber(ARGV[2]), tonumber(ARGV[1]))
 redis.call('SET', KEYS[2], first)
 return {1, first}

@@ -25,6 +25,11 @@ end
 local m = redis.call('HMGET', KEYS[1], 'total', 'batch_size', 'atomic')
 local total, b = tonumber(m[1]), tonumber(m[2])
 local settled = redis.call('HINCRBY', KEYS[1], 'settled', 1)
+-- Progress time (server clock) for the map sweeper, which leaves a map
+-- that settled something recently alone.
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('HSET', KEYS[1], 'touched', now)
 if ARGV[3] == '1' then
   redis.call('HINCRBY', KEYS[1], 'failures', 1)
   if m[3] == '1' then

@@ -14,6 +14,9 @@ end
 redis.call('HSET', KEYS[1], 'total', ARGV[1], 'batch_size', ARGV[2], 'atomic', ARGV[3],
   'owner', ARGV[4], 'owner_reactor', ARGV[5], 'element', ARGV[6], 'step', ARGV[7],
   'with', ARGV[8], 'input', ARGV[9], 'fanout', ARGV[10], 'paged', ARGV[11], 'settled', 0, 'failures', 0)
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('HSET', KEYS[1], 'touched', now)
 local first = math.min(tonumber(ARGV[2]), tonumber(ARGV[1]))
 redis.call('SET', KEYS[2], first)
 return {1, first}

@@ -1,0 +1,485 @@
+package mapstep
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// Recovery of lost map work. A worker dies holding element tasks; a settle
+// stores its outcome but the enqueue after it fails; an owner resume is
+// dropped. The map sweeper (package sweeper) calls RecoverMap for each map
+// in the map index; RecoverMap re-dispatches exactly what the protocol would
+// have dispatched, and nothing else:
+//
+//   - a claimed position with no outcome, no live element lock and no live
+//     task is enqueued again (at most the map's batch size per call);
+//   - when every claimed position settled but the next batch was not claimed
+//     (the trigger's claim is missing), exactly the next batch is claimed,
+//     with the compare-and-set a settle uses;
+//   - a settled map whose owner signal was claimed but whose resume is gone
+//     gets the resume enqueued again.
+//
+// Rollbacks get the same three over their current generation's keys.
+// Back pressure holds: a map never has more than a batch of positions
+// outstanding beyond what its settles claimed.
+
+var (
+	//go:embed lua/claim.lua
+	claimSrc string
+	//go:embed lua/rb_claim.lua
+	rbClaimSrc string
+
+	claimScript   = redis.NewScript(claimSrc)
+	rbClaimScript = redis.NewScript(rbClaimSrc)
+)
+
+// TaskFate is what the queue knows of a task id.
+type TaskFate int
+
+const (
+	// TaskMissing: no task has this id (never enqueued, or completed and
+	// forgotten). Enqueueing the id again is safe.
+	TaskMissing TaskFate = iota
+	// TaskLive: pending, scheduled, retrying, or active on a worker that is
+	// alive. It will run; leave it.
+	TaskLive
+	// TaskDead: active on a worker that stopped extending its lease (it
+	// died). The id is spent until the queue reclaims it; a redelivery
+	// needs a fresh id.
+	TaskDead
+	// TaskArchived: archived; it will not run again. Delete it before
+	// enqueueing its id again.
+	TaskArchived
+	// TaskCompleted: completed and retained.
+	TaskCompleted
+)
+
+func (f TaskFate) String() string {
+	switch f {
+	case TaskMissing:
+		return "missing"
+	case TaskLive:
+		return "live"
+	case TaskDead:
+		return "dead"
+	case TaskArchived:
+		return "archived"
+	case TaskCompleted:
+		return "completed"
+	}
+	return "TaskFate(" + strconv.Itoa(int(f)) + ")"
+}
+
+// TaskInspector tells the map sweeper what became of a task id; package
+// sweeper implements it with asynq's Inspector.
+type TaskInspector interface {
+	TaskFate(ctx context.Context, id string) (TaskFate, error)
+	// DeleteTask deletes an archived or completed task so its id can be
+	// enqueued again.
+	DeleteTask(ctx context.Context, id string) error
+}
+
+// SweepOptions configure one RecoverMap call.
+type SweepOptions struct {
+	// Tasks inspects task ids. Required.
+	Tasks TaskInspector
+	// StaleBefore is a Redis server time (ms): a map (or rollback) that
+	// settled a position after it is making progress and is left alone.
+	// Zero examines every map.
+	StaleBefore int64
+	// Now is the Redis server time (ms) of the pass; it makes the fresh
+	// ids of redeliveries unique.
+	Now int64
+}
+
+// Recovery is what RecoverMap did to one map.
+type Recovery struct {
+	// Elements and Rollbacks count element tasks and rollback jobs
+	// enqueued again (fresh ids included).
+	Elements, Rollbacks int
+	// Claims counts batches claimed in place of a lost trigger.
+	Claims int
+	// Resumes counts owner resumes enqueued again.
+	Resumes int
+	// Fresh counts redeliveries under a fresh id (their task died active).
+	Fresh int
+	// Deleted counts archived tasks deleted before their id was reused.
+	Deleted int
+	// Live is set when the map made progress recently and was not examined.
+	Live bool
+	// Missing is set when the map has no keys: its owner saved the decision
+	// and died before the map started (the run sweeper revives the owner,
+	// which indexes the map again).
+	Missing bool
+	// Done is set when the map needs no sweeping any more: its owner has
+	// adopted it (or is gone). The sweeper removes it from the index (and
+	// from Owner's set of maps).
+	Done bool
+	// Owner is the map's owner run, when the map exists.
+	Owner string
+}
+
+// Dispatched is the number of tasks RecoverMap enqueued.
+func (r Recovery) Dispatched() int { return r.Elements + r.Rollbacks + r.Resumes }
+
+// sweepView is everything RecoverMap reads of a map, in one round trip.
+type sweepView struct {
+	md                  meta
+	touched             int64
+	signalled           bool
+	rb                  rbMeta
+	rbTouched           int64
+	handedOff, rbSignal bool
+	lwm, rbLwm          int
+}
+
+func (s mapStore) readSweep(ctx context.Context, mapID string) (sweepView, error) {
+	k := s.keys
+	var mh, rh *redis.MapStringStringCmd
+	var off, failed, roff *redis.StringCmd
+	var sig, ho, rsig *redis.IntCmd
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		mh = p.HGetAll(ctx, k.MapMeta(mapID))
+		off = p.Get(ctx, k.MapOffset(mapID))
+		failed = p.Get(ctx, k.MapFailed(mapID))
+		sig = p.Exists(ctx, k.MapSignalled(mapID))
+		rh = p.HGetAll(ctx, k.MapRbMeta(mapID, rbGen))
+		roff = p.Get(ctx, k.MapRbOffset(mapID, rbGen))
+		ho = p.Exists(ctx, k.MapRbHandedOff(mapID, rbGen))
+		rsig = p.Exists(ctx, k.MapRbSignalled(mapID, rbGen))
+		return nil
+	})
+	if err != nil && err != redis.Nil {
+		return sweepView{}, fmt.Errorf("mapstep: read map %s for the sweeper: %w", mapID, err)
+	}
+	v := sweepView{md: parseMeta(mh.Val(), off.Val(), failed), signalled: sig.Val() == 1,
+		rb: parseRb(rh.Val(), roff.Val()), handedOff: ho.Val() == 1, rbSignal: rsig.Val() == 1}
+	v.touched, _ = strconv.ParseInt(mh.Val()["touched"], 10, 64)
+	v.lwm, _ = strconv.Atoi(mh.Val()["swept"])
+	v.rbTouched, _ = strconv.ParseInt(rh.Val()["touched"], 10, 64)
+	v.rbLwm, _ = strconv.Atoi(rh.Val()["swept"])
+	return v, nil
+}
+
+// RecoverMap re-dispatches the lost work of one fan-out map, forward or
+// rolling back (see the package comment above). It never runs an element
+// itself, so the sweeper needs no reactor definitions: an element task it
+// enqueues carries no item, and the worker fetches it from the map's source.
+func RecoverMap(ctx context.Context, e *reactor.Engine, mapID string, opt SweepOptions) (Recovery, error) {
+	if opt.Tasks == nil {
+		return Recovery{}, errors.New("mapstep: RecoverMap needs SweepOptions.Tasks")
+	}
+	ms := storeOf(e)
+	v, err := ms.readSweep(ctx, mapID)
+	if err != nil {
+		return Recovery{}, err
+	}
+	if !v.md.exists {
+		return Recovery{Missing: true}, nil
+	}
+	if !v.md.FanOut {
+		return Recovery{Done: true, Owner: v.md.Owner}, nil // inline maps have no tasks to lose
+	}
+	sw := &mapSweep{e: e, ms: ms, mapID: mapID, opt: opt, v: v, rec: Recovery{Owner: v.md.Owner}}
+	if v.rb.exists {
+		return sw.rollback(ctx)
+	}
+	return sw.forward(ctx)
+}
+
+type mapSweep struct {
+	e     *reactor.Engine
+	ms    mapStore
+	mapID string
+	opt   SweepOptions
+	v     sweepView
+	rec   Recovery
+}
+
+func (sw *mapSweep) forward(ctx context.Context) (Recovery, error) {
+	md := sw.v.md
+	if sw.v.touched > sw.opt.StaleBefore {
+		sw.rec.Live = true
+		return sw.rec, nil
+	}
+	if md.settled() {
+		if !sw.v.signalled {
+			// Settled without a signal: the owner stopped the map itself
+			// (Cancel/Undo mid-map) and goes on without a resume.
+			return sw.rec, nil
+		}
+		return sw.rec, sw.resumeOwner(ctx, fwdResumeID(md.Owner, sw.mapID))
+	}
+	budget := md.BatchSize
+	if !md.Failed && md.Settled >= md.Offset && md.Offset < md.Total {
+		res, err := claimScript.Run(ctx, sw.ms.rdb, []string{sw.ms.keys.MapMeta(sw.mapID), sw.ms.keys.MapOffset(sw.mapID), sw.ms.keys.MapFailed(sw.mapID)}, md.Offset).Int64Slice()
+		if err != nil {
+			return sw.rec, fmt.Errorf("mapstep: claim the next batch of %s: %w", sw.mapID, err)
+		}
+		if res[0] >= 0 {
+			sw.rec.Claims++
+			from, to := int(res[0]), int(res[1])
+			var items []codec.Raw
+			if !md.Paged {
+				if items, err = sw.ms.sourceRange(ctx, sw.mapID, from, to); err != nil {
+					return sw.rec, err
+				}
+			}
+			for i := from; i <= to; i++ {
+				t := ElementTask{MapID: sw.mapID, Index: i}
+				if items != nil {
+					t.Input = items[i-from]
+				}
+				if err := sw.enqueueElement(ctx, t); err != nil {
+					return sw.rec, err
+				}
+			}
+			return sw.rec, nil // the claimed batch is the pass's budget
+		}
+	}
+	err := sw.outstanding(ctx, sw.ms.keys.MapResults(sw.mapID), sw.ms.keys.MapMeta(sw.mapID), sw.v.lwm, min(md.Offset, md.Total), budget,
+		func(p int) (string, string) { return ElementID(sw.mapID, p), ElementTask{MapID: sw.mapID, Index: p}.TaskID() },
+		func(ctx context.Context, p int, fresh string) error {
+			return sw.enqueueElement(ctx, ElementTask{MapID: sw.mapID, Index: p, Redelivery: fresh})
+		})
+	return sw.rec, err
+}
+
+func (sw *mapSweep) rollback(ctx context.Context) (Recovery, error) {
+	rb, md := sw.v.rb, sw.v.md
+	if sw.v.rbTouched > sw.opt.StaleBefore {
+		sw.rec.Live = true
+		return sw.rec, nil
+	}
+	if rb.settled() {
+		switch {
+		case sw.v.handedOff && sw.v.rbSignal:
+			return sw.rec, sw.resumeOwner(ctx, rbResumeID(md.Owner, sw.mapID))
+		case sw.v.handedOff:
+			// Cannot happen through the handshake scripts (whichever of the
+			// two runs second sees both halves), but the sweeper completes
+			// the job's half rather than leave the owner waiting.
+			ok, err := sw.ms.rdb.SetNX(ctx, sw.ms.keys.MapRbSignalled(sw.mapID, rbGen), "1", 0).Result()
+			if err != nil {
+				return sw.rec, fmt.Errorf("mapstep: claim the rollback signal of %s: %w", sw.mapID, err)
+			}
+			if !ok {
+				return sw.rec, nil // claimed meanwhile: its claimer resumes
+			}
+			return sw.rec, sw.resumeOwner(ctx, rbResumeID(md.Owner, sw.mapID))
+		}
+		// Not handed off: the owner has not saved its hand-off yet, or died
+		// before; the run sweeper wakes it and it adopts the rollback.
+		return sw.rec, nil
+	}
+	enqueue := func(ctx context.Context, p int, fresh string) error {
+		err := dispatchRollbackTask(ctx, sw.e, RollbackTask{MapID: sw.mapID, Gen: rbGen, Pos: p, Index: rb.Total - 1 - p, Redelivery: fresh})
+		if err == nil {
+			sw.rec.Rollbacks++
+		}
+		return err
+	}
+	if rb.Settled >= rb.Offset && rb.Offset < rb.Total {
+		res, err := rbClaimScript.Run(ctx, sw.ms.rdb, []string{sw.ms.keys.MapRbMeta(sw.mapID, rbGen), sw.ms.keys.MapRbOffset(sw.mapID, rbGen)}, rb.Offset).Int64Slice()
+		if err != nil {
+			return sw.rec, fmt.Errorf("mapstep: claim the next rollback batch of %s: %w", sw.mapID, err)
+		}
+		if res[0] >= 0 {
+			sw.rec.Claims++
+			for p := int(res[0]); p <= int(res[1]); p++ {
+				if err := enqueue(ctx, p, ""); err != nil {
+					return sw.rec, err
+				}
+			}
+			return sw.rec, nil
+		}
+	}
+	err := sw.outstanding(ctx, sw.ms.keys.MapRbResults(sw.mapID, rbGen), sw.ms.keys.MapRbMeta(sw.mapID, rbGen), sw.v.rbLwm, min(rb.Offset, rb.Total), rb.BatchSize,
+		func(p int) (string, string) {
+			return ElementID(sw.mapID, rb.Total-1-p), RollbackTask{MapID: sw.mapID, Gen: rbGen, Pos: p}.TaskID()
+		}, enqueue)
+	return sw.rec, err
+}
+
+// outstanding re-enqueues claimed positions in [from, to) that have no
+// outcome, whose element is not locked and whose task will not run, at most
+// budget of them. It records in metaKey's "swept" field the first position
+// without an outcome, so the next pass skips the settled prefix.
+func (sw *mapSweep) outstanding(ctx context.Context, results, metaKey string, from, to, budget int,
+	ids func(p int) (elementID, taskID string), enqueue func(ctx context.Context, p int, fresh string) error) error {
+	const chunk = 500
+	lwm := -1
+	for lo := from; lo < to && budget > 0; lo += chunk {
+		hi := min(lo+chunk, to)
+		fields := make([]string, 0, hi-lo)
+		for p := lo; p < hi; p++ {
+			fields = append(fields, strconv.Itoa(p))
+		}
+		vals, err := sw.ms.rdb.HMGet(ctx, results, fields...).Result()
+		if err != nil {
+			return fmt.Errorf("mapstep: read outcomes of %s: %w", sw.mapID, err)
+		}
+		var open []int
+		for j, val := range vals {
+			if val == nil {
+				open = append(open, lo+j)
+			}
+		}
+		if len(open) > 0 && lwm < 0 {
+			lwm = open[0]
+		}
+		if len(open) == 0 {
+			continue
+		}
+		// The element lock says a worker is on it right now.
+		locks := make([]*redis.IntCmd, len(open))
+		if _, err := sw.ms.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+			for j, p := range open {
+				el, _ := ids(p)
+				locks[j] = pl.Exists(ctx, sw.ms.keys.ElemLock(el))
+			}
+			return nil
+		}); err != nil {
+			return fmt.Errorf("mapstep: read element locks of %s: %w", sw.mapID, err)
+		}
+		for j, p := range open {
+			if budget == 0 {
+				break
+			}
+			if locks[j].Val() == 1 {
+				continue
+			}
+			_, id := ids(p)
+			fate, err := sw.opt.Tasks.TaskFate(ctx, id)
+			if err != nil {
+				return err
+			}
+			fresh := ""
+			switch fate {
+			case TaskLive:
+				continue
+			case TaskDead:
+				fresh = "s" + strconv.FormatInt(sw.opt.Now, 10)
+				sw.rec.Fresh++
+			case TaskArchived, TaskCompleted:
+				if err := sw.opt.Tasks.DeleteTask(ctx, id); err != nil {
+					return err
+				}
+				sw.rec.Deleted++
+			}
+			if err := enqueue(ctx, p, fresh); err != nil {
+				return err
+			}
+			budget--
+		}
+	}
+	if lwm < 0 {
+		lwm = to
+	}
+	if lwm > from {
+		if err := sw.ms.rdb.HSet(ctx, metaKey, "swept", lwm).Err(); err != nil {
+			return fmt.Errorf("mapstep: record the sweep of %s: %w", sw.mapID, err)
+		}
+	}
+	return nil
+}
+
+func (sw *mapSweep) enqueueElement(ctx context.Context, t ElementTask) error {
+	q, ok := sw.e.Enqueuer().(Enqueuer)
+	if !ok {
+		return errors.New("mapstep: the engine's Enqueuer cannot enqueue element tasks (use worker.Client)")
+	}
+	if err := q.EnqueueElement(ctx, t); err != nil {
+		return err
+	}
+	sw.rec.Elements++
+	return nil
+}
+
+// resumeOwner enqueues the owner's resume again if it was lost: not when the
+// owner holds its lock (it is running), not when the resume is still
+// queued, and not when it ran (then the owner has the map, and the map is
+// done). An owner that is gone or finished has no use for its map either.
+func (sw *mapSweep) resumeOwner(ctx context.Context, id string) error {
+	md := sw.v.md
+	run, err := sw.e.Get(ctx, md.Owner)
+	if errors.Is(err, reactor.ErrNotFound) {
+		sw.rec.Done = true
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if run.Status.Terminal() {
+		sw.rec.Done = true
+		return nil
+	}
+	locked, err := sw.e.Locked(ctx, md.Owner)
+	if err != nil || locked {
+		return err
+	}
+	fate, err := sw.opt.Tasks.TaskFate(ctx, id)
+	if err != nil {
+		return err
+	}
+	w := reactor.Wake{ID: id, RunID: md.Owner, Reactor: md.OwnerReact, Retain: resumeRetention}
+	switch fate {
+	case TaskLive:
+		return nil
+	case TaskCompleted:
+		sw.rec.Done = true
+		return nil
+	case TaskDead:
+		w.ID = id + ":s" + strconv.FormatInt(sw.opt.Now, 10)
+		sw.rec.Fresh++
+	case TaskArchived:
+		if err := sw.opt.Tasks.DeleteTask(ctx, id); err != nil {
+			return err
+		}
+		sw.rec.Deleted++
+	}
+	if err := sw.e.Enqueuer().Enqueue(ctx, w); err != nil {
+		return err
+	}
+	sw.rec.Resumes++
+	return nil
+}
+
+// Awaiting reports whether run runID is waiting for one of its fan-out maps
+// to settle, forward or rolling back: the run sweeper leaves such a run
+// alone (waking it would only make it hand off again); the map's workers,
+// or the map sweeper, resume it when the map settles.
+func Awaiting(ctx context.Context, e *reactor.Engine, runID string) (bool, error) {
+	ms := storeOf(e)
+	ids, err := ms.rdb.SMembers(ctx, ms.keys.RunMaps(runID)).Result()
+	if err != nil {
+		return false, fmt.Errorf("mapstep: read the maps of run %s: %w", runID, err)
+	}
+	for _, id := range ids {
+		v, err := ms.readSweep(ctx, id)
+		if err != nil {
+			return false, err
+		}
+		if !v.md.exists || v.md.Owner != runID {
+			continue
+		}
+		if v.rb.exists {
+			if !v.rb.settled() {
+				return true, nil
+			}
+			continue
+		}
+		if !v.md.settled() {
+			return true, nil
+		}
+	}
+	return false, nil
+}

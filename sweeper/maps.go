@@ -1,0 +1,174 @@
+package sweeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// MapConfig configures the map sweeper.
+type MapConfig struct {
+	// Engine reads runs and enqueues through its Enqueuer (a
+	// *worker.Client). Required. It needs no reactor definitions.
+	Engine *reactor.Engine
+	// Queue is the asynq queue the map tasks go to. Default: the Engine's
+	// Enqueuer's queue when it has a Queue() method, else "goreactor".
+	Queue string
+	// StaleAfter is how long a map must have settled nothing before the
+	// sweeper examines it, and how long after examining a map it looks
+	// again. Default 10 s.
+	StaleAfter time.Duration
+	// Page bounds the maps examined per pass. Default 100.
+	Page int
+	// Logger receives a line per recovery. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// MapReport counts what one map sweeper pass did.
+type MapReport struct {
+	// Examined is the number of index entries looked at; Live of them were
+	// making progress and were left alone.
+	Examined, Live int
+	// Elements and Rollbacks are element tasks and rollback jobs enqueued
+	// again; Claims are batches claimed in place of a lost trigger; Resumes
+	// are owner resumes enqueued again.
+	Elements, Rollbacks, Claims, Resumes int
+	// Fresh counts redeliveries under a fresh task id (the task died
+	// active); Deleted counts archived tasks deleted before reuse.
+	Fresh, Deleted int
+	// Removed counts maps taken off the index (adopted, or never started).
+	Removed int
+}
+
+func (r *MapReport) add(rec mapstep.Recovery) {
+	r.Elements += rec.Elements
+	r.Rollbacks += rec.Rollbacks
+	r.Claims += rec.Claims
+	r.Resumes += rec.Resumes
+	r.Fresh += rec.Fresh
+	r.Deleted += rec.Deleted
+	if rec.Live {
+		r.Live++
+	}
+}
+
+// Recovered is the number of tasks the pass enqueued.
+func (r MapReport) Recovered() int { return r.Elements + r.Rollbacks + r.Resumes }
+
+// MapSweeper recovers lost fan-out map work: forward element tasks and
+// rollback jobs whose worker died or whose enqueue never happened, lost
+// batch claims, and lost owner resumes (see mapstep.RecoverMap). It reads
+// its work from the map index, a page at a time, oldest-examined first.
+type MapSweeper struct {
+	cfg   MapConfig
+	keys  keys.Keys
+	rdb   redis.UniversalClient
+	tasks *queueTasks
+}
+
+// NewMapSweeper returns a map sweeper.
+func NewMapSweeper(cfg MapConfig) (*MapSweeper, error) {
+	if cfg.Engine == nil || cfg.Engine.Enqueuer() == nil {
+		return nil, errors.New("sweeper: MapConfig needs an Engine with an Enqueuer (worker.Client)")
+	}
+	if q, ok := cfg.Engine.Enqueuer().(interface{ Queue() string }); ok {
+		if cfg.Queue == "" {
+			cfg.Queue = q.Queue()
+		} else if cfg.Queue != q.Queue() {
+			return nil, fmt.Errorf("sweeper: MapConfig.Queue %q is not the queue its Enqueuer uses (%q)", cfg.Queue, q.Queue())
+		}
+	}
+	if cfg.Queue == "" {
+		cfg.Queue = "goreactor"
+	}
+	if cfg.StaleAfter <= 0 {
+		cfg.StaleAfter = 10 * time.Second
+	}
+	if cfg.Page <= 0 {
+		cfg.Page = 100
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	rdb := cfg.Engine.Client()
+	return &MapSweeper{cfg: cfg, keys: keys.New(cfg.Engine.Prefix()), rdb: rdb, tasks: newQueueTasks(rdb, cfg.Queue)}, nil
+}
+
+// removeIfUnchanged drops an index entry only if nobody re-indexed it since
+// the pass read it (an owner indexes its map again before starting it).
+var removeIfUnchanged = redis.NewScript(`
+local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if s and tonumber(s) == tonumber(ARGV[2]) then
+  return redis.call('ZREM', KEYS[1], ARGV[1])
+end
+return 0`)
+
+// Sweep runs one pass over a page of the map index: entries not examined
+// for StaleAfter, oldest first. Every entry it keeps is touched, so the
+// next pass reaches the entries behind it. An error on one map is logged
+// and the pass goes on; the errors are returned joined.
+func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
+	var rep MapReport
+	srvNow, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return rep, fmt.Errorf("sweeper: read the server time: %w", err)
+	}
+	now := time.Now()
+	cutoff := now.Add(-s.cfg.StaleAfter).UnixMilli()
+	entries, err := s.rdb.ZRangeByScoreWithScores(ctx, s.keys.Maps(), &redis.ZRangeBy{
+		Min: "-inf", Max: strconv.FormatInt(cutoff, 10), Count: int64(s.cfg.Page),
+	}).Result()
+	if err != nil {
+		return rep, fmt.Errorf("sweeper: read map index: %w", err)
+	}
+	opt := mapstep.SweepOptions{Tasks: s.tasks, Now: srvNow.UnixMilli(), StaleBefore: srvNow.Add(-s.cfg.StaleAfter).UnixMilli()}
+	var errs []error
+	for _, z := range entries {
+		if err := ctx.Err(); err != nil {
+			return rep, errors.Join(append(errs, err)...)
+		}
+		id, _ := z.Member.(string)
+		rep.Examined++
+		rec, err := mapstep.RecoverMap(ctx, s.cfg.Engine, id, opt)
+		rep.add(rec)
+		switch {
+		case err == nil && (rec.Done || rec.Missing):
+			// Done: adopted, or its owner is gone. Missing: its owner died
+			// between saving the map and starting it; the run sweeper
+			// revives the owner, which indexes the map again. Either way the
+			// entry goes, unless an owner re-indexed it meanwhile (a
+			// rollback starting indexes the map again).
+			n, rerr := removeIfUnchanged.Run(ctx, s.rdb, []string{s.keys.Maps()}, id, int64(z.Score)).Int()
+			if rerr != nil {
+				err = rerr
+			}
+			if n == 1 && rec.Owner != "" {
+				err = s.rdb.SRem(ctx, s.keys.RunMaps(rec.Owner), id).Err()
+			}
+			rep.Removed += n
+		default:
+			if terr := s.rdb.ZAddXX(ctx, s.keys.Maps(), redis.Z{Score: float64(now.UnixMilli()), Member: id}).Err(); err == nil {
+				err = terr
+			}
+		}
+		if err != nil {
+			s.cfg.Logger.Error("cannot sweep map", "event", "reactor.sweep.error", "map", id, "error", err)
+			errs = append(errs, fmt.Errorf("sweeper: map %s: %w", id, err))
+		}
+		if rec.Dispatched() > 0 || rec.Claims > 0 {
+			s.cfg.Logger.Info("recovered map work", "event", "reactor.sweep.map", "map", id,
+				"elements", rec.Elements, "rollbacks", rec.Rollbacks, "claims", rec.Claims, "resumes", rec.Resumes,
+				"fresh_ids", rec.Fresh, "deleted", rec.Deleted)
+		}
+	}
+	return rep, errors.Join(errs...)
+}

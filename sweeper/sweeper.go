@@ -1,0 +1,193 @@
+package sweeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/lock"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// Config configures a Sweeper: the run sweeper and the map sweeper in one
+// loop, one pass per tick, under a leader lock.
+type Config struct {
+	// Engine reads runs and maps and enqueues through its Enqueuer (a
+	// *worker.Client). Required. It needs no reactor definitions.
+	Engine *reactor.Engine
+	// Queue is the asynq queue goreactor's tasks go to. Default: the
+	// Enqueuer's queue.
+	Queue string
+	// Interval is the time between passes of Run. Default 10 s.
+	Interval time.Duration
+	// StaleAfter is how long a run or map must have gone without progress
+	// before a pass examines it. Default 10 s.
+	StaleAfter time.Duration
+	// RunPage and MapPage bound the runs and maps examined per pass.
+	// Defaults 200 and 100.
+	RunPage, MapPage int
+	// LeaderTTL is the expiry of the leader lock (kept alive while a pass
+	// runs). Default 30 s.
+	LeaderTTL time.Duration
+	// Logger receives a summary line per pass. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// Report is what one pass did. Leader is false when another replica held
+// the leader lock and this one did nothing.
+type Report struct {
+	Leader   bool
+	Runs     RunReport
+	Maps     MapReport
+	Duration time.Duration
+}
+
+// Recovered is the number of tasks the pass enqueued.
+func (r Report) Recovered() int { return r.Runs.Woken + r.Maps.Recovered() }
+
+// Totals are counters over the life of a Sweeper.
+type Totals struct {
+	Passes, Skipped, Errors                        int64
+	RunsWoken, RunsDropped                         int64
+	Elements, Rollbacks, Claims, Resumes, Removed  int64
+	FreshIDs, DeletedTasks, RunsExamined, Examined int64
+}
+
+// Sweeper runs the run and map sweepers together.
+type Sweeper struct {
+	cfg    Config
+	runs   *RunSweeper
+	maps   *MapSweeper
+	locker *lock.Locker
+	leader string
+
+	mu     sync.Mutex
+	totals Totals
+}
+
+// New returns a Sweeper.
+func New(cfg Config) (*Sweeper, error) {
+	if cfg.Engine == nil || cfg.Engine.Enqueuer() == nil {
+		return nil, errors.New("sweeper: Config needs an Engine with an Enqueuer (worker.Client)")
+	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = 10 * time.Second
+	}
+	if cfg.LeaderTTL <= 0 {
+		cfg.LeaderTTL = 30 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	rdb := cfg.Engine.Client()
+	runs, err := NewRunSweeper(RunConfig{Engine: cfg.Engine, Client: rdb, Enqueuer: cfg.Engine.Enqueuer(), Queue: cfg.Queue,
+		StaleAfter: cfg.StaleAfter, Page: cfg.RunPage, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	maps, err := NewMapSweeper(MapConfig{Engine: cfg.Engine, Queue: cfg.Queue, StaleAfter: cfg.StaleAfter, Page: cfg.MapPage, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	return &Sweeper{cfg: cfg, runs: runs, maps: maps, locker: lock.New(rdb, cfg.LeaderTTL),
+		leader: keys.New(cfg.Engine.Prefix()).SweeperLeader()}, nil
+}
+
+// Once runs one pass (runs, then maps) if it can take the leader lock, and
+// logs its summary. Errors on single runs or maps do not stop the pass;
+// they are returned joined with its report.
+func (s *Sweeper) Once(ctx context.Context) (Report, error) {
+	began := time.Now()
+	lease, err := s.locker.TryAcquire(ctx, s.leader)
+	if errors.Is(err, lock.ErrHeld) {
+		s.count(Report{}, nil)
+		s.cfg.Logger.Debug("sweep skipped: another sweeper holds the leader lock", "event", "reactor.sweep.skipped")
+		return Report{}, nil
+	}
+	if err != nil {
+		return Report{}, fmt.Errorf("sweeper: leader lock: %w", err)
+	}
+	pctx := lease.Keep(ctx)
+	rep := Report{Leader: true}
+	var errs []error
+	var rerr, merr error
+	rep.Runs, rerr = s.runs.Sweep(pctx)
+	if rerr != nil {
+		errs = append(errs, rerr)
+	}
+	if pctx.Err() == nil {
+		rep.Maps, merr = s.maps.Sweep(pctx)
+		if merr != nil {
+			errs = append(errs, merr)
+		}
+	}
+	if lock.Lost(pctx) {
+		errs = append(errs, errors.New("sweeper: leader lock lost mid-pass"))
+	}
+	lease.Stop()
+	_ = lease.Release(context.WithoutCancel(ctx))
+	rep.Duration = time.Since(began)
+	err = errors.Join(errs...)
+	s.count(rep, err)
+	t := s.Totals()
+	s.cfg.Logger.Info("sweep", "event", "reactor.sweep.pass", "duration_ms", rep.Duration.Milliseconds(),
+		"runs_examined", rep.Runs.Examined, "runs_woken", rep.Runs.Woken, "runs_dropped", rep.Runs.Dropped,
+		"maps_examined", rep.Maps.Examined, "maps_live", rep.Maps.Live, "elements", rep.Maps.Elements,
+		"rollbacks", rep.Maps.Rollbacks, "claims", rep.Maps.Claims, "resumes", rep.Maps.Resumes,
+		"maps_removed", rep.Maps.Removed, "errors", err != nil,
+		"total_recovered", t.RunsWoken+t.Elements+t.Rollbacks+t.Resumes, "total_claims", t.Claims)
+	return rep, err
+}
+
+func (s *Sweeper) count(rep Report, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	t := &s.totals
+	if !rep.Leader {
+		t.Skipped++
+		return
+	}
+	t.Passes++
+	if err != nil {
+		t.Errors++
+	}
+	t.RunsExamined += int64(rep.Runs.Examined)
+	t.RunsWoken += int64(rep.Runs.Woken)
+	t.RunsDropped += int64(rep.Runs.Dropped)
+	t.Examined += int64(rep.Maps.Examined)
+	t.Elements += int64(rep.Maps.Elements)
+	t.Rollbacks += int64(rep.Maps.Rollbacks)
+	t.Claims += int64(rep.Maps.Claims)
+	t.Resumes += int64(rep.Maps.Resumes)
+	t.Removed += int64(rep.Maps.Removed)
+	t.FreshIDs += int64(rep.Maps.Fresh)
+	t.DeletedTasks += int64(rep.Maps.Deleted)
+}
+
+// Totals returns the counters so far.
+func (s *Sweeper) Totals() Totals {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.totals
+}
+
+// Run sweeps every Interval until ctx ends. A failed pass is logged and the
+// loop goes on; Run returns nil when ctx ends.
+func (s *Sweeper) Run(ctx context.Context) error {
+	t := time.NewTicker(s.cfg.Interval)
+	defer t.Stop()
+	for {
+		if _, err := s.Once(ctx); err != nil && ctx.Err() == nil {
+			s.cfg.Logger.Warn("sweep pass had errors", "event", "reactor.sweep.error", "error", err.Error())
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
