@@ -3,8 +3,10 @@
 #   docker build -t goreactor-worker .
 #   docker run --rm goreactor-worker -redis redis://redis-host:6379/0
 #
-# The image holds two static binaries: /usr/local/bin/goreactor-worker (the
-# entrypoint; see cmd/worker for its flags and environment variables) and
+# The image holds three static binaries: /usr/local/bin/goreactor-worker (the
+# entrypoint; see cmd/worker for its flags and environment variables),
+# /usr/local/bin/goreactor-sweeper (cmd/sweeper; run it with
+# --entrypoint /usr/local/bin/goreactor-sweeper) and
 # /usr/local/bin/goreactor-demo (cmd/demo; run it with
 # --entrypoint /usr/local/bin/goreactor-demo and REDIS_URL set).
 #
@@ -19,11 +21,12 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/goreactor-worker ./cmd/worker \
+ && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/goreactor-sweeper ./cmd/sweeper \
  && CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/goreactor-demo ./cmd/demo
 
 # distroless/static: CA certificates (for rediss://), tzdata, a nonroot user,
 # no shell.
 FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/goreactor-worker /out/goreactor-demo /usr/local/bin/
+COPY --from=build /out/goreactor-worker /out/goreactor-sweeper /out/goreactor-demo /usr/local/bin/
 USER nonroot:nonroot
 ENTRYPOINT ["/usr/local/bin/goreactor-worker"]

@@ -17,9 +17,9 @@
 //
 // The first queue listed is the one this process enqueues on (hand-offs,
 // sweeps) and the one its sweeper inspects. With -sweep-interval above zero
-// the process also runs the run sweeper on that interval, so a small
-// deployment needs no separate sweeper; sweeping from every replica is safe,
-// because a sweep's wake-up task id is the same whichever replica sends it.
+// the process also runs the sweeper (runs and maps, as cmd/sweeper does) on
+// that interval, so a small deployment needs no separate sweeper; every
+// replica may do so, because each pass takes a leader lock first.
 //
 // Logs are JSON (log/slog) on stderr. SIGTERM or SIGINT stops the worker
 // gracefully: it stops fetching tasks and waits up to -shutdown-timeout for
@@ -153,7 +153,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&level, "log-level", env("GOREACTOR_LOG_LEVEL", "info"),
 		"debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
 	fs.DurationVar(&cfg.sweepInterval, "sweep-interval", envDuration("GOREACTOR_SWEEP_INTERVAL", 0),
-		"run the run sweeper every interval in this process (0: off); env GOREACTOR_SWEEP_INTERVAL")
+		"run the sweeper (runs and maps) every interval in this process (0: off); env GOREACTOR_SWEEP_INTERVAL")
 	if len(errs) > 0 {
 		return cfg, errors.Join(errs...)
 	}
@@ -280,14 +280,12 @@ func serve(ctx context.Context, stop func(), cfg config, log *slog.Logger) error
 
 	var wg sync.WaitGroup
 	if cfg.sweepInterval > 0 {
-		sw, err := sweeper.NewRunSweeper(sweeper.RunConfig{
-			Engine: engine, Client: rdb, Enqueuer: client, Queue: cfg.firstQueue, Logger: log,
-		})
+		sw, err := sweeper.New(sweeper.Config{Engine: engine, Queue: cfg.firstQueue, Interval: cfg.sweepInterval, Logger: log})
 		if err != nil {
 			_ = w.Stop(context.Background())
 			return err
 		}
-		wg.Go(func() { sweepLoop(ctx, sw, cfg.sweepInterval, log) })
+		wg.Go(func() { _ = sw.Run(ctx) })
 	}
 
 	<-ctx.Done()
@@ -303,26 +301,6 @@ func serve(ctx context.Context, stop func(), cfg config, log *slog.Logger) error
 	}
 	log.Info("worker stopped", "event", "worker.stopped")
 	return nil
-}
-
-// sweepLoop runs a sweeper pass every interval until ctx ends.
-func sweepLoop(ctx context.Context, sw *sweeper.RunSweeper, interval time.Duration, log *slog.Logger) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		rep, err := sw.Sweep(ctx)
-		switch {
-		case err != nil && ctx.Err() == nil:
-			log.Warn("run sweep failed", "event", "worker.sweep.error", "error", err.Error())
-		case rep.Woken > 0 || rep.Dropped > 0:
-			log.Info("run sweep", "event", "worker.sweep", "examined", rep.Examined, "woken", rep.Woken, "dropped", rep.Dropped)
-		}
-	}
 }
 
 // redisLogger routes go-redis's internal log lines (connection pool trouble)

@@ -1,12 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"log/slog"
 	"maps"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -112,7 +114,8 @@ func TestServe(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	served := make(chan error, 1)
-	go func() { served <- serve(ctx, func() {}, cfg, slog.New(slog.DiscardHandler)) }()
+	logs := &syncBuffer{}
+	go func() { served <- serve(ctx, func() {}, cfg, slog.New(slog.NewJSONHandler(logs, nil))) }()
 
 	rdb := redistest.Client(t)
 	e, err := reactor.NewEngine(t.Context(), reactor.Config{Client: rdb, Prefix: prefix, Logger: slog.New(slog.DiscardHandler), Enqueuer: worker.NewClient(rdb, queue)})
@@ -133,7 +136,14 @@ func TestServe(t *testing.T) {
 	if res.Status != reactor.StatusCompleted {
 		t.Errorf("status %s, failure %v", res.Status, res.Failure)
 	}
-	time.Sleep(120 * time.Millisecond) // let the sweeper pass at least once
+	// The in-process sweeper runs its passes (each logs a summary).
+	deadline := time.Now().Add(10 * time.Second)
+	for !strings.Contains(logs.String(), `"event":"reactor.sweep.pass"`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("no sweeper pass logged:\n%s", logs.String())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	cancel()
 	select {
 	case err := <-served:
@@ -143,4 +153,23 @@ func TestServe(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("serve did not return after its context ended")
 	}
+}
+
+// syncBuffer is a bytes.Buffer safe for the logger's and the test's
+// goroutines.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }

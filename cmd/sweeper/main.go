@@ -1,0 +1,284 @@
+// Command sweeper recovers goreactor work that was lost: runs whose worker
+// died, map element tasks and rollback jobs that were never delivered, batch
+// claims and owner resumes that never happened. It needs no reactor
+// definitions: it only reads Redis and enqueues tasks for the workers.
+//
+//	sweeper -redis redis://localhost:6379/0 -interval 10s   # a long-running loop
+//	sweeper -once                                           # one pass, for a cron job
+//
+// Every flag falls back to an environment variable, then to its default:
+//
+//	-redis         REDIS_URL                   redis://localhost:6379/0
+//	-prefix        GOREACTOR_PREFIX            goreactor
+//	-queue         GOREACTOR_QUEUE             goreactor (the queue the workers serve)
+//	-interval      GOREACTOR_SWEEP_INTERVAL    10s
+//	-stale-after   GOREACTOR_STALE_AFTER       10s
+//	-run-page      GOREACTOR_SWEEP_RUN_PAGE    200
+//	-map-page      GOREACTOR_SWEEP_MAP_PAGE    100
+//	-leader-ttl    GOREACTOR_SWEEP_LEADER_TTL  30s
+//	-metrics-addr  GOREACTOR_METRICS_ADDR      "" (off; e.g. :9102 serves /metrics)
+//	-log-level     GOREACTOR_LOG_LEVEL         info
+//	-once                                      run one pass and exit
+//
+// Each pass takes a leader lock first, so any number of replicas (or a cron
+// job overlapping a loop) sweep one at a time; a replica that finds the lock
+// held skips its tick. A pass logs one JSON summary line (event
+// reactor.sweep.pass) with what it recovered and the running totals. SIGTERM
+// or SIGINT lets the pass in progress finish and exits; a second signal
+// cuts it short (every recovery step is idempotent, so that is safe too).
+//
+// Exit status: 0, or 1 when Redis does not answer at startup or a -once pass
+// had errors, or 2 for a bad command line.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/sweeper"
+	"github.com/goreactor/goreactor/worker"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stderr))
+}
+
+const pingTimeout = 5 * time.Second
+
+type config struct {
+	redisURL    string
+	prefix      string
+	queue       string
+	once        bool
+	interval    time.Duration
+	staleAfter  time.Duration
+	runPage     int
+	mapPage     int
+	leaderTTL   time.Duration
+	metricsAddr string
+	logLevel    slog.Level
+}
+
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+	var (
+		cfg   config
+		errs  []error
+		level string
+	)
+	env := func(name, def string) string {
+		if v := getenv(name); v != "" {
+			return v
+		}
+		return def
+	}
+	envInt := func(name string, def int) int {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: not an integer", name, v))
+		}
+		return n
+	}
+	envDuration := func(name string, def time.Duration) time.Duration {
+		v := getenv(name)
+		if v == "" {
+			return def
+		}
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("%s=%q: not a duration (like 10s)", name, v))
+		}
+		return d
+	}
+	fs := flag.NewFlagSet("sweeper", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.redisURL, "redis", env("REDIS_URL", "redis://localhost:6379/0"),
+		"Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS); env REDIS_URL")
+	fs.StringVar(&cfg.prefix, "prefix", env("GOREACTOR_PREFIX", "goreactor"),
+		"key prefix, the same as your engines' Config.Prefix; env GOREACTOR_PREFIX")
+	fs.StringVar(&cfg.queue, "queue", env("GOREACTOR_QUEUE", worker.DefaultQueue),
+		"the asynq queue goreactor's tasks go to (one name); env GOREACTOR_QUEUE")
+	fs.BoolVar(&cfg.once, "once", false, "run one pass and exit (for a cron job)")
+	fs.DurationVar(&cfg.interval, "interval", envDuration("GOREACTOR_SWEEP_INTERVAL", 10*time.Second),
+		"time between passes; env GOREACTOR_SWEEP_INTERVAL")
+	fs.DurationVar(&cfg.staleAfter, "stale-after", envDuration("GOREACTOR_STALE_AFTER", 10*time.Second),
+		"how long a run or map must go without progress before a pass looks at it; env GOREACTOR_STALE_AFTER")
+	fs.IntVar(&cfg.runPage, "run-page", envInt("GOREACTOR_SWEEP_RUN_PAGE", 200), "runs examined per pass; env GOREACTOR_SWEEP_RUN_PAGE")
+	fs.IntVar(&cfg.mapPage, "map-page", envInt("GOREACTOR_SWEEP_MAP_PAGE", 100), "maps examined per pass; env GOREACTOR_SWEEP_MAP_PAGE")
+	fs.DurationVar(&cfg.leaderTTL, "leader-ttl", envDuration("GOREACTOR_SWEEP_LEADER_TTL", 30*time.Second),
+		"expiry of the leader lock, kept alive while a pass runs; env GOREACTOR_SWEEP_LEADER_TTL")
+	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("GOREACTOR_METRICS_ADDR", ""),
+		"serve the sweeper's counters at http://ADDR/metrics (Prometheus text); empty: off; env GOREACTOR_METRICS_ADDR")
+	fs.StringVar(&level, "log-level", env("GOREACTOR_LOG_LEVEL", "info"), "debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
+	if len(errs) > 0 {
+		return cfg, errors.Join(errs...)
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := cfg.logLevel.UnmarshalText([]byte(level)); err != nil {
+		return cfg, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
+	}
+	switch {
+	case cfg.interval <= 0:
+		return cfg, fmt.Errorf("-interval %s: must be positive", cfg.interval)
+	case cfg.staleAfter <= 0:
+		return cfg, fmt.Errorf("-stale-after %s: must be positive", cfg.staleAfter)
+	case cfg.runPage < 1 || cfg.mapPage < 1:
+		return cfg, errors.New("-run-page and -map-page: must be at least 1")
+	case cfg.leaderTTL < time.Second:
+		return cfg, fmt.Errorf("-leader-ttl %s: must be at least 1s", cfg.leaderTTL)
+	case cfg.prefix == "":
+		return cfg, errors.New("-prefix: must not be empty")
+	case cfg.queue == "":
+		return cfg, errors.New("-queue: must not be empty")
+	}
+	return cfg, nil
+}
+
+func run(args []string, getenv func(string) string, stderr io.Writer) int {
+	cfg, err := parseConfig(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "sweeper: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	slog.SetDefault(log)
+
+	// The first signal stops the loop after the pass in progress; the
+	// second cuts the pass short.
+	stopLoop, stopLoopCancel := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stopLoopCancel()
+	passCtx, abort := context.WithCancel(context.Background())
+	defer abort()
+	go func() {
+		sig := make(chan os.Signal, 1)
+		signal.Notify(sig, syscall.SIGINT, syscall.SIGTERM)
+		defer signal.Stop(sig)
+		select {
+		case <-sig: // the first, which also ended stopLoop
+		case <-passCtx.Done():
+			return
+		}
+		select {
+		case <-sig:
+			log.Warn("second signal: cutting the pass short", "event", "sweeper.abort")
+			abort()
+		case <-passCtx.Done():
+		}
+	}()
+	if err := serve(stopLoop, passCtx, cfg, log); err != nil {
+		log.Error(err.Error(), "event", "sweeper.exit")
+		return 1
+	}
+	return 0
+}
+
+func serve(loop, pass context.Context, cfg config, log *slog.Logger) error {
+	opts, err := redis.ParseURL(cfg.redisURL)
+	if err != nil {
+		return fmt.Errorf("-redis: %w", err)
+	}
+	rdb := redis.NewClient(opts)
+	defer rdb.Close()
+	pctx, cancel := context.WithTimeout(pass, pingTimeout)
+	err = rdb.Ping(pctx).Err()
+	cancel()
+	if err != nil {
+		return fmt.Errorf("redis at %s (db %d) does not answer PING within %s: %w", opts.Addr, opts.DB, pingTimeout, err)
+	}
+	engine, err := reactor.NewEngine(pass, reactor.Config{Client: rdb, Prefix: cfg.prefix, Logger: log,
+		Enqueuer: worker.NewClient(rdb, cfg.queue)})
+	if err != nil {
+		return fmt.Errorf("start engine: %w", err)
+	}
+	sw, err := sweeper.New(sweeper.Config{Engine: engine, Queue: cfg.queue, Interval: cfg.interval, StaleAfter: cfg.staleAfter,
+		RunPage: cfg.runPage, MapPage: cfg.mapPage, LeaderTTL: cfg.leaderTTL, Logger: log})
+	if err != nil {
+		return err
+	}
+	log.Info("sweeper started", "event", "sweeper.started", "redis", opts.Addr, "db", opts.DB, "prefix", cfg.prefix,
+		"queue", cfg.queue, "once", cfg.once, "interval", cfg.interval.String(), "stale_after", cfg.staleAfter.String())
+
+	if cfg.metricsAddr != "" {
+		ln, err := net.Listen("tcp", cfg.metricsAddr)
+		if err != nil {
+			return fmt.Errorf("-metrics-addr: %w", err)
+		}
+		srv := &http.Server{Handler: metricsHandler(sw), ReadHeaderTimeout: 5 * time.Second}
+		go func() { _ = srv.Serve(ln) }()
+		defer srv.Close()
+		log.Info("serving metrics", "event", "sweeper.metrics", "addr", ln.Addr().String())
+	}
+
+	if cfg.once {
+		_, err := sw.Once(pass)
+		return err
+	}
+	t := time.NewTicker(cfg.interval)
+	defer t.Stop()
+	for {
+		if _, err := sw.Once(pass); err != nil && pass.Err() == nil {
+			log.Warn("sweep pass had errors", "event", "reactor.sweep.error", "error", err.Error())
+		}
+		select {
+		case <-loop.Done():
+			tot := sw.Totals()
+			log.Info("sweeper stopped", "event", "sweeper.stopped", "passes", tot.Passes,
+				"recovered", tot.RunsWoken+tot.Elements+tot.Rollbacks+tot.Resumes)
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// metricsHandler serves the sweeper's totals in the Prometheus text format.
+func metricsHandler(sw *sweeper.Sweeper) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
+		t := sw.Totals()
+		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
+		counter := func(name, help string, v int64, labels string) {
+			fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s%s %d\n", name, help, name, name, labels, v)
+		}
+		counter("goreactor_sweeper_passes_total", "Sweeper passes run as leader.", t.Passes, "")
+		counter("goreactor_sweeper_skipped_total", "Ticks skipped because another sweeper held the leader lock.", t.Skipped, "")
+		counter("goreactor_sweeper_pass_errors_total", "Passes that reported errors.", t.Errors, "")
+		fmt.Fprintf(w, "# HELP goreactor_sweeper_recovered_total Tasks the sweeper enqueued again, by kind.\n# TYPE goreactor_sweeper_recovered_total counter\n")
+		for _, kv := range []struct {
+			kind string
+			v    int64
+		}{{"run", t.RunsWoken}, {"element", t.Elements}, {"rollback", t.Rollbacks}, {"owner_resume", t.Resumes}} {
+			fmt.Fprintf(w, "goreactor_sweeper_recovered_total{kind=%q} %d\n", kv.kind, kv.v)
+		}
+		counter("goreactor_sweeper_claims_total", "Batches claimed in place of a lost trigger.", t.Claims, "")
+		counter("goreactor_sweeper_fresh_ids_total", "Redeliveries under a fresh task id (the task died active).", t.FreshIDs, "")
+		counter("goreactor_sweeper_deleted_tasks_total", "Archived tasks deleted before their id was enqueued again.", t.DeletedTasks, "")
+		counter("goreactor_sweeper_maps_removed_total", "Maps taken off the map index.", t.Removed, "")
+		counter("goreactor_sweeper_runs_dropped_total", "Finished or vanished runs taken off the active index.", t.RunsDropped, "")
+	})
+	return mux
+}

@@ -1,0 +1,191 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/lock"
+	"github.com/goreactor/goreactor/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+func envOf(kv map[string]string) func(string) string {
+	return func(k string) string { return kv[k] }
+}
+
+func redisURL() string {
+	if url := os.Getenv("REDIS_URL"); url != "" {
+		return url
+	}
+	return "redis://" + redistest.Addr() + "/0"
+}
+
+func TestParseConfig(t *testing.T) {
+	cfg, err := parseConfig(nil, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.redisURL != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.queue != "goreactor" || cfg.once ||
+		cfg.interval != 10*time.Second || cfg.staleAfter != 10*time.Second || cfg.runPage != 200 || cfg.mapPage != 100 ||
+		cfg.leaderTTL != 30*time.Second || cfg.metricsAddr != "" {
+		t.Fatalf("defaults: %+v", cfg)
+	}
+	cfg, err = parseConfig([]string{"-once", "-interval", "2s"}, envOf(map[string]string{
+		"GOREACTOR_PREFIX": "shop", "GOREACTOR_STALE_AFTER": "1m", "GOREACTOR_SWEEP_MAP_PAGE": "7"}), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !cfg.once || cfg.interval != 2*time.Second || cfg.prefix != "shop" || cfg.staleAfter != time.Minute || cfg.mapPage != 7 {
+		t.Fatalf("flags and env: %+v", cfg)
+	}
+	for _, bad := range [][]string{{"-interval", "0s"}, {"-stale-after", "-1s"}, {"-map-page", "0"}, {"-leader-ttl", "10ms"}, {"-prefix", ""}, {"extra"}} {
+		if _, err := parseConfig(bad, envOf(nil), io.Discard); err == nil {
+			t.Errorf("%q: accepted", bad)
+		}
+	}
+	if _, err := parseConfig(nil, envOf(map[string]string{"GOREACTOR_SWEEP_RUN_PAGE": "many"}), io.Discard); err == nil {
+		t.Error("a non-integer env var was accepted")
+	}
+	if code := run([]string{"-interval", "soon"}, envOf(nil), io.Discard); code != 2 {
+		t.Errorf("bad flag: exit %d, want 2", code)
+	}
+}
+
+func TestNoRedisExitsOne(t *testing.T) {
+	var out bytes.Buffer
+	if code := run([]string{"-once", "-redis", "redis://127.0.0.1:1/0"}, envOf(nil), &out); code != 1 {
+		t.Fatalf("exit %d, want 1; output:\n%s", code, out.String())
+	}
+	if !strings.Contains(out.String(), "does not answer PING") {
+		t.Errorf("output does not say why:\n%s", out.String())
+	}
+}
+
+// passLine returns the summary line of the pass logged in out.
+func passLine(t *testing.T, out string) map[string]any {
+	t.Helper()
+	for _, line := range strings.Split(out, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["event"] == "reactor.sweep.pass" {
+			return m
+		}
+	}
+	return nil
+}
+
+func TestOnceSweepsAndLogsASummary(t *testing.T) {
+	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
+	var out bytes.Buffer
+	if code := run([]string{"-once", "-redis", redisURL(), "-prefix", prefix, "-queue", queue}, envOf(nil), &out); code != 0 {
+		t.Fatalf("exit %d; output:\n%s", code, out.String())
+	}
+	m := passLine(t, out.String())
+	if m == nil {
+		t.Fatalf("no pass summary logged:\n%s", out.String())
+	}
+	for _, k := range []string{"runs_examined", "runs_woken", "maps_examined", "elements", "rollbacks", "claims", "resumes", "total_recovered"} {
+		if _, ok := m[k]; !ok {
+			t.Errorf("summary has no %q: %v", k, m)
+		}
+	}
+}
+
+func TestOnceSkipsWhileAnotherSweeperLeads(t *testing.T) {
+	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
+	rdb := redistest.Client(t)
+	lease, err := lock.New(rdb, 10*time.Second).TryAcquire(t.Context(), keys.New(prefix).SweeperLeader())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = lease.Release(context.Background()) }()
+	var out bytes.Buffer
+	if code := run([]string{"-once", "-log-level", "debug", "-redis", redisURL(), "-prefix", prefix, "-queue", queue}, envOf(nil), &out); code != 0 {
+		t.Fatalf("exit %d; output:\n%s", code, out.String())
+	}
+	if passLine(t, out.String()) != nil || !strings.Contains(out.String(), "reactor.sweep.skipped") {
+		t.Fatalf("swept while another sweeper held the leader lock:\n%s", out.String())
+	}
+}
+
+func TestLoopServesMetricsAndStops(t *testing.T) {
+	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
+	cfg, err := parseConfig([]string{"-redis", redisURL(), "-prefix", prefix, "-queue", queue, "-interval", "20ms",
+		"-metrics-addr", "127.0.0.1:0"}, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &syncBuffer{}
+	loop, stop := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- serve(loop, t.Context(), cfg, slog.New(slog.NewJSONHandler(logs, nil))) }()
+
+	// Wait for two passes and the metrics address, both in the log.
+	var addr string
+	deadline := time.Now().Add(10 * time.Second)
+	for addr == "" || strings.Count(logs.String(), `"event":"reactor.sweep.pass"`) < 2 {
+		if time.Now().After(deadline) {
+			t.Fatalf("no metrics address or passes logged:\n%s", logs.String())
+		}
+		for _, line := range strings.Split(logs.String(), "\n") {
+			var m map[string]any
+			if json.Unmarshal([]byte(line), &m) == nil && m["event"] == "sweeper.metrics" {
+				addr, _ = m["addr"].(string)
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"goreactor_sweeper_passes_total ", `goreactor_sweeper_recovered_total{kind="element"} 0`, "goreactor_sweeper_claims_total 0"} {
+		if !strings.Contains(string(body), want) {
+			t.Errorf("metrics lack %q:\n%s", want, body)
+		}
+	}
+	if strings.Contains(string(body), "goreactor_sweeper_passes_total 0\n") {
+		t.Errorf("metrics count no pass:\n%s", body)
+	}
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("serve: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the loop did not stop after its context ended")
+	}
+	if !strings.Contains(logs.String(), `"event":"sweeper.stopped"`) {
+		t.Errorf("no stop logged:\n%s", logs.String())
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
