@@ -246,7 +246,9 @@ func (sw *mapSweep) forward(ctx context.Context) (Recovery, error) {
 		}
 	}
 	err := sw.outstanding(ctx, sw.ms.keys.MapResults(sw.mapID), sw.ms.keys.MapMeta(sw.mapID), sw.v.lwm, min(md.Offset, md.Total), budget,
-		func(p int) (string, string) { return ElementID(sw.mapID, p), ElementTask{MapID: sw.mapID, Index: p}.TaskID() },
+		func(p int) (string, string) {
+			return ElementID(sw.mapID, p), ElementTask{MapID: sw.mapID, Index: p}.TaskID()
+		},
 		func(ctx context.Context, p int, fresh string) error {
 			return sw.enqueueElement(ctx, ElementTask{MapID: sw.mapID, Index: p, Redelivery: fresh})
 		})
