@@ -22,7 +22,7 @@ type ElementTask struct {
 	Input codec.Raw
 	// Redelivery, when set, is appended to the task id: the map sweeper
 	// re-enqueues a position whose task id is spent (its worker died with
-	// the task active) under a fresh id.
+	// the task active) under a fresh id (r1, r2, r3).
 	Redelivery string
 }
 

@@ -95,9 +95,6 @@ type SweepOptions struct {
 	// settled a position after it is making progress and is left alone.
 	// Zero examines every map.
 	StaleBefore int64
-	// Now is the Redis server time (ms) of the pass; it makes the fresh
-	// ids of redeliveries unique.
-	Now int64
 }
 
 // Recovery is what RecoverMap did to one map.
@@ -369,8 +366,13 @@ func (sw *mapSweep) outstanding(ctx context.Context, results, metaKey string, fr
 			case TaskLive:
 				continue
 			case TaskDead:
-				fresh = "s" + strconv.FormatInt(sw.opt.Now, 10)
-				sw.rec.Fresh++
+				var skip bool
+				if fresh, skip, err = sw.redelivery(ctx, id); err != nil {
+					return err
+				}
+				if skip {
+					continue
+				}
 			case TaskArchived, TaskCompleted:
 				if err := sw.opt.Tasks.DeleteTask(ctx, id); err != nil {
 					return err
@@ -392,6 +394,41 @@ func (sw *mapSweep) outstanding(ctx context.Context, results, metaKey string, fr
 		}
 	}
 	return nil
+}
+
+// maxRedeliveries bounds the fresh ids one dead task gets. Should every
+// redelivery die active too, the sweeper leaves the position to asynq's own
+// recoverer, which re-queues dead tasks once their lease runs out.
+const maxRedeliveries = 3
+
+// redelivery picks the fresh id suffix for task id, which died active: the
+// first of r1, r2, ... that no task holds. The ids are deterministic, so a
+// later pass finds a redelivery still queued (skip) instead of adding
+// another.
+func (sw *mapSweep) redelivery(ctx context.Context, id string) (suffix string, skip bool, err error) {
+	for n := 1; n <= maxRedeliveries; n++ {
+		suffix = "r" + strconv.Itoa(n)
+		fate, err := sw.opt.Tasks.TaskFate(ctx, id+":"+suffix)
+		if err != nil {
+			return "", false, err
+		}
+		switch fate {
+		case TaskLive:
+			return "", true, nil
+		case TaskDead:
+			continue
+		case TaskCompleted:
+			return "", true, nil // it ran; its work has settled or will
+		case TaskArchived:
+			if err := sw.opt.Tasks.DeleteTask(ctx, id+":"+suffix); err != nil {
+				return "", false, err
+			}
+			sw.rec.Deleted++
+		}
+		sw.rec.Fresh++
+		return suffix, false, nil
+	}
+	return "", true, nil
 }
 
 func (sw *mapSweep) enqueueElement(ctx context.Context, t ElementTask) error {
@@ -440,8 +477,11 @@ func (sw *mapSweep) resumeOwner(ctx context.Context, id string) error {
 		sw.rec.Done = true
 		return nil
 	case TaskDead:
-		w.ID = id + ":s" + strconv.FormatInt(sw.opt.Now, 10)
-		sw.rec.Fresh++
+		fresh, skip, err := sw.redelivery(ctx, id)
+		if err != nil || skip {
+			return err
+		}
+		w.ID = id + ":" + fresh
 	case TaskArchived:
 		if err := sw.opt.Tasks.DeleteTask(ctx, id); err != nil {
 			return err

@@ -130,7 +130,7 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("sweeper: read map index: %w", err)
 	}
-	opt := mapstep.SweepOptions{Tasks: s.tasks, Now: srvNow.UnixMilli(), StaleBefore: srvNow.Add(-s.cfg.StaleAfter).UnixMilli()}
+	opt := mapstep.SweepOptions{Tasks: s.tasks, StaleBefore: srvNow.Add(-s.cfg.StaleAfter).UnixMilli()}
 	var errs []error
 	for _, z := range entries {
 		if err := ctx.Err(); err != nil {
