@@ -321,9 +321,11 @@ func TestRbKillWorkerMidMapRollback(t *testing.T) {
 	require.Equal(t, reactor.StatusPending, res.Status)
 
 	// Kill it once about 30% of the rollback has settled, half way through
-	// a batch: at a batch's end only the job that claims the next batch is
-	// in flight (back pressure); mid-batch every slot of the worker is busy.
+	// a batch: the next batch is claimed by the last job of the current one
+	// (back pressure), so at a batch boundary the worker has drained and
+	// only that job is in flight; mid-batch every slot of the worker is busy.
 	killAt := rbkItems*3/10 + rbkBatch/2
+	midBatch := func(settled int) bool { return settled%rbkBatch >= 5 && settled%rbkBatch < rbkBatch-5 }
 	var rbBegan time.Time
 	require.Eventually(t, func() bool {
 		p, ok, err := mapstep.RollbackProgressOf(ctx, engine, mapID)
@@ -331,7 +333,7 @@ func TestRbKillWorkerMidMapRollback(t *testing.T) {
 		if ok && rbBegan.IsZero() {
 			rbBegan = time.Now()
 		}
-		return ok && p.Settled >= killAt || first.gone()
+		return ok && p.Settled >= killAt && midBatch(p.Settled) || first.gone()
 	}, 60*time.Second, 2*time.Millisecond, "the rollback did not get 30% through")
 	require.False(t, first.gone(), "the first worker exited: %s", first.cmd.ProcessState)
 	first.kill()

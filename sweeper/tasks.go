@@ -62,7 +62,7 @@ func (q *queueTasks) TaskFate(ctx context.Context, id string) (mapstep.TaskFate,
 			return 0, fmt.Errorf("sweeper: read the lease of task %s: %w", id, err)
 		}
 		extended := time.Unix(int64(exp), 0).Add(-leaseDuration)
-		if time.Since(extended) > deadAfter && false {
+		if time.Since(extended) > deadAfter {
 			return mapstep.TaskDead, nil
 		}
 		return mapstep.TaskLive, nil
