@@ -603,7 +603,9 @@ func TestUndoOfRunAbortedInsideChild(t *testing.T) {
 // A cancel request outlives a step much longer than the lock expiry.
 func TestCancelRequestOutlivesLongStep(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = 60 * time.Millisecond })
+	// Short enough for the step to outlive it many times over, long enough
+	// for the heartbeat (every third of it) to survive a loaded machine.
+	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = 200 * time.Millisecond })
 	tr := env.trail
 	ctx := ctxTimeout(t)
 	inB := make(chan struct{})
@@ -621,18 +623,24 @@ func TestCancelRequestOutlivesLongStep(t *testing.T) {
 				return 1, nil
 			}}),
 		simple(tr, "c", nil, "b"))
-	done := make(chan *reactor.Result)
+	type outcome struct {
+		res *reactor.Result
+		err error
+	}
+	done := make(chan outcome, 1)
 	go func() {
 		res, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("long-1"))
-		if err != nil {
-			t.Error(err)
-		}
-		done <- res
+		done <- outcome{res, err}
 	}()
-	<-inB
+	select {
+	case <-inB:
+	case o := <-done:
+		t.Fatalf("the run ended before step b began: %+v, %v", o.res, o.err)
+	}
 	require.NoError(t, env.engine.Cancel(ctx, "long-1"))
-	res := <-done
-	require.Equal(t, reactor.StatusCancelled, res.Status)
+	o := <-done
+	require.NoError(t, o.err)
+	require.Equal(t, reactor.StatusCancelled, o.res.Status)
 	require.Equal(t, []string{"run:a", "undo:a"}, tr.all())
 }
 
