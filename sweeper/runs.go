@@ -207,14 +207,44 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, now time.Time, cut
 		// The id is spent: its worker died with it active, or it was
 		// archived. Enqueueing it again would be an id conflict, a silent
 		// no-op, and the run would wait for asynq's lease recovery (a minute
-		// and more) or for ever. Wake the run under a fresh id.
-		w.ID = fmt.Sprintf("%s:%d", sweepID, now.UnixMilli())
+		// and more) or for ever. Wake the run under a fresh id: the first
+		// of r1..r3 no task holds, so a later pass finds that wake-up
+		// queued instead of adding another.
+		fresh, err := s.freshID(sweepID)
+		if err != nil || fresh == "" {
+			return false, false, err
+		}
+		w.ID = fresh
 	}
 	if err := s.cfg.Enqueuer.Enqueue(ctx, w); err != nil {
 		return false, false, err
 	}
 	s.cfg.Logger.Info("woke a lost run", "event", "reactor.sweep.run", "run", id, "status", run.Status, "task", w.ID)
 	return true, false, nil
+}
+
+// freshID returns the first of id:r1, id:r2, id:r3 free for a new wake-up,
+// or "" when one of them is still deliverable (an earlier pass woke the run)
+// or all are spent (asynq's own recovery takes over).
+func (s *RunSweeper) freshID(id string) (string, error) {
+	for n := 1; n <= 3; n++ {
+		fid := id + ":r" + strconv.Itoa(n)
+		state, found, err := s.taskState(fid)
+		switch {
+		case err != nil:
+			return "", err
+		case !found:
+			return fid, nil
+		case deliverable(state):
+			return "", nil
+		case state == asynq.TaskStateArchived || state == asynq.TaskStateCompleted:
+			if err := s.insp.DeleteTask(s.cfg.Queue, fid); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+				return "", fmt.Errorf("sweeper: delete task %s: %w", fid, err)
+			}
+			return fid, nil
+		}
+	}
+	return "", nil
 }
 
 // taskState returns the state of task id on the sweeper's queue; found is

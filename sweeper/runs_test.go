@@ -358,7 +358,14 @@ func TestSweepWakesUnderAFreshIDWhenItsTaskDiedActive(t *testing.T) {
 			require.Equal(t, asynq.TaskStatePending, state)
 		}
 	}
-	require.Regexp(t, "^"+task+`:\d+$`, fresh)
+	require.Equal(t, task+":r1", fresh)
+
+	// A later pass finds that wake-up queued and adds none.
+	e.waitStale(ctx, id)
+	rep, err = e.sweeper.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, sweeper.RunReport{Examined: 1}, rep)
+	require.Len(t, e.queued(), 2)
 
 	// The dead "worker" fetches nothing more; its task completes and goes.
 	srv.Stop()
