@@ -6,10 +6,11 @@
 // A fan-out map decides, saves, then acts: the owner saves its map id with
 // its run state, a start script creates the map's metadata and claims batch
 // 0 only if it created it, and only then are the first B element tasks
-// enqueued. When the element at position k*B-1 settles, its settle script
-// claims the next batch by compare-and-set on the absolute offset, so a
-// duplicate trigger claims nothing, and no single action enqueues more than
-// B tasks. The settle that stores the last outcome of a settled map claims
+// enqueued. When the element at position k*B-1-B/2 settles (half a batch
+// before the batch's end, so workers do not idle at batch boundaries), its
+// settle script claims the next batch by compare-and-set on the absolute
+// offset, so a duplicate trigger claims nothing, and no single action
+// enqueues more than B tasks. The settle that stores the last outcome of a settled map claims
 // the owner signal (SET NX) and enqueues the owner's resume exactly once; the
 // owner re-enters the map step and adopts the outcome.
 //

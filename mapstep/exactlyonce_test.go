@@ -700,9 +700,11 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 		t.Parallel()
 		ctx := eoCtx(t, 60*time.Second)
 		h := newEOHarness(t, eoOptions{concurrency: 2})
+		// Item 0 is batch 0's trigger (with B = 2 the trigger is k*B-1-B/2):
+		// its failure claims nothing, so the map never claims past 2.
 		h.setOnElement(func(_ context.Context, item int) error {
-			if item == 1 {
-				return reactor.Permanent(errors.New("item 1 is bad"))
+			if item == 0 {
+				return reactor.Permanent(errors.New("item 0 is bad"))
 			}
 			return nil
 		})
@@ -717,7 +719,7 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 		res, err = h.engine.Wait(ctx, owner)
 		require.NoError(t, err)
 		require.Equal(t, reactor.StatusFailed, res.Status)
-		require.Equal(t, "each[1]/double", res.Failure.Step)
+		require.Equal(t, "each[0]/double", res.Failure.Step)
 		h.rec.await(t, ctx, "the forward resume task", func(r *eoRecorder) bool { return r.ok[resumeTaskID(owner, mapID)] == 1 })
 		require.Equal(t, int32(1), hooks.signals.Load())
 		off, err := h.rdb.Get(ctx, h.keys.MapOffset(mapID)).Int()

@@ -45,8 +45,8 @@ func TestRbDrain500(t *testing.T) {
 		trigger []int // the rollback positions whose settle claims the next batch
 	}{
 		{name: "B50", batch: 0, b: mapstep.DefaultBatchSize, bursts: slices.Repeat([]int{50}, 10),
-			trigger: []int{49, 99, 149, 199, 249, 299, 349, 399, 449}},
-		{name: "B200", batch: 200, b: 200, bursts: []int{200, 200, 100}, trigger: []int{199, 399}},
+			trigger: []int{24, 74, 124, 174, 224, 274, 324, 374, 424}},
+		{name: "B200", batch: 200, b: 200, bursts: []int{200, 200, 100}, trigger: []int{99, 299}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -28,7 +28,9 @@ if ARGV[4] == '1' then
 end
 local offset = tonumber(redis.call('GET', KEYS[2]))
 local from, to = -1, -1
-if (p + 1) % b == 0 and offset == p + 1 and offset < total then
+-- The trigger sits half a batch before the batch's end, as in settle.lua.
+local ahead = math.floor(b / 2)
+if (p + 1 + ahead) % b == 0 and offset == p + 1 + ahead and offset < total then
   local nxt = math.min(offset + b, total)
   redis.call('SET', KEYS[2], nxt)
   from, to, offset = offset, nxt - 1, nxt

@@ -39,9 +39,14 @@ end
 local failed = redis.call('EXISTS', KEYS[4]) == 1
 local offset = tonumber(redis.call('GET', KEYS[2]) or '0')
 local from, to = -1, -1
--- The last position of the current batch claims the next one, and only by
--- compare-and-set on the absolute offset: a duplicate trigger claims nothing.
-if not failed and (i + 1) % b == 0 and offset == i + 1 and offset < total then
+-- The trigger position of the current batch claims the next one, and only
+-- by compare-and-set on the absolute offset: a duplicate trigger claims
+-- nothing. The trigger sits half a batch before the batch's end (k*B-1-B/2),
+-- so the next batch is queued while the rest of this one still runs and the
+-- workers never idle at a batch boundary; one action still enqueues at most
+-- B tasks, and at most B + B/2 claimed positions are unsettled.
+local ahead = math.floor(b / 2)
+if not failed and (i + 1 + ahead) % b == 0 and offset == i + 1 + ahead and offset < total then
   local nxt = math.min(offset + b, total)
   redis.call('SET', KEYS[2], nxt)
   from, to, offset = offset, nxt - 1, nxt
