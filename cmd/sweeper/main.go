@@ -42,12 +42,12 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/envflag"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
 	"github.com/goreactor/goreactor/worker"
@@ -76,59 +76,32 @@ type config struct {
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	var (
 		cfg   config
-		errs  []error
 		level string
 	)
-	env := func(name, def string) string {
-		if v := getenv(name); v != "" {
-			return v
-		}
-		return def
-	}
-	envInt := func(name string, def int) int {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: not an integer", name, v))
-		}
-		return n
-	}
-	envDuration := func(name string, def time.Duration) time.Duration {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: not a duration (like 10s)", name, v))
-		}
-		return d
-	}
+	env := envflag.New(getenv)
+
 	fs := flag.NewFlagSet("sweeper", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.redisURL, "redis", env("REDIS_URL", "redis://localhost:6379/0"),
+	fs.StringVar(&cfg.redisURL, "redis", env.String("REDIS_URL", "redis://localhost:6379/0"),
 		"Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS); env REDIS_URL")
-	fs.StringVar(&cfg.prefix, "prefix", env("GOREACTOR_PREFIX", "goreactor"),
+	fs.StringVar(&cfg.prefix, "prefix", env.String("GOREACTOR_PREFIX", "goreactor"),
 		"key prefix, the same as your engines' Config.Prefix; env GOREACTOR_PREFIX")
-	fs.StringVar(&cfg.queue, "queue", env("GOREACTOR_QUEUE", worker.DefaultQueue),
+	fs.StringVar(&cfg.queue, "queue", env.String("GOREACTOR_QUEUE", worker.DefaultQueue),
 		"the asynq queue goreactor's tasks go to (one name); env GOREACTOR_QUEUE")
 	fs.BoolVar(&cfg.once, "once", false, "run one pass and exit (for a cron job)")
-	fs.DurationVar(&cfg.interval, "interval", envDuration("GOREACTOR_SWEEP_INTERVAL", 10*time.Second),
+	fs.DurationVar(&cfg.interval, "interval", env.Duration("GOREACTOR_SWEEP_INTERVAL", 10*time.Second),
 		"time between passes; env GOREACTOR_SWEEP_INTERVAL")
-	fs.DurationVar(&cfg.staleAfter, "stale-after", envDuration("GOREACTOR_STALE_AFTER", 10*time.Second),
+	fs.DurationVar(&cfg.staleAfter, "stale-after", env.Duration("GOREACTOR_STALE_AFTER", 10*time.Second),
 		"how long a run or map must go without progress before a pass looks at it; env GOREACTOR_STALE_AFTER")
-	fs.IntVar(&cfg.runPage, "run-page", envInt("GOREACTOR_SWEEP_RUN_PAGE", 200), "runs examined per pass; env GOREACTOR_SWEEP_RUN_PAGE")
-	fs.IntVar(&cfg.mapPage, "map-page", envInt("GOREACTOR_SWEEP_MAP_PAGE", 100), "maps examined per pass; env GOREACTOR_SWEEP_MAP_PAGE")
-	fs.DurationVar(&cfg.leaderTTL, "leader-ttl", envDuration("GOREACTOR_SWEEP_LEADER_TTL", 30*time.Second),
+	fs.IntVar(&cfg.runPage, "run-page", env.Int("GOREACTOR_SWEEP_RUN_PAGE", 200), "runs examined per pass; env GOREACTOR_SWEEP_RUN_PAGE")
+	fs.IntVar(&cfg.mapPage, "map-page", env.Int("GOREACTOR_SWEEP_MAP_PAGE", 100), "maps examined per pass; env GOREACTOR_SWEEP_MAP_PAGE")
+	fs.DurationVar(&cfg.leaderTTL, "leader-ttl", env.Duration("GOREACTOR_SWEEP_LEADER_TTL", 30*time.Second),
 		"expiry of the leader lock, kept alive while a pass runs; env GOREACTOR_SWEEP_LEADER_TTL")
-	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env("GOREACTOR_METRICS_ADDR", ""),
+	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env.String("GOREACTOR_METRICS_ADDR", ""),
 		"serve the sweeper's counters at http://ADDR/metrics (Prometheus text); empty: off; env GOREACTOR_METRICS_ADDR")
-	fs.StringVar(&level, "log-level", env("GOREACTOR_LOG_LEVEL", "info"), "debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
-	if len(errs) > 0 {
-		return cfg, errors.Join(errs...)
+	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"), "debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
+	if err := env.Err(); err != nil {
+		return cfg, err
 	}
 	if err := fs.Parse(args); err != nil {
 		return cfg, err

@@ -50,6 +50,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/examples"
+	"github.com/goreactor/goreactor/internal/envflag"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
 	"github.com/goreactor/goreactor/worker"
@@ -103,59 +104,31 @@ type config struct {
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	var (
 		cfg    config
-		errs   []error
 		queues string
 		level  string
 	)
-	env := func(name, def string) string {
-		if v := getenv(name); v != "" {
-			return v
-		}
-		return def
-	}
-	envInt := func(name string, def int) int {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		n, err := strconv.Atoi(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: not an integer", name, v))
-		}
-		return n
-	}
-	envDuration := func(name string, def time.Duration) time.Duration {
-		v := getenv(name)
-		if v == "" {
-			return def
-		}
-		d, err := time.ParseDuration(v)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s=%q: not a duration (like 15s)", name, v))
-		}
-		return d
-	}
+	env := envflag.New(getenv)
 
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.redisURL, "redis", env("REDIS_URL", "redis://localhost:6379/0"),
+	fs.StringVar(&cfg.redisURL, "redis", env.String("REDIS_URL", "redis://localhost:6379/0"),
 		"Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS); env REDIS_URL")
-	fs.StringVar(&cfg.prefix, "prefix", env("GOREACTOR_PREFIX", "goreactor"),
+	fs.StringVar(&cfg.prefix, "prefix", env.String("GOREACTOR_PREFIX", "goreactor"),
 		"key prefix, the same as your engines' Config.Prefix; env GOREACTOR_PREFIX")
-	fs.StringVar(&queues, "queue", env("GOREACTOR_QUEUE", worker.DefaultQueue),
+	fs.StringVar(&queues, "queue", env.String("GOREACTOR_QUEUE", worker.DefaultQueue),
 		"queues to serve, comma-separated name[:priority]; the first is where this process enqueues; env GOREACTOR_QUEUE")
-	fs.IntVar(&cfg.concurrency, "concurrency", envInt("GOREACTOR_CONCURRENCY", 10),
+	fs.IntVar(&cfg.concurrency, "concurrency", env.Int("GOREACTOR_CONCURRENCY", 10),
 		"tasks processed at once; env GOREACTOR_CONCURRENCY")
-	fs.DurationVar(&cfg.lockExpiry, "lock-expiry", envDuration("GOREACTOR_LOCK_EXPIRY", 15*time.Second),
+	fs.DurationVar(&cfg.lockExpiry, "lock-expiry", env.Duration("GOREACTOR_LOCK_EXPIRY", 15*time.Second),
 		"how long a run lock outlives a dead worker (heartbeat every third of it); env GOREACTOR_LOCK_EXPIRY")
-	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", envDuration("GOREACTOR_SHUTDOWN_TIMEOUT", 10*time.Second),
+	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", env.Duration("GOREACTOR_SHUTDOWN_TIMEOUT", 10*time.Second),
 		"how long a stop waits for running tasks; env GOREACTOR_SHUTDOWN_TIMEOUT")
-	fs.StringVar(&level, "log-level", env("GOREACTOR_LOG_LEVEL", "info"),
+	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"),
 		"debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
-	fs.DurationVar(&cfg.sweepInterval, "sweep-interval", envDuration("GOREACTOR_SWEEP_INTERVAL", 0),
+	fs.DurationVar(&cfg.sweepInterval, "sweep-interval", env.Duration("GOREACTOR_SWEEP_INTERVAL", 0),
 		"run the sweeper (runs and maps) every interval in this process (0: off); env GOREACTOR_SWEEP_INTERVAL")
-	if len(errs) > 0 {
-		return cfg, errors.Join(errs...)
+	if err := env.Err(); err != nil {
+		return cfg, err
 	}
 	if err := fs.Parse(args); err != nil {
 		return cfg, err

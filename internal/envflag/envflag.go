@@ -1,0 +1,60 @@
+// Package envflag gives command-line flags their defaults from environment
+// variables, collecting malformed values as errors instead of ignoring them.
+package envflag
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+)
+
+// Env reads defaults from an environment (os.Getenv, or a map in tests).
+type Env struct {
+	get  func(string) string
+	errs []error
+}
+
+// New returns an Env reading through getenv.
+func New(getenv func(string) string) *Env { return &Env{get: getenv} }
+
+// String returns the variable name, or def when it is unset or empty.
+func (e *Env) String(name, def string) string {
+	if v := e.get(name); v != "" {
+		return v
+	}
+	return def
+}
+
+// Int returns the variable name as an integer, or def when it is unset. A
+// malformed value is recorded (see Err) and def returned.
+func (e *Env) Int(name string, def int) int {
+	v := e.get(name)
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s=%q: not an integer", name, v))
+		return def
+	}
+	return n
+}
+
+// Duration returns the variable name as a duration (like 15s), or def when
+// it is unset. A malformed value is recorded (see Err) and def returned.
+func (e *Env) Duration(name string, def time.Duration) time.Duration {
+	v := e.get(name)
+	if v == "" {
+		return def
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		e.errs = append(e.errs, fmt.Errorf("%s=%q: not a duration (like 15s)", name, v))
+		return def
+	}
+	return d
+}
+
+// Err returns the malformed values met so far, joined, or nil.
+func (e *Env) Err() error { return errors.Join(e.errs...) }
