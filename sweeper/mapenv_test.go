@@ -34,7 +34,10 @@ import (
 // died).
 
 // mapBatch and mapItems: every owner maps 12 items in batches of 5, so the
-// map has three batches, [0,4], [5,9] and [10,11].
+// map has three batches, [0,4], [5,9] and [10,11]. A batch's trigger is its
+// position k*5-1-2, half a batch before its end: the settle of position 2
+// claims [5,9], that of 7 claims [10,11]. Rollback positions (0 = the newest
+// element) are batched and triggered the same way.
 const (
 	mapBatch = 5
 	mapItems = 12

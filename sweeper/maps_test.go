@@ -35,13 +35,15 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 		m := newMapEnv(t, nil)
 		const id = "dropped-el"
 		mapID := m.start(id, false)
-		m.deliverAll(elPrefix(mapID), 0, 1, 2, 3)
-		m.drop(elTask(mapID, 4)) // its enqueue was lost; 4 is the batch's trigger
+		// 2 is the batch's trigger: while it is lost, the second batch is
+		// not claimed, and the lost task is the map's only open work.
+		m.deliverAll(elPrefix(mapID), 0, 1, 3, 4)
+		m.drop(elTask(mapID, 2)) // its enqueue was lost
 		require.Empty(t, m.pending())
 
 		m.waitMapStale(mapID)
 		require.Equal(t, sweeper.MapReport{Examined: 1, Elements: 1}, m.sweep())
-		require.Equal(t, elTasks(mapID, 4), m.pending(), "the lost position, nothing else")
+		require.Equal(t, elTasks(mapID, 2), m.pending(), "the lost position, nothing else")
 		m.requireQuietPass(mapID)
 		m.requireCompleted(m.finish(id))
 	})
@@ -52,13 +54,13 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 		const id = "dropped-rb"
 		mapID := m.start(id, true)
 		m.toRollback(id, mapID)
-		m.deliverAll(rbPrefix(mapID), 0, 1, 2, 3)
-		m.drop(rbTask(mapID, 4))
+		m.deliverAll(rbPrefix(mapID), 0, 1, 3, 4)
+		m.drop(rbTask(mapID, 2)) // the trigger: the second batch is not claimed
 		require.Empty(t, m.pending())
 
 		m.waitMapStale(mapID)
 		require.Equal(t, sweeper.MapReport{Examined: 1, Rollbacks: 1}, m.sweep())
-		require.Equal(t, rbTasks(mapID, 4), m.pending())
+		require.Equal(t, rbTasks(mapID, 2), m.pending(), "the lost position, nothing else")
 		m.requireQuietPass(mapID)
 		m.requireRolledBack(m.finish(id))
 	})
@@ -66,8 +68,8 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 	// A lost trigger: every claimed position settled, positions remain,
 	// and the next batch was never claimed. The settle script claims
 	// atomically with the trigger's outcome, so the seed undoes a claim
-	// after the fact: the offset goes back to the batch's end and the
-	// claimed batch's tasks go.
+	// after the fact, once the whole first batch settled: the offset goes
+	// back to the first batch's end and the claimed batch's tasks go.
 	lostTrigger := func(t *testing.T, rollback bool) {
 		m := newMapEnv(t, nil)
 		const id = "lost-trigger"
@@ -79,10 +81,13 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 			prefix, task, offsetKey = rbPrefix(mapID), rbTask, m.keys.MapRbOffset(mapID, 1)
 			want.Elements, want.Rollbacks = 0, mapBatch
 		}
-		m.deliverAll(prefix, 0, 1, 2, 3, 4)
+		m.deliverAll(prefix, 0, 1, 2)
 		second := taskIDs(task, mapID, positions(5, 9))
-		require.Equal(t, second, m.pending(), "4 claimed the second batch")
+		require.Equal(t, taskIDs(task, mapID, append([]int{3, 4}, positions(5, 9)...)), m.pending(),
+			"2, the trigger, claimed the second batch")
 		require.Equal(t, "10", m.rdb.Get(m.ctx, offsetKey).Val())
+		m.deliverAll(prefix, 3, 4)
+		require.Equal(t, second, m.pending())
 		m.drop(second...)
 		require.NoError(t, m.rdb.Set(m.ctx, offsetKey, 5, 0).Err())
 
@@ -174,7 +179,8 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 		m := newMapEnv(t, nil)
 		const id = "dead-worker"
 		mapID := m.start(id, false)
-		m.deliverAll(elPrefix(mapID), 0, 1, 2)
+		m.deliverAll(elPrefix(mapID), 0, 1, 2) // 2, the trigger, claims [5,9]
+		require.Equal(t, elTasks(mapID, 3, 4, 5, 6, 7, 8, 9), m.pending())
 
 		elemID := mapstep.ElementID(mapID, 3)
 		lockKey := m.keys.ElemLock(elemID)
@@ -210,7 +216,9 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 		queued := map[string]asynq.TaskState{
 			elTask(mapID, 3):         asynq.TaskStateActive,  // the dead task: asynq's to reclaim, in time
 			elTask(mapID, 3) + ":r1": asynq.TaskStatePending, // its redelivery, under a fresh id
-			elTask(mapID, 4):         asynq.TaskStatePending, // live: left alone
+		}
+		for _, i := range []int{4, 5, 6, 7, 8, 9} {
+			queued[elTask(mapID, i)] = asynq.TaskStatePending // live: left alone
 		}
 		require.Equal(t, queued, m.queued())
 
@@ -228,13 +236,14 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 		m := newMapEnv(t, nil)
 		const id = "archived-el"
 		mapID := m.start(id, false)
-		m.deliverAll(elPrefix(mapID), 0, 1, 2, 3)
-		require.NoError(t, m.insp.ArchiveTask(m.queue, elTask(mapID, 4)))
-		require.Equal(t, map[string]asynq.TaskState{elTask(mapID, 4): asynq.TaskStateArchived}, m.queued())
+		// 2, the trigger, is archived: the second batch is not claimed.
+		m.deliverAll(elPrefix(mapID), 0, 1, 3, 4)
+		require.NoError(t, m.insp.ArchiveTask(m.queue, elTask(mapID, 2)))
+		require.Equal(t, map[string]asynq.TaskState{elTask(mapID, 2): asynq.TaskStateArchived}, m.queued())
 
 		m.waitMapStale(mapID)
 		require.Equal(t, sweeper.MapReport{Examined: 1, Elements: 1, Deleted: 1}, m.sweep())
-		require.Equal(t, map[string]asynq.TaskState{elTask(mapID, 4): asynq.TaskStatePending}, m.queued(),
+		require.Equal(t, map[string]asynq.TaskState{elTask(mapID, 2): asynq.TaskStatePending}, m.queued(),
 			"the archived task deleted and its id enqueued again")
 		m.requireQuietPass(mapID)
 		m.requireCompleted(m.finish(id))
@@ -262,18 +271,18 @@ func TestMapSweepEnqueuesAtMostABatchPerPass(t *testing.T) {
 				task = rbTask
 				report = func(n int) sweeper.MapReport { return sweeper.MapReport{Examined: 1, Rollbacks: n} }
 			}
-			// The first batch's last position settles first and claims the
-			// second batch: nine positions are outstanding, and all nine
-			// tasks are lost.
-			require.NoError(t, m.deliver(task(mapID, 4)))
-			lost := append(positions(0, 3), positions(5, 9)...)
+			// The first batch's trigger, position 2, settles first and
+			// claims the second batch: nine positions are outstanding, and
+			// all nine tasks are lost.
+			require.NoError(t, m.deliver(task(mapID, 2)))
+			lost := append([]int{0, 1, 3, 4}, positions(5, 9)...)
 			require.Equal(t, taskIDs(task, mapID, lost), m.pending())
 			m.drop(taskIDs(task, mapID, lost)...)
 
 			m.waitMapStale(mapID)
 			began := time.Now()
 			require.Equal(t, report(mapBatch), m.sweep())
-			require.Equal(t, taskIDs(task, mapID, []int{0, 1, 2, 3, 5}), m.pending(), "a batch, lowest positions first")
+			require.Equal(t, taskIDs(task, mapID, []int{0, 1, 3, 4, 5}), m.pending(), "a batch, lowest positions first")
 			m.requireTouched(mapID, began)
 
 			m.waitMapStale(mapID)
@@ -349,7 +358,8 @@ func TestMapSweepLeavesALiveMapAlone(t *testing.T) {
 			// Position 2: a worker took its task a moment ago; the lease is
 			// fresh and the element not locked yet.
 			two := m.activate(task(mapID, 2), time.Now().Add(30*time.Second))
-			// Position 3 settles; 0 and 4 stay queued.
+			// Position 3 settles; 0 and 4 stay queued. 2, the trigger, has
+			// not settled: the second batch is not claimed.
 			require.NoError(t, m.deliver(task(mapID, 3)))
 			want := map[string]asynq.TaskState{
 				task(mapID, 0): asynq.TaskStatePending,
@@ -453,8 +463,8 @@ func TestSweeperOnceTakesTheLeaderLock(t *testing.T) {
 	m := newMapEnv(t, nil)
 	const id = "leader"
 	mapID := m.start(id, false)
-	m.deliverAll(elPrefix(mapID), 0, 1, 2, 3)
-	m.drop(elTask(mapID, 4))
+	m.deliverAll(elPrefix(mapID), 0, 1, 3, 4)
+	m.drop(elTask(mapID, 2)) // the trigger: nothing else is claimed
 	sw, err := sweeper.New(sweeper.Config{Engine: m.engine, StaleAfter: testStaleAfter, Logger: discard})
 	require.NoError(t, err)
 
@@ -475,7 +485,7 @@ func TestSweeperOnceTakesTheLeaderLock(t *testing.T) {
 	require.True(t, rep.Leader)
 	require.Equal(t, sweeper.RunReport{Examined: 1}, rep.Runs, "the owner awaits its map")
 	require.Equal(t, sweeper.MapReport{Examined: 1, Elements: 1}, rep.Maps)
-	require.Equal(t, elTasks(mapID, 4), m.pending())
+	require.Equal(t, elTasks(mapID, 2), m.pending())
 	require.Zero(t, m.rdb.Exists(m.ctx, m.keys.SweeperLeader()).Val(), "released after the pass")
 	require.Equal(t, sweeper.Totals{Passes: 1, Skipped: 1, Elements: 1, RunsExamined: 1, Examined: 1}, sw.Totals())
 	m.requireCompleted(m.finish(id))
