@@ -1,0 +1,328 @@
+// Command bench measures what goreactor's fan-out map buys and costs.
+//
+//	go run ./bench                                  # the default run: a table
+//	go run ./bench -json                            # the same, one JSON object
+//	go run ./bench -sweep -plot docs/bench-sweep.svg
+//	go run ./bench -heap 10000,100000               # owner heap, 10k vs 100k elements
+//
+// The default run rolls back the same reactor twice on the same Redis: with
+// an inline map and with a fan-out map over -elements items, each followed
+// by a step that fails, so every element is undone (an undo is modelled as
+// -undo-latency of work). Each rollback is timed from the failure to the
+// run's final status. In the same run it measures bare asynq no-op
+// throughput on a server configured like goreactor's workers, fan-out
+// element throughput with no latency and one batch (B >= elements), the
+// Redis round trips goreactor adds per element (a go-redis hook on each
+// client) and Redis commands per element (INFO commandstats deltas),
+// forward and rollback, and this process's heap during the rollbacks.
+//
+// It checks what it measures: every element is undone exactly once on both
+// sides (each undo is recorded with HINCRBY in Redis, so undos in worker
+// processes count), both runs end failed with their rollback complete, and
+// back pressure holds: no action (the handling of one task, or the owner's
+// start) enqueues more than -batch tasks, counted per action in every
+// process, and no more than -batch + -batch/2 tasks are seen waiting in the
+// queue at once. A wrong result exits with status 1; a missed performance
+// target is reported, not fatal.
+//
+// Redis: -redis, else REDIS_URL, else 127.0.0.1:6379 if it answers, else an
+// embedded miniredis (whose figures say little; GOREACTOR_EMBEDDED=1 forces
+// it, as for cmd/demo). Keys live under a fresh
+// prefix (goreactor-bench:<id>) and queue (goreactor-bench-<id>), deleted
+// at exit; nothing else is touched. With -procs N the workers are N
+// subprocesses of this binary sharing -workers; they are stopped at exit,
+// on errors and on Ctrl-C, and exit by themselves if this process dies.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"runtime/pprof"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func main() {
+	if spec := os.Getenv(workerEnv); spec != "" {
+		os.Exit(workerMain(spec, os.Stdin, os.Stdout, os.Stderr))
+	}
+	cfg, err := parseFlags(os.Args[1:], os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: %v\n", err)
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-ctx.Done()
+		stop() // a second Ctrl-C ends the process at once
+	}()
+	err = run(ctx, cfg, os.Stdout, os.Stderr)
+	stop()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "bench: FAILED: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// config is the parsed command line.
+type config struct {
+	elements    int
+	workers     int
+	procs       int
+	batch       int
+	undoLatency time.Duration
+	redisURL    string
+	json        bool
+	plot        string
+	sweep       bool
+	heap        []int
+	cpuProfile  string
+
+	sweepWorkers []int // default 1, 2, 5, 10, 20, 50
+
+	// Not flags: tests set them.
+	doubleUndo int // >= 0: that element's undo is recorded twice
+	fakeBurst  int // > 0: element 0's action also notes this many fake enqueues
+}
+
+var defaultSweep = []int{1, 2, 5, 10, 20, 50}
+
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	cfg := config{sweepWorkers: defaultSweep, doubleUndo: -1}
+	var heap, sweepWorkers string
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.IntVar(&cfg.elements, "elements", 2000, "elements in each map")
+	fs.IntVar(&cfg.workers, "workers", 10, "total worker concurrency (tasks at once, over all worker processes)")
+	fs.IntVar(&cfg.procs, "procs", 1, "worker subprocesses sharing -workers (0: workers run in this process)")
+	fs.IntVar(&cfg.batch, "batch", 50, "the fan-out map's batch size B (most tasks one action enqueues)")
+	fs.DurationVar(&cfg.undoLatency, "undo-latency", 10*time.Millisecond, "work done by each element's undo, modelled as latency")
+	fs.StringVar(&cfg.redisURL, "redis", "", "Redis URL (default: REDIS_URL, then 127.0.0.1:6379 if it answers, then an embedded Redis)")
+	fs.BoolVar(&cfg.json, "json", false, "print one JSON object instead of the table (and no progress)")
+	fs.StringVar(&cfg.plot, "plot", "", "with -sweep: write the speedup chart to this SVG file")
+	fs.BoolVar(&cfg.sweep, "sweep", false, "repeat the fan-out rollback over workers 1, 2, 5, 10, 20, 50 and report speedup against the ideal")
+	fs.StringVar(&cfg.cpuProfile, "cpuprofile", "", "write CPU profiles of this process and of each worker process into this directory")
+	fs.StringVar(&sweepWorkers, "sweep-workers", "1,2,5,10,20,50", "the worker counts of -sweep")
+	fs.StringVar(&heap, "heap", "", "compare the owner's heap during rollbacks of these sizes (e.g. 10000,100000), no undo latency")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: go run ./bench [flags]   (see the package comment, or docs/bench.md)")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	cfg.sweepWorkers = nil
+	for _, f := range splitList(sweepWorkers) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return cfg, fmt.Errorf("-sweep-workers %q: want positive worker counts separated by commas", sweepWorkers)
+		}
+		cfg.sweepWorkers = append(cfg.sweepWorkers, n)
+	}
+	for _, f := range splitList(heap) {
+		n, err := strconv.Atoi(f)
+		if err != nil || n <= 0 {
+			return cfg, fmt.Errorf("-heap %q: want positive sizes separated by commas, like 10000,100000", heap)
+		}
+		cfg.heap = append(cfg.heap, n)
+	}
+	return cfg, cfg.validate()
+}
+
+func (c config) validate() error {
+	switch {
+	case c.elements < 2:
+		return fmt.Errorf("-elements %d: need at least 2", c.elements)
+	case c.workers < 1:
+		return fmt.Errorf("-workers %d: need at least 1", c.workers)
+	case c.procs < 0:
+		return fmt.Errorf("-procs %d: cannot be negative", c.procs)
+	case c.batch < 1:
+		return fmt.Errorf("-batch %d: need at least 1", c.batch)
+	case c.undoLatency < 0:
+		return fmt.Errorf("-undo-latency %v: cannot be negative", c.undoLatency)
+	case c.plot != "" && !c.sweep:
+		return errors.New("-plot charts the sweep: add -sweep")
+	case c.sweep && len(c.heap) > 0:
+		return errors.New("-sweep and -heap are separate runs: choose one")
+	case c.sweep && len(c.sweepWorkers) == 0:
+		return errors.New("-sweep-workers: give at least one worker count")
+	case len(c.heap) == 1:
+		return errors.New("-heap compares sizes: give at least two, like 10000,100000")
+	}
+	return nil
+}
+
+// errChecks is returned when a measured result was wrong.
+var errChecks = errors.New("correctness checks failed (listed above)")
+
+// bench is one benchmark run.
+type bench struct {
+	cfg    config
+	tgt    *target
+	admin  *redis.Client // checks, sampling, INFO, cleanup
+	owner  *redis.Client // the owner engine's
+	host   *host         // the owner engine: runs start here
+	prefix string
+	queues []string // [0] is the main queue; every queue used, for cleanup
+	bar    *bar
+	log    *slog.Logger
+	stderr io.Writer
+
+	// bursts counts the tasks each action of this process enqueues (the
+	// owner's, and the workers' with -procs 0).
+	bursts *burstCounter
+
+	mu       sync.Mutex
+	failures []string
+}
+
+func (b *bench) fail(msg string) {
+	b.mu.Lock()
+	b.failures = append(b.failures, msg)
+	b.mu.Unlock()
+}
+
+// run is the whole benchmark; its report goes to stdout, progress and
+// warnings to stderr.
+func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) {
+	began := time.Now()
+	if cfg.cpuProfile != "" {
+		stop, err := startProfile(filepath.Join(cfg.cpuProfile, "owner.pprof"))
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	tgt, err := pick(ctx, cfg.redisURL)
+	if err != nil {
+		return err
+	}
+	defer tgt.close()
+	tgt.warm = len(cfg.heap) > 0
+	id := shortID()
+	b := &bench{cfg: cfg, tgt: tgt, prefix: "goreactor-bench:" + id, queues: []string{"goreactor-bench-" + id},
+		bar: newBar(stderr, !cfg.json), stderr: stderr, bursts: newBurstCounter(),
+		log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
+	pool := 2*cfg.workers + 8
+	if b.admin, err = tgt.client(8); err != nil {
+		return err
+	}
+	defer b.admin.Close()
+	if b.owner, err = tgt.client(pool); err != nil {
+		return err
+	}
+	defer b.owner.Close()
+	if !tgt.embedded {
+		defer func() {
+			if cerr := cleanup(b.admin, b.prefix, b.queues); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("delete the benchmark's keys (prefix %s): %w", b.prefix, cerr))
+			}
+		}()
+	}
+	batches := []int{cfg.batch, cfg.elements}
+	if b.host, err = newHost(ctx, b.spec(kindReactor, batches), b.owner, b.owner, nil, b.bursts); err != nil {
+		return err
+	}
+	defer b.host.close()
+
+	b.bar.note("goreactor bench: redis %s; keys %s*, queue %s; %s", tgt.desc, b.prefix, b.queues[0], machine())
+	var out any
+	switch {
+	case len(cfg.heap) > 0:
+		out, err = b.heapCompare(ctx)
+	case cfg.sweep:
+		out, err = b.sweepRun(ctx)
+	default:
+		out, err = b.defaultRun(ctx)
+	}
+	if err != nil {
+		return err
+	}
+	if cfg.json {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(out); err != nil {
+			return err
+		}
+	} else {
+		out.(printer).print(stdout)
+		fmt.Fprintf(stdout, "\n(%s in all)\n", time.Since(began).Round(100*time.Millisecond))
+	}
+	if len(b.failures) > 0 {
+		for _, f := range b.failures {
+			fmt.Fprintf(stderr, "bench: WRONG RESULT: %s\n", f)
+		}
+		return errChecks
+	}
+	return nil
+}
+
+type printer interface{ print(io.Writer) }
+
+// spec is a worker pool serving this run's reactors (or bare tasks) on the
+// main queue.
+func (b *bench) spec(kind string, batches []int) poolSpec {
+	return poolSpec{Kind: kind, URL: b.tgt.url, Prefix: b.prefix, Queue: b.queues[0], Concurrency: b.cfg.workers,
+		Batches: batches, DoubleUndo: b.cfg.doubleUndo, FakeBurst: b.cfg.fakeBurst, ProfileDir: b.cfg.cpuProfile, Warm: b.tgt.warm}
+}
+
+// withPool runs f while workers serve spec.
+func (b *bench) withPool(ctx context.Context, spec poolSpec, procs int, f func() error) (err error) {
+	srv, err := startPool(ctx, spec, procs, b.tgt, b.stderr, b.bursts)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if serr := srv.stop(); serr != nil {
+			err = errors.Join(err, fmt.Errorf("stop workers: %w", serr))
+		}
+	}()
+	return f()
+}
+
+// machine describes where the benchmark runs.
+func machine() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s/%s, %d CPUs, %s, host %s", runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.Version(), host)
+}
+
+// startProfile writes a CPU profile to path until the returned function is
+// called.
+func startProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, fmt.Errorf("cpu profile: %w", err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		_ = f.Close()
+	}, nil
+}
+
+func ms(d time.Duration) float64      { return float64(d) / float64(time.Millisecond) }
+func seconds(d time.Duration) float64 { return d.Seconds() }

@@ -1,0 +1,268 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/goreactor/goreactor/internal/redistest"
+)
+
+// TestMain doubles as the worker subprocess: with -procs > 0 the benchmark
+// re-executes its own binary, which under `go test` is this test binary.
+func TestMain(m *testing.M) {
+	if spec := os.Getenv(workerEnv); spec != "" {
+		os.Exit(workerMain(spec, os.Stdin, os.Stdout, os.Stderr))
+	}
+	code := m.Run()
+	redistest.Shutdown()
+	if code == 0 {
+		if n := liveChildren.Load(); n != 0 {
+			fmt.Fprintf(os.Stderr, "%d worker process(es) still running after the tests\n", n)
+			code = 1
+		} else if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// tiny is a benchmark configuration small enough for a test.
+func tiny(t *testing.T) config {
+	t.Helper()
+	opts := redistest.Options()
+	return config{
+		elements:     60,
+		workers:      2,
+		procs:        0,
+		batch:        20,
+		undoLatency:  time.Millisecond,
+		redisURL:     fmt.Sprintf("redis://%s/%d", opts.Addr, opts.DB),
+		json:         true,
+		sweepWorkers: []int{1, 2},
+		doubleUndo:   -1,
+	}
+}
+
+// runJSON runs the benchmark and decodes its JSON report.
+func runJSON(t *testing.T, ctx context.Context, cfg config) (map[string]any, string, error) {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	err := run(ctx, cfg, &stdout, &stderr)
+	var out map[string]any
+	require.NoError(t, json.Unmarshal(stdout.Bytes(), &out), "stdout: %s\nstderr: %s", stdout.String(), stderr.String())
+	return out, stderr.String(), err
+}
+
+// requireNoKeys checks that the run deleted its keys and queue.
+func requireNoKeys(t *testing.T, out map[string]any) {
+	t.Helper()
+	ctx := context.Background()
+	rdb := redistest.Client(t)
+	prefix, queue := out["key_prefix"].(string), out["queue"].(string)
+	require.NotEmpty(t, prefix)
+	for _, pattern := range []string{prefix + ":*", "asynq:{" + queue + "*"} {
+		keys, err := rdb.Keys(ctx, pattern).Result()
+		require.NoError(t, err)
+		require.Empty(t, keys, "keys left behind matching %s", pattern)
+	}
+}
+
+func TestDefaultRunJSON(t *testing.T) {
+	for _, procs := range []int{0, 1} {
+		t.Run(fmt.Sprintf("procs=%d", procs), func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			cfg := tiny(t)
+			cfg.procs = procs
+			out, stderr, err := runJSON(t, ctx, cfg)
+			require.NoError(t, err, stderr)
+			require.Equal(t, true, out["ok"], "check failures: %v", out["check_failures"])
+			require.Empty(t, out["check_failures"])
+			for _, f := range []string{"elements", "workers", "procs", "batch_size", "undo_latency_ms", "inline_seconds", "fanout_seconds",
+				"speedup", "asynq_baseline_tasks_per_sec", "fanout_elements_per_sec", "baseline_ratio", "roundtrips_per_element_forward",
+				"roundtrips_per_element_rollback", "redis_cmds_per_element_forward", "redis_cmds_per_element_rollback", "max_burst", "max_waiting"} {
+				require.Contains(t, out, f)
+			}
+			require.EqualValues(t, 60, out["elements"])
+			require.EqualValues(t, 2, out["workers"])
+			require.EqualValues(t, procs, out["procs"])
+			require.EqualValues(t, 20, out["batch_size"])
+			require.EqualValues(t, 1, out["undo_latency_ms"])
+			for _, f := range []string{"inline_seconds", "fanout_seconds", "speedup", "asynq_baseline_tasks_per_sec", "fanout_elements_per_sec", "baseline_ratio"} {
+				require.Greater(t, out[f].(float64), 0.0, f)
+			}
+			// 60 elements x 1 ms of undo cannot take less than 60 ms inline.
+			require.GreaterOrEqual(t, out["inline_seconds"].(float64), 0.06)
+			require.InDelta(t, out["inline_seconds"].(float64)/out["fanout_seconds"].(float64), out["speedup"].(float64), 1e-9)
+			// goreactor's round trips per element: 5 forward and 6 rollback
+			// today (mapstep/bench_test.go); a slope over a few dozen
+			// elements wobbles a little.
+			require.InDelta(t, 5, out["roundtrips_per_element_forward"].(float64), 1)
+			require.InDelta(t, 6, out["roundtrips_per_element_rollback"].(float64), 1)
+			require.Greater(t, out["redis_cmds_per_element_forward"].(float64), out["roundtrips_per_element_forward"].(float64))
+			// The owner's start enqueues batch 0 whole, and no action
+			// enqueues more: exactly B.
+			require.EqualValues(t, 20, out["max_burst"], "action %v", out["max_burst_action"])
+			require.NotEmpty(t, out["max_burst_action"])
+			waiting := out["max_waiting"].(float64)
+			require.Greater(t, waiting, 0.0)
+			require.LessOrEqual(t, waiting, 30.0) // B + B/2
+			require.Len(t, out["targets"], 4)
+			requireNoKeys(t, out)
+		})
+	}
+}
+
+// TestWrongResultFails injects an element undone twice: the run must say
+// so and fail.
+func TestWrongResultFails(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := tiny(t)
+	cfg.doubleUndo = 7
+	out, stderr, err := runJSON(t, ctx, cfg)
+	require.ErrorIs(t, err, errChecks)
+	require.Equal(t, false, out["ok"])
+	failures := fmt.Sprint(out["check_failures"])
+	require.Contains(t, failures, "inline map: 1 element(s) undone more than once, e.g. [7] (element 7: 2 times)")
+	require.Contains(t, failures, "fan-out map: 1 element(s) undone more than once")
+	require.Contains(t, stderr, "WRONG RESULT")
+	requireNoKeys(t, out)
+}
+
+// TestBurstOverBatchFails makes the action that runs element 0 of each map
+// forward (in the worker subprocess) count B+1 enqueues: the per-action
+// check must see it across the process boundary and fail the run.
+func TestBurstOverBatchFails(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := tiny(t)
+	cfg.procs, cfg.fakeBurst = 1, 21
+	out, stderr, err := runJSON(t, ctx, cfg)
+	require.ErrorIs(t, err, errChecks)
+	require.Equal(t, false, out["ok"])
+	failures := fmt.Sprint(out["check_failures"])
+	require.Contains(t, failures, "fan-out map: back pressure: one action (el:fo-")
+	require.Contains(t, failures, "enqueued 21 tasks, more than the batch size 20")
+	require.EqualValues(t, 21, out["max_burst"])
+	require.Contains(t, stderr, "WRONG RESULT")
+	requireNoKeys(t, out)
+}
+
+func TestSweepWritesChart(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := tiny(t)
+	cfg.sweep, cfg.procs = true, 1
+	cfg.plot = filepath.Join(t.TempDir(), "sweep.svg")
+	out, stderr, err := runJSON(t, ctx, cfg)
+	require.NoError(t, err, stderr)
+	require.Equal(t, true, out["ok"], "check failures: %v", out["check_failures"])
+	points := out["points"].([]any)
+	require.Len(t, points, 2)
+	for i, w := range []float64{1, 2} {
+		p := points[i].(map[string]any)
+		require.Equal(t, w, p["workers"])
+		require.Equal(t, w, p["ideal"])
+		require.Greater(t, p["speedup"].(float64), 0.0)
+		require.EqualValues(t, 20, p["max_burst"])
+		require.LessOrEqual(t, p["max_waiting"].(float64), 30.0)
+	}
+	svg, err := os.ReadFile(cfg.plot)
+	require.NoError(t, err)
+	require.True(t, strings.HasPrefix(string(svg), "<svg"), "not an SVG: %.80s", svg)
+	require.Contains(t, string(svg), "ideal (speedup = workers)")
+	requireNoKeys(t, out)
+}
+
+func TestHeapCompare(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := tiny(t)
+	cfg.heap = []int{20, 60}
+	out, stderr, err := runJSON(t, ctx, cfg)
+	require.NoError(t, err, stderr)
+	require.Equal(t, true, out["ok"], "check failures: %v", out["check_failures"])
+	sizes := out["sizes"].([]any)
+	require.Len(t, sizes, 2)
+	for _, s := range sizes {
+		p := s.(map[string]any)
+		require.Greater(t, p["inline_rollback_heap_inuse_bytes"].(float64), 0.0)
+		require.Greater(t, p["fanout_rollback_heap_inuse_bytes"].(float64), 0.0)
+	}
+	require.Greater(t, out["inline_heap_ratio"].(float64), 0.0)
+	require.Greater(t, out["fanout_heap_ratio"].(float64), 0.0)
+	requireNoKeys(t, out)
+}
+
+// TestCancelStopsWorkers interrupts a run (as Ctrl-C does): it returns
+// promptly, its worker processes are gone and its keys deleted.
+func TestCancelStopsWorkers(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithCancel(context.Background())
+	cfg := tiny(t)
+	cfg.procs, cfg.elements, cfg.undoLatency = 1, 5000, 5*time.Millisecond
+	var stdout, stderr bytes.Buffer
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, cfg, &stdout, &stderr) }()
+	time.Sleep(1500 * time.Millisecond)
+	cancel()
+	select {
+	case err := <-done:
+		require.Error(t, err, "an interrupted run is not a result")
+	case <-time.After(20 * time.Second):
+		t.Fatal("the run did not stop within 20 s of its cancel")
+	}
+}
+
+func TestParseFlags(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseFlags(nil, &bytes.Buffer{})
+	require.NoError(t, err)
+	require.Equal(t, 2000, cfg.elements)
+	require.Equal(t, 10, cfg.workers)
+	require.Equal(t, 1, cfg.procs)
+	require.Equal(t, 50, cfg.batch)
+	require.Equal(t, 10*time.Millisecond, cfg.undoLatency)
+	require.Equal(t, defaultSweep, cfg.sweepWorkers)
+
+	cfg, err = parseFlags([]string{"-heap", "10000, 100000"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	require.Equal(t, []int{10000, 100000}, cfg.heap)
+
+	for args, want := range map[string]string{
+		"-plot x.svg":          "-plot charts the sweep",
+		"-heap 10000":          "give at least two",
+		"-heap 1,x":            "want positive sizes",
+		"-workers 0":           "-workers 0",
+		"-batch 0":             "-batch 0",
+		"-elements 1":          "-elements 1",
+		"-sweep -heap 1,2":     "choose one",
+		"-undo-latency -1ms":   "cannot be negative",
+		"-procs -1":            "cannot be negative",
+		"-elements 10 extra":   "unexpected arguments",
+		"-redis redis://x -nb": "flag provided but not defined",
+	} {
+		_, err := parseFlags(strings.Fields(args), &bytes.Buffer{})
+		require.ErrorContains(t, err, want, args)
+	}
+	_, err = parseFlags([]string{"-h"}, &bytes.Buffer{})
+	require.ErrorIs(t, err, flag.ErrHelp)
+}

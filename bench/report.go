@@ -1,0 +1,240 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// report is the default run's result; its JSON names are the issue's.
+type report struct {
+	Redis         string  `json:"redis"`
+	KeyPrefix     string  `json:"key_prefix"`
+	Queue         string  `json:"queue"`
+	Machine       string  `json:"machine"`
+	Elements      int     `json:"elements"`
+	Workers       int     `json:"workers"`
+	Procs         int     `json:"procs"`
+	BatchSize     int     `json:"batch_size"`
+	UndoLatencyMS float64 `json:"undo_latency_ms"`
+
+	InlineSeconds        float64 `json:"inline_seconds"`
+	FanoutSeconds        float64 `json:"fanout_seconds"`
+	Speedup              float64 `json:"speedup"`
+	InlineForwardSeconds float64 `json:"inline_forward_seconds"`
+	FanoutForwardSeconds float64 `json:"fanout_forward_seconds"`
+
+	AsynqBaselineTasksPerSec float64 `json:"asynq_baseline_tasks_per_sec"`
+	FanoutElementsPerSec     float64 `json:"fanout_elements_per_sec"`
+	BaselineRatio            float64 `json:"baseline_ratio"`
+
+	RoundtripsPerElementForward       float64  `json:"roundtrips_per_element_forward"`
+	RoundtripsPerElementRollback      float64  `json:"roundtrips_per_element_rollback"`
+	AsynqRoundtripsPerElementForward  float64  `json:"asynq_roundtrips_per_element_forward"`
+	AsynqRoundtripsPerElementRollback float64  `json:"asynq_roundtrips_per_element_rollback"`
+	BareAsynqRoundtripsPerTask        float64  `json:"bare_asynq_roundtrips_per_task"`
+	RedisCmdsPerElementForward        *float64 `json:"redis_cmds_per_element_forward"`
+	RedisCmdsPerElementRollback       *float64 `json:"redis_cmds_per_element_rollback"`
+	BareAsynqCmdsPerTask              *float64 `json:"bare_asynq_cmds_per_task"`
+	RoundtripSizes                    [2]int   `json:"roundtrip_map_sizes"`
+	// RedisOtherClients counts connections of other clients seen while
+	// commands were counted: when > 0 the command counts include theirs.
+	RedisOtherClients int `json:"redis_other_clients"`
+
+	// MaxBurst is the most tasks one action enqueued in the fan-out
+	// rollback run (forward and rollback), MaxBurstAction that action
+	// ("owner" or "<task id>#<retry>"); the design bounds it by B.
+	// MaxWaiting and MaxQueued are sampled from the queue every 2 ms: the
+	// most tasks pending, and pending + active (informational; waiting is
+	// bounded by B + B/2).
+	MaxBurst       int    `json:"max_burst"`
+	MaxBurstAction string `json:"max_burst_action"`
+	MaxWaiting     int    `json:"max_waiting"`
+	MaxQueued      int    `json:"max_queued"`
+
+	InlineRollbackHeapBytes uint64 `json:"inline_rollback_heap_inuse_bytes"`
+	FanoutRollbackHeapBytes uint64 `json:"fanout_rollback_heap_inuse_bytes"`
+
+	Targets  []targetCheck `json:"targets"`
+	OK       bool          `json:"ok"`
+	Failures []string      `json:"check_failures"`
+}
+
+// targetCheck is one performance target of issue #7 and whether this run
+// met it. A missed target is reported, not an error.
+type targetCheck struct {
+	Name string  `json:"name"`
+	Want string  `json:"want"`
+	Got  float64 `json:"got"`
+	Met  bool    `json:"met"`
+	Note string  `json:"note,omitempty"`
+}
+
+// defaultRun is the run without -sweep or -heap.
+func (b *bench) defaultRun(ctx context.Context) (*report, error) {
+	c := b.cfg
+	r := &report{Redis: b.tgt.desc, KeyPrefix: b.prefix, Queue: b.queues[0], Machine: machine(), Elements: c.elements, Workers: c.workers, Procs: c.procs,
+		BatchSize: c.batch, UndoLatencyMS: ms(c.undoLatency)}
+	procs := "in this process"
+	if c.procs > 0 {
+		procs = fmt.Sprintf("in %d worker process(es)", min(c.procs, c.workers))
+	}
+	b.bar.note("%d elements, %d workers %s, batch %d, undo latency %v\n", c.elements, c.workers, procs, c.batch, c.undoLatency)
+
+	var in, fan rollbackResult
+	var fanRate float64
+	var tpRun string
+	err := b.withPool(ctx, b.spec(kindReactor, []int{c.batch, c.elements}), c.procs, func() error {
+		var err error
+		base := rollbackRun{n: c.elements, batch: c.batch, undo: c.undoLatency, heapEvery: 250 * time.Millisecond}
+		inRun, fanRun := base, base
+		inRun.label, fanRun.label, fanRun.fanOut = "inline map", "fan-out map", true
+		if in, err = b.rollback(ctx, inRun); err != nil {
+			return err
+		}
+		if fan, err = b.rollback(ctx, fanRun); err != nil {
+			return err
+		}
+		fanRate, tpRun, err = b.fanOutThroughput(ctx, c.elements)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.InlineSeconds, r.FanoutSeconds = seconds(in.Rollback), seconds(fan.Rollback)
+	r.InlineForwardSeconds, r.FanoutForwardSeconds = seconds(in.Forward), seconds(fan.Forward)
+	r.Speedup = r.InlineSeconds / r.FanoutSeconds
+	r.MaxWaiting, r.MaxQueued = fan.MaxPending, fan.MaxQueued
+	r.InlineRollbackHeapBytes, r.FanoutRollbackHeapBytes = in.HeapInuse, fan.HeapInuse
+	// The workers have stopped: their counts are published.
+	burst, err := b.checkBurst(ctx, "fan-out map", fan.Run, c.batch)
+	if err != nil {
+		return nil, err
+	}
+	r.MaxBurst, r.MaxBurstAction = burst.N, burst.Action
+	b.checkWaiting("fan-out map", r.MaxWaiting, c.batch)
+	if _, err := b.checkBurst(ctx, "fan-out throughput", tpRun, c.elements); err != nil {
+		return nil, err
+	}
+	r.FanoutElementsPerSec = fanRate
+
+	bareQueue := b.queues[0] + "-bare"
+	b.queues = append(b.queues, bareQueue)
+	bare := b.spec(kindBare, nil)
+	bare.Queue = bareQueue
+	err = b.withPool(ctx, bare, c.procs, func() error {
+		stop := b.bar.track("bare asynq no-op tasks", func(context.Context) (string, int, int) { return "", 0, 0 })
+		defer stop()
+		var err error
+		r.AsynqBaselineTasksPerSec, err = bareAsynq(ctx, b.owner, b.admin, bareQueue, c.elements)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	r.BaselineRatio = r.FanoutElementsPerSec / r.AsynqBaselineTasksPerSec
+
+	rt, err := b.roundTrips(ctx)
+	if err != nil {
+		return nil, err
+	}
+	r.RoundtripsPerElementForward, r.RoundtripsPerElementRollback = rt.EngineForward, rt.EngineRollback
+	r.AsynqRoundtripsPerElementForward, r.AsynqRoundtripsPerElementRollback = rt.AsynqForward, rt.AsynqRollback
+	r.BareAsynqRoundtripsPerTask = rt.BareRTs
+	r.RoundtripSizes = [2]int{rt.Small, rt.Large}
+	r.RedisOtherClients = rt.OtherClients
+	if rt.ServerCounts {
+		r.RedisCmdsPerElementForward, r.RedisCmdsPerElementRollback, r.BareAsynqCmdsPerTask = &rt.CmdsForward, &rt.CmdsRollback, &rt.BareCmds
+	}
+
+	speedNote := ""
+	if c.workers != 10 || c.undoLatency != 10*time.Millisecond || c.elements != 2000 {
+		speedNote = "the target is set for 10 workers, 10 ms, 2,000 elements"
+	}
+	r.Targets = []targetCheck{
+		{Name: "speedup", Want: ">= 8", Got: r.Speedup, Met: r.Speedup >= 8, Note: speedNote},
+		{Name: "baseline_ratio", Want: ">= 0.33", Got: r.BaselineRatio, Met: r.BaselineRatio >= 0.33},
+		{Name: "roundtrips_per_element_forward", Want: "<= 6", Got: r.RoundtripsPerElementForward, Met: r.RoundtripsPerElementForward <= 6},
+		{Name: "roundtrips_per_element_rollback", Want: "<= 7 (6 + 1 undone entry)", Got: r.RoundtripsPerElementRollback, Met: r.RoundtripsPerElementRollback <= 7},
+	}
+	b.mu.Lock()
+	r.Failures = append([]string{}, b.failures...)
+	b.mu.Unlock()
+	r.OK = len(r.Failures) == 0
+	return r, nil
+}
+
+func (r *report) print(w io.Writer) {
+	fmt.Fprintf(w, "\ngoreactor bench: %d elements, %d workers, %d worker process(es), batch %d, undo latency %gms\n",
+		r.Elements, r.Workers, r.Procs, r.BatchSize, r.UndoLatencyMS)
+	fmt.Fprintf(w, "redis: %s\nmachine: %s\n\n", r.Redis, r.Machine)
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row := func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
+	row("rollback of every element", "inline", "fan-out", "")
+	row("  failure -> final status", fmt.Sprintf("%.2fs", r.InlineSeconds), fmt.Sprintf("%.2fs", r.FanoutSeconds), fmt.Sprintf("speedup %.1fx (ideal %d)", r.Speedup, r.Workers))
+	row("  forward pass (for scale)", fmt.Sprintf("%.2fs", r.InlineForwardSeconds), fmt.Sprintf("%.2fs", r.FanoutForwardSeconds), "")
+	row("  heap in use during rollback", mib(r.InlineRollbackHeapBytes), mib(r.FanoutRollbackHeapBytes), "this process, max after GC")
+	row("  most tasks one action enqueued", "-", fmt.Sprintf("%d", r.MaxBurst), fmt.Sprintf("bound B = %d (%s)", r.BatchSize, r.MaxBurstAction))
+	row("  max tasks waiting / queued", "-", fmt.Sprintf("%d / %d", r.MaxWaiting, r.MaxQueued), fmt.Sprintf("sampled; waiting bound B + B/2 = %d", waitingBound(r.BatchSize)))
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row = func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
+	row("throughput (no latency)", "per second", "")
+	row("  bare asynq no-op tasks", fmt.Sprintf("%.0f", r.AsynqBaselineTasksPerSec), "same server configuration")
+	row("  fan-out elements", fmt.Sprintf("%.0f", r.FanoutElementsPerSec), fmt.Sprintf("B = %d (one batch)", r.Elements))
+	row("  ratio", fmt.Sprintf("%.2f", r.BaselineRatio), fmt.Sprintf("an element costs %.1f bare tasks", 1/r.BaselineRatio))
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row = func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
+	row(fmt.Sprintf("per element (slope %d -> %d elements)", r.RoundtripSizes[0], r.RoundtripSizes[1]), "forward", "rollback", "")
+	row("  goreactor round trips", f2(r.RoundtripsPerElementForward), f2(r.RoundtripsPerElementRollback), "engine client; one undone entry per element")
+	row("  asynq round trips", f2(r.AsynqRoundtripsPerElementForward), f2(r.AsynqRoundtripsPerElementRollback),
+		fmt.Sprintf("bare asynq task: %.2f", r.BareAsynqRoundtripsPerTask))
+	if r.RedisCmdsPerElementForward != nil {
+		row("  Redis commands (server side)", f2(*r.RedisCmdsPerElementForward), f2(*r.RedisCmdsPerElementRollback),
+			fmt.Sprintf("INFO commandstats; bare asynq task: %.2f", *r.BareAsynqCmdsPerTask))
+	} else {
+		row("  Redis commands (server side)", "n/a", "n/a", "no INFO commandstats on this Redis")
+	}
+	tw.Flush()
+	if r.RedisOtherClients > 0 && r.RedisCmdsPerElementForward != nil {
+		fmt.Fprintf(w, "  (%d other client(s) were connected to this Redis: the command counts include their traffic)\n", r.RedisOtherClients)
+	}
+	fmt.Fprintln(w)
+	printTargets(w, r.Targets)
+	if r.OK {
+		fmt.Fprintln(w, "\ncorrectness: every element undone exactly once on both sides; both runs failed with their rollback complete; back pressure held")
+	} else {
+		fmt.Fprintf(w, "\ncorrectness: %d WRONG RESULT(S)\n", len(r.Failures))
+	}
+}
+
+func printTargets(w io.Writer, ts []targetCheck) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "target\twant\tgot\t")
+	for _, t := range ts {
+		met := "met"
+		if !t.Met {
+			met = "MISSED"
+		}
+		if t.Note != "" {
+			met += " (" + t.Note + ")"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%.2f\t%s\n", t.Name, t.Want, t.Got, met)
+	}
+	tw.Flush()
+}
+
+func f2(v float64) string { return fmt.Sprintf("%.2f", v) }
+
+func mib(b uint64) string {
+	if b == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}
