@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test test-race test-short lint bench ci
+.PHONY: test test-race test-short lint bench ci soak bench-cli
 
 # Same command as the README.
 test:
@@ -23,3 +23,11 @@ bench:
 
 ci:
 	.ci/run
+
+# The chaos loop: at most 5 minutes, a one-line summary last, non-zero on any violation.
+soak:
+	$(GO) run ./internal/soak
+
+# The fan-out benchmark CLI (docs/bench.md): a table, about a minute.
+bench-cli:
+	$(GO) run ./bench
