@@ -498,30 +498,34 @@ func (sw *mapSweep) resumeOwner(ctx context.Context, id string) error {
 // Awaiting reports whether run runID is waiting for one of its fan-out maps
 // to settle, forward or rolling back: the run sweeper leaves such a run
 // alone (waking it would only make it hand off again); the map's workers,
-// or the map sweeper, resume it when the map settles.
-func Awaiting(ctx context.Context, e *reactor.Engine, runID string) (bool, error) {
+// or the map sweeper, resume it when the map settles. For the maps that
+// have settled and signalled the owner, it returns the ids of those resume
+// tasks: while one of them is still queued, the run is not lost either.
+func Awaiting(ctx context.Context, e *reactor.Engine, runID string) (waiting bool, resumes []string, err error) {
 	ms := storeOf(e)
 	ids, err := ms.rdb.SMembers(ctx, ms.keys.RunMaps(runID)).Result()
 	if err != nil {
-		return false, fmt.Errorf("mapstep: read the maps of run %s: %w", runID, err)
+		return false, nil, fmt.Errorf("mapstep: read the maps of run %s: %w", runID, err)
 	}
 	for _, id := range ids {
 		v, err := ms.readSweep(ctx, id)
 		if err != nil {
-			return false, err
+			return false, nil, err
 		}
 		if !v.md.exists || v.md.Owner != runID {
 			continue
 		}
-		if v.rb.exists {
-			if !v.rb.settled() {
-				return true, nil
-			}
-			continue
-		}
-		if !v.md.settled() {
-			return true, nil
+		switch {
+		case v.rb.exists && !v.rb.settled():
+			return true, nil, nil
+		case v.rb.exists && v.rbSignal:
+			resumes = append(resumes, rbResumeID(runID, id))
+		case v.rb.exists:
+		case !v.md.settled():
+			return true, nil, nil
+		case v.signalled:
+			resumes = append(resumes, fwdResumeID(runID, id))
 		}
 	}
-	return false, nil
+	return false, resumes, nil
 }

@@ -427,7 +427,7 @@ func TestRunSweeperAwaitsAnUnsettledMap(t *testing.T) {
 			locked, err := m.engine.Locked(m.ctx, id)
 			require.NoError(t, err)
 			require.False(t, locked, "the owner handed off")
-			awaiting, err := mapstep.Awaiting(m.ctx, m.engine, id)
+			awaiting, _, err := mapstep.Awaiting(m.ctx, m.engine, id)
 			require.NoError(t, err)
 			require.True(t, awaiting)
 			rep, err := m.sweeper.Sweep(m.ctx)
@@ -437,10 +437,19 @@ func TestRunSweeperAwaitsAnUnsettledMap(t *testing.T) {
 
 			m.drain(prefix)
 			require.Equal(t, []string{resume}, m.pending())
-			m.drop(resume)
-			awaiting, err = mapstep.Awaiting(m.ctx, m.engine, id)
+			awaiting, resumes, err := mapstep.Awaiting(m.ctx, m.engine, id)
 			require.NoError(t, err)
 			require.False(t, awaiting, "settled")
+			require.Equal(t, []string{resume}, resumes, "the owner was signalled")
+
+			// The map's own resume is queued: the run is not lost.
+			m.waitStale(m.ctx, id)
+			rep, err = m.sweeper.Sweep(m.ctx)
+			require.NoError(t, err)
+			require.Equal(t, sweeper.RunReport{Examined: 1}, rep, "not woken while its resume is queued")
+			require.Equal(t, []string{resume}, m.pending())
+
+			m.drop(resume)
 
 			run = m.waitStale(m.ctx, id)
 			rep, err = m.sweeper.Sweep(m.ctx)

@@ -178,8 +178,22 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, now time.Time, cut
 	// A run waiting for a fan-out map is resumed by the map's workers (or
 	// by the map sweeper) when the map settles; waking it earlier would
 	// only make it hand off again.
-	if waiting, err := mapstep.Awaiting(ctx, s.cfg.Engine, id); err != nil || waiting {
+	waiting, resumes, err := mapstep.Awaiting(ctx, s.cfg.Engine, id)
+	if err != nil || waiting {
 		return false, false, err
+	}
+	// A settled map's own resume (or the map sweeper's redelivery of it)
+	// still queued will wake the run.
+	for _, r := range resumes {
+		for _, tid := range []string{r, r + ":r1", r + ":r2", r + ":r3"} {
+			state, found, err := s.taskState(tid)
+			if err != nil {
+				return false, false, err
+			}
+			if found && (deliverable(state) || state == asynq.TaskStateActive) {
+				return false, false, nil
+			}
+		}
 	}
 	sweepID := fmt.Sprintf("resume:%s:sweep:%d", id, run.Version)
 	if run.Wake != "" && run.Wake != sweepID {
