@@ -3,14 +3,9 @@ package sweeper_test
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -21,16 +16,6 @@ import (
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
 	"github.com/goreactor/goreactor/worker"
-)
-
-// The worker subprocess of TestKilledWorkerRunIsFinishedByTheSweeper is this
-// test binary run again with these variables set.
-const (
-	envWorkerProcess = "GOREACTOR_WORKER_PROCESS"
-	envRedisAddr     = "REDIS_ADDR"
-	envPrefix        = "PREFIX"
-	envQueue         = "QUEUE"
-	envMarkerDir     = "MARKER_DIR"
 )
 
 // killLockExpiry: the heartbeat extends the lock every ~0.7 s, and a dead
@@ -93,143 +78,6 @@ func killDefinition(rdb redis.UniversalClient, prefix string) *reactor.Definitio
 	return reactor.MustDefine("killed_worker", traced("s1"), traced("s2", "s1"), traced("s3", "s2"), traced("s4", "s3"))
 }
 
-// TestWorkerProcess is the worker subprocess: an engine and a worker on the
-// parent test's prefix and queue, running until it is killed. It does nothing
-// in a normal test run.
-func TestWorkerProcess(t *testing.T) {
-	if os.Getenv(envWorkerProcess) != "1" {
-		return
-	}
-	opts := &redis.Options{Addr: os.Getenv(envRedisAddr)}
-	if os.Getenv("REDIS_URL") != "" {
-		opts = redistest.Options() // with its DB and credentials
-	}
-	rdb := redis.NewClient(opts)
-	defer rdb.Close()
-	prefix, queue := os.Getenv(envPrefix), os.Getenv(envQueue)
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	engine, err := reactor.NewEngine(context.Background(), reactor.Config{
-		Client: rdb, Prefix: prefix, Logger: logger, LockExpiry: killLockExpiry,
-		Enqueuer: worker.NewClient(rdb, queue),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := engine.Register(killDefinition(rdb, prefix)); err != nil {
-		t.Fatal(err)
-	}
-	w := worker.New(engine, rdb, worker.Config{Queues: map[string]int{queue: 1}, Logger: logger})
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(os.Getenv(envMarkerDir), "ready"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// Run until killed. Should the parent die first, its end of stdin
-	// closes: exit with it rather than linger; and never outlive two
-	// minutes.
-	parentGone := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		close(parentGone)
-	}()
-	select {
-	case <-parentGone:
-		os.Exit(3)
-	case <-time.After(2 * time.Minute):
-	}
-	_ = w.Stop(context.Background())
-}
-
-// workerProcess is a running worker subprocess.
-type workerProcess struct {
-	t      *testing.T
-	cmd    *exec.Cmd
-	pid    string
-	dir    string
-	exited chan struct{} // closed once the process is gone
-}
-
-// startWorkerProcess re-runs the test binary as a worker on prefix and
-// queue, and waits until its worker has started. The process is killed in
-// t.Cleanup if the test has not killed it, and its output is logged if the
-// test failed.
-func startWorkerProcess(t *testing.T, prefix, queue string) *workerProcess {
-	t.Helper()
-	dir := t.TempDir()
-	logPath := filepath.Join(dir, "worker.log")
-	logFile, err := os.Create(logPath)
-	require.NoError(t, err)
-	defer logFile.Close() // the child has its own descriptor
-
-	cmd := exec.Command(os.Args[0], "-test.run=^TestWorkerProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(),
-		envWorkerProcess+"=1",
-		envRedisAddr+"="+redistest.Addr(),
-		envPrefix+"="+prefix,
-		envQueue+"="+queue,
-		envMarkerDir+"="+dir,
-	)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	// Held open until the process exits: the child's lifeline.
-	_, err = cmd.StdinPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	p := &workerProcess{t: t, cmd: cmd, pid: strconv.Itoa(cmd.Process.Pid), dir: dir, exited: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("worker process %s (%s) output:\n%s", p.pid, cmd.ProcessState, out)
-		}
-	})
-	ready := filepath.Join(dir, "ready")
-	require.Eventually(t, func() bool {
-		_, err := os.Stat(ready)
-		return err == nil || p.gone()
-	}, 30*time.Second, 10*time.Millisecond, "the worker process did not start")
-	require.False(t, p.gone(), "the worker process exited: %s", cmd.ProcessState)
-	return p
-}
-
-func (p *workerProcess) gone() bool {
-	select {
-	case <-p.exited:
-		return true
-	default:
-		return false
-	}
-}
-
-// await pops the next value of the Redis list key, failing the test if the
-// process exits first or nothing comes within limit.
-func (p *workerProcess) await(ctx context.Context, rdb redis.UniversalClient, key string, limit time.Duration) string {
-	p.t.Helper()
-	deadline := time.Now().Add(limit)
-	for !p.gone() && time.Now().Before(deadline) {
-		got, err := rdb.BLPop(ctx, time.Second, key).Result()
-		if errors.Is(err, redis.Nil) {
-			continue
-		}
-		require.NoError(p.t, err)
-		return got[1]
-	}
-	require.False(p.t, p.gone(), "the worker process exited: %s", p.cmd.ProcessState)
-	p.t.Fatalf("nothing on %s after %s", key, limit)
-	return ""
-}
-
-// kill sends SIGKILL, as a crash would, and waits for the process to be
-// gone. It is idempotent.
-func (p *workerProcess) kill() {
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.exited
-}
-
 // The acceptance test of crash recovery: a worker process killed with
 // SIGKILL in the middle of a run; another worker and the run sweeper finish
 // the run within 30 s, without re-running completed steps and without
@@ -251,7 +99,7 @@ func TestKilledWorkerRunIsFinishedByTheSweeper(t *testing.T) {
 
 	// The first worker: a process of its own, armed to hang in s2.
 	require.NoError(t, rdb.Set(ctx, prefix+":crash-armed", "1", 0).Err())
-	first := startWorkerProcess(t, prefix, queue)
+	first := startWorkerProcess(t, prefix, queue, workerSpec{set: "steps"})
 	firstPID := first.pid
 	res, err := engine.Enqueue(ctx, def, nil, reactor.WithRunID(id))
 	require.NoError(t, err)

@@ -4,17 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"maps"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -28,17 +23,6 @@ import (
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
 	"github.com/goreactor/goreactor/worker"
-)
-
-// The worker subprocesses of TestRbKillWorkerMidMapRollback are this test
-// binary run again (entry point TestRbWorkerProcess) with these variables.
-const (
-	rbkEnvWorker      = "GOREACTOR_RBKILL_WORKER"
-	rbkEnvRedisAddr   = "RBKILL_REDIS_ADDR"
-	rbkEnvPrefix      = "RBKILL_PREFIX"
-	rbkEnvQueue       = "RBKILL_QUEUE"
-	rbkEnvDir         = "RBKILL_DIR"
-	rbkEnvConcurrency = "RBKILL_CONCURRENCY"
 )
 
 const (
@@ -146,27 +130,10 @@ func rbkOwner(rdb redis.UniversalClient, k rbkKeys) *reactor.Definition {
 	)
 }
 
-// TestRbWorkerProcess is the worker subprocess of the map rollback kill
-// test: an engine (with a hook counting the owner's terminal events) and a
-// worker on the parent's prefix and queue, running until it is killed. It
-// does nothing in a normal test run.
-func TestRbWorkerProcess(t *testing.T) {
-	if os.Getenv(rbkEnvWorker) != "1" {
-		return
-	}
-	opts := &redis.Options{Addr: os.Getenv(rbkEnvRedisAddr)}
-	if os.Getenv("REDIS_URL") != "" {
-		opts = redistest.Options() // with its DB and credentials
-	}
-	rdb := redis.NewClient(opts)
-	defer rdb.Close()
-	prefix, queue := os.Getenv(rbkEnvPrefix), os.Getenv(rbkEnvQueue)
-	concurrency, err := strconv.Atoi(os.Getenv(rbkEnvConcurrency))
-	if err != nil {
-		t.Fatal(err)
-	}
-	k := rbkKeys{prefix}
-	final := reactor.HookFunc(func(ctx context.Context, ev reactor.Event) {
+// rbkOwnerFinalHook counts the owner's terminal events in k.ownerFinal.
+// The worker processes run with it.
+func rbkOwnerFinalHook(rdb redis.UniversalClient, k rbkKeys) reactor.Hook {
+	return reactor.HookFunc(func(ctx context.Context, ev reactor.Event) {
 		if ev.Reactor != rbkOwnerName || ev.Step != "" {
 			return
 		}
@@ -176,110 +143,11 @@ func TestRbWorkerProcess(t *testing.T) {
 			_ = rdb.HIncrBy(context.WithoutCancel(ctx), k.ownerFinal(), string(ev.Kind), 1).Err()
 		}
 	})
-	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))
-	engine, err := reactor.NewEngine(context.Background(), reactor.Config{
-		Client: rdb, Prefix: prefix, Logger: logger, LockExpiry: rbkLockExpiry,
-		Enqueuer: worker.NewClient(rdb, queue), Hooks: []reactor.Hook{final},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := engine.Register(rbkOwner(rdb, k)); err != nil {
-		t.Fatal(err)
-	}
-	w := worker.New(engine, rdb, worker.Config{Queues: map[string]int{queue: 1}, Concurrency: concurrency, Logger: logger})
-	if err := w.Start(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(os.Getenv(rbkEnvDir), "ready"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// Run until killed; exit with the parent (its end of stdin closes),
-	// and never outlive two minutes.
-	parentGone := make(chan struct{})
-	go func() {
-		_, _ = io.Copy(io.Discard, os.Stdin)
-		close(parentGone)
-	}()
-	select {
-	case <-parentGone:
-		os.Exit(3)
-	case <-time.After(2 * time.Minute):
-	}
-	_ = w.Stop(context.Background())
 }
 
-// rbkProcess is a running worker subprocess.
-type rbkProcess struct {
-	cmd    *exec.Cmd
-	pid    string
-	exited chan struct{} // closed once the process is gone
-}
-
-// startRbkProcess starts a worker subprocess of the given concurrency on
-// prefix and queue and waits until its worker has started. It is killed in
-// t.Cleanup if still running; the tail of its output is logged if the test
-// failed.
-func startRbkProcess(t *testing.T, prefix, queue string, concurrency int) *rbkProcess {
-	t.Helper()
-	dir := t.TempDir()
-	logPath := filepath.Join(dir, "worker.log")
-	logFile, err := os.Create(logPath)
-	require.NoError(t, err)
-	defer logFile.Close() // the child has its own descriptor
-
-	cmd := exec.Command(os.Args[0], "-test.run=^TestRbWorkerProcess$", "-test.count=1")
-	cmd.Env = append(os.Environ(),
-		rbkEnvWorker+"=1",
-		rbkEnvRedisAddr+"="+redistest.Addr(),
-		rbkEnvPrefix+"="+prefix,
-		rbkEnvQueue+"="+queue,
-		rbkEnvDir+"="+dir,
-		rbkEnvConcurrency+"="+strconv.Itoa(concurrency),
-	)
-	cmd.Stdout, cmd.Stderr = logFile, logFile
-	_, err = cmd.StdinPipe() // the child's lifeline, open until it exits
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	p := &rbkProcess{cmd: cmd, pid: strconv.Itoa(cmd.Process.Pid), exited: make(chan struct{})}
-	go func() {
-		_ = cmd.Wait()
-		close(p.exited)
-	}()
-	t.Cleanup(func() {
-		p.kill()
-		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			if len(out) > 8000 {
-				out = out[len(out)-8000:]
-			}
-			t.Logf("worker process %s (%s) output (tail):\n%s", p.pid, cmd.ProcessState, out)
-		}
-	})
-	ready := filepath.Join(dir, "ready")
-	require.Eventually(t, func() bool {
-		_, err := os.Stat(ready)
-		return err == nil || p.gone()
-	}, 30*time.Second, 10*time.Millisecond, "the worker process did not start")
-	require.False(t, p.gone(), "the worker process exited: %s", cmd.ProcessState)
-	return p
-}
-
-func (p *rbkProcess) gone() bool {
-	select {
-	case <-p.exited:
-		return true
-	default:
-		return false
-	}
-}
-
-// kill sends SIGKILL, as a crash would, and waits until the process is
-// gone. It is idempotent.
-func (p *rbkProcess) kill() {
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	<-p.exited
-}
+// rbkWorker is a worker process of the test: rbkConcurrency jobs at a time,
+// and only the tail of its output logged on failure.
+var rbkWorker = workerSpec{set: "rbmap", concurrency: rbkConcurrency, logTail: 8000}
 
 // The acceptance test of a worker killed in the middle of a fan-out map's
 // rollback: 1,000 elements of two undoable steps each are rolled back by
@@ -315,7 +183,7 @@ func TestRbKillWorkerMidMapRollback(t *testing.T) {
 	rbTask := "rb:" + mapID + ":1:"
 
 	// The first worker runs the map forward and starts its rollback.
-	first := startRbkProcess(t, prefix, queue, rbkConcurrency)
+	first := startWorkerProcess(t, prefix, queue, rbkWorker)
 	res, err := engine.Enqueue(ctx, def, nil, reactor.WithRunID(owner))
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusPending, res.Status)
@@ -371,7 +239,7 @@ func TestRbKillWorkerMidMapRollback(t *testing.T) {
 	require.Positive(t, unsettled, "some job in flight at the kill had not settled")
 
 	// The second worker, and the sweeper every 500 ms.
-	second := startRbkProcess(t, prefix, queue, rbkConcurrency)
+	second := startWorkerProcess(t, prefix, queue, rbkWorker)
 	sw, err := sweeper.New(sweeper.Config{Engine: engine, StaleAfter: time.Second, Interval: 500 * time.Millisecond, Logger: discard})
 	require.NoError(t, err)
 	sweepCtx, stopSweeping := context.WithCancel(ctx)
