@@ -472,3 +472,28 @@ func (m *mapEnv) counts(what string) map[int]int {
 	}
 	return out
 }
+
+// forwardAndRollback runs body twice, as parallel subtests: on a map going
+// forward, and on a map rolling back.
+func forwardAndRollback(t *testing.T, body func(t *testing.T, rollback bool)) {
+	for _, rollback := range []bool{false, true} {
+		name := "forward"
+		if rollback {
+			name = "rollback"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			body(t, rollback)
+		})
+	}
+}
+
+// requireFinished lets owner id finish and checks it completed, or rolled
+// back when its map was made to roll back.
+func (m *mapEnv) requireFinished(id string, rollback bool) {
+	if rollback {
+		m.requireRolledBack(m.finish(id))
+	} else {
+		m.requireCompleted(m.finish(id))
+	}
+}

@@ -102,11 +102,7 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 		m.requireTouched(mapID, began)
 		m.requireQuietPass(mapID)
 		require.Equal(t, "10", m.rdb.Get(m.ctx, offsetKey).Val(), "no second claim")
-		if rollback {
-			m.requireRolledBack(m.finish(id))
-		} else {
-			m.requireCompleted(m.finish(id))
-		}
+		m.requireFinished(id, rollback)
 	}
 	t.Run("lost batch trigger", func(t *testing.T) {
 		t.Parallel()
@@ -254,49 +250,38 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 // lowest positions first, and the rest on the next pass.
 func TestMapSweepEnqueuesAtMostABatchPerPass(t *testing.T) {
 	t.Parallel()
-	for _, rollback := range []bool{false, true} {
-		name := "forward"
+	forwardAndRollback(t, func(t *testing.T, rollback bool) {
+		m := newMapEnv(t, nil)
+		const id = "bounded"
+		mapID := m.start(id, rollback)
+		task := elTask
+		report := func(n int) sweeper.MapReport { return sweeper.MapReport{Examined: 1, Elements: n} }
 		if rollback {
-			name = "rollback"
+			m.toRollback(id, mapID)
+			task = rbTask
+			report = func(n int) sweeper.MapReport { return sweeper.MapReport{Examined: 1, Rollbacks: n} }
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			m := newMapEnv(t, nil)
-			const id = "bounded"
-			mapID := m.start(id, rollback)
-			task := elTask
-			report := func(n int) sweeper.MapReport { return sweeper.MapReport{Examined: 1, Elements: n} }
-			if rollback {
-				m.toRollback(id, mapID)
-				task = rbTask
-				report = func(n int) sweeper.MapReport { return sweeper.MapReport{Examined: 1, Rollbacks: n} }
-			}
-			// The first batch's trigger, position 2, settles first and
-			// claims the second batch: nine positions are outstanding, and
-			// all nine tasks are lost.
-			require.NoError(t, m.deliver(task(mapID, 2)))
-			lost := append([]int{0, 1, 3, 4}, positions(5, 9)...)
-			require.Equal(t, taskIDs(task, mapID, lost), m.pending())
-			m.drop(taskIDs(task, mapID, lost)...)
+		// The first batch's trigger, position 2, settles first and
+		// claims the second batch: nine positions are outstanding, and
+		// all nine tasks are lost.
+		require.NoError(t, m.deliver(task(mapID, 2)))
+		lost := append([]int{0, 1, 3, 4}, positions(5, 9)...)
+		require.Equal(t, taskIDs(task, mapID, lost), m.pending())
+		m.drop(taskIDs(task, mapID, lost)...)
 
-			m.waitMapStale(mapID)
-			began := time.Now()
-			require.Equal(t, report(mapBatch), m.sweep())
-			require.Equal(t, taskIDs(task, mapID, []int{0, 1, 3, 4, 5}), m.pending(), "a batch, lowest positions first")
-			m.requireTouched(mapID, began)
+		m.waitMapStale(mapID)
+		began := time.Now()
+		require.Equal(t, report(mapBatch), m.sweep())
+		require.Equal(t, taskIDs(task, mapID, []int{0, 1, 3, 4, 5}), m.pending(), "a batch, lowest positions first")
+		m.requireTouched(mapID, began)
 
-			m.waitMapStale(mapID)
-			require.Equal(t, report(4), m.sweep())
-			require.Equal(t, taskIDs(task, mapID, lost), m.pending(), "the rest")
-			m.requireQuietPass(mapID)
+		m.waitMapStale(mapID)
+		require.Equal(t, report(4), m.sweep())
+		require.Equal(t, taskIDs(task, mapID, lost), m.pending(), "the rest")
+		m.requireQuietPass(mapID)
 
-			if rollback {
-				m.requireRolledBack(m.finish(id))
-			} else {
-				m.requireCompleted(m.finish(id))
-			}
-		})
-	}
+		m.requireFinished(id, rollback)
+	})
 }
 
 // A map whose work is live gets nothing: a queued task, an element whose
@@ -305,99 +290,88 @@ func TestMapSweepEnqueuesAtMostABatchPerPass(t *testing.T) {
 // rolling back.
 func TestMapSweepLeavesALiveMapAlone(t *testing.T) {
 	t.Parallel()
-	for _, rollback := range []bool{false, true} {
-		name := "forward"
+	forwardAndRollback(t, func(t *testing.T, rollback bool) {
+		m := newMapEnv(t, nil)
+		const id = "live-map"
+		mapID := m.start(id, rollback)
+		task, what, elem := elTask, "run", func(p int) int { return p }
 		if rollback {
-			name = "rollback"
+			m.toRollback(id, mapID)
+			task, what, elem = rbTask, "undo", func(p int) int { return mapItems - 1 - p }
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			m := newMapEnv(t, nil)
-			const id = "live-map"
-			mapID := m.start(id, rollback)
-			task, what, elem := elTask, "run", func(p int) int { return p }
-			if rollback {
-				m.toRollback(id, mapID)
-				task, what, elem = rbTask, "undo", func(p int) int { return mapItems - 1 - p }
-			}
 
-			// Position 1: a worker is executing it and holds its element's
-			// lock (its task is off the queue, as with a worker that runs a
-			// task and forgets it).
-			entered, release := make(chan struct{}), make(chan struct{})
-			m.setHook(func(ctx context.Context, w string, item int) error {
-				if w != what || item != elem(1) {
-					return nil
-				}
-				close(entered)
-				select {
-				case <-release:
-					return nil
-				case <-ctx.Done():
-					return ctx.Err()
-				}
-			})
-			one := m.take(task(mapID, 1))
-			var oneErr error
-			oneDone := make(chan struct{})
-			go func() {
-				defer close(oneDone)
-				oneErr = m.handler.ProcessTask(m.ctx, one)
-			}()
-			released := sync.OnceFunc(func() { close(release) })
-			t.Cleanup(func() {
-				released()
-				<-oneDone
-			})
+		// Position 1: a worker is executing it and holds its element's
+		// lock (its task is off the queue, as with a worker that runs a
+		// task and forgets it).
+		entered, release := make(chan struct{}), make(chan struct{})
+		m.setHook(func(ctx context.Context, w string, item int) error {
+			if w != what || item != elem(1) {
+				return nil
+			}
+			close(entered)
 			select {
-			case <-entered:
-			case <-oneDone:
-				t.Fatalf("position 1 ended before its step ran: %v", oneErr)
-			}
-			require.EqualValues(t, 1, m.rdb.Exists(m.ctx, m.keys.ElemLock(mapstep.ElementID(mapID, elem(1)))).Val())
-			// Position 2: a worker took its task a moment ago; the lease is
-			// fresh and the element not locked yet.
-			two := m.activate(task(mapID, 2), time.Now().Add(30*time.Second))
-			// Position 3 settles; 0 and 4 stay queued. 2, the trigger, has
-			// not settled: the second batch is not claimed.
-			require.NoError(t, m.deliver(task(mapID, 3)))
-			want := map[string]asynq.TaskState{
-				task(mapID, 0): asynq.TaskStatePending,
-				task(mapID, 2): asynq.TaskStateActive,
-				task(mapID, 4): asynq.TaskStatePending,
-			}
-			require.Equal(t, want, m.queued())
-
-			// A map that settled within StaleAfter is live, however old its
-			// index entry.
-			recent, err := sweeper.NewMapSweeper(sweeper.MapConfig{Engine: m.engine, StaleAfter: time.Minute, Logger: discard})
-			require.NoError(t, err)
-			require.NoError(t, m.rdb.ZAdd(m.ctx, m.keys.Maps(), redis.Z{Score: 1, Member: mapID}).Err())
-			rep, err := recent.Sweep(m.ctx)
-			require.NoError(t, err)
-			require.Equal(t, sweeper.MapReport{Examined: 1, Live: 1}, rep)
-			require.Equal(t, want, m.queued())
-
-			// Once it is stale, each open position is examined, and each is
-			// live.
-			m.waitMapStale(mapID)
-			require.Equal(t, sweeper.MapReport{Examined: 1}, m.sweep())
-			require.Equal(t, want, m.queued())
-
-			// The workers finish: position 1's, and position 2's.
-			released()
-			<-oneDone
-			require.NoError(t, oneErr)
-			m.setHook(nil)
-			require.NoError(t, m.handler.ProcessTask(m.ctx, asynq.NewTask(two.Type, two.Payload)))
-			m.done(task(mapID, 2))
-			if rollback {
-				m.requireRolledBack(m.finish(id))
-			} else {
-				m.requireCompleted(m.finish(id))
+			case <-release:
+				return nil
+			case <-ctx.Done():
+				return ctx.Err()
 			}
 		})
-	}
+		one := m.take(task(mapID, 1))
+		var oneErr error
+		oneDone := make(chan struct{})
+		go func() {
+			defer close(oneDone)
+			oneErr = m.handler.ProcessTask(m.ctx, one)
+		}()
+		released := sync.OnceFunc(func() { close(release) })
+		t.Cleanup(func() {
+			released()
+			<-oneDone
+		})
+		select {
+		case <-entered:
+		case <-oneDone:
+			t.Fatalf("position 1 ended before its step ran: %v", oneErr)
+		}
+		require.EqualValues(t, 1, m.rdb.Exists(m.ctx, m.keys.ElemLock(mapstep.ElementID(mapID, elem(1)))).Val())
+		// Position 2: a worker took its task a moment ago; the lease is
+		// fresh and the element not locked yet.
+		two := m.activate(task(mapID, 2), time.Now().Add(30*time.Second))
+		// Position 3 settles; 0 and 4 stay queued. 2, the trigger, has
+		// not settled: the second batch is not claimed.
+		require.NoError(t, m.deliver(task(mapID, 3)))
+		want := map[string]asynq.TaskState{
+			task(mapID, 0): asynq.TaskStatePending,
+			task(mapID, 2): asynq.TaskStateActive,
+			task(mapID, 4): asynq.TaskStatePending,
+		}
+		require.Equal(t, want, m.queued())
+
+		// A map that settled within StaleAfter is live, however old its
+		// index entry.
+		recent, err := sweeper.NewMapSweeper(sweeper.MapConfig{Engine: m.engine, StaleAfter: time.Minute, Logger: discard})
+		require.NoError(t, err)
+		require.NoError(t, m.rdb.ZAdd(m.ctx, m.keys.Maps(), redis.Z{Score: 1, Member: mapID}).Err())
+		rep, err := recent.Sweep(m.ctx)
+		require.NoError(t, err)
+		require.Equal(t, sweeper.MapReport{Examined: 1, Live: 1}, rep)
+		require.Equal(t, want, m.queued())
+
+		// Once it is stale, each open position is examined, and each is
+		// live.
+		m.waitMapStale(mapID)
+		require.Equal(t, sweeper.MapReport{Examined: 1}, m.sweep())
+		require.Equal(t, want, m.queued())
+
+		// The workers finish: position 1's, and position 2's.
+		released()
+		<-oneDone
+		require.NoError(t, oneErr)
+		m.setHook(nil)
+		require.NoError(t, m.handler.ProcessTask(m.ctx, asynq.NewTask(two.Type, two.Payload)))
+		m.done(task(mapID, 2))
+		m.requireFinished(id, rollback)
+	})
 }
 
 // The run sweeper leaves an owner waiting for its unsettled fan-out map (or
@@ -405,64 +379,53 @@ func TestMapSweepLeavesALiveMapAlone(t *testing.T) {
 // and that resume was lost, the run sweeper wakes it.
 func TestRunSweeperAwaitsAnUnsettledMap(t *testing.T) {
 	t.Parallel()
-	for _, rollback := range []bool{false, true} {
-		name := "forward"
+	forwardAndRollback(t, func(t *testing.T, rollback bool) {
+		m := newMapEnv(t, nil)
+		const id = "awaiting"
+		mapID := m.start(id, rollback)
+		prefix, resume := elPrefix(mapID), fwdResumeID(id, mapID)
 		if rollback {
-			name = "rollback"
+			m.toRollback(id, mapID)
+			prefix, resume = rbPrefix(mapID), rbResumeID(id, mapID)
 		}
-		t.Run(name, func(t *testing.T) {
-			t.Parallel()
-			m := newMapEnv(t, nil)
-			const id = "awaiting"
-			mapID := m.start(id, rollback)
-			prefix, resume := elPrefix(mapID), fwdResumeID(id, mapID)
-			if rollback {
-				m.toRollback(id, mapID)
-				prefix, resume = rbPrefix(mapID), rbResumeID(id, mapID)
-			}
-			before := m.pending()
+		before := m.pending()
 
-			run := m.waitStale(m.ctx, id)
-			require.False(t, run.Status.Terminal())
-			locked, err := m.engine.Locked(m.ctx, id)
-			require.NoError(t, err)
-			require.False(t, locked, "the owner handed off")
-			awaiting, _, err := mapstep.Awaiting(m.ctx, m.engine, id)
-			require.NoError(t, err)
-			require.True(t, awaiting)
-			rep, err := m.sweeper.Sweep(m.ctx)
-			require.NoError(t, err)
-			require.Equal(t, sweeper.RunReport{Examined: 1}, rep, "not woken")
-			require.Equal(t, before, m.pending())
+		run := m.waitStale(m.ctx, id)
+		require.False(t, run.Status.Terminal())
+		locked, err := m.engine.Locked(m.ctx, id)
+		require.NoError(t, err)
+		require.False(t, locked, "the owner handed off")
+		awaiting, _, err := mapstep.Awaiting(m.ctx, m.engine, id)
+		require.NoError(t, err)
+		require.True(t, awaiting)
+		rep, err := m.sweeper.Sweep(m.ctx)
+		require.NoError(t, err)
+		require.Equal(t, sweeper.RunReport{Examined: 1}, rep, "not woken")
+		require.Equal(t, before, m.pending())
 
-			m.drain(prefix)
-			require.Equal(t, []string{resume}, m.pending())
-			awaiting, resumes, err := mapstep.Awaiting(m.ctx, m.engine, id)
-			require.NoError(t, err)
-			require.False(t, awaiting, "settled")
-			require.Equal(t, []string{resume}, resumes, "the owner was signalled")
+		m.drain(prefix)
+		require.Equal(t, []string{resume}, m.pending())
+		awaiting, resumes, err := mapstep.Awaiting(m.ctx, m.engine, id)
+		require.NoError(t, err)
+		require.False(t, awaiting, "settled")
+		require.Equal(t, []string{resume}, resumes, "the owner was signalled")
 
-			// The map's own resume is queued: the run is not lost.
-			m.waitStale(m.ctx, id)
-			rep, err = m.sweeper.Sweep(m.ctx)
-			require.NoError(t, err)
-			require.Equal(t, sweeper.RunReport{Examined: 1}, rep, "not woken while its resume is queued")
-			require.Equal(t, []string{resume}, m.pending())
+		// The map's own resume is queued: the run is not lost.
+		m.waitStale(m.ctx, id)
+		rep, err = m.sweeper.Sweep(m.ctx)
+		require.NoError(t, err)
+		require.Equal(t, sweeper.RunReport{Examined: 1}, rep, "not woken while its resume is queued")
+		require.Equal(t, []string{resume}, m.pending())
 
-			m.drop(resume)
+		m.drop(resume)
 
-			run = m.waitStale(m.ctx, id)
-			rep, err = m.sweeper.Sweep(m.ctx)
-			require.NoError(t, err)
-			require.Equal(t, sweeper.RunReport{Examined: 1, Woken: 1}, rep)
-			require.Equal(t, []string{sweepTaskID(id, run.Version)}, m.pending())
-			if rollback {
-				m.requireRolledBack(m.finish(id))
-			} else {
-				m.requireCompleted(m.finish(id))
-			}
-		})
-	}
+		run = m.waitStale(m.ctx, id)
+		rep, err = m.sweeper.Sweep(m.ctx)
+		require.NoError(t, err)
+		require.Equal(t, sweeper.RunReport{Examined: 1, Woken: 1}, rep)
+		require.Equal(t, []string{sweepTaskID(id, run.Version)}, m.pending())
+		m.requireFinished(id, rollback)
+	})
 }
 
 // The combined sweeper passes only under its leader lock: while another
