@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -64,4 +65,22 @@ func (s *Store) Unindex(ctx context.Context, id, status string) error {
 		return nil
 	})
 	return err
+}
+
+// RemoveIfScore removes member from index key only if its score is still
+// score, the value the caller read: a writer that re-indexed the member since
+// (a finished run made live again by an undo or a resume) keeps its entry.
+// It reports whether the entry was removed.
+func (s *Store) RemoveIfScore(ctx context.Context, key, member string, score float64) (bool, error) {
+	return RemoveIfScore(ctx, s.rdb, key, member, score)
+}
+
+// RemoveIfScore is Store.RemoveIfScore for callers without a Store (the
+// sweepers).
+func RemoveIfScore(ctx context.Context, rdb redis.UniversalClient, key, member string, score float64) (bool, error) {
+	n, err := zremIfScript.Run(ctx, rdb, []string{key}, member, strconv.FormatFloat(score, 'f', -1, 64)).Int()
+	if err != nil {
+		return false, fmt.Errorf("store: conditional index removal from %s: %w", key, err)
+	}
+	return n == 1, nil
 }

@@ -22,9 +22,12 @@ var (
 	createSrc string
 	//go:embed lua/write.lua
 	writeSrc string
+	//go:embed lua/zrem_if.lua
+	zremIfSrc string
 
 	createScript = redis.NewScript(createSrc)
 	writeScript  = redis.NewScript(writeSrc)
+	zremIfScript = redis.NewScript(zremIfSrc)
 )
 
 // ErrNotFound is returned when a run has no stored state.
@@ -65,7 +68,7 @@ type Store struct {
 // New returns a Store and loads its scripts, so a broken script or an
 // unreachable Redis fails here rather than on the first write.
 func New(ctx context.Context, rdb redis.UniversalClient, k keys.Keys) (*Store, error) {
-	for _, s := range []*redis.Script{createScript, writeScript} {
+	for _, s := range []*redis.Script{createScript, writeScript, zremIfScript} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			return nil, fmt.Errorf("store: load script: %w", err)
 		}

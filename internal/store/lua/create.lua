@@ -1,5 +1,6 @@
 -- create.lua: create a run's state unless it exists, under the caller's lock.
--- KEYS[1] run state hash  P:{run:<id>}:ctx   (fields d = data, v = version)
+-- KEYS[1] run state hash  P:{run:<id>}:ctx   (fields d = data, v = version,
+--                                            at = server time of the last write, ms)
 -- KEYS[2] run lock        P:{run:<id>}:lock
 -- ARGV[1] lock token of the caller
 -- ARGV[2] encoded state to store when the run is new
@@ -13,5 +14,6 @@ local cur = redis.call('HMGET', KEYS[1], 'v', 'd')
 if cur[1] then
   return {0, tonumber(cur[1]), cur[2]}
 end
-redis.call('HSET', KEYS[1], 'd', ARGV[2], 'v', 1)
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'd', ARGV[2], 'v', 1, 'at', t[1] * 1000 + math.floor(t[2] / 1000))
 return {1, 1}

@@ -10,6 +10,7 @@
 -- ARGV[4] retention in ms for a terminal write (0: not terminal, the state is made persistent)
 -- ARGV[5] 1 to release the lock in the same step (terminal write), else 0
 -- ARGV[6] nonce naming this write (random per call, the same on a resend)
+-- Fields written: d (data), v (version), n (nonce), at (server time of the write, ms).
 -- Returns {-1}                 lock not held by the caller (lost or never held)
 --         {-2, version}        version mismatch: the stored version
 --         {version, cancel}    written; the new version and 1 if a cancel was requested
@@ -28,7 +29,10 @@ if cur ~= tonumber(ARGV[2]) then
   return {-2, cur}
 end
 local nextv = cur + 1
-redis.call('HSET', KEYS[1], 'd', ARGV[3], 'v', nextv, 'n', ARGV[6])
+-- at: the Redis server's time of the write (ms), the one clock every
+-- age-based decision (the run sweeper's staleness) reads.
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'd', ARGV[3], 'v', nextv, 'n', ARGV[6], 'at', t[1] * 1000 + math.floor(t[2] / 1000))
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
