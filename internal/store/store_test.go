@@ -64,6 +64,12 @@ func (f fixture) requireStored(t *testing.T, target store.Target, data []byte, v
 	got, err := f.rdb.HGetAll(f.ctx, target.State).Result()
 	require.NoError(t, err)
 	delete(got, "n") // the nonce of the last fenced write, if any
+	at, err := strconv.ParseInt(got["at"], 10, 64)
+	require.NoError(t, err, "every write stamps the server time (field at)")
+	srv, err := f.rdb.Time(f.ctx).Result()
+	require.NoError(t, err)
+	require.InDelta(t, srv.UnixMilli(), at, float64(time.Minute.Milliseconds()), "field at is the server's clock in ms")
+	delete(got, "at")
 	require.Equal(t, map[string]string{"d": string(data), "v": strconv.FormatInt(version, 10)}, got,
 		"raw state hash %s", target.State)
 	snap, err := f.st.Load(f.ctx, target)
@@ -797,4 +803,32 @@ func (h resendHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 }
 func (h resendHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return next
+}
+
+// An index entry is removed only if nobody re-indexed it since it was read:
+// the window between a terminal write and its index removal, where an undo
+// makes the run live again, must not lose the new entry.
+func TestRemoveIfScoreKeepsAReindexedEntry(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	t0 := time.UnixMilli(1_700_000_000_123)
+	require.NoError(t, f.st.MarkStarted(f.ctx, "r1", "running", t0))
+	score, err := f.rdb.ZScore(f.ctx, f.k.Active(), "r1").Result()
+	require.NoError(t, err)
+
+	// A writer re-indexes the run after the read.
+	require.NoError(t, f.st.MarkStatus(f.ctx, "r1", "running", "rolling_back", false, t0.Add(time.Millisecond)))
+	removed, err := f.st.RemoveIfScore(f.ctx, f.k.Active(), "r1", score)
+	require.NoError(t, err)
+	require.False(t, removed, "a re-indexed entry must stay")
+	n, err := f.rdb.ZScore(f.ctx, f.k.Active(), "r1").Result()
+	require.NoError(t, err)
+	require.Equal(t, float64(t0.Add(time.Millisecond).UnixMilli()), n)
+
+	removed, err = f.st.RemoveIfScore(f.ctx, f.k.Active(), "r1", n)
+	require.NoError(t, err)
+	require.True(t, removed, "an unchanged entry goes")
+	removed, err = f.st.RemoveIfScore(f.ctx, f.k.Active(), "r1", n)
+	require.NoError(t, err)
+	require.False(t, removed, "a missing entry is not an error")
 }
