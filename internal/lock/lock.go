@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-redsync/redsync/v4"
@@ -28,11 +29,23 @@ var ErrLost = errors.New("lock: lost")
 type Locker struct {
 	rs     *redsync.Redsync
 	expiry time.Duration
+	grace  time.Duration
 }
 
 // New returns a Locker whose leases expire after expiry unless extended.
+// A kept lease outlives the end of its caller's context by up to one expiry
+// (see Keep); WithGrace changes that.
 func New(rdb redis.UniversalClient, expiry time.Duration) *Locker {
-	return &Locker{rs: redsync.New(goredis.NewPool(rdb)), expiry: expiry}
+	return &Locker{rs: redsync.New(goredis.NewPool(rdb)), expiry: expiry, grace: expiry}
+}
+
+// WithGrace returns a copy of l whose kept leases go on extending their lock
+// for up to grace after the caller's context ended, while the holder's code
+// is still running.
+func (l *Locker) WithGrace(grace time.Duration) *Locker {
+	c := *l
+	c.grace = grace
+	return &c
 }
 
 // Expiry returns the lease expiry.
@@ -57,7 +70,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string) (*Lease, error) {
 		}
 		return nil, fmt.Errorf("lock: acquire %s: %w", key, err)
 	}
-	return &Lease{m: m, expiry: l.expiry, done: make(chan struct{})}, nil
+	return &Lease{m: m, expiry: l.expiry, grace: l.grace, done: make(chan struct{})}, nil
 }
 
 // Acquire polls for the lock for up to wait. It returns ErrHeld when the
@@ -87,6 +100,11 @@ func (l *Locker) Acquire(ctx context.Context, key string, wait time.Duration) (*
 type Lease struct {
 	m      *redsync.Mutex
 	expiry time.Duration
+	grace  time.Duration
+	// lost is set before the lease's context is cancelled for a loss: once
+	// the caller's own context has ended, the cancellation cause is the
+	// caller's, and the flag is what still tells a loss apart.
+	lost atomic.Bool
 
 	mu      sync.Mutex
 	cancel  context.CancelCauseFunc
@@ -103,17 +121,47 @@ func (l *Lease) Token() string { return l.m.Value() }
 // lock every third of its expiry; a transport error (or an extension that
 // hangs) is tolerated until the lock would have expired, and then the lease is
 // treated as lost.
+//
+// The heartbeat lives as long as the holder's code, not as long as parent:
+// when parent ends (a worker shutting down, a task whose queue lease lapsed)
+// the returned context is cancelled at once, asking the code to stop, but the
+// lock is extended until Stop is called, for up to the Locker's grace. Code
+// that ignores its context therefore cannot run on unlocked while a
+// redelivery runs the same step elsewhere; past the grace the lease counts as
+// lost (Lost reports true) and its holder must record nothing.
 func (l *Lease) Keep(parent context.Context) context.Context {
 	ctx, cancel := context.WithCancelCause(parent)
+	hb, hbCancel := context.WithCancelCause(context.WithoutCancel(parent))
 	l.mu.Lock()
-	l.cancel = cancel
+	l.cancel = func(cause error) { cancel(cause); hbCancel(cause) }
 	l.started = true
 	l.mu.Unlock()
-	go l.heartbeat(ctx, cancel)
-	return ctx
+	lose := func() {
+		l.lost.Store(true)
+		cancel(ErrLost)
+		hbCancel(ErrLost)
+	}
+	go l.heartbeat(hb, lose)
+	go func() {
+		select {
+		case <-hb.Done():
+			return
+		case <-parent.Done():
+		}
+		t := time.NewTimer(l.grace)
+		defer t.Stop()
+		select {
+		case <-hb.Done():
+		case <-t.C:
+			lose()
+		}
+	}()
+	return context.WithValue(ctx, leaseKey{}, l)
 }
 
-func (l *Lease) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) {
+type leaseKey struct{}
+
+func (l *Lease) heartbeat(ctx context.Context, lose func()) {
 	defer close(l.done)
 	interval := l.expiry / 3
 	t := time.NewTicker(interval)
@@ -135,7 +183,7 @@ func (l *Lease) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) {
 		case <-ctx.Done():
 			return
 		case <-expired.C:
-			cancel(ErrLost)
+			lose()
 			return
 		case <-t.C:
 		}
@@ -151,7 +199,7 @@ func (l *Lease) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) {
 		select {
 		case r = <-res:
 		case <-expired.C:
-			cancel(ErrLost)
+			lose()
 			<-res // the mutex is not safe for concurrent use: let the call end
 			ecancel()
 			return
@@ -163,7 +211,7 @@ func (l *Lease) heartbeat(ctx context.Context, cancel context.CancelCauseFunc) {
 		}
 		var taken *redsync.ErrTaken
 		if errors.As(r.err, &taken) || !time.Now().Before(l.m.Until()) {
-			cancel(ErrLost)
+			lose()
 			return
 		}
 	}
@@ -198,5 +246,12 @@ func (l *Lease) Release(ctx context.Context) error {
 	return fmt.Errorf("lock: release: %w", err)
 }
 
-// Lost reports whether ctx (from Keep) ended because the lock was lost.
-func Lost(ctx context.Context) bool { return errors.Is(context.Cause(ctx), ErrLost) }
+// Lost reports whether ctx (from Keep, or derived from it) ended because the
+// lock was lost, including a loss after the caller's own context ended.
+func Lost(ctx context.Context) bool {
+	if errors.Is(context.Cause(ctx), ErrLost) {
+		return true
+	}
+	l, ok := ctx.Value(leaseKey{}).(*Lease)
+	return ok && l.lost.Load()
+}

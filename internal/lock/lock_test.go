@@ -520,3 +520,53 @@ func TestStalledExtensionIsLostWhenTheLockExpires(t *testing.T) {
 	require.True(t, lock.Lost(ctx))
 	require.GreaterOrEqual(t, elapsed, expiry/2, "a stalled extension is not a refused one")
 }
+
+// TestHardeningHeartbeatOutlivesTheCallersContext: when the caller's context
+// ends (a worker shutting down, a task whose queue lease lapsed) while the
+// holder's code still runs, the lock stays extended until Stop, for up to the
+// grace; past it the lease counts as lost, although the context's cause is
+// the caller's cancellation.
+func TestHardeningHeartbeatOutlivesTheCallersContext(t *testing.T) {
+	t.Parallel()
+	const expiry = 300 * time.Millisecond
+
+	t.Run("extended until Stop", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, expiry)
+		f.locker = f.locker.WithGrace(10 * expiry)
+		lease := f.acquire(t)
+		parent, cancel := context.WithCancel(f.ctx)
+		ctx := lease.Keep(parent)
+		cancel()
+		waitDone(t, ctx, time.Second)
+		// The code ignoring its context runs on for three expiries: the lock
+		// must still be this lease's all along.
+		deadline := time.Now().Add(3 * expiry)
+		for time.Now().Before(deadline) {
+			require.Equal(t, lease.Token(), f.value(t), "the lock lapsed while the holder's code still ran")
+			time.Sleep(20 * time.Millisecond)
+		}
+		require.False(t, lock.Lost(ctx))
+		lease.Stop()
+		require.NoError(t, lease.Release(f.ctx))
+		require.Empty(t, f.value(t))
+	})
+
+	t.Run("lost past the grace", func(t *testing.T) {
+		t.Parallel()
+		f := newFixture(t, expiry)
+		f.locker = f.locker.WithGrace(2 * expiry)
+		lease := f.acquire(t)
+		parent, cancel := context.WithCancel(f.ctx)
+		ctx := lease.Keep(parent)
+		inner, innerCancel := context.WithTimeout(ctx, time.Hour) // a step's own context
+		defer innerCancel()
+		cancel()
+		require.Eventually(t, func() bool { return lock.Lost(inner) }, 5*time.Second, 10*time.Millisecond,
+			"past the grace the lease must count as lost")
+		require.ErrorIs(t, context.Cause(ctx), context.Canceled, "the cause stays the caller's")
+		// No extension after the loss: the key lapses on its own.
+		require.Eventually(t, func() bool { return f.value(t) == "" }, 5*time.Second, 10*time.Millisecond)
+		lease.Stop()
+	})
+}
