@@ -57,8 +57,12 @@ const (
 	HandOffAfter
 )
 
-// errHandOff unwinds an in-process execution at a hand-off point.
-type errHandOff struct{ step string }
+// errHandOff unwinds an execution at a hand-off point (or a retry backoff
+// turned into a scheduled wake-up, after delay).
+type errHandOff struct {
+	step  string
+	delay time.Duration
+}
 
 func (e *errHandOff) Error() string { return "reactor: handed off at step " + e.step }
 
@@ -80,6 +84,9 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 		if st, _, lerr := e.load(ctx, id); lerr == nil {
 			if st.Reactor != def.name {
 				return nil, errIDTaken(id, st.Reactor)
+			}
+			if err := sameInputs(id, st.Inputs, encoded); err != nil {
+				return nil, err
 			}
 			return st.result(), nil
 		}
@@ -121,6 +128,9 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 			// As Run does: the id belongs to another reactor's run, which
 			// must not be woken under this reactor's name.
 			return nil, errIDTaken(id, existing.Reactor)
+		}
+		if err := sameInputs(id, existing.Inputs, encoded); err != nil {
+			return nil, err
 		}
 		if existing.Status.Terminal() {
 			return existing.result(), nil

@@ -483,8 +483,10 @@ func TestTypedErrorsSurviveRoundTrip(t *testing.T) {
 	}
 }
 
-// Round trips of an in-process run: one fenced write per step plus at most 4
-// per run (lock, index, create, final index).
+// Round trips of an in-process run: one fenced write per step plus at most 5
+// per run (lock, index, create, final index, release: the lock is released
+// after the final index update, so nobody can re-index the run in between).
+// A reactor without maps pays nothing for the retention of a run tree.
 func TestRoundTripsPerRun(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t)
@@ -506,7 +508,7 @@ func TestRoundTripsPerRun(t *testing.T) {
 		require.Equal(t, reactor.StatusCompleted, res.Status)
 		got := int(counter.n.Load())
 		t.Logf("steps=%d round_trips=%d per_run_overhead=%d", n, got, got-n)
-		require.LessOrEqual(t, got, n+4)
+		require.LessOrEqual(t, got, n+5)
 	}
 }
 

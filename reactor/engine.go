@@ -1,12 +1,15 @@
 package reactor
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -303,6 +306,11 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		// Someone executes this id. A finished run answers with its result.
 		if snap, lerr := e.store.Load(ctx, target); lerr == nil {
 			if st, derr := decodeState(snap.Data); derr == nil && st.Status.Terminal() {
+				if !element {
+					if err := sameInputs(id, st.Inputs, inputs); err != nil {
+						return nil, err
+					}
+				}
 				return st.result(), nil
 			}
 		}
@@ -313,6 +321,8 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	}
 	now := e.now()
 	st := newState(id, def, inputs, now)
+	// The first step's intent rides on the create.
+	st.Intent = nextIntent(&frame{def: def, st: st})
 	data, err := codec.Marshal(st)
 	if err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
@@ -335,7 +345,7 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	x := &execution{e: e, def: def, target: target, lease: lease, version: snap.Version, indexed: StatusRunning,
 		element: element, inWorker: element}
 	if created {
-		x.st = st
+		x.st, x.created = st, true
 		return x.execute(ctx, EventRunStarted)
 	}
 	existing, err := decodeState(snap.Data)
@@ -343,24 +353,34 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	if existing.Reactor != def.name {
-		_ = lease.Release(context.WithoutCancel(ctx))
-		// Put the speculative index entry back the way the existing run
-		// needs it: a live run must stay in the active index.
-		if element {
-			// not indexed
-		} else if existing.Status.Terminal() {
-			_ = e.store.Unindex(context.WithoutCancel(ctx), id, string(StatusRunning))
-		} else {
-			_ = e.store.MarkStatus(context.WithoutCancel(ctx), id, string(StatusRunning), string(existing.Status), false, now)
+	// The id is taken. Put the speculative index entry back the way the
+	// existing run needs it (a live run stays in the active index), still
+	// under the lock, so that no writer can re-index the run in between.
+	bg := context.WithoutCancel(ctx)
+	refuse := func(err error) (*Result, error) {
+		if !element {
+			if existing.Status.Terminal() {
+				_ = e.store.Unindex(bg, id, string(StatusRunning))
+			} else if existing.Status != StatusRunning {
+				_ = e.store.MarkStatus(bg, id, string(StatusRunning), string(existing.Status), false, now)
+			}
 		}
-		return nil, fmt.Errorf("reactor: run id %s is taken by a run of %q", id, existing.Reactor)
+		_ = lease.Release(bg)
+		return nil, err
+	}
+	if existing.Reactor != def.name {
+		return refuse(errIDTaken(id, existing.Reactor))
+	}
+	if !element {
+		if err := sameInputs(id, existing.Inputs, inputs); err != nil {
+			return refuse(err)
+		}
 	}
 	if existing.Status.Terminal() {
-		_ = lease.Release(context.WithoutCancel(ctx))
 		if !element {
-			_ = e.store.Unindex(context.WithoutCancel(ctx), id, string(StatusRunning))
+			_ = e.store.Unindex(bg, id, string(StatusRunning))
 		}
+		_ = lease.Release(bg)
 		return existing.result(), nil
 	}
 	x.st = existing
@@ -372,6 +392,34 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		x.indexed = existing.Status
 	}
 	return x.execute(ctx, EventRunResumed)
+}
+
+// ErrRunIDReused is returned when a run is started under the id of a stored
+// run (live, or finished and still retained) with other inputs. Starting an
+// id again is idempotent only with the same inputs; pick a new id for a new
+// run.
+var ErrRunIDReused = errors.New("reactor: run id already used with other inputs")
+
+// sameInputs reports whether a start's inputs are the stored run's (both
+// encoded by the same codec, map keys sorted, so equal values encode alike).
+func sameInputs(id string, stored, given map[string]codec.Raw) error {
+	var differ []string
+	for k, v := range given {
+		if !bytes.Equal(stored[k], v) {
+			differ = append(differ, k)
+		}
+	}
+	for k := range stored {
+		if _, ok := given[k]; !ok {
+			differ = append(differ, k)
+		}
+	}
+	if len(differ) == 0 {
+		return nil
+	}
+	slices.Sort(differ)
+	return fmt.Errorf("%w: run %s was started with other values for %s (the same id with the same inputs returns the stored run)",
+		ErrRunIDReused, id, strings.Join(slices.Compact(differ), ", "))
 }
 
 // Resume continues a stored, unfinished run in this process from its last

@@ -33,6 +33,9 @@ type execution struct {
 	// element: the run is an element of a construct (a map element): it
 	// is not indexed, and nested constructs run inline.
 	element bool
+	// created: this execution created the run's state (its intent, if any,
+	// is this execution's and no Run has been called yet).
+	created bool
 }
 
 // frame is a definition executing over its state: the root run, or a
@@ -42,6 +45,10 @@ type frame struct {
 	st   *runState
 	path string // "" for the root, "compose/" for a child
 	root bool
+	// notStarted: this execution set st.Intent and has not called that
+	// step's Run yet, so a rollback from here has nothing of it to
+	// compensate. An intent read back from Redis is never known not started.
+	notStarted bool
 }
 
 // frameResult is how a frame ended when it did not hit an infrastructure
@@ -61,7 +68,7 @@ func (x *execution) execute(ctx context.Context, started EventKind) (*Result, er
 	runCtx := x.lease.Keep(ctx)
 	defer x.lease.Stop() // also when a hook or middleware panics
 	x.e.emit(ctx, Event{Kind: started, RunID: x.st.ID, Reactor: x.st.Reactor, Status: x.st.Status})
-	_, err := x.runFrame(runCtx, &frame{def: x.def, st: x.st, root: true})
+	_, err := x.runFrame(runCtx, &frame{def: x.def, st: x.st, root: true, notStarted: x.created})
 	x.lease.Stop()
 	return x.conclude(ctx, err)
 }
@@ -70,6 +77,7 @@ func (x *execution) execute(ctx context.Context, started EventKind) (*Result, er
 // releases what is left to release.
 func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 	bg := context.WithoutCancel(ctx)
+	var ho *errHandOff
 	switch {
 	case err == nil:
 		// The terminal write released the lock.
@@ -89,11 +97,11 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 		// the construct's workers resume the owner when they settle.
 		_ = x.lease.Release(bg)
 		return x.st.result(), nil
-	case errors.As(err, new(*errHandOff)):
+	case errors.As(err, &ho):
 		// Saved (with its wake-up id) before the lock goes: a crash before
 		// the enqueue leaves a running, unlocked run for the sweeper.
 		_ = x.lease.Release(bg)
-		w := Wake{ID: x.st.Wake, RunID: x.st.ID, Reactor: x.st.Reactor}
+		w := Wake{ID: x.st.Wake, RunID: x.st.ID, Reactor: x.st.Reactor, Delay: ho.delay}
 		if eerr := x.e.cfg.Enqueuer.Enqueue(ctx, w); eerr != nil {
 			return nil, fmt.Errorf("reactor: hand off run %s (saved; the run sweeper will wake it): %w", x.st.ID, eerr)
 		}
@@ -115,8 +123,12 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 	}
 }
 
-// save writes the root state, fenced. terminal writes carry the retention
-// and release the lock in the same script.
+// save writes the root state, fenced. A terminal write carries the retention.
+// An element's terminal write releases its lock in the same script; a root
+// run's keeps the lock until its index entries and its tree's retention are
+// written, so that nobody (an Undo, a resume) can make the run live again
+// between the terminal write and a late index removal that would hide it
+// from the sweeper.
 func (x *execution) save(ctx context.Context, terminal bool) error {
 	now := x.e.now()
 	x.st.UpdatedAt = now.UnixMilli()
@@ -126,7 +138,12 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	}
 	opts := store.WriteOptions{}
 	if terminal {
-		opts = store.WriteOptions{Retention: x.e.cfg.Retention, Release: true}
+		opts = store.WriteOptions{Retention: x.e.cfg.Retention, Release: x.element}
+		if x.element {
+			// An element run expires with its owner's tree, never on its
+			// own clock: a rollback of the map may still need it.
+			opts.Retention = 0
+		}
 	}
 	reindex := x.st.Status != x.indexed && !x.element
 	if reindex && !terminal {
@@ -148,15 +165,23 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	}
 	x.version = res.Version
 	x.cancel = x.cancel || res.CancelRequested
-	if reindex && terminal {
-		// The run is finished and saved; a failed index update only
-		// leaves a stale active entry, which the sweeper drops. It must not
-		// turn a finished run into an error.
+	if !terminal || x.element {
+		return nil
+	}
+	// The run is finished and saved. What follows only tidies up; a failure
+	// here leaves the run in the active index, where the sweeper finishes
+	// the job. It must not turn a finished run into an error.
+	if err := x.e.expireTree(ctx, x.st.ID, x.e.cfg.Retention); err != nil {
+		x.e.log.Warn("run finished but the retention of its maps and elements was not set; the sweeper retries",
+			"event", "reactor.retention.pending", "run", x.st.ID, "error", err)
+	} else if reindex {
 		if err := x.e.store.MarkStatus(ctx, x.st.ID, string(x.indexed), string(x.st.Status), true, now); err != nil {
 			x.e.log.Warn("run finished but its index entry was not updated", "event", "reactor.index.stale", "run", x.st.ID, "error", err)
+		} else {
+			x.indexed = x.st.Status
 		}
-		x.indexed = x.st.Status
 	}
+	_ = x.lease.Release(ctx)
 	return nil
 }
 
@@ -203,6 +228,11 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
 		}
 		if s.handoff == HandOffBefore && x.canHandOff() {
+			// The worker taking over records its own intent: a run handed
+			// off before s never called s here.
+			if f.notStarted {
+				f.st.Intent = nil
+			}
 			if err := x.handOff(ctx, s.name, "before"); err != nil {
 				return nil, err
 			}
@@ -215,7 +245,12 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 			return nil, err
 		}
 		pending--
+		if out.kind == outOK || out.kind == outSkip {
+			// The next step's intent rides on this step's checkpoint.
+			f.st.Intent, f.notStarted = nextIntent(f), true
+		}
 		if out.kind == outOK && s.handoff == HandOffAfter && pending > 0 && x.canHandOff() {
+			f.st.Intent = nil
 			if err := x.handOff(ctx, s.name, "after"); err != nil {
 				return nil, err
 			}
@@ -230,11 +265,14 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 				}
 			}
 		case outHalt:
+			f.st.Intent = nil
 			f.st.Status, f.st.Reason = StatusHalted, out.reason
 			return x.finish(ctx, f, EventRunHalted)
 		case outCancel:
 			return x.startRollback(ctx, f, TriggerUndo, "", out.failure, nil)
 		case outFail:
+			// The failing step is compensated as the rollback's trigger.
+			f.st.Intent = nil
 			return x.startRollback(ctx, f, TriggerFailure, s.name, out.failure, out.err)
 		}
 	}
@@ -325,10 +363,31 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		return x.runConstruct(ctx, f, s, args)
 	}
 	attempts := s.retry.attempts()
-	for attempt := 1; ; attempt++ {
+	first := 1
+	if in := f.st.Intent; in != nil && in.Step == s.name && in.Attempt > 1 {
+		// Failed attempts are durable: a resume goes on from the attempt
+		// the run was on, never from 1.
+		first = in.Attempt
+	}
+	if in := f.st.Intent; in == nil || in.Step != s.name {
+		// Decide, save, then act: the intent is on record before Run is
+		// called (usually the previous step's checkpoint carried it).
+		f.st.Intent, f.notStarted = &intentRec{Step: s.name, Attempt: first}, true
+		if err := x.checkpoint(ctx); err != nil {
+			return stepOutcome{}, err
+		}
+		if x.cancel {
+			return stepOutcome{kind: outCancel, failure: newCancelFailure("cancelled on request")}, nil
+		}
+	}
+	for attempt := first; ; attempt++ {
 		x.e.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt})
 		began := time.Now()
 		var val codec.Raw
+		f.notStarted = false
+		if hook := failpoints.beforeStepRun; hook != nil {
+			hook(x.st.ID, path, attempt)
+		}
 		err := x.call(ctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt}, s.timeout, func(cctx context.Context) error {
 			var rerr error
 			val, rerr = s.run(cctx, args)
@@ -344,6 +403,7 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		switch {
 		case err == nil:
 			f.st.Steps[s.name] = &stepRec{State: stepDone, Value: val, Attempts: attempt}
+			f.st.Intent = nil
 			if s.undo != nil {
 				f.st.Seq++
 				f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: args, Result: val, Status: RollbackPending})
@@ -352,13 +412,15 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 			return stepOutcome{kind: outOK}, nil
 		case errors.As(err, &skip):
 			f.st.Steps[s.name] = &stepRec{State: stepSkipped, Attempts: attempt}
+			f.st.Intent = nil
 			x.e.emit(ctx, Event{Kind: EventStepSkipped, RunID: x.st.ID, Reactor: f.def.name, Step: path})
 			return stepOutcome{kind: outSkip}, nil
 		case errors.As(err, &halt):
 			return stepOutcome{kind: outHalt, reason: halt.reason}, nil
 		case ctx.Err() != nil:
 			// The caller's context ended: the step did not fail, the run
-			// was cut short.
+			// was cut short. Its intent stays: the step may have had its
+			// effect.
 			return stepOutcome{}, errAborted
 		}
 		if s.timeout > 0 && errors.Is(err, context.DeadlineExceeded) {
@@ -370,6 +432,27 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		}
 		delay := s.retry.delay(attempt)
 		x.e.emit(ctx, Event{Kind: EventStepRetrying, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err, Delay: delay})
+		// The failed attempt is on record before the next one, so a crash
+		// cannot hand the step a fresh set of attempts.
+		f.st.Intent = &intentRec{Step: s.name, Attempt: attempt + 1}
+		if delay > maxHeldBackoff && x.canSchedule() {
+			// A long backoff is a scheduled wake-up, not a sleep holding
+			// the run's lock and a worker slot.
+			x.st.Wake = wakeID(x.st.ID, fmt.Sprintf("retry:%s:%d", path, attempt+1))
+			if err := x.checkpoint(ctx); err != nil {
+				return stepOutcome{}, err
+			}
+			if x.cancel {
+				return stepOutcome{kind: outCancel, failure: newCancelFailure("cancelled on request")}, nil
+			}
+			return stepOutcome{}, &errHandOff{step: s.name, delay: delay}
+		}
+		if err := x.checkpoint(ctx); err != nil {
+			return stepOutcome{}, err
+		}
+		if x.cancel {
+			return stepOutcome{kind: outCancel, failure: newCancelFailure("cancelled on request")}, nil
+		}
 		if err := x.e.sleep(ctx, delay); err != nil {
 			if ierr := interrupted(ctx); ierr != nil {
 				return stepOutcome{}, ierr
@@ -377,6 +460,33 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 			return stepOutcome{}, err
 		}
 	}
+}
+
+// maxHeldBackoff is the longest retry backoff a worker sleeps through
+// holding the run's lock; a longer one becomes a scheduled wake-up.
+const maxHeldBackoff = time.Second
+
+// canSchedule reports whether the run can be left and woken later by a
+// delayed task: a worker's run (not a map element, whose wake-ups are its
+// map's) with an Enqueuer. An in-process run's caller is waiting for it, so
+// it sleeps instead.
+func (x *execution) canSchedule() bool {
+	return x.inWorker && !x.element && x.e.cfg.Enqueuer != nil
+}
+
+// nextIntent is the intent for the first step of f not done yet: only plain
+// steps carry one (a compose child and a construct keep their own state).
+func nextIntent(f *frame) *intentRec {
+	for _, s := range f.def.order {
+		if _, done := f.st.Steps[s.name]; done {
+			continue
+		}
+		if s.kind != kindPlain {
+			return nil
+		}
+		return &intentRec{Step: s.name, Attempt: 1}
+	}
+	return nil
 }
 
 // call invokes a step function through the middleware chain, with an

@@ -20,7 +20,7 @@ func (x *execution) startRollback(ctx context.Context, f *frame, trigger Rollbac
 	// a child, then undone or cancelled) fold their completed entries onto
 	// the stack, so the rollback undoes them first.
 	for _, name := range sortedKeys(f.st.Children) {
-		foldChild(f.st, name, f.st.Children[name])
+		foldChild(f.def.byName[name].childDef(), f.st, name, f.st.Children[name])
 	}
 	// So do constructs still in progress (a map still running forward when
 	// the run is cancelled, or an inline map cut short): each goes on top of
@@ -34,6 +34,12 @@ func (x *execution) startRollback(ctx context.Context, f *frame, trigger Rollbac
 		f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: name, Args: f.st.Constructs[name], Status: RollbackPending})
 		delete(f.st.Constructs, name)
 	}
+	// A step whose Run may have been called without its result being
+	// recorded is the newest thing the run did: it goes on top.
+	if f.notStarted {
+		f.st.Intent = nil
+	}
+	pushInterrupted(f.def, f.st)
 	f.st.Status = StatusRollingBack
 	f.st.Rollback = &RollbackRecord{Trigger: trigger, Step: step, Failure: failure}
 	if err := x.checkpoint(ctx); err != nil {
@@ -179,6 +185,9 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		e.Status = RollbackCompensated
 		return nil
 	}
+	if e.Interrupted {
+		return x.compensateInterrupted(ctx, f, d, s, e, path)
+	}
 	var err error
 	if s == nil || (s.undo == nil && s.kind != kindConstruct) {
 		err = fmt.Errorf("reactor: step %q is no longer undoable in definition %q", e.Step, d.name)
@@ -220,6 +229,69 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 	}
 	f.st.Undone = append(f.st.Undone, rec)
 	return nil
+}
+
+// ErrStepInterrupted is the cause a step's Compensate receives when the
+// step's Run was called but its result was never recorded: its process died,
+// or the run was cut short mid-step. The effect may or may not have happened,
+// so the Compensate must tolerate both (as a null compensation does).
+var ErrStepInterrupted = errors.New("reactor: the step was interrupted before its result was recorded; its effect may or may not have happened")
+
+// reasonInterrupted is the rollback failure reason of an interrupted step
+// that has an Undo but no Compensate: nothing could undo what it may have
+// done.
+const reasonInterrupted = "reactor.step_interrupted"
+
+// compensateInterrupted rolls back an interrupted step (see LedgerEntry's
+// Interrupted): its Compensate is called with ErrStepInterrupted. Without
+// one, a step that has an Undo declared an effect to reverse, and its
+// interruption is reported as a rollback failure; a step with neither has
+// nothing to reverse.
+func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Definition, s *stepDef, e *LedgerEntry, path string) error {
+	rb := f.st.Rollback
+	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
+	var err error
+	switch {
+	case s == nil:
+		err = fmt.Errorf("reactor: step %q was interrupted and is no longer in definition %q; whatever it did was not undone", e.Step, d.name)
+	case s.compensate != nil:
+		e.Status = RollbackCompensating
+		err = x.call(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+			return s.compensate(cctx, e.Args, ErrStepInterrupted)
+		})
+		if ierr := rollbackInterrupted(ctx); ierr != nil {
+			e.Status = RollbackPending
+			return ierr
+		}
+	case s.undo != nil:
+		err = &interruptedError{step: path}
+	default:
+		e.Status, rec.Status = RollbackNoCompensation, RollbackNoCompensation
+		f.st.Undone = append(f.st.Undone, rec)
+		return nil
+	}
+	if err != nil {
+		e.Status = RollbackFailed
+		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
+		if _, ok := err.(*interruptedError); ok {
+			rec.Reason = reasonInterrupted
+		}
+		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: KindCompensate, Reason: rec.Reason, Message: rec.Message})
+		x.e.emit(ctx, Event{Kind: EventCompensateFail, RunID: x.st.ID, Reactor: d.name, Step: path, Err: err})
+	} else {
+		e.Status = RollbackCompensated
+		x.e.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: d.name, Step: path})
+	}
+	f.st.Undone = append(f.st.Undone, rec)
+	return nil
+}
+
+// interruptedError reports an interrupted step that has no Compensate.
+type interruptedError struct{ step string }
+
+func (e *interruptedError) Error() string {
+	return fmt.Sprintf("reactor: step %q was interrupted before its result was recorded and has no Compensate; "+
+		"whatever it did was not undone (give it a Compensate that tolerates an effect that never happened)", e.step)
 }
 
 func rollbackInterrupted(ctx context.Context) error {
@@ -315,6 +387,7 @@ func codeOf(err error) string {
 func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args codec.Raw) (stepOutcome, error) {
 	path := f.path + s.name
 	cst := f.st.Children[s.name]
+	fresh := cst == nil
 	if cst == nil {
 		var given map[string]codec.Raw
 		if err := codec.Unmarshal(args, &given); err != nil {
@@ -333,7 +406,7 @@ func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args c
 		f.st.Children[s.name] = cst
 	}
 	x.e.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1})
-	res, err := x.runFrame(ctx, &frame{def: s.child, st: cst, path: path + "/"})
+	res, err := x.runFrame(ctx, &frame{def: s.child, st: cst, path: path + "/", notStarted: fresh})
 	if err != nil {
 		return stepOutcome{}, err
 	}
@@ -350,7 +423,7 @@ func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args c
 	case StatusHalted:
 		// A halted child keeps what it completed, like a halted run: its
 		// entries fold in so that undoing the parent undoes them.
-		foldChild(f.st, s.name, cst)
+		foldChild(s.child, f.st, s.name, cst)
 		return stepOutcome{kind: outHalt, reason: res.reason}, nil
 	case StatusCancelled:
 		f.st.Undone = append(f.st.Undone, cst.Undone...)
@@ -368,10 +441,16 @@ func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args c
 // entries (its own in-progress children first) become one compose entry on
 // top of st's ledger, its rollback report joins st's, and it leaves
 // st.Children.
-func foldChild(st *runState, name string, cst *runState) {
+func foldChild(d *Definition, st *runState, name string, cst *runState) {
 	for _, n := range sortedKeys(cst.Children) {
-		foldChild(cst, n, cst.Children[n])
+		var cd *Definition
+		if d != nil {
+			cd = d.byName[n].childDef()
+		}
+		foldChild(cd, cst, n, cst.Children[n])
 	}
+	// A child step cut short is the child's newest entry.
+	pushInterrupted(d, cst)
 	// The child's constructs in progress (a map still running, or kept for
 	// its Compensate) are undone with it, like startRollback's own.
 	for _, n := range sortedKeys(cst.Constructs) {
@@ -408,4 +487,35 @@ func treeRollingBack(st *runState) bool {
 		}
 	}
 	return false
+}
+
+// childDef is a compose step's child definition (nil for anything else, or
+// a step no longer in the definition).
+func (s *stepDef) childDef() *Definition {
+	if s == nil {
+		return nil
+	}
+	return s.child
+}
+
+// pushInterrupted turns st's recorded intent into an interrupted ledger
+// entry on top of its stack: the step's Run may have been called by a
+// process that died (or was cut short) before recording its result, so the
+// rollback must compensate it rather than forget it. Its arguments are
+// resolved now; they depend only on what completed before it.
+func pushInterrupted(d *Definition, st *runState) {
+	in := st.Intent
+	if in == nil {
+		return
+	}
+	st.Intent = nil
+	e := &LedgerEntry{Step: in.Step, Status: RollbackPending, Interrupted: true}
+	if d != nil {
+		if s := d.byName[in.Step]; s != nil {
+			e.Args, _ = resolveArgs(d, s, st)
+		}
+	}
+	st.Seq++
+	e.Ordinal = st.Seq
+	st.Ledger = append(st.Ledger, e)
 }

@@ -28,6 +28,14 @@ type runState struct {
 	// Undone records what each rollback did to each step, in order.
 	Undone []StepRollback `msgpack:"u,omitempty"`
 
+	// Intent is the plain step this frame runs next, saved by the checkpoint
+	// before its Run is called (the previous step's checkpoint carries it),
+	// with the attempt it is on. A state read back with an intent may have
+	// had that step's Run called by a process that died before recording
+	// its result: a forward resume runs it again, and a rollback compensates
+	// it (or reports it) instead of forgetting it.
+	Intent *intentRec `msgpack:"it,omitempty"`
+
 	// Wake is the id of the last wake-up task enqueued for the run, saved
 	// before the enqueue, so the sweeper can tell whether it is still queued.
 	Wake string `msgpack:"w,omitempty"`
@@ -45,6 +53,14 @@ const (
 	stepDone    stepState = "done"
 	stepSkipped stepState = "skipped"
 )
+
+// intentRec is a step about to run or running, and its attempt (1-based).
+// Attempts that returned an error are counted durably: a crash never sends a
+// step back to attempt 1, so Retry.MaxAttempts bounds its failures.
+type intentRec struct {
+	Step    string `msgpack:"s"`
+	Attempt int    `msgpack:"a,omitempty"`
+}
 
 type stepRec struct {
 	State    stepState `msgpack:"s"`
@@ -67,6 +83,11 @@ type LedgerEntry struct {
 	// Children are a composed child's entries, folded into the compose
 	// step's entry, oldest first.
 	Children []*LedgerEntry `msgpack:"ch,omitempty"`
+	// Interrupted marks a step whose Run was called but whose result was
+	// never recorded (its process died, or the run was cut short mid-step):
+	// its effect may or may not have happened, so the rollback calls its
+	// Compensate, which must tolerate both.
+	Interrupted bool `msgpack:"int,omitempty"`
 }
 
 // RollbackTrigger says what started a rollback.
