@@ -38,6 +38,13 @@ type Config struct {
 	// LockExpiry is how long a run lock lives without a heartbeat; the
 	// heartbeat extends it every third of that. Default 30 s.
 	LockExpiry time.Duration
+	// LockGrace is how long a run's lock goes on being extended after the
+	// context of its execution ended (a worker shutting down, a delivery
+	// whose queue lease lapsed) while a step that ignores its context still
+	// runs: a redelivery cannot run the same step concurrently meanwhile.
+	// Past it the lock is let go and nothing the step returns is recorded.
+	// Default 2 minutes.
+	LockGrace time.Duration
 	// UndoLockWait is how long Undo waits for a run's lock. Default 5 s.
 	UndoLockWait time.Duration
 	// UndoTimeout bounds each Undo and Compensate call of steps that set no
@@ -63,6 +70,9 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.LockExpiry <= 0 {
 		c.LockExpiry = 30 * time.Second
+	}
+	if c.LockGrace <= 0 {
+		c.LockGrace = 2 * time.Minute
 	}
 	if c.UndoLockWait <= 0 {
 		c.UndoLockWait = 5 * time.Second
@@ -119,7 +129,7 @@ func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
 		cfg:   cfg,
 		log:   cfg.Logger,
 		store: st,
-		locks: lock.New(cfg.Client, cfg.LockExpiry),
+		locks: lock.New(cfg.Client, cfg.LockExpiry).WithGrace(cfg.LockGrace),
 		defs:  map[string]*Definition{},
 		now:   time.Now,
 		sleep: sleepCtx,

@@ -1,0 +1,115 @@
+package reactor_test
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// TestHardeningRunIDReusedWithOtherInputs: the same id with the same inputs
+// is idempotent; with other inputs it is refused, naming the inputs, instead
+// of silently answering with the first run's result.
+func TestHardeningRunIDReusedWithOtherInputs(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	def := reactor.MustDefine("reuse",
+		reactor.Input[string]("item", reactor.Required()),
+		reactor.Input[int]("qty", reactor.Default(1)),
+		simple(e.trail, "a", nil))
+	ctx := ctxTimeout(t)
+	res, err := e.engine.Run(ctx, def, map[string]any{"item": "book"}, reactor.WithRunID("order-1"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+
+	again, err := e.engine.Run(ctx, def, map[string]any{"item": "book", "qty": 1}, reactor.WithRunID("order-1"))
+	require.NoError(t, err, "the same inputs (the default spelled out) are the same run")
+	require.Equal(t, reactor.StatusCompleted, again.Status)
+	require.Equal(t, 1, e.trail.count("run:a"))
+
+	_, err = e.engine.Run(ctx, def, map[string]any{"item": "pen"}, reactor.WithRunID("order-1"))
+	require.ErrorIs(t, err, reactor.ErrRunIDReused)
+	require.Contains(t, err.Error(), "item")
+	require.NotContains(t, err.Error(), "qty")
+	require.Equal(t, 1, e.trail.count("run:a"), "nothing ran for the refused start")
+}
+
+// holdHook blocks the pipeline that removes run id from the active index
+// (the terminal index update) until released, and reports that it holds it.
+type holdHook struct {
+	active, id string
+	held       chan struct{}
+	release    chan struct{}
+	once       atomic.Bool
+}
+
+func (h *holdHook) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *holdHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *holdHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			a := c.Args()
+			if len(a) == 3 && strings.EqualFold(a[0].(string), "zrem") && a[1] == h.active && a[2] == h.id && h.once.CompareAndSwap(false, true) {
+				close(h.held)
+				<-h.release
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestHardeningTerminalIndexRace: a finished run leaves the active index only
+// while it still holds its lock. An Undo that starts right after the terminal
+// write must wait for the index update; otherwise it re-indexes the run, the
+// late removal drops the entry, and a rolling-back run is hidden from the
+// sweeper for good.
+func TestHardeningTerminalIndexRace(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	hook := &holdHook{active: keys.New(e.prefix).Active(), id: "raced", held: make(chan struct{}), release: make(chan struct{})}
+	e.rdb.AddHook(hook)
+	undoing := make(chan struct{}, 1)
+	finish := make(chan struct{})
+	def := reactor.MustDefine("raced", reactor.Step("a", reactor.StepConfig[reactor.Args, string]{
+		Run: func(context.Context, reactor.Args) (string, error) { return "a", nil },
+		Undo: func(context.Context, reactor.Args, string) error {
+			undoing <- struct{}{}
+			<-finish
+			return nil
+		},
+	}))
+	require.NoError(t, e.engine.Register(def))
+	ran := make(chan error, 1)
+	go func() { _, err := e.engine.Run(ctxTimeout(t), def, nil, reactor.WithRunID("raced")); ran <- err }()
+	<-hook.held // terminal write done, its index removal not yet
+
+	undone := make(chan error, 1)
+	go func() { _, err := e.engine.Undo(ctxTimeout(t), "raced"); undone <- err }()
+	// Give an Undo that does not wait for the lock every chance to start in
+	// the window (it would reach the step's Undo within milliseconds).
+	select {
+	case <-undoing:
+		close(hook.release)
+		<-ran
+	case <-time.After(300 * time.Millisecond):
+		close(hook.release)
+		require.NoError(t, <-ran)
+		<-undoing
+	}
+	// The Undo is now in the step's Undo: the run is rolling back and must be
+	// in the active index.
+	run, err := e.engine.Get(ctxTimeout(t), "raced")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusRollingBack, run.Status)
+	_, err = e.rdb.ZScore(ctxTimeout(t), keys.New(e.prefix).Active(), "raced").Result()
+	require.NoError(t, err, "a rolling-back run must stay where the sweeper looks")
+	close(finish)
+	require.NoError(t, <-undone)
+}
