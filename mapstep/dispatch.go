@@ -49,10 +49,26 @@ func (s mapStore) index(ctx context.Context, mapID, owner string) error {
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.ZAdd(ctx, s.keys.Maps(), redis.Z{Score: float64(time.Now().UnixMilli()), Member: mapID})
 		p.SAdd(ctx, s.keys.RunMaps(owner), mapID)
+		// A fan-out map's owner is always a top-level run (maps nested in
+		// an element run inline).
+		p.SAdd(ctx, s.keys.RunTree(owner), mapID)
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("mapstep: index map %s: %w", mapID, err)
+	}
+	return nil
+}
+
+// addToTree lists an inline map in its run's tree set before any of its keys
+// exist, so the map expires with the run (internal/store's retention walk).
+func (s mapStore) addToTree(ctx context.Context, mapID, owner string, nested bool) error {
+	tree := s.keys.RunTree(owner)
+	if nested {
+		tree = s.keys.ElemTree(owner)
+	}
+	if err := s.rdb.SAdd(ctx, tree, mapID).Err(); err != nil {
+		return fmt.Errorf("mapstep: record map %s in its run's tree: %w", mapID, err)
 	}
 	return nil
 }

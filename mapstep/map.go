@@ -220,6 +220,9 @@ func (m *construct) begin(ctx context.Context, c *reactor.ConstructContext, ms m
 		Input: m.cfg.Input, With: wenc}
 	if !st.FanOut {
 		md.BatchSize = st.Total // inline: everything is claimed at once, nothing is enqueued
+		if err := ms.addToTree(ctx, st.MapID, c.OwnerID, c.Nested); err != nil {
+			return nil, err
+		}
 		if _, _, err := ms.start(ctx, st.MapID, md); err != nil {
 			return nil, err
 		}

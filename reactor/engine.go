@@ -577,6 +577,12 @@ func (e *Engine) Undo(ctx context.Context, id string) (*Result, error) {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
+	// The finished run's tree carries its retention: take it off before
+	// the run is live again, so no map or element expires under the undo.
+	if err := e.expireTree(ctx, def, id, 0); err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
 	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status}
 	return x.undo(ctx, "undone on request")
 }
@@ -653,7 +659,15 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 	if errors.Is(err, lock.ErrHeld) {
 		// Kept until the run's terminal write deletes it: a long step or a
 		// hand-off must not outlive the request.
-		return e.store.RequestCancel(ctx, target, 0)
+		err := e.store.RequestCancel(ctx, target, 0)
+		if errors.Is(err, store.ErrAlreadyDone) {
+			// It finished meanwhile.
+			if st, _, lerr := e.load(ctx, id); lerr == nil {
+				return cancelable(st)
+			}
+			return &StatusError{RunID: id, Status: StatusCompleted, Op: "cancel", Err: ErrAlreadyFinished}
+		}
+		return err
 	}
 	if err != nil {
 		return err

@@ -171,7 +171,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	// The run is finished and saved. What follows only tidies up; a failure
 	// here leaves the run in the active index, where the sweeper finishes
 	// the job. It must not turn a finished run into an error.
-	if err := x.e.expireTree(ctx, x.st.ID, x.e.cfg.Retention); err != nil {
+	if err := x.e.expireTree(ctx, x.def, x.st.ID, x.e.cfg.Retention); err != nil {
 		x.e.log.Warn("run finished but the retention of its maps and elements was not set; the sweeper retries",
 			"event", "reactor.retention.pending", "run", x.st.ID, "error", err)
 	} else if reindex {

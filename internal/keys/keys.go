@@ -69,6 +69,11 @@ func (k Keys) RunAudit(id string) string { return k.run(id, "audit") }
 // one of them is still working.
 func (k Keys) RunMaps(id string) string { return k.run(id, "maps") }
 
+// RunTree is the set of map ids a run's steps started (its fan-out and
+// inline maps, those of composed children included): what its retention
+// walk expires with it.
+func (k Keys) RunTree(id string) string { return k.run(id, "tree") }
+
 // Active is the index of non-terminal runs scored by last-touched time (ms).
 func (k Keys) Active() string { return k.prefix + ":idx:active" }
 
@@ -87,6 +92,10 @@ func (k Keys) ElemState(id string) string { return k.elem(id, "ctx") }
 
 // ElemLock is an element run's lock, in the same slot as its state.
 func (k Keys) ElemLock(id string) string { return k.elem(id, "lock") }
+
+// ElemTree is the set of map ids an element run's steps started (maps
+// nested in a map element run inline), expired with the element.
+func (k Keys) ElemTree(id string) string { return k.elem(id, "tree") }
 
 // ElemCancel is an element run's cancel request.
 func (k Keys) ElemCancel(id string) string { return k.elem(id, "cancel") }

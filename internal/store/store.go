@@ -24,10 +24,13 @@ var (
 	writeSrc string
 	//go:embed lua/zrem_if.lua
 	zremIfSrc string
+	//go:embed lua/cancel.lua
+	cancelSrc string
 
 	createScript = redis.NewScript(createSrc)
 	writeScript  = redis.NewScript(writeSrc)
 	zremIfScript = redis.NewScript(zremIfSrc)
+	cancelScript = redis.NewScript(cancelSrc)
 )
 
 // ErrNotFound is returned when a run has no stored state.
@@ -68,7 +71,7 @@ type Store struct {
 // New returns a Store and loads its scripts, so a broken script or an
 // unreachable Redis fails here rather than on the first write.
 func New(ctx context.Context, rdb redis.UniversalClient, k keys.Keys) (*Store, error) {
-	for _, s := range []*redis.Script{createScript, writeScript, zremIfScript} {
+	for _, s := range []*redis.Script{createScript, writeScript, zremIfScript, cancelScript} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			return nil, fmt.Errorf("store: load script: %w", err)
 		}
@@ -170,9 +173,22 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 // RequestCancel asks the process executing run t to cancel it at its next
 // checkpoint. With ttl 0 the request lasts until the run's terminal write
 // deletes it.
+// A run that is already finished (or gone) gets no request: it could never be
+// deleted by a terminal write, and it reports ErrAlreadyDone.
 func (s *Store) RequestCancel(ctx context.Context, t Target, ttl time.Duration) error {
-	return s.rdb.Set(ctx, t.Cancel, "1", ttl).Err()
+	n, err := cancelScript.Run(ctx, s.rdb, []string{t.State, t.Cancel}, ttl.Milliseconds()).Int()
+	if err != nil {
+		return fmt.Errorf("store: request cancel: %w", err)
+	}
+	if n == 0 {
+		return ErrAlreadyDone
+	}
+	return nil
 }
+
+// ErrAlreadyDone is returned by RequestCancel for a run that finished (or
+// vanished) before the request could be stored.
+var ErrAlreadyDone = errors.New("store: run already finished")
 
 // CancelRequested reports whether a cancel was requested for t.
 func (s *Store) CancelRequested(ctx context.Context, t Target) (bool, error) {

@@ -459,9 +459,26 @@ func TestLoadMissingRun(t *testing.T) {
 	// A hold on the lock or a cancel request is not a run.
 	target := f.st.RunTarget("locked")
 	f.hold(t, target, "tok-a")
-	require.NoError(t, f.st.RequestCancel(f.ctx, target, time.Minute))
+	require.NoError(t, f.rdb.Set(f.ctx, target.Cancel, "1", time.Minute).Err())
 	_, err = f.st.Load(f.ctx, target)
 	require.ErrorIs(t, err, store.ErrNotFound)
+}
+
+// TestHardeningCancelOfAFinishedRunStoresNothing: a cancel request can only
+// be deleted by the run's terminal write, so one that arrives after it (or
+// for a run that is gone) is refused instead of living for ever.
+func TestHardeningCancelOfAFinishedRunStoresNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	target := f.st.RunTarget("done")
+	f.create(t, target, "tok", []byte("one"))
+	_, err := f.st.Write(f.ctx, target, "tok", 1, []byte("two"), store.WriteOptions{Retention: time.Minute, Release: true})
+	require.NoError(t, err)
+	require.ErrorIs(t, f.st.RequestCancel(f.ctx, target, 0), store.ErrAlreadyDone)
+	require.ErrorIs(t, f.st.RequestCancel(f.ctx, f.st.RunTarget("gone"), 0), store.ErrAlreadyDone)
+	n, err := f.rdb.Exists(f.ctx, target.Cancel, f.st.RunTarget("gone").Cancel).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "no cancel key for a finished or missing run")
 }
 
 // zscore returns id's score in the sorted set at key and whether it is there.
