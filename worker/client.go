@@ -29,6 +29,7 @@ const DefaultMaxRetry = 25
 // Client enqueues goreactor tasks. It implements reactor.Enqueuer.
 type Client struct {
 	c     *asynq.Client
+	insp  *asynq.Inspector
 	queue string
 }
 
@@ -38,7 +39,7 @@ func NewClient(rdb redis.UniversalClient, queue string) *Client {
 	if queue == "" {
 		queue = DefaultQueue
 	}
-	return &Client{c: asynq.NewClientFromRedisClient(rdb), queue: queue}
+	return &Client{c: asynq.NewClientFromRedisClient(rdb), insp: asynq.NewInspectorFromRedisClient(rdb), queue: queue}
 }
 
 // Queue returns the queue the client enqueues on.
@@ -59,11 +60,46 @@ func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 		opts = append(opts, asynq.Retention(w.Retain))
 	}
 	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeRun, payload), opts...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) && w.Retain > 0 {
+		// A retained wake-up is the record that its cause ran. Within one
+		// run, its cause is claimed once (SET NX), so a conflict with a
+		// completed record is an earlier run under the same id, expired and
+		// started afresh: the record is replaced, or the new run would
+		// never be woken.
+		return c.replaceCompleted(ctx, w.ID, func() error {
+			_, err := c.c.EnqueueContext(ctx, asynq.NewTask(TypeRun, payload), opts...)
+			return err
+		})
+	}
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil
 	}
 	if err != nil {
 		return fmt.Errorf("worker: enqueue %s: %w", w.ID, err)
+	}
+	return nil
+}
+
+// replaceCompleted deletes task id if it is completed (retained) and enqueues
+// it again; any other state of id means it is queued or running: nil.
+func (c *Client) replaceCompleted(ctx context.Context, id string, enqueue func() error) error {
+	info, err := c.insp.GetTaskInfo(c.queue, id)
+	if errors.Is(err, asynq.ErrTaskNotFound) {
+		err, info = nil, nil // gone meanwhile: enqueue
+	}
+	if err != nil {
+		return fmt.Errorf("worker: inspect %s: %w", id, err)
+	}
+	if info != nil {
+		if info.State != asynq.TaskStateCompleted {
+			return nil
+		}
+		if err := c.insp.DeleteTask(c.queue, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+			return fmt.Errorf("worker: replace the completed record of %s: %w", id, err)
+		}
+	}
+	if err := enqueue(); err != nil && !errors.Is(err, asynq.ErrTaskIDConflict) {
+		return fmt.Errorf("worker: enqueue %s: %w", id, err)
 	}
 	return nil
 }

@@ -1,0 +1,196 @@
+package sweeper_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/reactortest"
+	"github.com/goreactor/goreactor/worker"
+)
+
+// retentionDefs is a small saga family: an element with an undo, an owner
+// with a fan-out map, one with an inline map, each failing after its map on
+// request (so it rolls back), and a gate that holds one element of a run
+// while the test looks at it live.
+func retentionDefs(gate func(ctx context.Context, item int) error) (fan, inline *reactor.Definition) {
+	elem := reactor.MustDefine("ret-elem",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("reserve", reactor.StepConfig[struct {
+			Item int `json:"item"`
+		}, int]{
+			Args: reactor.Bindings{"item": reactor.FromInput("item")},
+			Run: func(ctx context.Context, in struct {
+				Item int `json:"item"`
+			}) (int, error) {
+				return in.Item, gate(ctx, in.Item)
+			},
+			Undo: func(context.Context, struct {
+				Item int `json:"item"`
+			}, int) error {
+				return nil
+			},
+		}))
+	owner := func(name string, fanOut bool) *reactor.Definition {
+		return reactor.MustDefine(name,
+			reactor.Input[[]int]("items", reactor.Required()),
+			reactor.Input[bool]("fail", reactor.Default(false)),
+			mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: fanOut, BatchSize: 4}),
+			reactor.Step("after", reactor.StepConfig[struct {
+				Fail bool `json:"fail"`
+			}, string]{
+				Args:  reactor.Bindings{"fail": reactor.FromInput("fail")},
+				After: []string{"each"},
+				Run: func(_ context.Context, in struct {
+					Fail bool `json:"fail"`
+				}) (string, error) {
+					if in.Fail {
+						return "", reactor.Permanent(errors.New("fail after the map"))
+					}
+					return "ok", nil
+				},
+			}))
+	}
+	return owner("ret-fan", true), owner("ret-inline", false)
+}
+
+// runKeys lists the keys under prefix that belong to run id's tree (its own
+// keys, its maps' and their elements'), excluding the global indexes.
+func runKeys(t *testing.T, rdb redis.UniversalClient, prefix, id string) []string {
+	t.Helper()
+	var out []string
+	iter := rdb.Scan(context.Background(), 0, prefix+":*", 1000).Iterator()
+	for iter.Next(context.Background()) {
+		k := iter.Val()
+		if strings.Contains(k, ":idx:") {
+			continue
+		}
+		if strings.Contains(k, "{run:"+id+"}") || strings.Contains(k, "{map:"+id+"~") || strings.Contains(k, "{elem:"+id+"~") {
+			out = append(out, k)
+		}
+	}
+	require.NoError(t, iter.Err())
+	return out
+}
+
+// TestHardeningRetentionExpiresTheWholeTree: 200 runs (fan-out and inline
+// maps, a third of them rolled back) under a 2 s retention. While a run is
+// live nothing of its tree has an expiry; after the retention not one key of
+// any of them remains, and a reused id starts a fresh run instead of
+// adopting stale map results.
+func TestHardeningRetentionExpiresTheWholeTree(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out a retention")
+	}
+	t.Parallel()
+	const retention = 2 * time.Second
+	hold := make(chan struct{})
+	var holdOnce sync.Once
+	held := make(chan struct{})
+	gate := func(ctx context.Context, item int) error {
+		if item == 999 {
+			holdOnce.Do(func() { close(held) })
+			select {
+			case <-hold:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		return nil
+	}
+	fan, inline := retentionDefs(gate)
+	h := reactortest.NewWithOptions(t, reactortest.Options{
+		Engine:  func(c *reactor.Config) { c.Retention = retention },
+		Worker:  func(c *worker.Config) { c.Concurrency = 20 },
+		Timeout: time.Minute,
+	}, fan, inline)
+	ctx := context.Background()
+
+	// One run held live mid-map: nothing of its tree may carry an expiry.
+	_, err := h.Engine.Enqueue(ctx, fan, map[string]any{"items": []int{1, 2, 999, 4, 5}}, reactor.WithRunID("live"))
+	require.NoError(t, err)
+	<-held
+
+	ids := make([]string, 0, 200)
+	var wg sync.WaitGroup
+	errs := make(chan error, 200)
+	for n := range 200 {
+		def := fan
+		if n%2 == 1 {
+			def = inline
+		}
+		id := fmt.Sprintf("ret-%03d", n)
+		ids = append(ids, id)
+		items := []int{n, n + 1, n + 2, n + 3, n + 4, n + 5}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := h.Run(ctx, def, map[string]any{"items": items, "fail": n%3 == 0}, reactor.WithRunID(id))
+			if err == nil && res.Status != map[bool]reactor.Status{true: reactor.StatusFailed, false: reactor.StatusCompleted}[n%3 == 0] {
+				err = fmt.Errorf("run %s ended %s", id, res.Status)
+			}
+			errs <- err
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	live := runKeys(t, h.Redis, h.Prefix, "live")
+	require.NotEmpty(t, live)
+	for _, k := range live {
+		if strings.HasSuffix(k, ":lock") {
+			continue // a held lock expires by design; its holder extends it
+		}
+		ttl, err := h.Redis.PTTL(ctx, k).Result()
+		require.NoError(t, err)
+		require.Equal(t, time.Duration(-1), ttl, "key %s of a live run has an expiry", k)
+	}
+	// The finished runs' trees all carry the retention (those finished
+	// longest ago may be gone already).
+	checked := 0
+	for _, id := range ids {
+		for _, k := range runKeys(t, h.Redis, h.Prefix, id) {
+			ttl, err := h.Redis.PTTL(ctx, k).Result()
+			require.NoError(t, err)
+			if ttl == -2 {
+				continue // expired between the scan and now
+			}
+			require.NotEqual(t, time.Duration(-1), ttl, "key %s of finished run %s never expires", k, id)
+			require.LessOrEqual(t, ttl, retention)
+			checked++
+		}
+	}
+	require.Greater(t, checked, 100, "too few finished keys left to check; the runs took longer than the retention")
+
+	// After the retention nothing of any finished run is left.
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		for _, id := range ids {
+			require.Empty(c, runKeys(t, h.Redis, h.Prefix, id), "run %s", id)
+		}
+	}, 15*time.Second, 100*time.Millisecond)
+
+	// A reused id after its retention is a fresh run, with other inputs too.
+	res, err := h.Run(ctx, fan, map[string]any{"items": []int{7, 8}}, reactor.WithRunID(ids[0]))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+	run := h.Get(t, ids[0])
+	require.Equal(t, []string{"each", "after"}, run.Completed)
+
+	close(hold)
+	res, err = h.Wait(ctx, "live")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+}
