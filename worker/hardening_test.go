@@ -3,8 +3,10 @@ package worker_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -153,6 +156,83 @@ func TestHardeningWaitNotServed(t *testing.T) {
 	res, err := e.Wait(ctx, "order-8")
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCompleted, res.Status)
+}
+
+// TestHardeningElementEventsLogAtDebug: a fan-out map of 20 elements, 5 of
+// which fail and whose undos fail, logs nothing about single elements above
+// Debug (the map reports its elements on the owner). The map is Partial so
+// that every element runs, whatever order the workers take them in.
+func TestHardeningElementEventsLogAtDebug(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	bad := func(n int) bool { return n%4 == 0 } // 0, 4, 8, 12, 16
+	type itemIn struct {
+		N int `json:"n"`
+	}
+	element := reactor.MustDefine("loglevel-el",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("reserve", reactor.StepConfig[itemIn, int]{
+			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+			Run:  func(_ context.Context, in itemIn) (int, error) { return in.N, nil },
+			Undo: func(_ context.Context, in itemIn, _ int) error {
+				if bad(in.N) {
+					return fmt.Errorf("release of item %d failed", in.N)
+				}
+				return nil
+			},
+		}),
+		reactor.Step("charge", reactor.StepConfig[itemIn, int]{
+			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
+			After: []string{"reserve"},
+			Run: func(_ context.Context, in itemIn) (int, error) {
+				if bad(in.N) {
+					return 0, reactor.Permanent(fmt.Errorf("item %d declined", in.N))
+				}
+				return in.N, nil
+			},
+		}),
+	)
+	owner := reactor.MustDefine("loglevel-owner",
+		reactor.Input[[]int]("items", reactor.Required()),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, Partial: true}),
+	)
+	logs := newLogCapture()
+	e := f.engine("worker", func(c *reactor.Config) { c.Logger = slog.New(logs) })
+	require.NoError(t, e.Register(owner))
+	f.startWorker(e, func(c *worker.Config) { c.Logger = slog.New(logs) })
+
+	ctx := ctxTimeout(t)
+	items := make([]int, 20)
+	for i := range items {
+		items[i] = i
+	}
+	_, err := e.Enqueue(ctx, owner, map[string]any{"items": items}, reactor.WithRunID("fan-20"))
+	require.NoError(t, err)
+	res, err := e.Wait(ctx, "fan-20")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+
+	marked := 0
+	for _, ev := range f.events.all("worker") {
+		if ev.Reactor == "loglevel-el" && ev.Element {
+			marked++
+		}
+	}
+	require.NotZero(t, marked, "no element run's event has Event.Element set: the executor's emit sites must "+
+		"emit through execution.emit (x.emit, not x.e.emit, in reactor/executor.go, rollback.go, construct.go)")
+
+	elementLines := logs.matching(func(r capturedRecord) bool {
+		return r.attrs["reactor"] == "loglevel-el" || strings.HasPrefix(r.attrs["run"], "fan-20/") ||
+			strings.Contains(r.attrs["run"], ".") && r.attrs["run"] != "fan-20"
+	})
+	undoFailed := 0
+	for _, r := range elementLines {
+		require.LessOrEqual(t, r.level, slog.LevelDebug, "a per-element line above Debug: %s %v", r.msg, r.attrs)
+		if r.attrs["event"] == string(reactor.EventStepUndoFailed) {
+			undoFailed++
+		}
+	}
+	require.Equal(t, 5, undoFailed, "the five undo failures are still logged, at Debug")
 }
 
 // all returns the events engine emitted, in order.
