@@ -34,6 +34,17 @@ func (d *Definition) Steps() []string {
 	return out
 }
 
+// Inputs returns the declared input names, in declaration order. A
+// construct's Validate can check its bindings into an element reactor
+// against them.
+func (d *Definition) Inputs() []string {
+	out := make([]string, len(d.inputs))
+	for i, in := range d.inputs {
+		out[i] = in.name
+	}
+	return out
+}
+
 // Part is one element of a definition: an input, a step, a compose, or the
 // return value.
 type Part interface {

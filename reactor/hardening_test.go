@@ -182,3 +182,9 @@ func TestHardeningUndoDroppedFields(t *testing.T) {
 		})
 	}
 }
+
+func TestDefinitionInputs(t *testing.T) {
+	t.Parallel()
+	d := reactor.MustDefine("in", reactor.Input[string]("b"), reactor.Input[int]("a"))
+	require.Equal(t, []string{"b", "a"}, d.Inputs())
+}
