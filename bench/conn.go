@@ -10,6 +10,8 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/redisurl"
 )
 
 const (
@@ -48,13 +50,11 @@ func pick(ctx context.Context, flagURL string) (*target, error) {
 		if named.url == "" {
 			continue
 		}
-		opts, err := redis.ParseURL(named.url)
+		c, opts, err := redisurl.Dial(ctx, named.url, named.from, urlTimeout)
 		if err != nil {
-			return nil, fmt.Errorf("%s %q: %w", named.from, named.url, err)
+			return nil, err
 		}
-		if err := probe(ctx, opts, urlTimeout); err != nil {
-			return nil, fmt.Errorf("%s %s does not answer: %w", named.from, opts.Addr, err)
-		}
+		_ = c.Close()
 		return &target{url: named.url, desc: fmt.Sprintf("%s (%s)", opts.Addr, named.from), close: func() {}}, nil
 	}
 	if err := probe(ctx, &redis.Options{Addr: localAddr}, localTimeout); err == nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -265,4 +266,20 @@ func TestParseFlags(t *testing.T) {
 	}
 	_, err = parseFlags([]string{"-h"}, &bytes.Buffer{})
 	require.ErrorIs(t, err, flag.ErrHelp)
+}
+
+// TestHardeningRedisURLNotAnswering: a Redis named by -redis or REDIS_URL
+// that does not answer is an error naming the URL, never a fallback.
+func TestHardeningRedisURLNotAnswering(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	url := "redis://" + ln.Addr().String() + "/0"
+	require.NoError(t, ln.Close())
+	_, err = pick(t.Context(), url)
+	require.ErrorContains(t, err, url)
+	require.ErrorContains(t, err, "-redis")
+	t.Setenv("REDIS_URL", url)
+	_, err = pick(t.Context(), "")
+	require.ErrorContains(t, err, url)
+	require.ErrorContains(t, err, "REDIS_URL")
 }

@@ -158,7 +158,7 @@ func (x *execution) runConstruct(ctx context.Context, f *frame, s *stepDef, args
 		f.st.Constructs[s.name] = state
 		return x.checkpoint(ctx)
 	}
-	x.e.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1})
+	x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1})
 	var val codec.Raw
 	err := x.call(ctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1}, 0, func(cctx context.Context) error {
 		var rerr error
@@ -180,7 +180,7 @@ func (x *execution) runConstruct(ctx context.Context, f *frame, s *stepDef, args
 		// arguments: a map's entry carries its map id, not its source.
 		f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: cc.state, Status: RollbackPending})
 		delete(f.st.Constructs, s.name)
-		x.e.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path})
+		x.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path})
 		return stepOutcome{kind: outOK}, nil
 	case errors.As(err, &halt):
 		return stepOutcome{kind: outHalt, reason: halt.reason}, nil
@@ -192,7 +192,7 @@ func (x *execution) runConstruct(ctx context.Context, f *frame, s *stepDef, args
 		// retried, never rolled back for it.
 		return stepOutcome{}, fmt.Errorf("reactor: step %q: %w", path, err)
 	}
-	x.e.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1, Err: err})
+	x.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1, Err: err})
 	return stepOutcome{kind: outFail, failure: asFailure(path, err), err: err}, nil
 }
 

@@ -34,6 +34,17 @@ func (d *Definition) Steps() []string {
 	return out
 }
 
+// Inputs returns the declared input names, in declaration order. A
+// construct's Validate can check its bindings into an element reactor
+// against them.
+func (d *Definition) Inputs() []string {
+	out := make([]string, len(d.inputs))
+	for i, in := range d.inputs {
+		out[i] = in.name
+	}
+	return out
+}
+
 // Part is one element of a definition: an input, a step, a compose, or the
 // return value.
 type Part interface {
@@ -45,8 +56,9 @@ type partFunc func(d *Definition) error
 func (f partFunc) apply(d *Definition) error { return f(d) }
 
 // Define builds and validates a definition. It fails, naming the step at
-// fault, on duplicate names, references to unknown inputs or steps, and
-// dependency cycles.
+// fault, on duplicate names, references to unknown inputs or steps,
+// dependency cycles, and bindings that name no field of the step's In type
+// (or no input of a composed child).
 func Define(name string, parts ...Part) (*Definition, error) {
 	d := &Definition{name: name, byName: map[string]*stepDef{}}
 	if name == "" {
@@ -219,8 +231,11 @@ func pathString(p []string) string {
 }
 
 // Bindings name a step's arguments and where each comes from. The arguments
-// are decoded into the step's In type by name (msgpack or json tags), or
-// handed over as they are when In is Args.
+// are decoded into the step's In type by name, matched exactly as the codec
+// decodes (the msgpack tag, else the json tag, else the Go field name; case
+// counts), or handed over as they are when In is Args. Define refuses a
+// binding that names no field of a struct In; a map or interface In takes
+// any name.
 type Bindings map[string]Ref
 
 // Returns sets what the run returns: usually a step's result.
@@ -314,6 +329,9 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 		if cfg.Run == nil {
 			return &DefinitionError{Reactor: d.name, Step: name, Reason: "Run is required"}
 		}
+		if err := checkBindings(d.name, name, reflect.TypeFor[In](), cfg.Args); err != nil {
+			return err
+		}
 		s := &stepDef{name: name, kind: kindPlain, args: cfg.Args, after: cfg.After,
 			retry: cfg.Retry, timeout: cfg.Timeout, undoTO: cfg.UndoTimeout, handoff: cfg.HandOff}
 		s.run = func(ctx context.Context, raw codec.Raw) (codec.Raw, error) {
@@ -329,6 +347,12 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 		}
 		if cfg.Undo != nil {
 			s.undo = func(ctx context.Context, raw, result codec.Raw) error {
+				if err := checkStored(name, "arguments", raw, reflect.TypeFor[In]()); err != nil {
+					return err
+				}
+				if err := checkStored(name, "result", result, reflect.TypeFor[Out]()); err != nil {
+					return err
+				}
 				in, err := decodeIn[In](raw)
 				if err != nil {
 					return fmt.Errorf("reactor: decode arguments of step %q: %w", name, err)
@@ -344,6 +368,9 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 		}
 		if cfg.Compensate != nil {
 			s.compensate = func(ctx context.Context, raw codec.Raw, cause error) error {
+				if err := checkStored(name, "arguments", raw, reflect.TypeFor[In]()); err != nil {
+					return err
+				}
 				in, err := decodeIn[In](raw)
 				if err != nil {
 					return fmt.Errorf("reactor: decode arguments of step %q: %w", name, err)
@@ -438,6 +465,9 @@ func (d *Definition) validate() error {
 			deps[a] = true
 		}
 		if s.kind == kindCompose {
+			if err := checkChildBindings(d.name, s); err != nil {
+				return err
+			}
 			for _, in := range s.child.inputs {
 				if _, bound := s.args[in.name]; !bound && in.required && in.def == nil {
 					return &DefinitionError{Reactor: d.name, Step: s.name, Reason: fmt.Sprintf("child %q needs input %q, which Args does not bind", s.child.name, in.name)}

@@ -147,9 +147,14 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 
 // Wait blocks until run id reaches a terminal status or ctx ends, and
 // returns its result. It polls the stored run with a backoff from 5 ms to
-// 250 ms.
+// 250 ms. When ctx ends while the run is still pending and the Enqueuer is
+// a ServingReporter (worker.Client is), Wait asks it whether any worker
+// serves the queue; if none does, the error is a *NotServedError saying so.
+// A run pending for longer than 5 s on a queue no worker serves is also
+// logged once, as a warning, while Wait goes on waiting.
 func (e *Engine) Wait(ctx context.Context, id string) (*Result, error) {
 	delay := 5 * time.Millisecond
+	pending := newPendingWatch(e, id)
 	for {
 		st, _, err := e.load(ctx, id)
 		if err != nil {
@@ -158,11 +163,106 @@ func (e *Engine) Wait(ctx context.Context, id string) (*Result, error) {
 		if st.Status.Terminal() {
 			return st.result(), nil
 		}
+		pending.observe(ctx, st.Status)
 		if err := sleepCtx(ctx, delay); err != nil {
+			if nerr := pending.notServed(ctx, st.Status, err); nerr != nil {
+				return nil, nerr
+			}
 			return nil, fmt.Errorf("reactor: wait for run %s (last seen %s): %w", id, st.Status, err)
 		}
 		delay = min(delay*2, 250*time.Millisecond)
 	}
+}
+
+// ServingReporter is implemented by an Enqueuer that can tell whether any
+// worker is serving the queue it enqueues on; worker.Client does, through
+// asynq's server registry. Wait consults it for a run that stays pending,
+// so that "no worker is running" is not reported as a bare timeout.
+type ServingReporter interface {
+	// Queue names the queue the Enqueuer enqueues on.
+	Queue() string
+	// Served reports whether a live worker polls Queue.
+	Served(ctx context.Context) (bool, error)
+}
+
+// NotServedError is Wait's error when its context ended while the run was
+// still pending and no worker served the queue the run was enqueued on.
+// It unwraps to the context's error.
+type NotServedError struct {
+	RunID string
+	Queue string
+	Err   error
+}
+
+func (e *NotServedError) Error() string {
+	return fmt.Sprintf("reactor: wait for run %s: it is still pending and no worker serves queue %s; "+
+		"start a worker on that queue (cmd/worker -queue %s) or check the workers' queues: %v", e.RunID, e.Queue, e.Queue, e.Err)
+}
+
+func (e *NotServedError) Unwrap() error { return e.Err }
+
+const (
+	// servedWarnAfter is how long a run may stay pending in Wait before
+	// Wait checks whether its queue is served at all.
+	servedWarnAfter = 5 * time.Second
+	// servedCheckEvery spaces the later checks (one Redis scan of asynq's
+	// servers each), until one finds the queue unserved and warns.
+	servedCheckEvery = 30 * time.Second
+	// servedTimeout bounds one check, also after Wait's context ended.
+	servedTimeout = 2 * time.Second
+)
+
+// pendingWatch asks the Enqueuer, if it can tell, whether a run that Wait
+// sees pending has a worker serving its queue.
+type pendingWatch struct {
+	e      *Engine
+	id     string
+	sr     ServingReporter // nil: the Enqueuer cannot tell
+	next   time.Time       // when observe checks next
+	warned bool
+}
+
+func newPendingWatch(e *Engine, id string) *pendingWatch {
+	sr, _ := e.cfg.Enqueuer.(ServingReporter)
+	return &pendingWatch{e: e, id: id, sr: sr, next: time.Now().Add(servedWarnAfter)}
+}
+
+// served asks the reporter, bounded by servedTimeout even when ctx ended.
+// ok is false when it cannot tell.
+func (w *pendingWatch) served(ctx context.Context) (served, ok bool) {
+	if w.sr == nil {
+		return false, false
+	}
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), servedTimeout)
+	defer cancel()
+	served, err := w.sr.Served(cctx)
+	return served, err == nil
+}
+
+// observe warns, once, about a run that has been pending for a while on a
+// queue no worker serves.
+func (w *pendingWatch) observe(ctx context.Context, status Status) {
+	if w.sr == nil || w.warned || status != StatusPending || time.Now().Before(w.next) {
+		return
+	}
+	w.next = time.Now().Add(servedCheckEvery)
+	if served, ok := w.served(ctx); ok && !served {
+		w.warned = true
+		w.e.log.WarnContext(ctx, "waiting for a pending run that no worker can take: no worker serves its queue",
+			"event", "reactor.wait.unserved", "run", w.id, "queue", w.sr.Queue())
+	}
+}
+
+// notServed returns a *NotServedError when Wait ended on a pending run whose
+// queue no worker serves, else nil.
+func (w *pendingWatch) notServed(ctx context.Context, status Status, cause error) error {
+	if status != StatusPending {
+		return nil
+	}
+	if served, ok := w.served(ctx); ok && !served {
+		return &NotServedError{RunID: w.id, Queue: w.sr.Queue(), Err: cause}
+	}
+	return nil
 }
 
 // Process executes a stored run as a worker does: hand-off points are passed

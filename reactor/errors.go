@@ -52,6 +52,12 @@ func (e *InputError) Error() string {
 // DefinitionError reports an invalid definition, naming the step at fault.
 type DefinitionError struct {
 	Reactor, Step, Reason string
+	// Binding is the binding at fault, when one is: a name that matches no
+	// field of the step's In type (or no input of a composed child).
+	Binding string
+	// Fields are the names that binding could have used: the In type's
+	// fields as the codec decodes them, or the child's inputs.
+	Fields []string
 }
 
 func (e *DefinitionError) Error() string {
@@ -131,6 +137,30 @@ type TimeoutError struct {
 
 func (e *TimeoutError) Error() string {
 	return fmt.Sprintf("reactor: step %q timed out after %s", e.Step, e.Timeout)
+}
+
+// DroppedFieldsError is the rollback failure of an Undo or Compensate whose
+// step's stored arguments or result hold fields that its current In or Out
+// type does not have, usually because a deploy renamed or removed a field
+// after the step ran: decoding would drop them and the function would see
+// zero values (an empty id to release). The function is not called. Keep
+// the old name readable (`msgpack:"new,alias:old"`) in the type, or undo the
+// entry by hand; the stored value is on the run's ledger.
+type DroppedFieldsError struct {
+	Step string `msgpack:"step"`
+	// What is "arguments" or "result".
+	What string `msgpack:"what"`
+	// Type is the Go type the value no longer fits.
+	Type string `msgpack:"type"`
+	// Fields are the stored fields Type has no field for.
+	Fields []string `msgpack:"fields"`
+	// Accepted are the fields Type decodes.
+	Accepted []string `msgpack:"accepted"`
+}
+
+func (e *DroppedFieldsError) Error() string {
+	return fmt.Sprintf("reactor: step %q: stored %s have fields %v that %s no longer has (it decodes %v); not calling the function with zero values: keep the old names as aliases (msgpack:\"new,alias:old\") or undo this entry by hand",
+		e.Step, e.What, e.Fields, e.Type, e.Accepted)
 }
 
 // The error registry maps errors to stable codes and back, so that a Failure
@@ -217,6 +247,7 @@ func RegisterSentinel(code string, sentinel error) {
 func init() {
 	builtinType[*PanicError]("reactor.panic")
 	builtinType[*TimeoutError]("reactor.timeout")
+	builtinType[*DroppedFieldsError]("reactor.fields_dropped")
 	builtinSentinel("reactor.deadline_exceeded", context.DeadlineExceeded)
 	builtinSentinel("reactor.canceled", context.Canceled)
 	builtinSentinel(codeCancelled, ErrCancelled)

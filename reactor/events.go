@@ -2,6 +2,7 @@ package reactor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -47,6 +48,12 @@ type Event struct {
 	Duration time.Duration
 	// Delay is the wait before the next attempt (EventStepRetrying).
 	Delay time.Duration
+	// Element is true for the events of a construct's element run (a map
+	// element, run id "<mapID>.<i>", executed by ExecuteElement or undone
+	// by UndoElement). They are logged at Debug whatever happened: the map
+	// reports its elements' failures and rollback failures on the owner
+	// run, once, where an operator looks.
+	Element bool
 }
 
 // Hook receives every event. Hooks run synchronously on the executing
@@ -85,12 +92,46 @@ type Call struct {
 // its error.
 type Middleware func(ctx context.Context, c Call, next func(context.Context) error) error
 
+// emit is how an execution emits: its events carry whether it is an
+// element run.
+func (x *execution) emit(ctx context.Context, ev Event) {
+	ev.Element = ev.Element || x.element
+	x.e.emit(ctx, ev)
+}
+
+// eventLevel is an event's log level. Warn is kept for what an operator
+// must act on: an undo or compensate that failed (something stays applied),
+// a run that ended with rollback failures, a lost run lock. A failing step
+// or a failed run that rolled back cleanly is the system working (Info for
+// runs, Info for a step's failure and retries, Debug for other step
+// events). An element run's events are all Debug: its map reports the
+// failures on the owner.
+func eventLevel(ev Event) slog.Level {
+	if ev.Element {
+		return slog.LevelDebug
+	}
+	switch ev.Kind {
+	case EventStepUndoFailed, EventCompensateFail, EventRunLockLost:
+		return slog.LevelWarn
+	case EventRunFailed, EventRunCancelled:
+		var f *Failure
+		if errors.As(ev.Err, &f) && len(f.RollbackFailures)+f.RollbackFailuresOmitted > 0 {
+			return slog.LevelWarn
+		}
+	case EventStepFailed, EventStepRetrying:
+		return slog.LevelInfo
+	}
+	if ev.Step != "" {
+		return slog.LevelDebug // a step, or a composed child's run event
+	}
+	return slog.LevelInfo
+}
+
 func (e *Engine) emit(ctx context.Context, ev Event) {
-	level := slog.LevelInfo
+	level := eventLevel(ev)
 	attrs := []slog.Attr{slog.String("event", string(ev.Kind)), slog.String("run", ev.RunID), slog.String("reactor", ev.Reactor)}
 	if ev.Step != "" {
 		attrs = append(attrs, slog.String("step", ev.Step))
-		level = slog.LevelDebug
 	}
 	if ev.Attempt > 0 {
 		attrs = append(attrs, slog.Int("attempt", ev.Attempt))
@@ -106,7 +147,6 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	}
 	if ev.Err != nil {
 		attrs = append(attrs, slog.String("error", ev.Err.Error()))
-		level = slog.LevelWarn
 	}
 	e.log.LogAttrs(ctx, level, string(ev.Kind), attrs...)
 	for _, h := range e.cfg.Hooks {

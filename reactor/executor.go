@@ -67,7 +67,7 @@ func (x *execution) execute(ctx context.Context, started EventKind) (*Result, er
 	}
 	runCtx := x.lease.Keep(ctx)
 	defer x.lease.Stop() // also when a hook or middleware panics
-	x.e.emit(ctx, Event{Kind: started, RunID: x.st.ID, Reactor: x.st.Reactor, Status: x.st.Status})
+	x.emit(ctx, Event{Kind: started, RunID: x.st.ID, Reactor: x.st.Reactor, Status: x.st.Status})
 	_, err := x.runFrame(runCtx, &frame{def: x.def, st: x.st, root: true, notStarted: x.created})
 	x.lease.Stop()
 	return x.conclude(ctx, err)
@@ -84,7 +84,7 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 		return x.st.result(), nil
 	case errors.Is(err, ErrLockLost):
 		// Not ours any more: write nothing, release nothing.
-		x.e.emit(ctx, Event{Kind: EventRunLockLost, RunID: x.st.ID, Reactor: x.st.Reactor, Err: err})
+		x.emit(ctx, Event{Kind: EventRunLockLost, RunID: x.st.ID, Reactor: x.st.Reactor, Err: err})
 		return nil, err
 	case isDispatch(err):
 		// A construct handed its work to workers after saving its
@@ -113,7 +113,7 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 			_ = x.lease.Release(bg)
 			return nil, errors.Join(err, serr)
 		}
-		x.e.emit(ctx, Event{Kind: EventRunAborted, RunID: x.st.ID, Reactor: x.st.Reactor, Status: StatusAborted})
+		x.emit(ctx, Event{Kind: EventRunAborted, RunID: x.st.ID, Reactor: x.st.Reactor, Status: StatusAborted})
 		return x.st.result(), nil
 	default:
 		// A rollback interrupted by the caller, or Redis trouble: the state
@@ -311,7 +311,7 @@ func (x *execution) finish(ctx context.Context, f *frame, ev EventKind) (*frameR
 			return nil, err
 		}
 	}
-	x.e.emit(ctx, Event{Kind: ev, RunID: x.st.ID, Reactor: f.def.name, Step: trimPath(f.path), Status: f.st.Status, Err: f.st.Failure.errOrNil()})
+	x.emit(ctx, Event{Kind: ev, RunID: x.st.ID, Reactor: f.def.name, Step: trimPath(f.path), Status: f.st.Status, Err: f.st.Failure.errOrNil()})
 	return &frameResult{status: f.st.Status, value: f.st.Value, failure: f.st.Failure, reason: f.st.Reason}, nil
 }
 
@@ -381,7 +381,7 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		}
 	}
 	for attempt := first; ; attempt++ {
-		x.e.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt})
+		x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt})
 		began := time.Now()
 		var val codec.Raw
 		f.notStarted = false
@@ -408,12 +408,12 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 				f.st.Seq++
 				f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: args, Result: val, Status: RollbackPending})
 			}
-			x.e.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Duration: time.Since(began)})
+			x.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Duration: time.Since(began)})
 			return stepOutcome{kind: outOK}, nil
 		case errors.As(err, &skip):
 			f.st.Steps[s.name] = &stepRec{State: stepSkipped, Attempts: attempt}
 			f.st.Intent = nil
-			x.e.emit(ctx, Event{Kind: EventStepSkipped, RunID: x.st.ID, Reactor: f.def.name, Step: path})
+			x.emit(ctx, Event{Kind: EventStepSkipped, RunID: x.st.ID, Reactor: f.def.name, Step: path})
 			return stepOutcome{kind: outSkip}, nil
 		case errors.As(err, &halt):
 			return stepOutcome{kind: outHalt, reason: halt.reason}, nil
@@ -427,11 +427,11 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 			err = fmt.Errorf("%w: %w", &TimeoutError{Step: path, Timeout: s.timeout.String()}, err)
 		}
 		if IsPermanent(err) || attempt >= attempts {
-			x.e.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err})
+			x.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err})
 			return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
 		}
 		delay := s.retry.delay(attempt)
-		x.e.emit(ctx, Event{Kind: EventStepRetrying, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err, Delay: delay})
+		x.emit(ctx, Event{Kind: EventStepRetrying, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err, Delay: delay})
 		// The failed attempt is on record before the next one, so a crash
 		// cannot hand the step a fresh set of attempts.
 		f.st.Intent = &intentRec{Step: s.name, Attempt: attempt + 1}

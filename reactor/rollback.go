@@ -45,7 +45,7 @@ func (x *execution) startRollback(ctx context.Context, f *frame, trigger Rollbac
 	if err := x.checkpoint(ctx); err != nil {
 		return nil, err
 	}
-	x.e.emit(ctx, Event{Kind: EventRollbackStarted, RunID: x.st.ID, Reactor: f.def.name, Step: trimPath(f.path), Err: failure.errOrNil()})
+	x.emit(ctx, Event{Kind: EventRollbackStarted, RunID: x.st.ID, Reactor: f.def.name, Step: trimPath(f.path), Err: failure.errOrNil()})
 	return x.rollback(ctx, f, cause)
 }
 
@@ -152,9 +152,9 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
 		rb.CompensationError = err.Error()
 		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: KindCompensate, Reason: rec.Reason, Message: rec.Message})
-		x.e.emit(ctx, Event{Kind: EventCompensateFail, RunID: x.st.ID, Reactor: f.def.name, Step: path, Err: err})
+		x.emit(ctx, Event{Kind: EventCompensateFail, RunID: x.st.ID, Reactor: f.def.name, Step: path, Err: err})
 	} else {
-		x.e.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: f.def.name, Step: path})
+		x.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: f.def.name, Step: path})
 	}
 	f.st.Undone = append(f.st.Undone, rec)
 	return true, nil
@@ -222,10 +222,10 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		e.Status = RollbackFailed
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
 		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: KindUndo, Reason: rec.Reason, Message: rec.Message})
-		x.e.emit(ctx, Event{Kind: EventStepUndoFailed, RunID: x.st.ID, Reactor: d.name, Step: path, Err: err})
+		x.emit(ctx, Event{Kind: EventStepUndoFailed, RunID: x.st.ID, Reactor: d.name, Step: path, Err: err})
 	} else {
 		e.Status = RollbackCompensated
-		x.e.emit(ctx, Event{Kind: EventStepUndone, RunID: x.st.ID, Reactor: d.name, Step: path})
+		x.emit(ctx, Event{Kind: EventStepUndone, RunID: x.st.ID, Reactor: d.name, Step: path})
 	}
 	f.st.Undone = append(f.st.Undone, rec)
 	return nil
@@ -277,10 +277,10 @@ func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Defi
 			rec.Reason = reasonInterrupted
 		}
 		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: KindCompensate, Reason: rec.Reason, Message: rec.Message})
-		x.e.emit(ctx, Event{Kind: EventCompensateFail, RunID: x.st.ID, Reactor: d.name, Step: path, Err: err})
+		x.emit(ctx, Event{Kind: EventCompensateFail, RunID: x.st.ID, Reactor: d.name, Step: path, Err: err})
 	} else {
 		e.Status = RollbackCompensated
-		x.e.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: d.name, Step: path})
+		x.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: d.name, Step: path})
 	}
 	f.st.Undone = append(f.st.Undone, rec)
 	return nil
@@ -359,7 +359,7 @@ func (x *execution) handOffRollback(ctx context.Context, ho *RollbackHandedOff) 
 			return err
 		}
 	}
-	x.e.emit(ctx, Event{Kind: EventRollbackHandedOff, RunID: x.st.ID, Reactor: x.st.Reactor, Status: x.st.Status})
+	x.emit(ctx, Event{Kind: EventRollbackHandedOff, RunID: x.st.ID, Reactor: x.st.Reactor, Status: x.st.Status})
 	return ho
 }
 
@@ -405,7 +405,7 @@ func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args c
 		}
 		f.st.Children[s.name] = cst
 	}
-	x.e.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1})
+	x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1})
 	res, err := x.runFrame(ctx, &frame{def: s.child, st: cst, path: path + "/", notStarted: fresh})
 	if err != nil {
 		return stepOutcome{}, err
@@ -418,7 +418,7 @@ func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args c
 			f.st.Seq++
 			f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Result: res.value, Status: RollbackPending, Children: cst.Ledger})
 		}
-		x.e.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path})
+		x.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path})
 		return stepOutcome{kind: outOK}, nil
 	case StatusHalted:
 		// A halted child keeps what it completed, like a halted run: its

@@ -26,7 +26,8 @@ const DefaultTaskTimeout = 24 * time.Hour
 // not spend it; only real failures (an unknown reactor, Redis trouble) do.
 const DefaultMaxRetry = 25
 
-// Client enqueues goreactor tasks. It implements reactor.Enqueuer.
+// Client enqueues goreactor tasks. It implements reactor.Enqueuer and
+// reactor.ServingReporter.
 type Client struct {
 	c     *asynq.Client
 	insp  *asynq.Inspector
@@ -44,6 +45,40 @@ func NewClient(rdb redis.UniversalClient, queue string) *Client {
 
 // Queue returns the queue the client enqueues on.
 func (c *Client) Queue() string { return c.queue }
+
+// Served reports whether a live asynq server (a Worker, or a server of your
+// own with this package's handler) is polling the client's queue: asynq's
+// server registry holds a server while its heartbeat (every 5 s) keeps it
+// alive, with the queues it polls. engine.Wait asks it about a run that
+// stays pending. It lists every server (and its active workers), so call
+// it now and then, not per task. asynq's Inspector takes no context: when
+// ctx ends first, Served returns ctx's error and the lookup finishes in the
+// background.
+func (c *Client) Served(ctx context.Context) (bool, error) {
+	type answer struct {
+		servers []*asynq.ServerInfo
+		err     error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		s, err := c.insp.Servers()
+		done <- answer{s, err}
+	}()
+	select {
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case a := <-done:
+		if a.err != nil {
+			return false, fmt.Errorf("worker: list asynq servers: %w", a.err)
+		}
+		for _, s := range a.servers {
+			if s.Status == "active" && s.Queues[c.queue] > 0 {
+				return true, nil
+			}
+		}
+		return false, nil
+	}
+}
 
 // Enqueue puts a wake-up on the queue. A task with the same id already
 // queued (or running, retried, archived) is the same cause: nil.

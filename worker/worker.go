@@ -171,7 +171,9 @@ func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
 	}
 	if _, ok := w.engine.Definition(p.Reactor); !ok {
 		// A rolling deploy may not have the definition here yet: retry.
-		return fmt.Errorf("worker: unknown reactor %q for run %s: register it on this worker (retrying)", p.Reactor, p.RunID)
+		err := fmt.Errorf("worker: unknown reactor %q for run %s: register it on every worker (retrying)", p.Reactor, p.RunID)
+		w.unknownReactor(ctx, p.Reactor, "run", p.RunID)
+		return err
 	}
 	res, err := w.engine.Process(ctx, p.RunID)
 	switch {
@@ -205,6 +207,9 @@ func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
 	err = mapstep.ProcessElement(ctx, w.engine, mapstep.ElementTask{MapID: p.MapID, Index: p.Index, Input: p.Input})
+	if errors.Is(err, reactor.ErrUnknownReactor) {
+		w.unknownReactor(ctx, "", "element", mapstep.ElementID(p.MapID, p.Index))
+	}
 	switch {
 	case errors.Is(err, reactor.ErrRunLocked):
 		return &SnoozeError{RunID: mapstep.ElementID(p.MapID, p.Index), Base: w.cfg.Snooze}
@@ -228,6 +233,9 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
 	err = mapstep.ProcessRollback(ctx, w.engine, mapstep.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index}, w.cfg.RollbackLockAttempts)
+	if errors.Is(err, reactor.ErrUnknownReactor) {
+		w.unknownReactor(ctx, "", "element rollback", mapstep.ElementID(p.MapID, p.Index))
+	}
 	switch {
 	case errors.Is(err, reactor.ErrRunLocked), errors.Is(err, reactor.ErrLockLost):
 		return &SnoozeError{RunID: fmt.Sprintf("%s rollback %d", p.MapID, p.Pos), Base: w.cfg.Snooze}
@@ -235,6 +243,30 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
 	return err
+}
+
+// unknownReactor tells the operator that this worker received work for a
+// reactor it has no definition of. The task is retried (a rolling deploy
+// may not have reached this worker yet), so this logs once per task, on its
+// first delivery, not on every retry: a Warn naming the reactor and what
+// this worker does have. On the delivery that exhausts the retries (the task
+// is archived) it logs an Error. name is "" when only the error knows it (a
+// map element's reactor).
+func (w *Worker) unknownReactor(ctx context.Context, name, kind, id string) {
+	retried, _ := asynq.GetRetryCount(ctx)
+	maxRetry, ok := asynq.GetMaxRetry(ctx)
+	attrs := []any{"event", "worker.unknown_reactor", kind, id, "registered", w.engine.Names()}
+	if name != "" {
+		attrs = append(attrs, "reactor", name)
+	}
+	switch {
+	case retried == 0:
+		w.log.Warn("received a "+kind+" of a reactor this worker has not registered; retrying it "+
+			"(register every reactor on every worker; during a rolling deploy a newer worker will take it)", attrs...)
+	case ok && retried >= maxRetry:
+		w.log.Error("giving up on a "+kind+" of a reactor this worker has not registered; its task is archived "+
+			"(register the reactor on the workers; a run sweeper wakes the run again)", append(attrs, "deliveries", retried+1)...)
+	}
 }
 
 func (w *Worker) retryDelay(n int, err error, t *asynq.Task) time.Duration {

@@ -4,9 +4,10 @@
 //
 //	go run ./cmd/demo
 //
-// It uses the Redis named by REDIS_URL if that answers, else one on
-// 127.0.0.1:6379, else an embedded in-process Redis (miniredis), and says
-// which. GOREACTOR_EMBEDDED=1 forces the embedded one. Its keys and queue
+// It uses the Redis named by REDIS_URL, and fails if that does not answer;
+// with REDIS_URL unset, one on 127.0.0.1:6379, else an embedded in-process
+// Redis (miniredis), and says which. GOREACTOR_EMBEDDED=1 forces the
+// embedded one. Its keys and queue
 // carry a random suffix, and are deleted from a real Redis at exit. It exits
 // non-zero if anything turns out differently than it expects, the worker
 // logging a warning included.
@@ -29,6 +30,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/examples"
+	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
@@ -387,31 +389,28 @@ type conn struct {
 	close    func()
 }
 
-// connect picks the Redis: REDIS_URL if it answers, else 127.0.0.1:6379 if
-// it answers within 300 ms, else an embedded miniredis. GOREACTOR_EMBEDDED=1
-// goes straight to the embedded one.
+// connect picks the Redis: the one REDIS_URL names, which must answer
+// (an explicit Redis that does not is an error, never a reason to run
+// somewhere else); with REDIS_URL unset, 127.0.0.1:6379 if it answers within
+// 300 ms, else an embedded miniredis. GOREACTOR_EMBEDDED=1 goes straight to
+// the embedded one.
 func connect(ctx context.Context) (*conn, error) {
 	if forced, _ := strconv.ParseBool(os.Getenv("GOREACTOR_EMBEDDED")); forced {
 		return embedded("GOREACTOR_EMBEDDED=1")
 	}
 	// Probes that fail are expected here; keep go-redis from logging them.
 	redis.SetLogger(quietLogger{})
-	why := ""
 	if u := os.Getenv("REDIS_URL"); u != "" {
-		opts, err := redis.ParseURL(u)
+		c, opts, err := redisurl.Dial(ctx, u, "REDIS_URL", urlTimeout)
 		if err != nil {
-			return nil, fmt.Errorf("REDIS_URL: %w", err)
+			return nil, fmt.Errorf("%w (unset REDIS_URL to use 127.0.0.1:6379 or an embedded Redis)", err)
 		}
-		c, err := dial(ctx, opts, urlTimeout)
-		if err == nil {
-			return &conn{rdb: c, desc: "REDIS_URL (" + opts.Addr + ")", close: func() { _ = c.Close() }}, nil
-		}
-		why = fmt.Sprintf("REDIS_URL (%s) does not answer: %v; ", opts.Addr, err)
+		return &conn{rdb: c, desc: "REDIS_URL (" + opts.Addr + ")", close: func() { _ = c.Close() }}, nil
 	}
 	if c, err := dial(ctx, &redis.Options{Addr: localAddr}, localTimeout); err == nil {
-		return &conn{rdb: c, desc: why + "using the local Redis at " + localAddr, close: func() { _ = c.Close() }}, nil
+		return &conn{rdb: c, desc: "using the local Redis at " + localAddr, close: func() { _ = c.Close() }}, nil
 	}
-	return embedded(why + "no Redis answers on " + localAddr)
+	return embedded("no Redis answers on " + localAddr)
 }
 
 type quietLogger struct{}

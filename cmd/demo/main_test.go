@@ -1,8 +1,12 @@
 package main
 
 import (
+	"errors"
 	"fmt"
+	"net"
 	"os"
+	"os/exec"
+	"strings"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -27,3 +31,34 @@ func TestDemoEmbedded(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestHardeningRedisURLNotAnswering: a REDIS_URL that does not answer makes
+// the demo exit non-zero naming the URL, instead of running on the local or
+// an embedded Redis. The test binary runs main itself as the subprocess.
+func TestHardeningRedisURLNotAnswering(t *testing.T) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		return
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "redis://" + ln.Addr().String() + "/0"
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-test.run=^TestHardeningRedisURLNotAnswering$")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1", "REDIS_URL="+url, "GOREACTOR_EMBEDDED=")
+	out, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+		t.Fatalf("demo with REDIS_URL=%s: %v, want a non-zero exit; output:\n%s", url, err, out)
+	}
+	if !strings.Contains(string(out), url) || !strings.Contains(string(out), "does not answer") {
+		t.Fatalf("output does not name %s as not answering:\n%s", url, out)
+	}
+}
+
+// runMainEnv makes the test binary run the demo's main.
+const runMainEnv = "GOREACTOR_DEMO_TEST_RUN_MAIN"

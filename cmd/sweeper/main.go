@@ -45,9 +45,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/goreactor/goreactor/internal/envflag"
+	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
 	"github.com/goreactor/goreactor/worker"
@@ -171,18 +170,11 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 }
 
 func serve(loop, pass context.Context, cfg config, log *slog.Logger) error {
-	opts, err := redis.ParseURL(cfg.redisURL)
+	rdb, opts, err := redisurl.Dial(pass, cfg.redisURL, "-redis/REDIS_URL", pingTimeout)
 	if err != nil {
-		return fmt.Errorf("-redis: %w", err)
+		return err
 	}
-	rdb := redis.NewClient(opts)
 	defer rdb.Close()
-	pctx, cancel := context.WithTimeout(pass, pingTimeout)
-	err = rdb.Ping(pctx).Err()
-	cancel()
-	if err != nil {
-		return fmt.Errorf("redis at %s (db %d) does not answer PING within %s: %w", opts.Addr, opts.DB, pingTimeout, err)
-	}
 	engine, err := reactor.NewEngine(pass, reactor.Config{Client: rdb, Prefix: cfg.prefix, Logger: log,
 		Enqueuer: worker.NewClient(rdb, cfg.queue)})
 	if err != nil {

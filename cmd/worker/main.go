@@ -51,6 +51,7 @@ import (
 
 	"github.com/goreactor/goreactor/examples"
 	"github.com/goreactor/goreactor/internal/envflag"
+	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
 	"github.com/goreactor/goreactor/worker"
@@ -200,18 +201,11 @@ func parseQueues(s string) (map[string]int, string, error) {
 // stop releases the signal handlers, so that a second signal kills the
 // process while it shuts down.
 func serve(ctx context.Context, stop func(), cfg config, log *slog.Logger) error {
-	opts, err := redis.ParseURL(cfg.redisURL)
+	rdb, opts, err := redisurl.Dial(ctx, cfg.redisURL, "-redis/REDIS_URL", pingTimeout)
 	if err != nil {
-		return fmt.Errorf("-redis: %w", err)
+		return err
 	}
-	rdb := redis.NewClient(opts)
 	defer rdb.Close()
-	pctx, cancel := context.WithTimeout(ctx, pingTimeout)
-	err = rdb.Ping(pctx).Err()
-	cancel()
-	if err != nil {
-		return fmt.Errorf("redis at %s (db %d) does not answer PING within %s: %w", opts.Addr, opts.DB, pingTimeout, err)
-	}
 
 	client := worker.NewClient(rdb, cfg.firstQueue)
 	defer client.Close()

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"net"
 	"os"
 	"strings"
 	"sync"
@@ -172,4 +173,24 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestHardeningRedisURLNotAnswering: a REDIS_URL that does not answer exits
+// 1 with a message naming the URL.
+func TestHardeningRedisURLNotAnswering(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	url := "redis://" + ln.Addr().String() + "/0"
+	if err := ln.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	if code := run(nil, envOf(map[string]string{"REDIS_URL": url}), &out); code != 1 {
+		t.Fatalf("exit %d, want 1; output:\n%s", code, out.String())
+	}
+	if !strings.Contains(out.String(), url) {
+		t.Fatalf("output does not name %s:\n%s", url, out.String())
+	}
 }
