@@ -113,3 +113,42 @@ func TestHardeningTerminalIndexRace(t *testing.T) {
 	close(finish)
 	require.NoError(t, <-undone)
 }
+
+// TestHardeningStoppedElementCompensatesItsInterruptedStep: an element whose
+// delivery died mid-step is settled "stopped" when its map has failed; the
+// map's rollback then rolls back the element run itself, calling the
+// interrupted step's Compensate, not only undoing its ledger.
+func TestHardeningStoppedElementCompensatesItsInterruptedStep(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	var compensated atomic.Value
+	def := reactor.MustDefine("elem-cut",
+		simple(e.trail, "a", nil),
+		reactor.Step("cut", reactor.StepConfig[reactor.Args, string]{
+			After: []string{"a"},
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				e.trail.add("run:cut")
+				ctx.Value(cutKey{}).(context.CancelFunc)()
+				<-ctx.Done()
+				return "", ctx.Err()
+			},
+			Compensate: func(_ context.Context, _ reactor.Args, err error) error {
+				e.trail.add("compensate:cut")
+				compensated.Store(err)
+				return nil
+			},
+		}))
+	require.NoError(t, e.engine.Register(def))
+	ctx, cancel := context.WithCancel(ctxTimeout(t))
+	defer cancel()
+	_, err := e.engine.ExecuteElement(context.WithValue(ctx, cutKey{}, context.CancelFunc(cancel)), def, "m~each.0", nil)
+	require.Error(t, err, "the element's delivery ended mid-step")
+
+	res, err := e.engine.UndoElement(ctxTimeout(t), "m~each.0", time.Second)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, res.Status)
+	require.Equal(t, []string{"run:a", "run:cut", "compensate:cut", "undo:a"}, e.trail.all())
+	require.ErrorIs(t, compensated.Load().(error), reactor.ErrStepInterrupted)
+}
+
+type cutKey struct{}
