@@ -220,3 +220,62 @@ func TestHardeningMapIndexMissingMapFollowsItsOwner(t *testing.T) {
 	require.Equal(t, []string{owner + "~each"}, m.rdb.ZRange(m.ctx, m.keys.Maps(), 0, -1).Val())
 	m.requireTouched(owner+"~each", began)
 }
+
+// The listing indexes (idx:runs, idx:status:<s>) lose the entries of runs
+// whose state is gone, a bounded page per index per pass: entries older
+// than the retention in idx:runs and the terminal status indexes, older
+// than StaleAfter in the others. A retained run (state present), a live run
+// and a run being created (lock held, no state yet) keep theirs, and so does
+// a young entry.
+func TestHardeningIndexTrim(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := ctxTimeout(t, 20*time.Second)
+	tr := &trail{}
+	const page = 2
+	trim, err := sweeper.NewIndexTrimmer(sweeper.TrimConfig{Engine: e.engine, StaleAfter: e.stale, Page: page, Logger: discard})
+	require.NoError(t, err)
+
+	res, err := e.engine.Run(ctx, reactor.MustDefine("retained", step(tr, "a", nil)), nil, reactor.WithRunID("retained"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+	_, err = e.engine.Run(ctx, crashAt(e, tr, "live", "live"), nil, reactor.WithRunID("live"))
+	require.ErrorIs(t, err, reactor.ErrLockLost)
+	require.NoError(t, e.rdb.Set(ctx, e.lockKey("creating"), "creator", time.Minute).Err())
+
+	srv, err := e.rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	old := float64(srv.Add(-e.engine.Retention() - 24*time.Hour).UnixMilli())
+	runs, completed, running := e.prefix+":idx:runs", e.prefix+":idx:status:completed", e.prefix+":idx:status:running"
+	require.NoError(t, e.rdb.ZAdd(ctx, runs,
+		redis.Z{Score: old, Member: "gone-1"}, redis.Z{Score: old + 1, Member: "gone-2"},
+		redis.Z{Score: old + 2, Member: "retained"}, redis.Z{Score: old + 3, Member: "creating"},
+		redis.Z{Score: old + 4, Member: "gone-3"}, redis.Z{Score: old + 5, Member: "live"},
+	).Err())
+	require.NoError(t, e.rdb.ZAdd(ctx, completed,
+		redis.Z{Score: old, Member: "gone-c"}, redis.Z{Score: old + 1, Member: "retained"},
+		redis.Z{Score: float64(srv.UnixMilli()), Member: "gone-young"},
+	).Err())
+	require.NoError(t, e.rdb.ZAdd(ctx, running,
+		redis.Z{Score: float64(srv.Add(-time.Hour).UnixMilli()), Member: "gone-r"},
+	).Err())
+
+	// One page per index: two of idx:runs's three trimmable entries.
+	rep, err := trim.Trim(ctx)
+	require.NoError(t, err)
+	require.Equal(t, sweeper.TrimReport{Examined: 5, Trimmed: 4}, rep)
+	require.Equal(t, []string{"retained", "creating", "gone-3", "live"}, e.rdb.ZRange(ctx, runs, 0, -1).Val())
+
+	// Later passes go past the kept entries and reach the third.
+	var trimmed int
+	for range 4 {
+		rep, err := trim.Trim(ctx)
+		require.NoError(t, err)
+		require.LessOrEqual(t, rep.Examined, page*len(reactor.Statuses())+page)
+		trimmed += rep.Trimmed
+	}
+	require.Equal(t, 1, trimmed)
+	require.Equal(t, []string{"retained", "creating", "live"}, e.rdb.ZRange(ctx, runs, 0, -1).Val())
+	require.Equal(t, []string{"retained", "gone-young"}, e.rdb.ZRange(ctx, completed, 0, -1).Val())
+	require.Equal(t, []string{"live"}, e.rdb.ZRange(ctx, running, 0, -1).Val(), "the live run's own entry")
+}
