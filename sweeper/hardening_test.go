@@ -209,6 +209,7 @@ func TestHardeningMapIndexMissingMapFollowsItsOwner(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCompleted, res.Status)
 
+	require.NoError(t, m.rdb.SAdd(m.ctx, m.keys.RunMaps("owner-expired"), "owner-expired~each").Err())
 	require.NoError(t, m.rdb.ZAdd(m.ctx, m.keys.Maps(),
 		redis.Z{Score: 1, Member: "owner-expired~each"},
 		redis.Z{Score: 2, Member: done + "~each"},
@@ -219,6 +220,7 @@ func TestHardeningMapIndexMissingMapFollowsItsOwner(t *testing.T) {
 	require.Equal(t, sweeper.MapReport{Examined: 3, Removed: 2}, m.sweep())
 	require.Equal(t, []string{owner + "~each"}, m.rdb.ZRange(m.ctx, m.keys.Maps(), 0, -1).Val())
 	m.requireTouched(owner+"~each", began)
+	require.Zero(t, m.rdb.Exists(m.ctx, m.keys.RunMaps("owner-expired")).Val(), "the gone owner's set of maps goes too")
 }
 
 // The listing indexes (idx:runs, idx:status:<s>) lose the entries of runs

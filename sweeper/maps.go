@@ -109,27 +109,28 @@ func NewMapSweeper(cfg MapConfig) (*MapSweeper, error) {
 // gone or finished, so that the map will never be created: the owner's id
 // is the map id up to a "~" (mapstep.MapID), and as step names may hold a
 // "~" too, every such prefix that names a live run keeps the map.
-func (s *MapSweeper) ownerGone(ctx context.Context, mapID string) (bool, error) {
+func (s *MapSweeper) ownerGone(ctx context.Context, mapID string) (gone bool, owners []string, err error) {
 	for i := strings.LastIndex(mapID, "~"); i > 0; i = strings.LastIndex(mapID[:i], "~") {
 		owner := mapID[:i]
 		if keys.ValidateID(owner) != nil {
 			continue
 		}
+		owners = append(owners, owner)
 		run, err := s.cfg.Engine.Get(ctx, owner)
 		switch {
 		case errors.Is(err, reactor.ErrNotFound):
 			// Gone, or being created: a run being created holds its lock.
 			locked, err := s.cfg.Engine.Locked(ctx, owner)
 			if err != nil || locked {
-				return false, err
+				return false, nil, err
 			}
 		case err != nil:
-			return false, err
+			return false, nil, err
 		case !run.Status.Terminal():
-			return false, nil
+			return false, nil, nil
 		}
 	}
-	return true, nil
+	return true, owners, nil
 }
 
 // Sweep runs one pass over a page of the map index: entries not examined
@@ -162,12 +163,16 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 		rep.Examined++
 		rec, err := mapstep.RecoverMap(ctx, s.cfg.Engine, id, opt)
 		rep.add(rec)
+		var owners []string
+		if rec.Owner != "" {
+			owners = []string{rec.Owner}
+		}
 		if err == nil && rec.Missing {
 			// No keys: the owner indexed the map and has not created it
 			// yet (it is about to, or it died first and the run sweeper
 			// will revive it, which creates the map), or the map and its
 			// owner are gone (expired). Only the last may drop the entry.
-			rec.Done, err = s.ownerGone(ctx, id)
+			rec.Done, owners, err = s.ownerGone(ctx, id)
 		}
 		switch {
 		case err == nil && rec.Done:
@@ -178,8 +183,11 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 			removed, err = store.RemoveIfScore(ctx, s.rdb, s.keys.Maps(), id, z.Score)
 			if removed {
 				rep.Removed++
-				if rec.Owner != "" {
-					err = s.rdb.SRem(ctx, s.keys.RunMaps(rec.Owner), id).Err()
+				// The owner's set of maps has no expiry of its own.
+				for _, o := range owners {
+					if serr := s.rdb.SRem(ctx, s.keys.RunMaps(o), id).Err(); err == nil {
+						err = serr
+					}
 				}
 			}
 		default:
