@@ -145,7 +145,9 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 	}
 	// One clock for every age: the server's. Settles stamp the maps with
 	// it and the pass touches the entries it keeps with it.
-	now := srvNow
+	// The server time as the pass goes on: TIME once, plus the monotonic
+	// time elapsed since (a duration, not a second clock).
+	now, read := srvNow, time.Now()
 	cutoff := now.Add(-s.cfg.StaleAfter).UnixMilli()
 	entries, err := s.rdb.ZRangeByScoreWithScores(ctx, s.keys.Maps(), &redis.ZRangeBy{
 		Min: "-inf", Max: strconv.FormatInt(cutoff, 10), Count: int64(s.cfg.Page),
@@ -191,7 +193,7 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 				}
 			}
 		default:
-			if terr := s.rdb.ZAddXX(ctx, s.keys.Maps(), redis.Z{Score: float64(now.UnixMilli()), Member: id}).Err(); err == nil {
+			if terr := s.rdb.ZAddXX(ctx, s.keys.Maps(), redis.Z{Score: float64(now.Add(time.Since(read)).UnixMilli()), Member: id}).Err(); err == nil {
 				err = terr
 			}
 		}

@@ -121,6 +121,9 @@ func (s *RunSweeper) Sweep(ctx context.Context) (RunReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("sweeper: read the server time: %w", err)
 	}
+	// The server time as the pass goes on: TIME once, plus the monotonic
+	// time elapsed since (a duration, not a second clock).
+	read := time.Now()
 	cutoff := now.Add(-s.cfg.StaleAfter).UnixMilli()
 	// Only entries last touched before the cutoff. With the scores: an
 	// entry is removed only if its score is still the one read here.
@@ -141,7 +144,7 @@ func (s *RunSweeper) Sweep(ctx context.Context) (RunReport, error) {
 		if !dropped {
 			// Also when the run could not be examined: it must not hold
 			// the head of the index for ever.
-			if terr := s.touch(ctx, id, now); err == nil {
+			if terr := s.touch(ctx, id, now.Add(time.Since(read))); err == nil {
 				err = terr
 			}
 		}
@@ -159,8 +162,10 @@ func (s *RunSweeper) Sweep(ctx context.Context) (RunReport, error) {
 	return rep, errors.Join(errs...)
 }
 
-// touch moves id's active entry to the time of the pass, if it still has
-// one: XX never re-adds an entry a terminal write removed meanwhile.
+// touch moves id's active entry to now, the server time of its
+// examination, if it still has one, so that a long pass does not leave its
+// first entries due again at its end. XX never re-adds an entry a terminal
+// write removed meanwhile.
 func (s *RunSweeper) touch(ctx context.Context, id string, now time.Time) error {
 	return s.cfg.Client.ZAddXX(ctx, s.keys.Active(), redis.Z{Score: float64(now.UnixMilli()), Member: id}).Err()
 }
