@@ -112,9 +112,10 @@ type Recovery struct {
 	Deleted int
 	// Live is set when the map made progress recently and was not examined.
 	Live bool
-	// Missing is set when the map has no keys: its owner saved the decision
-	// and died before the map started (the run sweeper revives the owner,
-	// which indexes the map again).
+	// Missing is set when the map has no keys: its owner indexed it and has
+	// not created it yet (or died first: the run sweeper revives the owner,
+	// which creates it), or the map expired. The sweeper drops the entry
+	// only once the owner is gone or finished too.
 	Missing bool
 	// Done is set when the map needs no sweeping any more: its owner has
 	// adopted it (or is gone). The sweeper removes it from the index (and

@@ -71,7 +71,9 @@ func sweepTaskID(id string, version int64) string {
 }
 
 // waitStale waits until run id and its active-index entry are older than the
-// sweeper's StaleAfter, so that the next pass examines it.
+// sweeper's StaleAfter, so that the next pass examines it: its UpdatedAt, and
+// the server time of its last write (the state's `at`, which the sweeper
+// reads, a moment after UpdatedAt) by the server's clock.
 func (e *env) waitStale(ctx context.Context, id string) *reactor.Run {
 	e.t.Helper()
 	var run *reactor.Run
@@ -81,7 +83,16 @@ func (e *env) waitStale(ctx context.Context, id string) *reactor.Run {
 		require.NoError(e.t, err)
 		score, err := e.rdb.ZScore(ctx, e.activeKey(), id).Result()
 		require.NoError(e.t, err)
-		return time.Since(run.UpdatedAt) > e.stale && time.Since(time.UnixMilli(int64(score))) > e.stale
+		srv, err := e.rdb.Time(ctx).Result()
+		require.NoError(e.t, err)
+		at, err := e.rdb.HGet(ctx, e.prefix+":{run:"+id+"}:ctx", "at").Int64()
+		if errors.Is(err, redis.Nil) {
+			at = 0
+		} else {
+			require.NoError(e.t, err)
+		}
+		return time.Since(run.UpdatedAt) > e.stale && time.Since(time.UnixMilli(int64(score))) > e.stale &&
+			srv.Sub(time.UnixMilli(at)) > e.stale
 	}, 5*time.Second, 5*time.Millisecond)
 	return run
 }

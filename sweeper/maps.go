@@ -6,11 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -100,17 +102,36 @@ func NewMapSweeper(cfg MapConfig) (*MapSweeper, error) {
 		cfg.Logger = slog.Default()
 	}
 	rdb := cfg.Engine.Client()
-	return &MapSweeper{cfg: cfg, keys: keys.New(cfg.Engine.Prefix()), rdb: rdb, tasks: newQueueTasks(rdb, cfg.Queue)}, nil
+	return &MapSweeper{cfg: cfg, keys: keys.New(cfg.Engine.Prefix()), rdb: rdb, tasks: newQueueTasks(rdb, cfg.Queue, cfg.Engine.Prefix())}, nil
 }
 
-// removeIfUnchanged drops an index entry only if nobody re-indexed it since
-// the pass read it (an owner indexes its map again before starting it).
-var removeIfUnchanged = redis.NewScript(`
-local s = redis.call('ZSCORE', KEYS[1], ARGV[1])
-if s and tonumber(s) == tonumber(ARGV[2]) then
-  return redis.call('ZREM', KEYS[1], ARGV[1])
-end
-return 0`)
+// ownerGone reports whether the owner of map mapID, a map without keys, is
+// gone or finished, so that the map will never be created: the owner's id
+// is the map id up to a "~" (mapstep.MapID), and as step names may hold a
+// "~" too, every such prefix that names a live run keeps the map.
+func (s *MapSweeper) ownerGone(ctx context.Context, mapID string) (gone bool, owners []string, err error) {
+	for i := strings.LastIndex(mapID, "~"); i > 0; i = strings.LastIndex(mapID[:i], "~") {
+		owner := mapID[:i]
+		if keys.ValidateID(owner) != nil {
+			continue
+		}
+		owners = append(owners, owner)
+		run, err := s.cfg.Engine.Get(ctx, owner)
+		switch {
+		case errors.Is(err, reactor.ErrNotFound):
+			// Gone, or being created: a run being created holds its lock.
+			locked, err := s.cfg.Engine.Locked(ctx, owner)
+			if err != nil || locked {
+				return false, nil, err
+			}
+		case err != nil:
+			return false, nil, err
+		case !run.Status.Terminal():
+			return false, nil, nil
+		}
+	}
+	return true, owners, nil
+}
 
 // Sweep runs one pass over a page of the map index: entries not examined
 // for StaleAfter, oldest first. Every entry it keeps is touched, so the
@@ -122,7 +143,11 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("sweeper: read the server time: %w", err)
 	}
-	now := time.Now()
+	// One clock for every age: the server's. Settles stamp the maps with
+	// it and the pass touches the entries it keeps with it.
+	// The server time as the pass goes on: TIME once, plus the monotonic
+	// time elapsed since (a duration, not a second clock).
+	now, read := srvNow, time.Now()
 	cutoff := now.Add(-s.cfg.StaleAfter).UnixMilli()
 	entries, err := s.rdb.ZRangeByScoreWithScores(ctx, s.keys.Maps(), &redis.ZRangeBy{
 		Min: "-inf", Max: strconv.FormatInt(cutoff, 10), Count: int64(s.cfg.Page),
@@ -130,7 +155,7 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("sweeper: read map index: %w", err)
 	}
-	opt := mapstep.SweepOptions{Tasks: s.tasks, StaleBefore: srvNow.Add(-s.cfg.StaleAfter).UnixMilli()}
+	opt := mapstep.SweepOptions{Tasks: s.tasks, StaleBefore: cutoff}
 	var errs []error
 	for _, z := range entries {
 		if err := ctx.Err(); err != nil {
@@ -140,23 +165,35 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 		rep.Examined++
 		rec, err := mapstep.RecoverMap(ctx, s.cfg.Engine, id, opt)
 		rep.add(rec)
+		var owners []string
+		if rec.Owner != "" {
+			owners = []string{rec.Owner}
+		}
+		if err == nil && rec.Missing {
+			// No keys: the owner indexed the map and has not created it
+			// yet (it is about to, or it died first and the run sweeper
+			// will revive it, which creates the map), or the map and its
+			// owner are gone (expired). Only the last may drop the entry.
+			rec.Done, owners, err = s.ownerGone(ctx, id)
+		}
 		switch {
-		case err == nil && (rec.Done || rec.Missing):
-			// Done: adopted, or its owner is gone. Missing: its owner died
-			// between saving the map and starting it; the run sweeper
-			// revives the owner, which indexes the map again. Either way the
-			// entry goes, unless an owner re-indexed it meanwhile (a
-			// rollback starting indexes the map again).
-			n, rerr := removeIfUnchanged.Run(ctx, s.rdb, []string{s.keys.Maps()}, id, int64(z.Score)).Int()
-			if rerr != nil {
-				err = rerr
+		case err == nil && rec.Done:
+			// Adopted, or its owner is gone. The entry goes, unless an
+			// owner re-indexed it meanwhile (a rollback starting indexes
+			// the map again).
+			var removed bool
+			removed, err = store.RemoveIfScore(ctx, s.rdb, s.keys.Maps(), id, z.Score)
+			if removed {
+				rep.Removed++
+				// The owner's set of maps has no expiry of its own.
+				for _, o := range owners {
+					if serr := s.rdb.SRem(ctx, s.keys.RunMaps(o), id).Err(); err == nil {
+						err = serr
+					}
+				}
 			}
-			if n == 1 && rec.Owner != "" {
-				err = s.rdb.SRem(ctx, s.keys.RunMaps(rec.Owner), id).Err()
-			}
-			rep.Removed += n
 		default:
-			if terr := s.rdb.ZAddXX(ctx, s.keys.Maps(), redis.Z{Score: float64(now.UnixMilli()), Member: id}).Err(); err == nil {
+			if terr := s.rdb.ZAddXX(ctx, s.keys.Maps(), redis.Z{Score: float64(now.Add(time.Since(read)).UnixMilli()), Member: id}).Err(); err == nil {
 				err = terr
 			}
 		}

@@ -193,10 +193,13 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 			<-ctx.Done()
 			return ctx.Err()
 		})
-		// The lease ran out a second ago: the sweeper calls the worker
-		// dead (15 s without an extension), while asynq's own recovery
-		// waits 30 s past the expiry and stays out of this test.
-		dead := m.activate(elTask(mapID, 3), time.Now().Add(-time.Second))
+		// The lease ran out a second ago, and an earlier pass saw it with
+		// that expiry 20 s ago of the server's time: the sweeper calls the
+		// worker dead (15 s without an extension), while asynq's own
+		// recovery waits 30 s past the expiry and stays out of this test.
+		lease := time.Now().Add(-time.Second)
+		dead := m.activate(elTask(mapID, 3), lease)
+		m.seenLease(elTask(mapID, 3), lease, 20*time.Second)
 		err := m.handler.ProcessTask(m.ctx, asynq.NewTask(dead.Type, dead.Payload))
 		var snooze *worker.SnoozeError
 		require.ErrorAs(t, err, &snooze)

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -76,6 +77,10 @@ type RunSweeper struct {
 	cfg  RunConfig
 	keys keys.Keys
 	insp *asynq.Inspector
+
+	// beforeRemove, if set (tests only), runs between a pass's read of an
+	// entry and its conditional removal.
+	beforeRemove func(id string)
 }
 
 // NewRunSweeper returns a run sweeper.
@@ -102,33 +107,44 @@ func NewRunSweeper(cfg RunConfig) (*RunSweeper, error) {
 // of live long-running or still-queued runs would hide every lost run behind
 // it for good.
 //
+// Every age the pass compares is the Redis server's: the pass reads TIME
+// once, judges a run by the server time of its last state write (the `at`
+// field of its state hash) and touches entries with the server time. The
+// entries engines write carry their own clocks; they only bound the page.
+//
 // An error examining one run (an undecodable state, a failed inspection) is
 // logged and the pass goes on with the next; the errors are returned joined
 // with the report of what the pass did.
 func (s *RunSweeper) Sweep(ctx context.Context) (RunReport, error) {
 	var rep RunReport
-	now := time.Now()
+	now, err := s.cfg.Client.Time(ctx).Result()
+	if err != nil {
+		return rep, fmt.Errorf("sweeper: read the server time: %w", err)
+	}
+	// The server time as the pass goes on: TIME once, plus the monotonic
+	// time elapsed since (a duration, not a second clock).
+	read := time.Now()
 	cutoff := now.Add(-s.cfg.StaleAfter).UnixMilli()
-	// Only entries last touched before the cutoff: a run being created sits
-	// in the index a moment before its state exists, and must not be
-	// dropped for it.
-	ids, err := s.cfg.Client.ZRangeByScore(ctx, s.keys.Active(), &redis.ZRangeBy{
+	// Only entries last touched before the cutoff. With the scores: an
+	// entry is removed only if its score is still the one read here.
+	entries, err := s.cfg.Client.ZRangeByScoreWithScores(ctx, s.keys.Active(), &redis.ZRangeBy{
 		Min: "-inf", Max: strconv.FormatInt(cutoff, 10), Count: int64(s.cfg.Page),
 	}).Result()
 	if err != nil {
 		return rep, fmt.Errorf("sweeper: read active index: %w", err)
 	}
 	var errs []error
-	for _, id := range ids {
+	for _, z := range entries {
 		if err := ctx.Err(); err != nil {
 			return rep, errors.Join(append(errs, err)...)
 		}
+		id, _ := z.Member.(string)
 		rep.Examined++
-		woken, dropped, err := s.sweepRun(ctx, id, now, cutoff)
+		woken, dropped, err := s.sweepRun(ctx, id, z.Score, cutoff)
 		if !dropped {
 			// Also when the run could not be examined: it must not hold
 			// the head of the index for ever.
-			if terr := s.touch(ctx, id, now); err == nil {
+			if terr := s.touch(ctx, id, now.Add(time.Since(read))); err == nil {
 				err = terr
 			}
 		}
@@ -146,29 +162,71 @@ func (s *RunSweeper) Sweep(ctx context.Context) (RunReport, error) {
 	return rep, errors.Join(errs...)
 }
 
-// touch moves id's active entry to the time of the pass, if it still has
-// one: XX never re-adds an entry a terminal write removed meanwhile.
+// touch moves id's active entry to now, the server time of its
+// examination, if it still has one, so that a long pass does not leave its
+// first entries due again at its end. XX never re-adds an entry a terminal
+// write removed meanwhile.
 func (s *RunSweeper) touch(ctx context.Context, id string, now time.Time) error {
 	return s.cfg.Client.ZAddXX(ctx, s.keys.Active(), redis.Z{Score: float64(now.UnixMilli()), Member: id}).Err()
 }
 
-func (s *RunSweeper) sweepRun(ctx context.Context, id string, now time.Time, cutoff int64) (woken, dropped bool, err error) {
+// drop removes id's active entry if it still has the score the pass read.
+// An Undo or a resume that made the run live again meanwhile re-indexed it
+// with another score, and keeps its entry; dropped is false then, and the
+// entry is touched like any kept one.
+func (s *RunSweeper) drop(ctx context.Context, id string, score float64) (bool, error) {
+	if s.beforeRemove != nil {
+		s.beforeRemove(id)
+	}
+	return store.RemoveIfScore(ctx, s.cfg.Client, s.keys.Active(), id, score)
+}
+
+// lastWrite returns the server time (ms) of run id's last state write: the
+// `at` field every state write stamps, or, for a state written before writes
+// stamped it, the writer's own UpdatedAt.
+func (s *RunSweeper) lastWrite(ctx context.Context, id string, run *reactor.Run) (int64, error) {
+	at, err := s.cfg.Client.HGet(ctx, s.keys.RunState(id), "at").Int64()
+	switch {
+	case errors.Is(err, redis.Nil):
+		return run.UpdatedAt.UnixMilli(), nil
+	case err != nil:
+		return 0, fmt.Errorf("sweeper: read the write time of run %s: %w", id, err)
+	}
+	return at, nil
+}
+
+func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cutoff int64) (woken, dropped bool, err error) {
 	run, err := s.cfg.Engine.Get(ctx, id)
 	if errors.Is(err, reactor.ErrNotFound) {
-		return false, true, s.cfg.Client.ZRem(ctx, s.keys.Active(), id).Err()
+		// No state: the run is gone (expired, or its creator died before
+		// the create), or it is being created right now. Its creator takes
+		// the lock before it indexes the run and keeps it until the state
+		// exists, so a held lock says "being created", whatever the clocks.
+		locked, err := s.cfg.Engine.Locked(ctx, id)
+		if err != nil || locked {
+			return false, false, err
+		}
+		dropped, err := s.drop(ctx, id, score)
+		return false, dropped, err
 	}
 	if err != nil {
 		return false, false, err
 	}
 	if run.Status.Terminal() {
-		_, err := s.cfg.Client.Pipelined(ctx, func(p redis.Pipeliner) error {
-			p.ZRem(ctx, s.keys.Active(), id)
-			p.Del(ctx, s.keys.RunMaps(id)) // left over only if an unindex failed
-			return nil
-		})
-		return false, true, err
+		dropped, err := s.drop(ctx, id, score)
+		if err != nil || !dropped {
+			return false, dropped, err
+		}
+		// Left over only if an unindex failed. Should an Undo re-index the
+		// run and index a map rollback between the removal and this, the
+		// cost is one needless wake-up (the owner hands off again).
+		return false, true, s.cfg.Client.Del(ctx, s.keys.RunMaps(id)).Err()
 	}
-	if run.UpdatedAt.UnixMilli() > cutoff {
+	at, err := s.lastWrite(ctx, id, run)
+	if err != nil {
+		return false, false, err
+	}
+	if at > cutoff {
 		return false, false, nil
 	}
 	locked, err := s.cfg.Engine.Locked(ctx, id)

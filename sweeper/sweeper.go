@@ -30,6 +30,13 @@ type Config struct {
 	// RunPage and MapPage bound the runs and maps examined per pass.
 	// Defaults 200 and 100.
 	RunPage, MapPage int
+	// TrimPage bounds the entries of each listing index (idx:runs and
+	// idx:status:<s>) the trim examines per pass. Default 100.
+	TrimPage int
+	// Retention is how long a finished run's state lives: listing-index
+	// entries older than this whose run is gone are trimmed. Default: the
+	// Engine's Retention (set it to your workers' engines' Retention).
+	Retention time.Duration
 	// LeaderTTL is the expiry of the leader lock (kept alive while a pass
 	// runs). Default 30 s.
 	LeaderTTL time.Duration
@@ -43,6 +50,7 @@ type Report struct {
 	Leader   bool
 	Runs     RunReport
 	Maps     MapReport
+	Trim     TrimReport
 	Duration time.Duration
 }
 
@@ -55,6 +63,7 @@ type Totals struct {
 	RunsWoken, RunsDropped                         int64
 	Elements, Rollbacks, Claims, Resumes, Removed  int64
 	FreshIDs, DeletedTasks, RunsExamined, Examined int64
+	TrimExamined, Trimmed                          int64
 }
 
 // Sweeper runs the run and map sweepers together.
@@ -62,6 +71,7 @@ type Sweeper struct {
 	cfg    Config
 	runs   *RunSweeper
 	maps   *MapSweeper
+	trim   *IndexTrimmer
 	locker *lock.Locker
 	leader string
 
@@ -93,11 +103,16 @@ func New(cfg Config) (*Sweeper, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Sweeper{cfg: cfg, runs: runs, maps: maps, locker: lock.New(rdb, cfg.LeaderTTL),
+	trim, err := NewIndexTrimmer(TrimConfig{Engine: cfg.Engine, Retention: cfg.Retention, StaleAfter: cfg.StaleAfter,
+		Page: cfg.TrimPage, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	return &Sweeper{cfg: cfg, runs: runs, maps: maps, trim: trim, locker: lock.New(rdb, cfg.LeaderTTL),
 		leader: keys.New(cfg.Engine.Prefix()).SweeperLeader()}, nil
 }
 
-// Once runs one pass (runs, then maps) if it can take the leader lock, and
+// Once runs one pass (runs, then maps, then the index trim) if it can take the leader lock, and
 // logs its summary. Errors on single runs or maps do not stop the pass;
 // they are returned joined with its report.
 func (s *Sweeper) Once(ctx context.Context) (Report, error) {
@@ -125,6 +140,13 @@ func (s *Sweeper) Once(ctx context.Context) (Report, error) {
 			errs = append(errs, merr)
 		}
 	}
+	if pctx.Err() == nil {
+		var terr error
+		rep.Trim, terr = s.trim.Trim(pctx)
+		if terr != nil {
+			errs = append(errs, terr)
+		}
+	}
 	if lock.Lost(pctx) {
 		errs = append(errs, errors.New("sweeper: leader lock lost mid-pass"))
 	}
@@ -138,8 +160,10 @@ func (s *Sweeper) Once(ctx context.Context) (Report, error) {
 		"runs_examined", rep.Runs.Examined, "runs_woken", rep.Runs.Woken, "runs_dropped", rep.Runs.Dropped,
 		"maps_examined", rep.Maps.Examined, "maps_live", rep.Maps.Live, "elements", rep.Maps.Elements,
 		"rollbacks", rep.Maps.Rollbacks, "claims", rep.Maps.Claims, "resumes", rep.Maps.Resumes,
-		"maps_removed", rep.Maps.Removed, "errors", err != nil,
-		"total_recovered", t.RunsWoken+t.Elements+t.Rollbacks+t.Resumes, "total_claims", t.Claims)
+		"maps_removed", rep.Maps.Removed, "trim_examined", rep.Trim.Examined, "trimmed", rep.Trim.Trimmed,
+		"errors", err != nil,
+		"total_recovered", t.RunsWoken+t.Elements+t.Rollbacks+t.Resumes, "total_claims", t.Claims,
+		"total_trimmed", t.Trimmed)
 	return rep, err
 }
 
@@ -166,6 +190,8 @@ func (s *Sweeper) count(rep Report, err error) {
 	t.Removed += int64(rep.Maps.Removed)
 	t.FreshIDs += int64(rep.Maps.Fresh)
 	t.DeletedTasks += int64(rep.Maps.Deleted)
+	t.TrimExamined += int64(rep.Trim.Examined)
+	t.Trimmed += int64(rep.Trim.Trimmed)
 }
 
 // Totals returns the counters so far.

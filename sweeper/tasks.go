@@ -2,8 +2,10 @@ package sweeper
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -12,24 +14,40 @@ import (
 	"github.com/goreactor/goreactor/mapstep"
 )
 
-// leaseDuration is how far asynq (v0.26) pushes an active task's lease each
-// time its worker's heartbeat (every 5 s) extends it.
-const leaseDuration = 30 * time.Second
-
-// deadAfter is how long a lease must have gone unextended before the
-// sweeper calls the task's worker dead: three missed heartbeats, which also
-// absorbs a few seconds of clock skew between the worker and the sweeper.
+// deadAfter is how long of the Redis server's time an active task's lease
+// must have gone unextended before the sweeper calls its worker dead: three
+// missed heartbeats (asynq v0.26 extends a lease every 5 s).
 const deadAfter = 15 * time.Second
+
+// leaseSeenTTL is how long the sweeper keeps its observation of a lease
+// after it last looked. A map examined less often than this (StaleAfter
+// above it) never gets a dead verdict from the sweeper; asynq's own
+// recoverer reclaims such tasks once their lease runs out.
+const leaseSeenTTL = 10 * time.Minute
+
+var (
+	//go:embed lua/lease_seen.lua
+	leaseSeenSrc    string
+	leaseSeenScript = redis.NewScript(leaseSeenSrc)
+)
 
 // queueTasks answers mapstep.TaskInspector for one asynq queue.
 type queueTasks struct {
-	rdb   redis.UniversalClient
-	insp  *asynq.Inspector
-	queue string
+	rdb    redis.UniversalClient
+	insp   *asynq.Inspector
+	queue  string
+	prefix string
 }
 
-func newQueueTasks(rdb redis.UniversalClient, queue string) *queueTasks {
-	return &queueTasks{rdb: rdb, insp: asynq.NewInspectorFromRedisClient(rdb), queue: queue}
+func newQueueTasks(rdb redis.UniversalClient, queue, prefix string) *queueTasks {
+	return &queueTasks{rdb: rdb, insp: asynq.NewInspectorFromRedisClient(rdb), queue: queue, prefix: prefix}
+}
+
+// leaseSeenKey is the sweeper's observation of task id's lease. It carries
+// the sweeper's hash tag: only the (single, leader-locked) sweeper reads and
+// writes these keys, and they expire.
+func leaseSeenKey(prefix, queue, id string) string {
+	return prefix + ":{sweeper}:lease:" + queue + ":" + id
 }
 
 // TaskFate implements mapstep.TaskInspector. An active task is live while
@@ -38,6 +56,14 @@ func newQueueTasks(rdb redis.UniversalClient, queue string) *queueTasks {
 // more), so the sweeper calls it dead earlier, as soon as the heartbeats
 // stop. The redelivery gets a fresh id, and the element lock (or the run
 // lock) keeps the two deliveries from overlapping.
+//
+// The verdict reads no clock but the Redis server's: the lease score is
+// written with the extending worker's clock, so the sweeper never compares
+// it with a time, only with itself, over server time (lease_seen.lua). A
+// verdict therefore needs two looks at least deadAfter apart. An active task
+// with no lease entry is not called dead: an absent reading is no evidence
+// (the entry is written with the task's move to active, and asynq's
+// recoverer, which owns the lease set, deals with the odd case).
 func (q *queueTasks) TaskFate(ctx context.Context, id string) (mapstep.TaskFate, error) {
 	info, err := q.insp.GetTaskInfo(q.queue, id)
 	switch {
@@ -53,16 +79,20 @@ func (q *queueTasks) TaskFate(ctx context.Context, id string) (mapstep.TaskFate,
 		return mapstep.TaskCompleted, nil
 	case asynq.TaskStateActive:
 		// The lease set is asynq's: asynq:{<queue>}:lease, scored by the
-		// lease's expiry in Unix seconds.
+		// lease's expiry in Unix seconds of the worker's clock.
 		exp, err := q.rdb.ZScore(ctx, "asynq:{"+q.queue+"}:lease", id).Result()
 		if errors.Is(err, redis.Nil) {
-			return mapstep.TaskDead, nil
+			return mapstep.TaskLive, nil // unknown, which is not dead
 		}
 		if err != nil {
 			return 0, fmt.Errorf("sweeper: read the lease of task %s: %w", id, err)
 		}
-		extended := time.Unix(int64(exp), 0).Add(-leaseDuration)
-		if time.Since(extended) > deadAfter {
+		dead, err := leaseSeenScript.Run(ctx, q.rdb, []string{leaseSeenKey(q.prefix, q.queue, id)},
+			strconv.FormatFloat(exp, 'f', -1, 64), deadAfter.Milliseconds(), leaseSeenTTL.Milliseconds()).Int()
+		if err != nil {
+			return 0, fmt.Errorf("sweeper: observe the lease of task %s: %w", id, err)
+		}
+		if dead == 1 {
 			return mapstep.TaskDead, nil
 		}
 		return mapstep.TaskLive, nil

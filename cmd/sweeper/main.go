@@ -15,6 +15,8 @@
 //	-stale-after   GOREACTOR_STALE_AFTER       10s
 //	-run-page      GOREACTOR_SWEEP_RUN_PAGE    200
 //	-map-page      GOREACTOR_SWEEP_MAP_PAGE    100
+//	-trim-page     GOREACTOR_SWEEP_TRIM_PAGE   100 (entries per listing index per pass)
+//	-retention     GOREACTOR_RETENTION         168h (your engines' Config.Retention)
 //	-leader-ttl    GOREACTOR_SWEEP_LEADER_TTL  30s
 //	-metrics-addr  GOREACTOR_METRICS_ADDR      "" (off; e.g. :9102 serves /metrics)
 //	-log-level     GOREACTOR_LOG_LEVEL         info
@@ -67,6 +69,8 @@ type config struct {
 	staleAfter  time.Duration
 	runPage     int
 	mapPage     int
+	trimPage    int
+	retention   time.Duration
 	leaderTTL   time.Duration
 	metricsAddr string
 	logLevel    slog.Level
@@ -94,6 +98,10 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		"how long a run or map must go without progress before a pass looks at it; env GOREACTOR_STALE_AFTER")
 	fs.IntVar(&cfg.runPage, "run-page", env.Int("GOREACTOR_SWEEP_RUN_PAGE", 200), "runs examined per pass; env GOREACTOR_SWEEP_RUN_PAGE")
 	fs.IntVar(&cfg.mapPage, "map-page", env.Int("GOREACTOR_SWEEP_MAP_PAGE", 100), "maps examined per pass; env GOREACTOR_SWEEP_MAP_PAGE")
+	fs.IntVar(&cfg.trimPage, "trim-page", env.Int("GOREACTOR_SWEEP_TRIM_PAGE", 100),
+		"entries of each listing index (idx:runs, idx:status:*) the trim examines per pass; env GOREACTOR_SWEEP_TRIM_PAGE")
+	fs.DurationVar(&cfg.retention, "retention", env.Duration("GOREACTOR_RETENTION", 7*24*time.Hour),
+		"how long your engines keep a finished run (their Config.Retention); older listing entries of gone runs are trimmed; env GOREACTOR_RETENTION")
 	fs.DurationVar(&cfg.leaderTTL, "leader-ttl", env.Duration("GOREACTOR_SWEEP_LEADER_TTL", 30*time.Second),
 		"expiry of the leader lock, kept alive while a pass runs; env GOREACTOR_SWEEP_LEADER_TTL")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env.String("GOREACTOR_METRICS_ADDR", ""),
@@ -116,8 +124,10 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		return cfg, fmt.Errorf("-interval %s: must be positive", cfg.interval)
 	case cfg.staleAfter <= 0:
 		return cfg, fmt.Errorf("-stale-after %s: must be positive", cfg.staleAfter)
-	case cfg.runPage < 1 || cfg.mapPage < 1:
-		return cfg, errors.New("-run-page and -map-page: must be at least 1")
+	case cfg.runPage < 1 || cfg.mapPage < 1 || cfg.trimPage < 1:
+		return cfg, errors.New("-run-page, -map-page and -trim-page: must be at least 1")
+	case cfg.retention <= 0:
+		return cfg, fmt.Errorf("-retention %s: must be positive", cfg.retention)
 	case cfg.leaderTTL < time.Second:
 		return cfg, fmt.Errorf("-leader-ttl %s: must be at least 1s", cfg.leaderTTL)
 	case cfg.prefix == "":
@@ -181,12 +191,13 @@ func serve(loop, pass context.Context, cfg config, log *slog.Logger) error {
 		return fmt.Errorf("start engine: %w", err)
 	}
 	sw, err := sweeper.New(sweeper.Config{Engine: engine, Queue: cfg.queue, Interval: cfg.interval, StaleAfter: cfg.staleAfter,
-		RunPage: cfg.runPage, MapPage: cfg.mapPage, LeaderTTL: cfg.leaderTTL, Logger: log})
+		RunPage: cfg.runPage, MapPage: cfg.mapPage, TrimPage: cfg.trimPage, Retention: cfg.retention, LeaderTTL: cfg.leaderTTL, Logger: log})
 	if err != nil {
 		return err
 	}
 	log.Info("sweeper started", "event", "sweeper.started", "redis", opts.Addr, "db", opts.DB, "prefix", cfg.prefix,
-		"queue", cfg.queue, "once", cfg.once, "interval", cfg.interval.String(), "stale_after", cfg.staleAfter.String())
+		"queue", cfg.queue, "once", cfg.once, "interval", cfg.interval.String(), "stale_after", cfg.staleAfter.String(),
+		"retention", cfg.retention.String())
 
 	if cfg.metricsAddr != "" {
 		ln, err := net.Listen("tcp", cfg.metricsAddr)
@@ -213,7 +224,7 @@ func serve(loop, pass context.Context, cfg config, log *slog.Logger) error {
 		case <-loop.Done():
 			tot := sw.Totals()
 			log.Info("sweeper stopped", "event", "sweeper.stopped", "passes", tot.Passes,
-				"recovered", tot.RunsWoken+tot.Elements+tot.Rollbacks+tot.Resumes)
+				"recovered", tot.RunsWoken+tot.Elements+tot.Rollbacks+tot.Resumes, "trimmed", tot.Trimmed)
 			return nil
 		case <-t.C:
 		}
@@ -243,6 +254,7 @@ func metricsHandler(sw *sweeper.Sweeper) http.Handler {
 		counter("goreactor_sweeper_fresh_ids_total", "Redeliveries under a fresh task id (the task died active).", t.FreshIDs, "")
 		counter("goreactor_sweeper_deleted_tasks_total", "Archived tasks deleted before their id was enqueued again.", t.DeletedTasks, "")
 		counter("goreactor_sweeper_maps_removed_total", "Maps taken off the map index.", t.Removed, "")
+		counter("goreactor_sweeper_index_trimmed_total", "Listing-index entries (idx:runs, idx:status:*) of gone runs removed.", t.Trimmed, "")
 		counter("goreactor_sweeper_runs_dropped_total", "Finished or vanished runs taken off the active index.", t.RunsDropped, "")
 	})
 	return mux

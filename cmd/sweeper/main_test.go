@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/internal/redistest"
@@ -38,18 +40,20 @@ func TestParseConfig(t *testing.T) {
 	}
 	if cfg.redisURL != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.queue != "goreactor" || cfg.once ||
 		cfg.interval != 10*time.Second || cfg.staleAfter != 10*time.Second || cfg.runPage != 200 || cfg.mapPage != 100 ||
-		cfg.leaderTTL != 30*time.Second || cfg.metricsAddr != "" {
+		cfg.leaderTTL != 30*time.Second || cfg.metricsAddr != "" || cfg.trimPage != 100 || cfg.retention != 7*24*time.Hour {
 		t.Fatalf("defaults: %+v", cfg)
 	}
 	cfg, err = parseConfig([]string{"-once", "-interval", "2s"}, envOf(map[string]string{
-		"GOREACTOR_PREFIX": "shop", "GOREACTOR_STALE_AFTER": "1m", "GOREACTOR_SWEEP_MAP_PAGE": "7"}), io.Discard)
+		"GOREACTOR_PREFIX": "shop", "GOREACTOR_STALE_AFTER": "1m", "GOREACTOR_SWEEP_MAP_PAGE": "7",
+		"GOREACTOR_SWEEP_TRIM_PAGE": "9", "GOREACTOR_RETENTION": "24h"}), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !cfg.once || cfg.interval != 2*time.Second || cfg.prefix != "shop" || cfg.staleAfter != time.Minute || cfg.mapPage != 7 {
+	if !cfg.once || cfg.interval != 2*time.Second || cfg.prefix != "shop" || cfg.staleAfter != time.Minute || cfg.mapPage != 7 ||
+		cfg.trimPage != 9 || cfg.retention != 24*time.Hour {
 		t.Fatalf("flags and env: %+v", cfg)
 	}
-	for _, bad := range [][]string{{"-interval", "0s"}, {"-stale-after", "-1s"}, {"-map-page", "0"}, {"-leader-ttl", "10ms"}, {"-prefix", ""}, {"extra"}} {
+	for _, bad := range [][]string{{"-interval", "0s"}, {"-stale-after", "-1s"}, {"-map-page", "0"}, {"-trim-page", "0"}, {"-retention", "0s"}, {"-leader-ttl", "10ms"}, {"-prefix", ""}, {"extra"}} {
 		if _, err := parseConfig(bad, envOf(nil), io.Discard); err == nil {
 			t.Errorf("%q: accepted", bad)
 		}
@@ -94,10 +98,39 @@ func TestOnceSweepsAndLogsASummary(t *testing.T) {
 	if m == nil {
 		t.Fatalf("no pass summary logged:\n%s", out.String())
 	}
-	for _, k := range []string{"runs_examined", "runs_woken", "maps_examined", "elements", "rollbacks", "claims", "resumes", "total_recovered"} {
+	for _, k := range []string{"runs_examined", "runs_woken", "maps_examined", "elements", "rollbacks", "claims", "resumes", "total_recovered", "trim_examined", "trimmed", "total_trimmed"} {
 		if _, ok := m[k]; !ok {
 			t.Errorf("summary has no %q: %v", k, m)
 		}
+	}
+}
+
+// A -once pass trims the listing entries of runs long gone and says so in
+// its summary line.
+func TestHardeningOnceTrimsTheListingIndexes(t *testing.T) {
+	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
+	rdb := redistest.Client(t)
+	k := keys.New(prefix)
+	srv, err := rdb.Time(t.Context()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	old := float64(srv.Add(-48 * time.Hour).UnixMilli())
+	for _, key := range []string{k.Runs(), k.Status("completed")} {
+		if err := rdb.ZAdd(t.Context(), key, redis.Z{Score: old, Member: "gone"}).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var out bytes.Buffer
+	if code := run([]string{"-once", "-retention", "24h", "-redis", redisURL(), "-prefix", prefix, "-queue", queue}, envOf(nil), &out); code != 0 {
+		t.Fatalf("exit %d; output:\n%s", code, out.String())
+	}
+	m := passLine(t, out.String())
+	if m == nil || m["trimmed"] != float64(2) {
+		t.Fatalf("summary does not report 2 trimmed entries:\n%s", out.String())
+	}
+	if n := rdb.ZCard(t.Context(), k.Runs()).Val() + rdb.ZCard(t.Context(), k.Status("completed")).Val(); n != 0 {
+		t.Fatalf("%d entries left", n)
 	}
 }
 
@@ -151,7 +184,8 @@ func TestLoopServesMetricsAndStops(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	for _, want := range []string{"goreactor_sweeper_passes_total ", `goreactor_sweeper_recovered_total{kind="element"} 0`, "goreactor_sweeper_claims_total 0"} {
+	for _, want := range []string{"goreactor_sweeper_passes_total ", `goreactor_sweeper_recovered_total{kind="element"} 0`, "goreactor_sweeper_claims_total 0",
+		"goreactor_sweeper_index_trimmed_total 0"} {
 		if !strings.Contains(string(body), want) {
 			t.Errorf("metrics lack %q:\n%s", want, body)
 		}

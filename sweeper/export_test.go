@@ -1,0 +1,9 @@
+package sweeper
+
+// LeaseSeenKey exposes the key of the sweeper's observation of a task's
+// lease, so that tests can seed an observation made earlier.
+var LeaseSeenKey = leaseSeenKey
+
+// SetBeforeRemove makes s call f between its read of an active-index entry
+// and the entry's conditional removal: the window a racing writer uses.
+func SetBeforeRemove(s *RunSweeper, f func(id string)) { s.beforeRemove = f }

@@ -1,0 +1,246 @@
+package sweeper
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/store"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// trimClockMargin is added to every age the trim compares: the listing
+// indexes are scored with the writing engines' clocks (ms), and the pass
+// compares them with the Redis server's. The age only bounds the page; what
+// decides is that the run's state no longer exists.
+const trimClockMargin = time.Minute
+
+// TrimConfig configures the trim of the listing indexes.
+type TrimConfig struct {
+	// Engine names the keys. Required.
+	Engine *reactor.Engine
+	// Retention is how long a finished run's state lives (the engines'
+	// Config.Retention): entries of idx:runs and of the terminal status
+	// indexes older than this (by their score) are examined. Default: the
+	// Engine's Retention.
+	Retention time.Duration
+	// StaleAfter bounds the page of the non-terminal status indexes: their
+	// entries younger than this are not examined. Default 10 s.
+	StaleAfter time.Duration
+	// Page bounds the entries examined per index per pass. Default 100.
+	Page int
+	// Logger receives a line per pass that trimmed. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c TrimConfig) WithDefaults() TrimConfig {
+	if c.Retention <= 0 && c.Engine != nil {
+		c.Retention = c.Engine.Retention()
+	}
+	if c.StaleAfter <= 0 {
+		c.StaleAfter = 10 * time.Second
+	}
+	if c.Page <= 0 {
+		c.Page = 100
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// TrimReport counts what one trim pass did.
+type TrimReport struct {
+	// Examined is the number of index entries looked at, over every index.
+	Examined int
+	// Trimmed is the number of entries removed: their run's state is gone.
+	Trimmed int
+}
+
+// IndexTrimmer removes the listing-index entries of runs that no longer
+// exist (DESIGN 3: "the listing indexes are trimmed by age in bounded
+// passes"). A finished run's state expires after the retention, but its
+// entries in idx:runs and idx:status:<s> have no expiry (a sorted set's
+// members cannot expire), so without the trim they would grow for ever.
+//
+// An entry is removed only when its run's state does not exist and its lock
+// is free (a run being created, or created again after its retention, holds
+// its lock before its entries and its state exist), and only if its score is
+// still the one the pass read (store.RemoveIfScore), so a run indexed again
+// meanwhile keeps it.
+//
+// Each pass reads at most Page entries of each index, old enough to matter:
+// idx:runs and the terminal status indexes older than Retention, the
+// non-terminal ones older than StaleAfter. The score of these indexes is the
+// listing order, so the trim never touches it; it pages with a cursor per
+// index instead, held in memory (a restarted sweeper starts from the oldest
+// again, which costs reads, never correctness), and starts over from the
+// oldest once it reaches the end of the old entries.
+type IndexTrimmer struct {
+	cfg  TrimConfig
+	keys keys.Keys
+	rdb  redis.UniversalClient
+
+	mu      sync.Mutex
+	cursors map[string]trimCursor
+}
+
+// trimCursor is the last entry a pass examined in one index.
+type trimCursor struct {
+	score  float64
+	member string
+}
+
+// NewIndexTrimmer returns an index trimmer.
+func NewIndexTrimmer(cfg TrimConfig) (*IndexTrimmer, error) {
+	if cfg.Engine == nil {
+		return nil, errors.New("sweeper: TrimConfig needs an Engine")
+	}
+	cfg = cfg.WithDefaults()
+	return &IndexTrimmer{cfg: cfg, keys: keys.New(cfg.Engine.Prefix()), rdb: cfg.Engine.Client(),
+		cursors: map[string]trimCursor{}}, nil
+}
+
+// Trim runs one pass: a page of each listing index. An error on one index
+// is logged and the pass goes on with the next; the errors are returned
+// joined with the report.
+func (t *IndexTrimmer) Trim(ctx context.Context) (TrimReport, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	var rep TrimReport
+	now, err := t.rdb.Time(ctx).Result()
+	if err != nil {
+		return rep, fmt.Errorf("sweeper: read the server time: %w", err)
+	}
+	retained := now.Add(-t.cfg.Retention - trimClockMargin).UnixMilli()
+	recent := now.Add(-t.cfg.StaleAfter - trimClockMargin).UnixMilli()
+	type index struct {
+		key    string
+		before int64
+	}
+	indexes := []index{{t.keys.Runs(), retained}}
+	for _, s := range reactor.Statuses() {
+		before := recent
+		if s.Terminal() {
+			before = retained
+		}
+		indexes = append(indexes, index{t.keys.Status(string(s)), before})
+	}
+	var errs []error
+	for _, ix := range indexes {
+		if err := ctx.Err(); err != nil {
+			return rep, errors.Join(append(errs, err)...)
+		}
+		if err := t.trimIndex(ctx, ix.key, ix.before, &rep); err != nil {
+			t.cfg.Logger.Error("cannot trim index", "event", "reactor.sweep.error", "index", ix.key, "error", err)
+			errs = append(errs, fmt.Errorf("sweeper: trim %s: %w", ix.key, err))
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+// trimIndex examines the next page of index key among the entries scored
+// before before (ms).
+func (t *IndexTrimmer) trimIndex(ctx context.Context, key string, before int64, rep *TrimReport) error {
+	page, err := t.page(ctx, key, before)
+	if err != nil || len(page) == 0 {
+		return err
+	}
+	states := make([]*redis.IntCmd, len(page))
+	locks := make([]*redis.IntCmd, len(page))
+	if _, err := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, z := range page {
+			id, _ := z.Member.(string)
+			states[i] = p.Exists(ctx, t.keys.RunState(id))
+			locks[i] = p.Exists(ctx, t.keys.RunLock(id))
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("read the runs of a page: %w", err)
+	}
+	for i, z := range page {
+		rep.Examined++
+		if states[i].Val() == 1 || locks[i].Val() == 1 {
+			continue // retained, live, or being created
+		}
+		id, _ := z.Member.(string)
+		removed, err := store.RemoveIfScore(ctx, t.rdb, key, id, z.Score)
+		if err != nil {
+			return err
+		}
+		if removed {
+			rep.Trimmed++
+		}
+	}
+	return nil
+}
+
+// page returns the next at most Page entries of index key scored before
+// before, after the index's cursor, and moves the cursor past them (back to
+// the start once the page reaches the end).
+func (t *IndexTrimmer) page(ctx context.Context, key string, before int64) ([]redis.Z, error) {
+	hi := strconv.FormatInt(before, 10)
+	read := func(lo string) ([]redis.Z, error) {
+		zs, err := t.rdb.ZRangeByScoreWithScores(ctx, key, &redis.ZRangeBy{Min: lo, Max: hi, Count: int64(t.cfg.Page)}).Result()
+		if err != nil {
+			return nil, fmt.Errorf("read a page: %w", err)
+		}
+		return zs, nil
+	}
+	c, ok := t.cursors[key]
+	if !ok {
+		zs, err := read("-inf")
+		if err != nil {
+			return nil, err
+		}
+		t.advance(key, zs)
+		return zs, nil
+	}
+	// From the cursor's score, inclusive, past the entries of that score up
+	// to the cursor's member (equal scores are ordered by member).
+	cur := strconv.FormatFloat(c.score, 'f', -1, 64)
+	zs, err := read(cur)
+	if err != nil {
+		return nil, err
+	}
+	full := len(zs) == t.cfg.Page
+	j := 0
+	for j < len(zs) && zs[j].Score == c.score && zs[j].Member.(string) <= c.member {
+		j++
+	}
+	zs = zs[j:]
+	if len(zs) == 0 && full {
+		// A page of one score, all behind the cursor: go past the score
+		// (its entries after this page wait for the next round).
+		if zs, err = read("(" + cur); err != nil {
+			return nil, err
+		}
+		full = len(zs) == t.cfg.Page
+	}
+	if !full || len(zs) == 0 {
+		delete(t.cursors, key) // the end: the next pass starts over
+		return zs, nil
+	}
+	last := zs[len(zs)-1]
+	t.cursors[key] = trimCursor{score: last.Score, member: last.Member.(string)}
+	return zs, nil
+}
+
+// advance moves key's cursor to the last entry of a page read from the
+// start; a page shorter than Page reached the end.
+func (t *IndexTrimmer) advance(key string, zs []redis.Z) {
+	if len(zs) < t.cfg.Page {
+		delete(t.cursors, key)
+		return
+	}
+	last := zs[len(zs)-1]
+	t.cursors[key] = trimCursor{score: last.Score, member: last.Member.(string)}
+}
