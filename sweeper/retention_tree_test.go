@@ -194,3 +194,45 @@ func TestHardeningRetentionExpiresTheWholeTree(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCompleted, res.Status)
 }
+
+// TestHardeningSweeperFinishesAnInterruptedRetention: a run that died between
+// its terminal write and the retention walk of its tree is left finished in
+// the active index with maps and element runs that never expire. The run
+// sweeper walks the tree (with what is left of the run's retention) before
+// dropping the entry.
+func TestHardeningSweeperFinishesAnInterruptedRetention(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := ctxTimeout(t, 20*time.Second)
+	_, inline := retentionDefs(func(context.Context, int) error { return nil })
+	res, err := e.engine.Run(ctx, inline, map[string]any{"items": []int{1, 2, 3}}, reactor.WithRunID("walked"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+
+	// The crash: the tree never got its retention and the run is still
+	// indexed as active, as it was before its terminal write.
+	keys := runKeys(t, e.rdb, e.prefix, "walked")
+	var tree []string
+	for _, k := range keys {
+		if !strings.Contains(k, "{run:walked}:ctx") {
+			require.NoError(t, e.rdb.Persist(ctx, k).Err())
+			tree = append(tree, k)
+		}
+	}
+	require.GreaterOrEqual(t, len(tree), 3+1+1, "element runs, map keys and the tree set")
+	require.NoError(t, e.rdb.ZAdd(ctx, e.activeKey(), redis.Z{Score: 1, Member: "walked"}).Err())
+
+	rep, err := e.sweeper.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Dropped)
+	runTTL, err := e.rdb.PTTL(ctx, e.prefix+":{run:walked}:ctx").Result()
+	require.NoError(t, err)
+	for _, k := range tree {
+		ttl, err := e.rdb.PTTL(ctx, k).Result()
+		require.NoError(t, err)
+		require.Greater(t, ttl, time.Duration(0), "key %s of the finished run never expires", k)
+		require.InDelta(t, runTTL.Seconds(), ttl.Seconds(), 60, "key %s expires with its run", k)
+	}
+	_, err = e.rdb.ZScore(ctx, e.activeKey(), "walked").Result()
+	require.ErrorIs(t, err, redis.Nil)
+}

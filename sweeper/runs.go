@@ -74,9 +74,10 @@ type RunReport struct {
 // get a resume with a fresh sweep id.
 // Resume is idempotent, so a mistaken wake-up is harmless.
 type RunSweeper struct {
-	cfg  RunConfig
-	keys keys.Keys
-	insp *asynq.Inspector
+	cfg   RunConfig
+	keys  keys.Keys
+	insp  *asynq.Inspector
+	store *store.Store
 
 	// beforeRemove, if set (tests only), runs between a pass's read of an
 	// entry and its conditional removal.
@@ -96,7 +97,12 @@ func NewRunSweeper(cfg RunConfig) (*RunSweeper, error) {
 	if cfg.Engine == nil || cfg.Client == nil || cfg.Enqueuer == nil {
 		return nil, errors.New("sweeper: RunConfig needs Engine, Client and Enqueuer")
 	}
-	return &RunSweeper{cfg: cfg, keys: keys.New(cfg.Engine.Prefix()), insp: asynq.NewInspectorFromRedisClient(cfg.Client)}, nil
+	k := keys.New(cfg.Engine.Prefix())
+	st, err := store.New(context.Background(), cfg.Client, k)
+	if err != nil {
+		return nil, fmt.Errorf("sweeper: %w", err)
+	}
+	return &RunSweeper{cfg: cfg, keys: k, insp: asynq.NewInspectorFromRedisClient(cfg.Client), store: st}, nil
 }
 
 // Sweep runs one pass over the oldest-touched page of the active index.
@@ -213,6 +219,23 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		return false, false, err
 	}
 	if run.Status.Terminal() {
+		// A finished run still indexed may have died between its terminal
+		// write and the retention of its tree (maps, element runs): finish
+		// that first, with what is left of the run's own retention, so the
+		// tree expires with the run. Its process may still be at it.
+		locked, err := s.cfg.Engine.Locked(ctx, id)
+		if err != nil || locked {
+			return false, false, err
+		}
+		ttl, err := s.cfg.Client.PTTL(ctx, s.keys.RunState(id)).Result()
+		if err != nil {
+			return false, false, fmt.Errorf("sweeper: read the retention of run %s: %w", id, err)
+		}
+		if ttl > 0 {
+			if err := s.store.RetainTree(ctx, id, ttl); err != nil {
+				return false, false, err
+			}
+		}
 		dropped, err := s.drop(ctx, id, score)
 		if err != nil || !dropped {
 			return false, dropped, err
