@@ -320,10 +320,24 @@ func adopt(ctx context.Context, ms mapStore, st state, md meta) (codec.Raw, erro
 }
 
 // elementFailure is the map step's failure for element i's failure: the
-// element's error, with the step path leading to it.
+// element's error and the failures of its own rollback (a failed element
+// rolls itself back), each with the step path leading to it. The element
+// run named them relative to itself ("reserve"); in the owner's Failure
+// they must say which element ("each[20]/reserve"), as the map's rollback
+// failures do (rollbackElementWith). Inline and fan-out maps both adopt
+// through here, so both name them alike.
 func elementFailure(step string, i int, f *reactor.Failure) *reactor.Failure {
 	out := *f
-	out.Step = fmt.Sprintf("%s[%d]/%s", step, i, f.Step)
+	path := elementPath(step, i)
+	out.Step = path + "/" + f.Step
+	out.RollbackFailures = make([]reactor.RollbackFailure, len(f.RollbackFailures))
+	for j, rf := range f.RollbackFailures {
+		rf.Step = path + "/" + rf.Step
+		out.RollbackFailures[j] = rf
+	}
+	if len(out.RollbackFailures) == 0 {
+		out.RollbackFailures = nil
+	}
 	return &out
 }
 
