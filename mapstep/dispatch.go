@@ -127,7 +127,11 @@ func ProcessElement(ctx context.Context, e *reactor.Engine, t ElementTask) error
 		// the map settle and the rollback judge the element before that
 		// delivery completes it. A held lock snoozes this task; once the
 		// other delivery settled, this settle is a refused duplicate.
-		err = e.HoldElement(ctx, ElementID(t.MapID, t.Index), func(ctx context.Context) error {
+		// StopElement also creates a missing element run finished, so a
+		// delivery that read the map before it failed and reaches the
+		// element only now (after the rollback found nothing to undo)
+		// cannot start it.
+		err = e.StopElement(ctx, md.Element, ElementID(t.MapID, t.Index), func(ctx context.Context) error {
 			var err error
 			sr, err = ms.settle(ctx, t.MapID, t.Index, outcome{Status: outcomeStopped})
 			return err

@@ -456,3 +456,91 @@ func TestHardeningDeadElementLockSameWaitBothModes(t *testing.T) {
 		hxSameFailure(t, failures[false], failures[true])
 	})
 }
+
+// hxGatedSource pages the ints [0, n). Once gated, a page of one item
+// (what an item-less element task reads) signals entered and waits for
+// release, so a test can hold a delivery between its read of the map and
+// its element run.
+type hxGatedSource struct {
+	n       int
+	mu      sync.Mutex
+	gated   bool
+	entered chan struct{}
+	release chan struct{}
+}
+
+func (s *hxGatedSource) Len(context.Context, reactor.Args) (int, error) { return s.n, nil }
+
+func (s *hxGatedSource) Page(ctx context.Context, _ reactor.Args, offset, limit int) ([]any, error) {
+	s.mu.Lock()
+	gated := s.gated && limit == 1
+	s.gated = s.gated && !gated // once
+	s.mu.Unlock()
+	if gated {
+		close(s.entered)
+		select {
+		case <-s.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	out := make([]any, 0, limit)
+	for i := offset; i < offset+limit && i < s.n; i++ {
+		out = append(out, i)
+	}
+	return out, nil
+}
+
+// A delivery of element 0 reads its map while the map still runs, then
+// stalls before it reaches the element (here: paging its item from the
+// Source, as a sweeper redelivery does). Meanwhile the map fails, another
+// delivery settles element 0 "stopped", the map settles and its rollback
+// finds no element 0 to undo. When the stalled delivery goes on, element 0
+// must not run: the stopped settle created it finished. On the old code it
+// ran, completed, and nothing ever undid it.
+func TestHardeningStoppedElementCannotStartLater(t *testing.T) {
+	t.Parallel()
+	ctx := drainCtx(t)
+	f := newDrainFixture(t)
+	src := &hxGatedSource{n: 2, entered: make(chan struct{}), release: make(chan struct{})}
+	def := reactor.MustDefine("hx-late",
+		mapstep.Map("each", mapstep.Config{Element: f.element("hx-late-el", 1), Pages: src, FanOut: true}),
+	)
+	res, err := f.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	require.Equal(t, 2, f.d.Observe().Burst())
+	runID, mapID := res.RunID, mapstep.MapID(res.RunID, "each")
+	t0 := f.d.ElementTask(mapID, 0)
+	require.NotNil(t, t0)
+	f.d.Drop(t0)
+
+	src.mu.Lock()
+	src.gated = true
+	src.mu.Unlock()
+	late := make(chan error, 1)
+	go func() { late <- mapstep.ProcessElement(ctx, f.engine, mapstep.ElementTask{MapID: mapID, Index: 0}) }()
+	hxAwait(t, ctx, src.entered, "the late delivery to read the map")
+
+	require.NoError(t, f.d.Run(f.d.ElementTask(mapID, 1)).Err) // element 1 fails the map
+	stop := f.d.Again(t0)                                      // settles element 0 stopped
+	require.NoError(t, stop.Err)
+	require.Equal(t, 1, stop.Resumes(), "the map settled")
+	f.d.Drain()
+	res = f.result(runID)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, "each[1]/double", res.Failure.Step)
+	require.Empty(t, res.Failure.RollbackFailures)
+
+	close(src.release)
+	require.NoError(t, <-late)
+	f.mu.Lock()
+	require.Zero(t, f.ran[0], "element 0 ran after its map was rolled back")
+	require.Empty(t, f.undone)
+	f.mu.Unlock()
+	run, err := f.engine.Element(ctx, mapstep.ElementID(mapID, 0))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, run.Status)
+	require.ErrorIs(t, run.Failure, reactor.ErrElementStopped)
+	require.Zero(t, f.d.Len(), "the late delivery settled nothing and enqueued nothing")
+}

@@ -408,7 +408,18 @@ func runElement(ctx context.Context, e *reactor.Engine, def *reactor.Definition,
 	if err != nil {
 		return outcome{}, err
 	}
+	if elementStopped(res) {
+		// A stopped settle sealed the element before this delivery got
+		// to it: it never ran, and its position is (being) settled stopped.
+		return outcome{Status: outcomeStopped}, nil
+	}
 	return outcomeOf(res), nil
+}
+
+// elementStopped reports whether res is an element run that a stopped
+// settle created finished (reactor.Engine.StopElement): it never ran.
+func elementStopped(res *reactor.Result) bool {
+	return res.Status == reactor.StatusCancelled && res.Failure != nil && errors.Is(res.Failure, reactor.ErrElementStopped)
 }
 
 // runInlineElement runs element i of an inline map, waiting while its lock

@@ -455,6 +455,10 @@ func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID 
 		return o, nil
 	case err != nil:
 		return o, err
+	case elementStopped(res):
+		// Sealed by its stopped settle before any delivery started it.
+		o.Outcome = rbNotNeeded
+		return o, nil
 	}
 	o.Outcome = rbUndone
 	if res.Failure != nil {
