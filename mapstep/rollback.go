@@ -406,12 +406,12 @@ func rollbackInlineElement(ctx context.Context, e *reactor.Engine, ms mapStore, 
 // else report the element element_in_flight. Both rollback modes decide
 // here, so they wait alike and report alike.
 func (s mapStore) heldElement(ctx context.Context, e *reactor.Engine, md meta, mapID string, p, i int, lockErr error) (rbOutcome, error) {
-	ms, err := rbLockedScript.Run(ctx, s.rdb, []string{s.keys.MapRbMeta(mapID, rbGen)}, p).Int64()
+	waitedMs, err := rbLockedScript.Run(ctx, s.rdb, []string{s.keys.MapRbMeta(mapID, rbGen)}, p).Int64()
 	if err != nil {
 		return rbOutcome{Index: i}, fmt.Errorf("mapstep: note held element %s[%d]: %w", mapID, i, err)
 	}
 	wait := RollbackLockWait(e)
-	if time.Duration(ms)*time.Millisecond < wait {
+	if time.Duration(waitedMs)*time.Millisecond < wait {
 		return rbOutcome{Index: i}, lockErr
 	}
 	return rbOutcome{Index: i, Outcome: rbElementInFlight, Failures: []reactor.RollbackFailure{inFlight(md.Step, mapID, i, wait)}}, nil
