@@ -124,13 +124,37 @@ func ProcessElement(ctx context.Context, e *reactor.Engine, t ElementTask) error
 	if !md.exists {
 		return ErrMapGone
 	}
-	var o outcome
+	// The position is checked against the map before anything runs: a
+	// task for a position never claimed (or past the end) would run the
+	// element's steps, and the settle would then refuse it, leaving a side
+	// effect that no rollback ever looks at.
+	if t.Index < 0 || t.Index >= md.Total || t.Index >= md.Offset {
+		return fmt.Errorf("%w: element %d of map %s is outside the map (size %d, %d claimed)", ErrBadTask, t.Index, t.MapID, md.Total, md.Offset)
+	}
+	var sr settleResult
 	if md.Failed {
 		// The map failed (or was stopped for a rollback): the position
 		// settles without running, so the map can settle and the owner
 		// resume. An earlier delivery may have run part of the element
-		// before it died: "stopped" tells the rollback to look.
-		o = outcome{Status: outcomeStopped}
+		// before it died: "stopped" tells the rollback to look. It settles
+		// only under the element's lock: another delivery may still be
+		// executing the element (asynq re-queued it after a lease lapse,
+		// or the sweeper redelivered it), and settling under it would let
+		// the map settle and the rollback judge the element before that
+		// delivery completes it. A held lock snoozes this task; once the
+		// other delivery settled, this settle is a refused duplicate.
+		// StopElement also creates a missing element run finished, so a
+		// delivery that read the map before it failed and reaches the
+		// element only now (after the rollback found nothing to undo)
+		// cannot start it.
+		err = e.StopElement(ctx, md.Element, ElementID(t.MapID, t.Index), func(ctx context.Context) error {
+			var err error
+			sr, err = ms.settle(ctx, t.MapID, t.Index, outcome{Status: outcomeStopped})
+			return err
+		})
+		if err != nil {
+			return err
+		}
 	} else {
 		def, ok := e.Definition(md.Element)
 		if !ok {
@@ -138,23 +162,22 @@ func ProcessElement(ctx context.Context, e *reactor.Engine, t ElementTask) error
 		}
 		item := t.Input
 		if len(item) == 0 {
-			if t.Index < 0 || t.Index >= md.Total {
-				return fmt.Errorf("%w: element %d of map %s is out of range (size %d)", ErrBadTask, t.Index, t.MapID, md.Total)
-			}
 			items, err := claimedItems(ctx, e, ms, md, t.MapID, t.Index, t.Index)
 			if err != nil {
 				return err
 			}
 			item = items[0]
 		}
-		o, err = runElement(ctx, e, def, md, t.MapID, t.Index, item)
+		o, err := runElement(ctx, e, def, md, t.MapID, t.Index, item)
 		if err != nil {
 			return err
 		}
-	}
-	sr, err := ms.settle(ctx, t.MapID, t.Index, o)
-	if err != nil {
-		return err
+		// This settle comes after the element run ended (the run's
+		// terminal write released the element lock): a terminal run is
+		// never executed again, so nothing can complete behind it.
+		if sr, err = ms.settle(ctx, t.MapID, t.Index, o); err != nil {
+			return err
+		}
 	}
 	if !sr.Stored {
 		return nil // a duplicate delivery: the first settle acted

@@ -688,14 +688,13 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 		}
 	})
 
-	// A settle stored after the map has settled (here a stray task for a
-	// position the failed map never claimed: the shape of the Ruby
-	// sweeper's flaw, DESIGN 10) finds the settled condition true as well.
-	// Only the SET NX on owner_signalled keeps it from signalling a second
-	// time. This is the subtest that fails when the NX guard is removed
-	// from settle.lua: in every other interleaving the condition becomes
-	// true at exactly one stored settle (settled only grows, counts claimed
-	// positions only, and offset stops moving once the map can settle).
+	// A stray task after the map has settled, for a position the failed
+	// map never claimed (the shape of the Ruby sweeper's flaw, DESIGN 10),
+	// must neither run its element nor signal the owner a second time. It
+	// is refused (ErrBadTask, archived) before anything runs; behind that,
+	// settle.lua refuses never-claimed positions, and the SET NX on
+	// owner_signalled is the last guard (defence in depth: the settle
+	// condition becomes true at exactly one stored settle).
 	t.Run("SettleAfterSettledDoesNotSignalAgain", func(t *testing.T) {
 		t.Parallel()
 		ctx := eoCtx(t, 60*time.Second)
@@ -729,7 +728,10 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 		in, err := codec.Marshal(4)
 		require.NoError(t, err)
 		require.NoError(t, h.client.EnqueueElement(ctx, mapstep.ElementTask{MapID: mapID, Index: 4, Input: in}))
-		h.rec.await(t, ctx, "the stray element task", func(r *eoRecorder) bool { return r.ok[fmt.Sprintf("el:%s:4", mapID)] == 1 })
+		stray := fmt.Sprintf("el:%s:4", mapID)
+		h.rec.await(t, ctx, "the stray element task", func(r *eoRecorder) bool { return r.failed[stray] == 1 })
+		ok, _ := h.rec.counts(stray)
+		require.Zero(t, ok, "the stray task is refused, not run")
 		require.Zero(t, h.ranOf(4), "a failed map runs no further element")
 		require.Equal(t, int32(1), hooks.signals.Load(), "a settle after the map settled must not signal again")
 	})

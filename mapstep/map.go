@@ -323,10 +323,24 @@ func adopt(ctx context.Context, ms mapStore, st state, md meta) (codec.Raw, erro
 }
 
 // elementFailure is the map step's failure for element i's failure: the
-// element's error, with the step path leading to it.
+// element's error and the failures of its own rollback (a failed element
+// rolls itself back), each with the step path leading to it. The element
+// run named them relative to itself ("reserve"); in the owner's Failure
+// they must say which element ("each[20]/reserve"), as the map's rollback
+// failures do (rollbackElementWith). Inline and fan-out maps both adopt
+// through here, so both name them alike.
 func elementFailure(step string, i int, f *reactor.Failure) *reactor.Failure {
 	out := *f
-	out.Step = fmt.Sprintf("%s[%d]/%s", step, i, f.Step)
+	path := elementPath(step, i)
+	out.Step = path + "/" + f.Step
+	out.RollbackFailures = make([]reactor.RollbackFailure, len(f.RollbackFailures))
+	for j, rf := range f.RollbackFailures {
+		rf.Step = path + "/" + rf.Step
+		out.RollbackFailures[j] = rf
+	}
+	if len(out.RollbackFailures) == 0 {
+		out.RollbackFailures = nil
+	}
 	return &out
 }
 
@@ -397,7 +411,18 @@ func runElement(ctx context.Context, e *reactor.Engine, def *reactor.Definition,
 	if err != nil {
 		return outcome{}, err
 	}
+	if elementStopped(res) {
+		// A stopped settle sealed the element before this delivery got
+		// to it: it never ran, and its position is (being) settled stopped.
+		return outcome{Status: outcomeStopped}, nil
+	}
 	return outcomeOf(res), nil
+}
+
+// elementStopped reports whether res is an element run that a stopped
+// settle created finished (reactor.Engine.StopElement): it never ran.
+func elementStopped(res *reactor.Result) bool {
+	return res.Status == reactor.StatusCancelled && res.Failure != nil && errors.Is(res.Failure, reactor.ErrElementStopped)
 }
 
 // runInlineElement runs element i of an inline map, waiting while its lock

@@ -138,7 +138,7 @@ func TestElementCompletedBeforeMapFailedIsUndone(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusRollingBack, res.Status)
 	for p := range 4 {
-		require.NoError(t, mapstep.ProcessRollback(ctx, f.engine, mapstep.RollbackTask{MapID: mapID, Gen: 1, Pos: p, Index: 3 - p}, 0))
+		require.NoError(t, mapstep.ProcessRollback(ctx, f.engine, mapstep.RollbackTask{MapID: mapID, Gen: 1, Pos: p, Index: 3 - p}))
 	}
 	res, err = f.engine.Process(ctx, "zombie-1")
 	require.NoError(t, err)

@@ -39,12 +39,21 @@ const (
 // get fresh keys and task ids without colliding with the first.
 const rbGen = 1
 
-// DefaultRollbackLockAttempts is how many times a rollback job finds its
-// element locked (and snoozes) before it reports element_in_flight. With
-// the worker's 200 ms delayed-task check that is about 40 s: longer than a
-// dead worker's element lock lives (30 s by default), so a crash does not
-// turn into a false element_in_flight.
-const DefaultRollbackLockAttempts = 200
+// RollbackLockWait is how long a map's rollback waits for an element whose
+// lock another process holds before it reports the element
+// element_in_flight: the engine's LockExpiry plus a third of it (40 s by
+// default). The same budget holds for inline rollbacks (which poll in the
+// owner's process) and fan-out rollbacks (whose jobs snooze), and it is
+// time, not attempts, measured from the first time the position found the
+// lock held, by the Redis server's clock (rb_locked.lua), so a crash and a
+// redelivery do not restart it. It outlives the lock of a holder that died
+// (a lock lives at most LockExpiry past its last heartbeat), so a crashed
+// worker never turns into a false element_in_flight; a lock still held
+// after it belongs to a live holder that kept extending it.
+func RollbackLockWait(e *reactor.Engine) time.Duration {
+	x := e.LockExpiry()
+	return x + x/3
+}
 
 // maxKeptFailures is how many element rollback failures the owner keeps;
 // the rest are counted (the engine's MaxRollbackFailures caps again).
@@ -354,11 +363,7 @@ func (m *construct) rollbackInline(ctx context.Context, c *reactor.ConstructCont
 			if done[p-from] {
 				continue
 			}
-			o, err := rollbackElement(ctx, c.Engine, ms, md, mapID, total, p, c.Engine.UndoLockWait())
-			if errors.Is(err, reactor.ErrRunLocked) {
-				o, err = rbOutcome{Index: total - 1 - p, Outcome: rbElementInFlight,
-					Failures: []reactor.RollbackFailure{inFlight(md.Step, total-1-p)}}, nil
-			}
+			o, err := rollbackInlineElement(ctx, c.Engine, ms, md, mapID, total, p)
 			if err != nil {
 				return err
 			}
@@ -369,6 +374,47 @@ func (m *construct) rollbackInline(ctx context.Context, c *reactor.ConstructCont
 		}
 	}
 	return nil
+}
+
+// rollbackInlineElement rolls back the element at position p, waiting
+// while another process holds its lock, the way a rollback job does
+// (heldElement) but polling in this process instead of snoozing.
+func rollbackInlineElement(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, mapID string, total, p int) (rbOutcome, error) {
+	delay := 10 * time.Millisecond
+	for {
+		o, err := rollbackElement(ctx, e, ms, md, mapID, total, p, 0)
+		if errors.Is(err, reactor.ErrRunLocked) {
+			o, err = ms.heldElement(ctx, e, md, mapID, p, total-1-p, err)
+		}
+		if !errors.Is(err, reactor.ErrRunLocked) {
+			return o, err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return o, ctx.Err()
+		case <-t.C:
+		}
+		delay = min(2*delay, 200*time.Millisecond)
+	}
+}
+
+// heldElement decides for position p, whose element i was found locked
+// (lockErr): keep waiting (lockErr is returned: the caller retries, a job
+// by snoozing) while the position has waited less than RollbackLockWait,
+// else report the element element_in_flight. Both rollback modes decide
+// here, so they wait alike and report alike.
+func (s mapStore) heldElement(ctx context.Context, e *reactor.Engine, md meta, mapID string, p, i int, lockErr error) (rbOutcome, error) {
+	waitedMs, err := rbLockedScript.Run(ctx, s.rdb, []string{s.keys.MapRbMeta(mapID, rbGen)}, p).Int64()
+	if err != nil {
+		return rbOutcome{Index: i}, fmt.Errorf("mapstep: note held element %s[%d]: %w", mapID, i, err)
+	}
+	wait := RollbackLockWait(e)
+	if time.Duration(waitedMs)*time.Millisecond < wait {
+		return rbOutcome{Index: i}, lockErr
+	}
+	return rbOutcome{Index: i, Outcome: rbElementInFlight, Failures: []reactor.RollbackFailure{inFlight(md.Step, mapID, i, wait)}}, nil
 }
 
 // rollbackElement rolls back the element at rollback position p: the one
@@ -409,6 +455,10 @@ func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID 
 		return o, nil
 	case err != nil:
 		return o, err
+	case elementStopped(res):
+		// Sealed by its stopped settle before any delivery started it.
+		o.Outcome = rbNotNeeded
+		return o, nil
 	}
 	o.Outcome = rbUndone
 	if res.Failure != nil {
@@ -425,13 +475,19 @@ func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID 
 
 func elementPath(step string, i int) string { return fmt.Sprintf("%s[%d]", step, i) }
 
-func inFlight(step string, i int) reactor.RollbackFailure {
+// inFlight is the failure of an element whose lock stayed held past the
+// wait. Its message names the budget, not the time measured, so inline and
+// fan-out rollbacks report the same Failure.
+func inFlight(step, mapID string, i int, wait time.Duration) reactor.RollbackFailure {
 	return reactor.RollbackFailure{Step: elementPath(step, i), Kind: reactor.KindUndo, Reason: rbElementInFlight,
-		Message: fmt.Sprintf("element %d stayed locked by another process; it was not undone", i)}
+		Message: fmt.Sprintf("element %d stayed locked by another process for %s, longer than a crashed holder's lock lives, so it was not undone; find its holder, and undo element run %s once it has finished", i, wait.Round(time.Millisecond), ElementID(mapID, i))}
 }
 
+// logElement logs one element's rollback outcome at Debug: it is one line
+// per element (thousands for a big map), and what an operator must act on
+// (the failures) reaches the owner's Failure and its terminal event.
 func logElement(log *slog.Logger, md meta, mapID string, o rbOutcome) {
-	log.Info("map element rolled back", "event", "reactor.map.rollback.element", "reactor", md.OwnerReact,
+	log.Debug("map element rolled back", "event", "reactor.map.rollback.element", "reactor", md.OwnerReact,
 		"run", md.Owner, "map_step", md.Step, "map", mapID, "index", o.Index, "outcome", o.Outcome, "failures", len(o.Failures))
 }
 
@@ -515,14 +571,11 @@ func resumeOwnerRollback(ctx context.Context, e *reactor.Engine, owner, reactorN
 // element (checkpointed after every undone entry), store its outcome (first
 // writer wins), claim the next batch on trigger, and resume the owner when
 // the rollback has settled and the owner has handed off. A held element
-// lock returns reactor.ErrRunLocked (the worker snoozes) until
-// lockAttempts, then reports element_in_flight.
-func ProcessRollback(ctx context.Context, e *reactor.Engine, t RollbackTask, lockAttempts int) error {
+// lock returns reactor.ErrRunLocked (the worker snoozes) until the
+// position has waited RollbackLockWait, then reports element_in_flight.
+func ProcessRollback(ctx context.Context, e *reactor.Engine, t RollbackTask) error {
 	if t.Gen != rbGen {
 		return fmt.Errorf("%w: rollback generation %d of map %s", ErrMapGone, t.Gen, t.MapID)
-	}
-	if lockAttempts <= 0 {
-		lockAttempts = DefaultRollbackLockAttempts
 	}
 	ms := storeOf(e)
 	md, rb, fwd, err := ms.readJob(ctx, t.MapID, t.Index)
@@ -532,20 +585,19 @@ func ProcessRollback(ctx context.Context, e *reactor.Engine, t RollbackTask, loc
 	if !md.exists || !rb.exists {
 		return ErrMapGone
 	}
+	// Only claimed positions are undone (newest first, a batch at a
+	// time) and only they settle: a task for any other position would undo
+	// its element out of order, and its outcome would then be refused.
+	if t.Pos < 0 || t.Pos >= rb.Offset {
+		return fmt.Errorf("%w: rollback task %s names position %d; the rollback of map %s has claimed %d of %d", ErrBadTask, t.TaskID(), t.Pos, t.MapID, rb.Offset, rb.Total)
+	}
 	if t.Index != rb.Total-1-t.Pos {
 		return fmt.Errorf("%w: rollback task %s names element %d, position %d of %d is element %d", ErrBadTask, t.TaskID(), t.Index, t.Pos, rb.Total, rb.Total-1-t.Pos)
 	}
 	o, err := rollbackElementWith(ctx, e, md, t.MapID, t.Index, fwd, 0)
 	if errors.Is(err, reactor.ErrRunLocked) {
-		n, herr := ms.rdb.HIncrBy(ctx, ms.keys.MapRbMeta(t.MapID, rbGen), "attempts:"+strconv.Itoa(t.Pos), 1).Result()
-		if herr != nil {
-			return herr
-		}
-		if int(n) < lockAttempts {
-			return err // snooze; the position stays outstanding
-		}
-		i := rb.Total - 1 - t.Pos
-		o, err = rbOutcome{Index: i, Outcome: rbElementInFlight, Failures: []reactor.RollbackFailure{inFlight(md.Step, i)}}, nil
+		// Snooze (the position stays outstanding) until the wait is spent.
+		o, err = ms.heldElement(ctx, e, md, t.MapID, t.Pos, t.Index, err)
 	}
 	if err != nil {
 		return err

@@ -25,12 +25,15 @@ var (
 	rbSettleSrc string
 	//go:embed lua/rb_handoff.lua
 	rbHandOffSrc string
+	//go:embed lua/rb_locked.lua
+	rbLockedSrc string
 
 	startScript     = redis.NewScript(startSrc)
 	settleScript    = redis.NewScript(settleSrc)
 	rbStartScript   = redis.NewScript(rbStartSrc)
 	rbSettleScript  = redis.NewScript(rbSettleSrc)
 	rbHandOffScript = redis.NewScript(rbHandOffSrc)
+	rbLockedScript  = redis.NewScript(rbLockedSrc)
 )
 
 // mapStore is the Redis side of one engine's maps.

@@ -34,10 +34,6 @@ type Config struct {
 	// Snooze is the base delay of a task waiting for a held run lock; each
 	// snooze waits Snooze to 2*Snooze. Default 100 ms.
 	Snooze time.Duration
-	// RollbackLockAttempts is how many times a map element rollback job
-	// finds its element locked (and snoozes) before it reports the element
-	// as element_in_flight. Default mapstep.DefaultRollbackLockAttempts.
-	RollbackLockAttempts int
 	// ShutdownTimeout is how long Stop waits for running tasks. Default 10 s.
 	ShutdownTimeout time.Duration
 	// Logger receives the worker's logs. Default slog.Default().
@@ -232,7 +228,7 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
-	err = mapstep.ProcessRollback(ctx, w.engine, mapstep.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index}, w.cfg.RollbackLockAttempts)
+	err = mapstep.ProcessRollback(ctx, w.engine, mapstep.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index})
 	if errors.Is(err, reactor.ErrUnknownReactor) {
 		w.unknownReactor(ctx, "", "element rollback", mapstep.ElementID(p.MapID, p.Index))
 	}
