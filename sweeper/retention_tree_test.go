@@ -16,6 +16,7 @@ import (
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/reactortest"
+	"github.com/goreactor/goreactor/sweeper"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -181,6 +182,27 @@ func TestHardeningRetentionExpiresTheWholeTree(t *testing.T) {
 			require.Empty(c, runKeys(t, h.Redis, h.Prefix, id), "run %s", id)
 		}
 	}, 15*time.Second, 100*time.Millisecond)
+
+	// The listing indexes hold none of their ids once the trim has passed
+	// (a page per index per pass; the clock margin is the test's, the
+	// machine has one clock).
+	trim, err := sweeper.NewIndexTrimmer(sweeper.TrimConfig{Engine: h.Engine, ClockMargin: time.Millisecond, Logger: discard})
+	require.NoError(t, err)
+	indexes := []string{h.Prefix + ":idx:runs", h.Prefix + ":idx:active", h.Prefix + ":idx:maps"}
+	for _, s := range reactor.Statuses() {
+		indexes = append(indexes, h.Prefix+":idx:status:"+string(s))
+	}
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		_, err := trim.Trim(ctx)
+		require.NoError(c, err)
+		for _, ix := range indexes {
+			members, err := h.Redis.ZRange(ctx, ix, 0, -1).Result()
+			require.NoError(c, err)
+			for _, m := range members {
+				require.False(c, strings.HasPrefix(m, "ret-"), "index %s still holds %s", ix, m)
+			}
+		}
+	}, 15*time.Second, 50*time.Millisecond)
 
 	// A reused id after its retention is a fresh run, with other inputs too.
 	res, err := h.Run(ctx, fan, map[string]any{"items": []int{7, 8}}, reactor.WithRunID(ids[0]))

@@ -16,7 +16,7 @@ import (
 	"github.com/goreactor/goreactor/reactor"
 )
 
-// trimClockMargin is added to every age the trim compares: the listing
+// trimClockMargin is the default TrimConfig.ClockMargin. It is added to every age the trim compares: the listing
 // indexes are scored with the writing engines' clocks (ms), and the pass
 // compares them with the Redis server's. The age only bounds the page; what
 // decides is that the run's state no longer exists.
@@ -36,6 +36,10 @@ type TrimConfig struct {
 	StaleAfter time.Duration
 	// Page bounds the entries examined per index per pass. Default 100.
 	Page int
+	// ClockMargin is added to every age the trim compares, for the skew
+	// between the engines' clocks (which score these indexes) and the Redis
+	// server's. Default 1 minute.
+	ClockMargin time.Duration
 	// Logger receives a line per pass that trimmed. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -50,6 +54,9 @@ func (c TrimConfig) WithDefaults() TrimConfig {
 	}
 	if c.Page <= 0 {
 		c.Page = 100
+	}
+	if c.ClockMargin <= 0 {
+		c.ClockMargin = trimClockMargin
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -120,8 +127,8 @@ func (t *IndexTrimmer) Trim(ctx context.Context) (TrimReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("sweeper: read the server time: %w", err)
 	}
-	retained := now.Add(-t.cfg.Retention - trimClockMargin).UnixMilli()
-	recent := now.Add(-t.cfg.StaleAfter - trimClockMargin).UnixMilli()
+	retained := now.Add(-t.cfg.Retention - t.cfg.ClockMargin).UnixMilli()
+	recent := now.Add(-t.cfg.StaleAfter - t.cfg.ClockMargin).UnixMilli()
 	type index struct {
 		key    string
 		before int64
