@@ -7,3 +7,7 @@ var LeaseSeenKey = leaseSeenKey
 // SetBeforeRemove makes s call f between its read of an active-index entry
 // and the entry's conditional removal: the window a racing writer uses.
 func SetBeforeRemove(s *RunSweeper, f func(id string)) { s.beforeRemove = f }
+
+// SetTrimBeforeRemove sets the trimmer's hook between its check of an entry
+// and the entry's removal.
+func SetTrimBeforeRemove(t *IndexTrimmer, f func(key, id string)) { t.beforeRemove = f }

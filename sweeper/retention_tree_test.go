@@ -258,3 +258,32 @@ func TestHardeningSweeperFinishesAnInterruptedRetention(t *testing.T) {
 	_, err = e.rdb.ZScore(ctx, e.activeKey(), "walked").Result()
 	require.ErrorIs(t, err, redis.Nil)
 }
+
+// TestHardeningTrimKeepsAReusedID: an id reused after its retention gets its
+// idx:runs entry kept even when the trim checked the old run (gone) just
+// before the new one started: idx:runs is written with NX, so the score
+// cannot tell the two apart, and the trim looks again after removing.
+func TestHardeningTrimKeepsAReusedID(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := ctxTimeout(t, 20*time.Second)
+	runs := e.prefix + ":idx:runs"
+	// The old run: gone, its entry left behind long ago.
+	require.NoError(t, e.rdb.ZAdd(ctx, runs, redis.Z{Score: 1000, Member: "reused"}).Err())
+	def := reactor.MustDefine("reused", reactor.Step("a", reactor.StepConfig[reactor.Args, string]{
+		Run: func(context.Context, reactor.Args) (string, error) { return "a", nil },
+	}))
+	trim, err := sweeper.NewIndexTrimmer(sweeper.TrimConfig{Engine: e.engine, Retention: time.Second, ClockMargin: time.Millisecond, Logger: discard})
+	require.NoError(t, err)
+	sweeper.SetTrimBeforeRemove(trim, func(key, id string) {
+		if key == runs && id == "reused" {
+			// The new run starts in the window.
+			_, err := e.engine.Run(ctx, def, nil, reactor.WithRunID("reused"))
+			require.NoError(t, err)
+		}
+	})
+	_, err = trim.Trim(ctx)
+	require.NoError(t, err)
+	_, err = e.rdb.ZScore(ctx, runs, "reused").Result()
+	require.NoError(t, err, "the new run must stay listed")
+}

@@ -98,6 +98,10 @@ type IndexTrimmer struct {
 
 	mu      sync.Mutex
 	cursors map[string]trimCursor
+
+	// beforeRemove, if set (tests only), runs between a page's check of
+	// an entry's run and the entry's removal.
+	beforeRemove func(key, id string)
 }
 
 // trimCursor is the last entry a pass examined in one index.
@@ -179,13 +183,37 @@ func (t *IndexTrimmer) trimIndex(ctx context.Context, key string, before int64, 
 			continue // retained, live, or being created
 		}
 		id, _ := z.Member.(string)
+		if t.beforeRemove != nil {
+			t.beforeRemove(key, id)
+		}
 		removed, err := store.RemoveIfScore(ctx, t.rdb, key, id, z.Score)
 		if err != nil {
 			return err
 		}
-		if removed {
-			rep.Trimmed++
+		if !removed {
+			continue
 		}
+		if key != t.keys.Runs() {
+			rep.Trimmed++
+			continue
+		}
+		// A run started under the id between the check and the removal
+		// (an id reused after its retention) holds its lock from before its
+		// index write, and idx:runs' write keeps an existing entry (NX), so
+		// the score check cannot see it: if the run is there now, its entry
+		// goes back. (The status indexes are written without NX: a new
+		// entry has a new score, and the removal above refused it.)
+		back, err := t.rdb.Exists(ctx, t.keys.RunState(id), t.keys.RunLock(id)).Result()
+		if err != nil {
+			return fmt.Errorf("re-check run %s: %w", id, err)
+		}
+		if back > 0 {
+			if err := t.rdb.ZAddNX(ctx, key, redis.Z{Score: z.Score, Member: id}).Err(); err != nil {
+				return fmt.Errorf("restore the entry of run %s: %w", id, err)
+			}
+			continue
+		}
+		rep.Trimmed++
 	}
 	return nil
 }
