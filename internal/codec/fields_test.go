@@ -28,7 +28,7 @@ type tricky struct {
 	MSkipped string `msgpack:"-" json:"mskipped"`
 	New      string `msgpack:"new,alias:old"`
 	Lower    int    `json:"lower"`
-	private  int
+	private  int    //lint:ignore U1000 an unexported field is not a key; it is here to prove it
 	inner           // auto-inlined
 	Named    shadow `json:"named"`
 	*shadow         // inlined through the pointer
