@@ -577,13 +577,7 @@ func (e *Engine) Undo(ctx context.Context, id string) (*Result, error) {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	// The finished run's tree carries its retention: take it off before
-	// the run is live again, so no map or element expires under the undo.
-	if err := e.expireTree(ctx, def, id, 0); err != nil {
-		_ = lease.Release(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status}
+	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status, revive: true}
 	return x.undo(ctx, "undone on request")
 }
 

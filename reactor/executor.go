@@ -36,6 +36,12 @@ type execution struct {
 	// created: this execution created the run's state (its intent, if any,
 	// is this execution's and no Run has been called yet).
 	created bool
+	// revive: the run was finished (an Undo): its tree carries the
+	// retention, taken off right after the first write makes the run live
+	// again. In that order a crash leaves a live run (which the sweeper
+	// resumes) with an expiry still on its tree, never a finished run whose
+	// tree no longer expires.
+	revive bool
 }
 
 // frame is a definition executing over its state: the root run, or a
@@ -165,6 +171,12 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	}
 	x.version = res.Version
 	x.cancel = x.cancel || res.CancelRequested
+	if x.revive && !terminal {
+		if err := x.e.expireTree(ctx, x.def, x.st.ID, 0); err != nil {
+			return err
+		}
+		x.revive = false
+	}
 	if !terminal || x.element {
 		return nil
 	}

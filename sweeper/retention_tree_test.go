@@ -287,3 +287,57 @@ func TestHardeningTrimKeepsAReusedID(t *testing.T) {
 	_, err = e.rdb.ZScore(ctx, runs, "reused").Result()
 	require.NoError(t, err, "the new run must stay listed")
 }
+
+// TestHardeningUndoTakesTheExpiryOffTheTree: an Undo makes a finished run
+// live again; while it rolls back, nothing of its tree may expire (its map's
+// keys and element runs carried the retention), and once it is finished
+// again the whole tree carries the retention again.
+func TestHardeningUndoTakesTheExpiryOffTheTree(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := ctxTimeout(t, 20*time.Second)
+	undoing, finish := make(chan struct{}, 10), make(chan struct{})
+	elem := reactor.MustDefine("undo-tree-elem",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("hold", reactor.StepConfig[reactor.Args, int]{
+			Run: func(context.Context, reactor.Args) (int, error) { return 1, nil },
+			Undo: func(context.Context, reactor.Args, int) error {
+				undoing <- struct{}{}
+				<-finish
+				return nil
+			},
+		}))
+	def := reactor.MustDefine("undo-tree",
+		reactor.Input[[]int]("items", reactor.Required()),
+		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.FromInput("items")}))
+	res, err := e.engine.Run(ctx, def, map[string]any{"items": []int{1, 2}}, reactor.WithRunID("undo-tree"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+	ttls := func() map[string]time.Duration {
+		out := map[string]time.Duration{}
+		for _, k := range runKeys(t, e.rdb, e.prefix, "undo-tree") {
+			if strings.HasSuffix(k, ":lock") {
+				continue
+			}
+			d, err := e.rdb.PTTL(ctx, k).Result()
+			require.NoError(t, err)
+			out[k] = d
+		}
+		return out
+	}
+	for k, d := range ttls() {
+		require.Greater(t, d, time.Duration(0), "finished: %s", k)
+	}
+
+	done := make(chan error, 1)
+	go func() { _, err := e.engine.Undo(ctx, "undo-tree"); done <- err }()
+	<-undoing
+	for k, d := range ttls() {
+		require.Equal(t, time.Duration(-1), d, "rolling back: %s must not expire", k)
+	}
+	close(finish)
+	require.NoError(t, <-done)
+	for k, d := range ttls() {
+		require.Greater(t, d, time.Duration(0), "finished again: %s", k)
+	}
+}
