@@ -43,6 +43,12 @@ var PackParcel = reactor.MustDefine("examples.pack_parcel",
 	reactor.Returns(reactor.FromStep("pickup")),
 )
 
+// CountIn is the count step's input: the packing map's result, typed by what
+// PackParcel returns (its label). Define checks the two agree.
+type CountIn struct {
+	Packed mapstep.Results[string] `json:"packed"`
+}
+
 // Fulfilment packs every parcel of a wave: a fan-out map step runs one
 // PackParcel per parcel as its own worker task, 50 at a time per throw, then
 // counts the pickups booked.
@@ -63,30 +69,19 @@ var Fulfilment = reactor.MustDefine("examples.fulfilment",
 		With:    reactor.Bindings{"wave": reactor.FromInput("wave")},
 		FanOut:  true,
 	}),
-	reactor.Step("count", reactor.StepConfig[struct {
-		Packed mapstep.Result `json:"packed"`
-	}, int]{
+	reactor.Step("count", reactor.StepConfig[CountIn, int]{
 		Args: reactor.Bindings{"packed": reactor.FromStep("pack_all")},
-		Run: func(ctx context.Context, in struct {
-			Packed mapstep.Result `json:"packed"`
-		}) (int, error) {
-			rd, err := mapstep.Read[string](ctx, in.Packed)
-			if err != nil {
-				return 0, err
-			}
+		Run: func(ctx context.Context, in CountIn) (int, error) {
 			n := 0
-			for {
-				el, ok, err := rd.Next(ctx)
+			for el, err := range in.Packed.Elements(ctx) { // lazily, 100 at a time
 				if err != nil {
 					return 0, err
-				}
-				if !ok {
-					return n, nil
 				}
 				if el.OK && el.Value != "" {
 					n++
 				}
 			}
+			return n, nil
 		},
 	}),
 	reactor.Step("trucks", reactor.StepConfig[struct {

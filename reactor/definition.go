@@ -276,6 +276,9 @@ type stepDef struct {
 	compensate func(ctx context.Context, args codec.Raw, err error) error
 	child      *Definition // compose
 	construct  Construct
+	// inType and outType are a plain step's In and Out (nil otherwise):
+	// what Define checks bindings and result types against.
+	inType, outType reflect.Type
 }
 
 // StepConfig describes a step whose arguments decode into In and whose
@@ -333,7 +336,8 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 			return err
 		}
 		s := &stepDef{name: name, kind: kindPlain, args: cfg.Args, after: cfg.After,
-			retry: cfg.Retry, timeout: cfg.Timeout, undoTO: cfg.UndoTimeout, handoff: cfg.HandOff}
+			retry: cfg.Retry, timeout: cfg.Timeout, undoTO: cfg.UndoTimeout, handoff: cfg.HandOff,
+			inType: reflect.TypeFor[In](), outType: reflect.TypeFor[Out]()}
 		s.run = func(ctx context.Context, raw codec.Raw) (codec.Raw, error) {
 			in, err := decodeIn[In](raw)
 			if err != nil {
@@ -483,6 +487,9 @@ func (d *Definition) validate() error {
 		if err := checkRef("", *d.returns); err != nil {
 			return &DefinitionError{Reactor: d.name, Reason: "Returns " + err.(*DefinitionError).Reason}
 		}
+	}
+	if err := d.checkConstructBindings(); err != nil {
+		return err
 	}
 	return d.order0()
 }
