@@ -92,7 +92,9 @@ func TestTypedResultsMismatchFailsAtDefine(t *testing.T) {
 			N int `json:"n"`
 		}, int]{
 			Args: reactor.Bindings{"n": reactor.FromStep("each")},
-			Run:  func(context.Context, struct{ N int `json:"n"` }) (int, error) { return 0, nil },
+			Run: func(context.Context, struct {
+				N int `json:"n"`
+			}) (int, error) { return 0, nil },
 		}))
 	require.ErrorAs(t, err, &de)
 	require.Contains(t, err.Error(), "mapstep.Results[T]")
@@ -105,7 +107,9 @@ func TestTypedResultsMismatchFailsAtDefine(t *testing.T) {
 			R mapstep.Result `json:"r"`
 		}, int]{
 			Args: reactor.Bindings{"r": reactor.FromStep("each")},
-			Run:  func(context.Context, struct{ R mapstep.Result `json:"r"` }) (int, error) { return 0, nil },
+			Run: func(context.Context, struct {
+				R mapstep.Result `json:"r"`
+			}) (int, error) { return 0, nil },
 		}))
 	require.NoError(t, err)
 }
