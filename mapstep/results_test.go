@@ -94,7 +94,9 @@ func TestTypedResultsMismatchFailsAtDefine(t *testing.T) {
 			Args: reactor.Bindings{"n": reactor.FromStep("each")},
 			Run: func(context.Context, struct {
 				N int `json:"n"`
-			}) (int, error) { return 0, nil },
+			}) (int, error) {
+				return 0, nil
+			},
 		}))
 	require.ErrorAs(t, err, &de)
 	require.Contains(t, err.Error(), "mapstep.Results[T]")
@@ -109,7 +111,9 @@ func TestTypedResultsMismatchFailsAtDefine(t *testing.T) {
 			Args: reactor.Bindings{"r": reactor.FromStep("each")},
 			Run: func(context.Context, struct {
 				R mapstep.Result `json:"r"`
-			}) (int, error) { return 0, nil },
+			}) (int, error) {
+				return 0, nil
+			},
 		}))
 	require.NoError(t, err)
 }
