@@ -12,7 +12,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -233,8 +233,8 @@ type countingEnqueuer struct {
 
 var (
 	_ reactor.Enqueuer         = countingEnqueuer{}
-	_ mapstep.Enqueuer         = countingEnqueuer{}
-	_ mapstep.RollbackEnqueuer = countingEnqueuer{}
+	_ maptask.Enqueuer         = countingEnqueuer{}
+	_ maptask.RollbackEnqueuer = countingEnqueuer{}
 )
 
 // Enqueue forwards an owner wake-up, uncounted.
@@ -242,16 +242,16 @@ func (q countingEnqueuer) Enqueue(ctx context.Context, w reactor.Wake) error {
 	return q.inner.Enqueue(ctx, w)
 }
 
-func (q countingEnqueuer) EnqueueElement(ctx context.Context, t mapstep.ElementTask) error {
-	if err := q.inner.EnqueueElement(ctx, t); err != nil {
+func (q countingEnqueuer) EnqueueElement(ctx context.Context, t maptask.ElementTask) error {
+	if err := maptask.MustAdapt(q.inner).EnqueueElement(ctx, t); err != nil {
 		return err
 	}
 	q.c.note(ctx, runOf(t.MapID), t.TaskID())
 	return nil
 }
 
-func (q countingEnqueuer) EnqueueRollback(ctx context.Context, t mapstep.RollbackTask) error {
-	if err := q.inner.EnqueueRollback(ctx, t); err != nil {
+func (q countingEnqueuer) EnqueueRollback(ctx context.Context, t maptask.RollbackTask) error {
+	if err := maptask.MustAdapt(q.inner).EnqueueRollback(ctx, t); err != nil {
 		return err
 	}
 	q.c.note(ctx, runOf(t.MapID), t.TaskID())

@@ -9,36 +9,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/reactor"
 )
-
-// ElementTask is one element to execute on a worker.
-type ElementTask struct {
-	MapID string
-	Index int
-	// Input is the element's item, encoded (carried in the task so the job
-	// needs no read of the source). Empty: the job fetches its item from
-	// the map's source (the map sweeper's re-enqueues carry none).
-	Input codec.Raw
-	// Redelivery, when set, is appended to the task id: the map sweeper
-	// re-enqueues a position whose task id is spent (its worker died with
-	// the task active) under a fresh id (r1, r2, r3).
-	Redelivery string
-}
-
-// TaskID is the asynq task id of an element: one cause, one id.
-func (t ElementTask) TaskID() string {
-	if t.Redelivery != "" {
-		return fmt.Sprintf("el:%s:%d:%s", t.MapID, t.Index, t.Redelivery)
-	}
-	return fmt.Sprintf("el:%s:%d", t.MapID, t.Index)
-}
-
-// Enqueuer puts element tasks on the workers' queue; worker.Client
-// implements it. An id already queued must return nil.
-type Enqueuer interface {
-	EnqueueElement(ctx context.Context, t ElementTask) error
-}
 
 // index puts a fan-out map where the sweepers look: the map index (the
 // map sweeper's work list) and the owner's set of maps still working (the
@@ -85,7 +58,7 @@ func (s mapStore) unindex(ctx context.Context, mapID, owner string) {
 
 // dispatch enqueues the element tasks of positions [from, from+len(items)).
 func dispatch(ctx context.Context, e *reactor.Engine, mapID string, from int, items []codec.Raw) error {
-	q, ok := e.Enqueuer().(Enqueuer)
+	q, ok := maptask.Adapt(e.Enqueuer())
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue element tasks (use worker.Client)")
 	}
@@ -96,40 +69,32 @@ func dispatch(ctx context.Context, e *reactor.Engine, mapID string, from int, it
 				return err
 			}
 		}
-		if err := q.EnqueueElement(ctx, ElementTask{MapID: mapID, Index: from + k, Input: it}); err != nil {
+		if err := q.EnqueueElement(ctx, maptask.ElementTask{MapID: mapID, Index: from + k, Input: it}); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-// ErrBadTask is returned for a task that names something its map does not
-// have (an element out of range, a rollback position for another element):
-// retrying cannot help, so workers archive it.
-var ErrBadTask = errors.New("mapstep: malformed task")
-
-// ErrMapGone is returned for an element task whose map no longer exists.
-var ErrMapGone = errors.New("mapstep: map not found (finished and expired, or never started)")
-
-// ProcessElement executes one element task on a worker: runs (or resumes)
+// processElement executes one element task on a worker: runs (or resumes)
 // the element run, settles its outcome, then claims and enqueues the next
 // batch or resumes the owner if this settle says so. It returns
 // reactor.ErrRunLocked when the element is held elsewhere (snooze).
-func ProcessElement(ctx context.Context, e *reactor.Engine, t ElementTask) error {
+func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTask) error {
 	ms := storeOf(e)
 	md, err := ms.readMeta(ctx, t.MapID)
 	if err != nil {
 		return err
 	}
 	if !md.exists {
-		return ErrMapGone
+		return maptask.ErrMapGone
 	}
 	// The position is checked against the map before anything runs: a
 	// task for a position never claimed (or past the end) would run the
 	// element's steps, and the settle would then refuse it, leaving a side
 	// effect that no rollback ever looks at.
 	if t.Index < 0 || t.Index >= md.Total || t.Index >= md.Offset {
-		return fmt.Errorf("%w: element %d of map %s is outside the map (size %d, %d claimed)", ErrBadTask, t.Index, t.MapID, md.Total, md.Offset)
+		return fmt.Errorf("%w: element %d of map %s is outside the map (size %d, %d claimed)", maptask.ErrBadTask, t.Index, t.MapID, md.Total, md.Offset)
 	}
 	var sr settleResult
 	if md.Failed {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
@@ -727,7 +728,7 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 
 		in, err := codec.Marshal(4)
 		require.NoError(t, err)
-		require.NoError(t, h.client.EnqueueElement(ctx, mapstep.ElementTask{MapID: mapID, Index: 4, Input: in}))
+		require.NoError(t, maptask.MustAdapt(h.client).EnqueueElement(ctx, maptask.ElementTask{MapID: mapID, Index: 4, Input: in}))
 		stray := fmt.Sprintf("el:%s:4", mapID)
 		h.rec.await(t, ctx, "the stray element task", func(r *eoRecorder) bool { return r.failed[stray] == 1 })
 		ok, _ := h.rec.counts(stray)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
@@ -123,8 +124,8 @@ func TestHardeningElementTaskOutsideMap(t *testing.T) {
 	require.NoError(t, err)
 
 	for _, i := range []int{4, 7, 9, 10, 42, -1} {
-		err := mapstep.ProcessElement(ctx, f.engine, mapstep.ElementTask{MapID: mapID, Index: i, Input: item})
-		require.ErrorIs(t, err, mapstep.ErrBadTask, "element %d", i)
+		err := maptask.ProcessElement(ctx, f.engine, maptask.ElementTask{MapID: mapID, Index: i, Input: item})
+		require.ErrorIs(t, err, maptask.ErrBadTask, "element %d", i)
 		if i >= 0 {
 			_, err = f.engine.Element(ctx, mapstep.ElementID(mapID, i))
 			require.ErrorIs(t, err, reactor.ErrNotFound, "element %d must have no run", i)
@@ -135,10 +136,10 @@ func TestHardeningElementTaskOutsideMap(t *testing.T) {
 	f.mu.Unlock()
 
 	// Through the worker it is archived (SkipRetry), not retried.
-	bad := mapstep.ElementTask{MapID: mapID, Index: 8, Input: item, Redelivery: "hx"}
-	require.NoError(t, f.client.EnqueueElement(ctx, bad))
+	bad := maptask.ElementTask{MapID: mapID, Index: 8, Input: item, Redelivery: "hx"}
+	require.NoError(t, maptask.MustAdapt(f.client).EnqueueElement(ctx, bad))
 	r := f.d.Run(f.d.Pending(bad.TaskID()))
-	require.ErrorIs(t, r.Err, mapstep.ErrBadTask)
+	require.ErrorIs(t, r.Err, maptask.ErrBadTask)
 	require.ErrorIs(t, r.Err, asynq.SkipRetry)
 
 	f.d.Drain()
@@ -175,15 +176,15 @@ func TestHardeningRollbackTaskOutsideRollback(t *testing.T) {
 	require.NotNil(t, next, "the rollback started")
 
 	for _, p := range []int{batch, 7, n - 1} {
-		task := mapstep.RollbackTask{MapID: mapID, Gen: 1, Pos: p, Index: n - 1 - p, Redelivery: "hx"}
-		require.NoError(t, f.client.EnqueueRollback(ctx, task))
+		task := maptask.RollbackTask{MapID: mapID, Gen: 1, Pos: p, Index: n - 1 - p, Redelivery: "hx"}
+		require.NoError(t, maptask.MustAdapt(f.client).EnqueueRollback(ctx, task))
 		r := f.d.Run(f.d.Pending(task.TaskID()))
-		require.ErrorIs(t, r.Err, mapstep.ErrBadTask, "position %d", p)
+		require.ErrorIs(t, r.Err, maptask.ErrBadTask, "position %d", p)
 		require.ErrorIs(t, r.Err, asynq.SkipRetry)
 	}
 	// Past the end (the worker refuses its payload before: Index < 0).
-	err := mapstep.ProcessRollback(ctx, f.engine, mapstep.RollbackTask{MapID: mapID, Gen: 1, Pos: n, Index: -1})
-	require.ErrorIs(t, err, mapstep.ErrBadTask)
+	err := maptask.ProcessRollback(ctx, f.engine, maptask.RollbackTask{MapID: mapID, Gen: 1, Pos: n, Index: -1})
+	require.ErrorIs(t, err, maptask.ErrBadTask)
 	f.mu.Lock()
 	require.Empty(t, f.undone, "nothing may be undone for an unclaimed rollback position")
 	f.mu.Unlock()
@@ -519,7 +520,7 @@ func TestHardeningStoppedElementCannotStartLater(t *testing.T) {
 	src.gated = true
 	src.mu.Unlock()
 	late := make(chan error, 1)
-	go func() { late <- mapstep.ProcessElement(ctx, f.engine, mapstep.ElementTask{MapID: mapID, Index: 0}) }()
+	go func() { late <- maptask.ProcessElement(ctx, f.engine, maptask.ElementTask{MapID: mapID, Index: 0}) }()
 	hxAwait(t, ctx, src.entered, "the late delivery to read the map")
 
 	require.NoError(t, f.d.Run(f.d.ElementTask(mapID, 1)).Err) // element 1 fails the map

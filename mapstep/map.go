@@ -9,6 +9,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -448,4 +449,13 @@ func runInlineElement(ctx context.Context, e *reactor.Engine, def *reactor.Defin
 		}
 		delay = min(2*delay, 200*time.Millisecond)
 	}
+}
+
+// The entry points workers and sweepers call, registered where they find
+// them (internal/maptask): they are plumbing, not part of this package's API.
+func init() {
+	maptask.ProcessElement = processElement
+	maptask.ProcessRollback = processRollback
+	maptask.RecoverMap = recoverMap
+	maptask.Awaiting = awaiting
 }

@@ -145,7 +145,7 @@ type rbfOptions struct {
 	// hooks are more engine hooks.
 	hooks []reactor.Hook
 	// undoLockWait is the engine's UndoLockWait (run-level Undo; a map's
-	// rollback ignores it and waits mapstep.RollbackLockWait). Default the
+	// rollback ignores it and waits the map rollback lock wait). Default the
 	// engine's.
 	undoLockWait time.Duration
 	// lockExpiry is the engine's LockExpiry. Default the engine's.
@@ -770,7 +770,7 @@ func TestRbFaultInterruptedSecondUndo(t *testing.T) {
 // A held element lock: the rollback job snoozes (asynq's retry state, its
 // retry count untouched) without reporting, and completes once the lock is
 // free: undone, no element_in_flight. A lock that stays held past
-// mapstep.RollbackLockWait (the engine's LockExpiry and a third, 1.33 s
+// the map rollback lock wait (the engine's LockExpiry and a third, 1.33 s
 // here) is reported element_in_flight, once.
 func TestRbFaultHeldElementLock(t *testing.T) {
 	t.Parallel()
@@ -880,7 +880,7 @@ func TestRbFaultHeldElementLock(t *testing.T) {
 }
 
 // An inline map rolls back in the owner's process, which waits for a held
-// element lock up to mapstep.RollbackLockWait (one lock attempt after
+// element lock up to the map rollback lock wait (one lock attempt after
 // another) instead of snoozing: a lock freed within it is no reason to
 // report anything, and a lock held past it is reported element_in_flight
 // once, as on the fan-out path.

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -39,7 +40,7 @@ const (
 // get fresh keys and task ids without colliding with the first.
 const rbGen = 1
 
-// RollbackLockWait is how long a map's rollback waits for an element whose
+// rollbackLockWait is how long a map's rollback waits for an element whose
 // lock another process holds before it reports the element
 // element_in_flight: the engine's LockExpiry plus a third of it (40 s by
 // default). The same budget holds for inline rollbacks (which poll in the
@@ -50,7 +51,7 @@ const rbGen = 1
 // (a lock lives at most LockExpiry past its last heartbeat), so a crashed
 // worker never turns into a false element_in_flight; a lock still held
 // after it belongs to a live holder that kept extending it.
-func RollbackLockWait(e *reactor.Engine) time.Duration {
+func rollbackLockWait(e *reactor.Engine) time.Duration {
 	x := e.LockExpiry()
 	return x + x/3
 }
@@ -64,32 +65,6 @@ type rbOutcome struct {
 	Index    int                       `msgpack:"i"`
 	Outcome  string                    `msgpack:"o"`
 	Failures []reactor.RollbackFailure `msgpack:"f,omitempty"`
-}
-
-// RollbackTask is one element rollback job.
-type RollbackTask struct {
-	MapID string
-	Gen   int
-	Pos   int
-	// Index is the element at position Pos (total-1-Pos, with the total
-	// fixed when the rollback started), carried so the job reads its map
-	// in one round trip.
-	Index int
-	// Redelivery, when set, is appended to the task id (see ElementTask).
-	Redelivery string
-}
-
-// TaskID is the asynq task id of a rollback job.
-func (t RollbackTask) TaskID() string {
-	if t.Redelivery != "" {
-		return fmt.Sprintf("rb:%s:%d:%d:%s", t.MapID, t.Gen, t.Pos, t.Redelivery)
-	}
-	return fmt.Sprintf("rb:%s:%d:%d", t.MapID, t.Gen, t.Pos)
-}
-
-// RollbackEnqueuer puts rollback jobs on the queue; worker.Client implements it.
-type RollbackEnqueuer interface {
-	EnqueueRollback(ctx context.Context, t RollbackTask) error
 }
 
 // rbMeta is a rollback's metadata.
@@ -402,7 +377,7 @@ func rollbackInlineElement(ctx context.Context, e *reactor.Engine, ms mapStore, 
 
 // heldElement decides for position p, whose element i was found locked
 // (lockErr): keep waiting (lockErr is returned: the caller retries, a job
-// by snoozing) while the position has waited less than RollbackLockWait,
+// by snoozing) while the position has waited less than rollbackLockWait,
 // else report the element element_in_flight. Both rollback modes decide
 // here, so they wait alike and report alike.
 func (s mapStore) heldElement(ctx context.Context, e *reactor.Engine, md meta, mapID string, p, i int, lockErr error) (rbOutcome, error) {
@@ -410,7 +385,7 @@ func (s mapStore) heldElement(ctx context.Context, e *reactor.Engine, md meta, m
 	if err != nil {
 		return rbOutcome{Index: i}, fmt.Errorf("mapstep: note held element %s[%d]: %w", mapID, i, err)
 	}
-	wait := RollbackLockWait(e)
+	wait := rollbackLockWait(e)
 	if time.Duration(waitedMs)*time.Millisecond < wait {
 		return rbOutcome{Index: i}, lockErr
 	}
@@ -535,7 +510,7 @@ func (m *construct) aggregate(ctx context.Context, ms mapStore, mapID string) ([
 
 // dispatchRollback enqueues the rollback jobs of positions [from, to].
 func dispatchRollback(ctx context.Context, e *reactor.Engine, mapID string, total, from, to int) error {
-	q, ok := e.Enqueuer().(RollbackEnqueuer)
+	q, ok := maptask.Adapt(e.Enqueuer())
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
 	}
@@ -545,15 +520,15 @@ func dispatchRollback(ctx context.Context, e *reactor.Engine, mapID string, tota
 				return err
 			}
 		}
-		if err := q.EnqueueRollback(ctx, RollbackTask{MapID: mapID, Gen: rbGen, Pos: p, Index: total - 1 - p}); err != nil {
+		if err := q.EnqueueRollback(ctx, maptask.RollbackTask{MapID: mapID, Gen: rbGen, Pos: p, Index: total - 1 - p}); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func dispatchRollbackTask(ctx context.Context, e *reactor.Engine, t RollbackTask) error {
-	q, ok := e.Enqueuer().(RollbackEnqueuer)
+func dispatchRollbackTask(ctx context.Context, e *reactor.Engine, t maptask.RollbackTask) error {
+	q, ok := maptask.Adapt(e.Enqueuer())
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
 	}
@@ -567,15 +542,15 @@ func resumeOwnerRollback(ctx context.Context, e *reactor.Engine, owner, reactorN
 	})
 }
 
-// ProcessRollback executes one element rollback job on a worker: undo the
+// processRollback executes one element rollback job on a worker: undo the
 // element (checkpointed after every undone entry), store its outcome (first
 // writer wins), claim the next batch on trigger, and resume the owner when
 // the rollback has settled and the owner has handed off. A held element
 // lock returns reactor.ErrRunLocked (the worker snoozes) until the
-// position has waited RollbackLockWait, then reports element_in_flight.
-func ProcessRollback(ctx context.Context, e *reactor.Engine, t RollbackTask) error {
+// position has waited rollbackLockWait, then reports element_in_flight.
+func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackTask) error {
 	if t.Gen != rbGen {
-		return fmt.Errorf("%w: rollback generation %d of map %s", ErrMapGone, t.Gen, t.MapID)
+		return fmt.Errorf("%w: rollback generation %d of map %s", maptask.ErrMapGone, t.Gen, t.MapID)
 	}
 	ms := storeOf(e)
 	md, rb, fwd, err := ms.readJob(ctx, t.MapID, t.Index)
@@ -583,16 +558,16 @@ func ProcessRollback(ctx context.Context, e *reactor.Engine, t RollbackTask) err
 		return err
 	}
 	if !md.exists || !rb.exists {
-		return ErrMapGone
+		return maptask.ErrMapGone
 	}
 	// Only claimed positions are undone (newest first, a batch at a
 	// time) and only they settle: a task for any other position would undo
 	// its element out of order, and its outcome would then be refused.
 	if t.Pos < 0 || t.Pos >= rb.Offset {
-		return fmt.Errorf("%w: rollback task %s names position %d; the rollback of map %s has claimed %d of %d", ErrBadTask, t.TaskID(), t.Pos, t.MapID, rb.Offset, rb.Total)
+		return fmt.Errorf("%w: rollback task %s names position %d; the rollback of map %s has claimed %d of %d", maptask.ErrBadTask, t.TaskID(), t.Pos, t.MapID, rb.Offset, rb.Total)
 	}
 	if t.Index != rb.Total-1-t.Pos {
-		return fmt.Errorf("%w: rollback task %s names element %d, position %d of %d is element %d", ErrBadTask, t.TaskID(), t.Index, t.Pos, rb.Total, rb.Total-1-t.Pos)
+		return fmt.Errorf("%w: rollback task %s names element %d, position %d of %d is element %d", maptask.ErrBadTask, t.TaskID(), t.Index, t.Pos, rb.Total, rb.Total-1-t.Pos)
 	}
 	o, err := rollbackElementWith(ctx, e, md, t.MapID, t.Index, fwd, 0)
 	if errors.Is(err, reactor.ErrRunLocked) {

@@ -10,13 +10,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/reactor"
 )
 
-// Recovery of lost map work. A worker dies holding element tasks; a settle
+// maptask.Recovery of lost map work. A worker dies holding element tasks; a settle
 // stores its outcome but the enqueue after it fails; an owner resume is
-// dropped. The map sweeper (package sweeper) calls RecoverMap for each map
-// in the map index; RecoverMap re-dispatches exactly what the protocol would
+// dropped. The map sweeper (package sweeper) calls recoverMap for each map
+// in the map index; recoverMap re-dispatches exactly what the protocol would
 // have dispatched, and nothing else:
 //
 //   - a claimed position with no outcome, no live element lock and no live
@@ -41,94 +42,7 @@ var (
 	rbClaimScript = redis.NewScript(rbClaimSrc)
 )
 
-// TaskFate is what the queue knows of a task id.
-type TaskFate int
-
-const (
-	// TaskMissing: no task has this id (never enqueued, or completed and
-	// forgotten). Enqueueing the id again is safe.
-	TaskMissing TaskFate = iota
-	// TaskLive: pending, scheduled, retrying, or active on a worker that is
-	// alive. It will run; leave it.
-	TaskLive
-	// TaskDead: active on a worker that stopped extending its lease (it
-	// died). The id is spent until the queue reclaims it; a redelivery
-	// needs a fresh id.
-	TaskDead
-	// TaskArchived: archived; it will not run again. Delete it before
-	// enqueueing its id again.
-	TaskArchived
-	// TaskCompleted: completed and retained.
-	TaskCompleted
-)
-
-func (f TaskFate) String() string {
-	switch f {
-	case TaskMissing:
-		return "missing"
-	case TaskLive:
-		return "live"
-	case TaskDead:
-		return "dead"
-	case TaskArchived:
-		return "archived"
-	case TaskCompleted:
-		return "completed"
-	}
-	return "TaskFate(" + strconv.Itoa(int(f)) + ")"
-}
-
-// TaskInspector tells the map sweeper what became of a task id; package
-// sweeper implements it with asynq's Inspector.
-type TaskInspector interface {
-	TaskFate(ctx context.Context, id string) (TaskFate, error)
-	// DeleteTask deletes an archived or completed task so its id can be
-	// enqueued again.
-	DeleteTask(ctx context.Context, id string) error
-}
-
-// SweepOptions configure one RecoverMap call.
-type SweepOptions struct {
-	// Tasks inspects task ids. Required.
-	Tasks TaskInspector
-	// StaleBefore is a Redis server time (ms): a map (or rollback) that
-	// settled a position after it is making progress and is left alone.
-	// Zero examines every map.
-	StaleBefore int64
-}
-
-// Recovery is what RecoverMap did to one map.
-type Recovery struct {
-	// Elements and Rollbacks count element tasks and rollback jobs
-	// enqueued again (fresh ids included).
-	Elements, Rollbacks int
-	// Claims counts batches claimed in place of a lost trigger.
-	Claims int
-	// Resumes counts owner resumes enqueued again.
-	Resumes int
-	// Fresh counts redeliveries under a fresh id (their task died active).
-	Fresh int
-	// Deleted counts archived tasks deleted before their id was reused.
-	Deleted int
-	// Live is set when the map made progress recently and was not examined.
-	Live bool
-	// Missing is set when the map has no keys: its owner indexed it and has
-	// not created it yet (or died first: the run sweeper revives the owner,
-	// which creates it), or the map expired. The sweeper drops the entry
-	// only once the owner is gone or finished too.
-	Missing bool
-	// Done is set when the map needs no sweeping any more: its owner has
-	// adopted it (or is gone). The sweeper removes it from the index (and
-	// from Owner's set of maps).
-	Done bool
-	// Owner is the map's owner run, when the map exists.
-	Owner string
-}
-
-// Dispatched is the number of tasks RecoverMap enqueued.
-func (r Recovery) Dispatched() int { return r.Elements + r.Rollbacks + r.Resumes }
-
-// sweepView is everything RecoverMap reads of a map, in one round trip.
+// sweepView is everything recoverMap reads of a map, in one round trip.
 type sweepView struct {
 	md                  meta
 	touched             int64
@@ -167,26 +81,26 @@ func (s mapStore) readSweep(ctx context.Context, mapID string) (sweepView, error
 	return v, nil
 }
 
-// RecoverMap re-dispatches the lost work of one fan-out map, forward or
+// recoverMap re-dispatches the lost work of one fan-out map, forward or
 // rolling back (see the package comment above). It never runs an element
 // itself, so the sweeper needs no reactor definitions: an element task it
 // enqueues carries no item, and the worker fetches it from the map's source.
-func RecoverMap(ctx context.Context, e *reactor.Engine, mapID string, opt SweepOptions) (Recovery, error) {
+func recoverMap(ctx context.Context, e *reactor.Engine, mapID string, opt maptask.SweepOptions) (maptask.Recovery, error) {
 	if opt.Tasks == nil {
-		return Recovery{}, errors.New("mapstep: RecoverMap needs SweepOptions.Tasks")
+		return maptask.Recovery{}, errors.New("mapstep: recoverMap needs maptask.SweepOptions.Tasks")
 	}
 	ms := storeOf(e)
 	v, err := ms.readSweep(ctx, mapID)
 	if err != nil {
-		return Recovery{}, err
+		return maptask.Recovery{}, err
 	}
 	if !v.md.exists {
-		return Recovery{Missing: true}, nil
+		return maptask.Recovery{Missing: true}, nil
 	}
 	if !v.md.FanOut {
-		return Recovery{Done: true, Owner: v.md.Owner}, nil // inline maps have no tasks to lose
+		return maptask.Recovery{Done: true, Owner: v.md.Owner}, nil // inline maps have no tasks to lose
 	}
-	sw := &mapSweep{e: e, ms: ms, mapID: mapID, opt: opt, v: v, rec: Recovery{Owner: v.md.Owner}}
+	sw := &mapSweep{e: e, ms: ms, mapID: mapID, opt: opt, v: v, rec: maptask.Recovery{Owner: v.md.Owner}}
 	if v.rb.exists {
 		return sw.rollback(ctx)
 	}
@@ -197,12 +111,12 @@ type mapSweep struct {
 	e     *reactor.Engine
 	ms    mapStore
 	mapID string
-	opt   SweepOptions
+	opt   maptask.SweepOptions
 	v     sweepView
-	rec   Recovery
+	rec   maptask.Recovery
 }
 
-func (sw *mapSweep) forward(ctx context.Context) (Recovery, error) {
+func (sw *mapSweep) forward(ctx context.Context) (maptask.Recovery, error) {
 	md := sw.v.md
 	if sw.v.touched > sw.opt.StaleBefore {
 		sw.rec.Live = true
@@ -232,7 +146,7 @@ func (sw *mapSweep) forward(ctx context.Context) (Recovery, error) {
 				}
 			}
 			for i := from; i <= to; i++ {
-				t := ElementTask{MapID: sw.mapID, Index: i}
+				t := maptask.ElementTask{MapID: sw.mapID, Index: i}
 				if items != nil {
 					t.Input = items[i-from]
 				}
@@ -245,15 +159,15 @@ func (sw *mapSweep) forward(ctx context.Context) (Recovery, error) {
 	}
 	err := sw.outstanding(ctx, sw.ms.keys.MapResults(sw.mapID), sw.ms.keys.MapMeta(sw.mapID), sw.v.lwm, min(md.Offset, md.Total), budget,
 		func(p int) (string, string) {
-			return ElementID(sw.mapID, p), ElementTask{MapID: sw.mapID, Index: p}.TaskID()
+			return ElementID(sw.mapID, p), maptask.ElementTask{MapID: sw.mapID, Index: p}.TaskID()
 		},
 		func(ctx context.Context, p int, fresh string) error {
-			return sw.enqueueElement(ctx, ElementTask{MapID: sw.mapID, Index: p, Redelivery: fresh})
+			return sw.enqueueElement(ctx, maptask.ElementTask{MapID: sw.mapID, Index: p, Redelivery: fresh})
 		})
 	return sw.rec, err
 }
 
-func (sw *mapSweep) rollback(ctx context.Context) (Recovery, error) {
+func (sw *mapSweep) rollback(ctx context.Context) (maptask.Recovery, error) {
 	rb, md := sw.v.rb, sw.v.md
 	if sw.v.rbTouched > sw.opt.StaleBefore {
 		sw.rec.Live = true
@@ -281,7 +195,7 @@ func (sw *mapSweep) rollback(ctx context.Context) (Recovery, error) {
 		return sw.rec, nil
 	}
 	enqueue := func(ctx context.Context, p int, fresh string) error {
-		err := dispatchRollbackTask(ctx, sw.e, RollbackTask{MapID: sw.mapID, Gen: rbGen, Pos: p, Index: rb.Total - 1 - p, Redelivery: fresh})
+		err := dispatchRollbackTask(ctx, sw.e, maptask.RollbackTask{MapID: sw.mapID, Gen: rbGen, Pos: p, Index: rb.Total - 1 - p, Redelivery: fresh})
 		if err == nil {
 			sw.rec.Rollbacks++
 		}
@@ -304,7 +218,7 @@ func (sw *mapSweep) rollback(ctx context.Context) (Recovery, error) {
 	}
 	err := sw.outstanding(ctx, sw.ms.keys.MapRbResults(sw.mapID, rbGen), sw.ms.keys.MapRbMeta(sw.mapID, rbGen), sw.v.rbLwm, min(rb.Offset, rb.Total), rb.BatchSize,
 		func(p int) (string, string) {
-			return ElementID(sw.mapID, rb.Total-1-p), RollbackTask{MapID: sw.mapID, Gen: rbGen, Pos: p}.TaskID()
+			return ElementID(sw.mapID, rb.Total-1-p), maptask.RollbackTask{MapID: sw.mapID, Gen: rbGen, Pos: p}.TaskID()
 		}, enqueue)
 	return sw.rec, err
 }
@@ -364,9 +278,9 @@ func (sw *mapSweep) outstanding(ctx context.Context, results, metaKey string, fr
 			}
 			fresh := ""
 			switch fate {
-			case TaskLive:
+			case maptask.TaskLive:
 				continue
-			case TaskDead:
+			case maptask.TaskDead:
 				var skip bool
 				if fresh, skip, err = sw.redelivery(ctx, id); err != nil {
 					return err
@@ -374,7 +288,7 @@ func (sw *mapSweep) outstanding(ctx context.Context, results, metaKey string, fr
 				if skip {
 					continue
 				}
-			case TaskArchived, TaskCompleted:
+			case maptask.TaskArchived, maptask.TaskCompleted:
 				if err := sw.opt.Tasks.DeleteTask(ctx, id); err != nil {
 					return err
 				}
@@ -414,13 +328,13 @@ func (sw *mapSweep) redelivery(ctx context.Context, id string) (suffix string, s
 			return "", false, err
 		}
 		switch fate {
-		case TaskLive:
+		case maptask.TaskLive:
 			return "", true, nil
-		case TaskDead:
+		case maptask.TaskDead:
 			continue
-		case TaskCompleted:
+		case maptask.TaskCompleted:
 			return "", true, nil // it ran; its work has settled or will
-		case TaskArchived:
+		case maptask.TaskArchived:
 			if err := sw.opt.Tasks.DeleteTask(ctx, id+":"+suffix); err != nil {
 				return "", false, err
 			}
@@ -432,8 +346,8 @@ func (sw *mapSweep) redelivery(ctx context.Context, id string) (suffix string, s
 	return "", true, nil
 }
 
-func (sw *mapSweep) enqueueElement(ctx context.Context, t ElementTask) error {
-	q, ok := sw.e.Enqueuer().(Enqueuer)
+func (sw *mapSweep) enqueueElement(ctx context.Context, t maptask.ElementTask) error {
+	q, ok := maptask.Adapt(sw.e.Enqueuer())
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue element tasks (use worker.Client)")
 	}
@@ -472,18 +386,18 @@ func (sw *mapSweep) resumeOwner(ctx context.Context, id string) error {
 	}
 	w := reactor.Wake{ID: id, RunID: md.Owner, Reactor: md.OwnerReact, Retain: resumeRetention}
 	switch fate {
-	case TaskLive:
+	case maptask.TaskLive:
 		return nil
-	case TaskCompleted:
+	case maptask.TaskCompleted:
 		sw.rec.Done = true
 		return nil
-	case TaskDead:
+	case maptask.TaskDead:
 		fresh, skip, err := sw.redelivery(ctx, id)
 		if err != nil || skip {
 			return err
 		}
 		w.ID = id + ":" + fresh
-	case TaskArchived:
+	case maptask.TaskArchived:
 		if err := sw.opt.Tasks.DeleteTask(ctx, id); err != nil {
 			return err
 		}
@@ -496,13 +410,13 @@ func (sw *mapSweep) resumeOwner(ctx context.Context, id string) error {
 	return nil
 }
 
-// Awaiting reports whether run runID is waiting for one of its fan-out maps
+// awaiting reports whether run runID is waiting for one of its fan-out maps
 // to settle, forward or rolling back: the run sweeper leaves such a run
 // alone (waking it would only make it hand off again); the map's workers,
 // or the map sweeper, resume it when the map settles. For the maps that
 // have settled and signalled the owner, it returns the ids of those resume
 // tasks: while one of them is still queued, the run is not lost either.
-func Awaiting(ctx context.Context, e *reactor.Engine, runID string) (waiting bool, resumes []string, err error) {
+func awaiting(ctx context.Context, e *reactor.Engine, runID string) (waiting bool, resumes []string, err error) {
 	ms := storeOf(e)
 	ids, err := ms.rdb.SMembers(ctx, ms.keys.RunMaps(runID)).Result()
 	if err != nil {

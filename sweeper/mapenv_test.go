@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
@@ -219,9 +220,9 @@ func (m *mapEnv) toRollback(id, mapID string) {
 
 // Task ids, as the map protocol names them.
 
-func elTask(mapID string, i int) string { return mapstep.ElementTask{MapID: mapID, Index: i}.TaskID() }
+func elTask(mapID string, i int) string { return maptask.ElementTask{MapID: mapID, Index: i}.TaskID() }
 func rbTask(mapID string, p int) string {
-	return mapstep.RollbackTask{MapID: mapID, Gen: 1, Pos: p}.TaskID()
+	return maptask.RollbackTask{MapID: mapID, Gen: 1, Pos: p}.TaskID()
 }
 func elPrefix(mapID string) string             { return "el:" + mapID + ":" }
 func rbPrefix(mapID string) string             { return "rb:" + mapID + ":1:" }

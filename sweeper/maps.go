@@ -12,8 +12,10 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/store"
-	"github.com/goreactor/goreactor/mapstep"
+	// Imported for its registration of the map entry points (internal/maptask).
+	_ "github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -51,7 +53,7 @@ type MapReport struct {
 	Removed int
 }
 
-func (r *MapReport) add(rec mapstep.Recovery) {
+func (r *MapReport) add(rec maptask.Recovery) {
 	r.Elements += rec.Elements
 	r.Rollbacks += rec.Rollbacks
 	r.Claims += rec.Claims
@@ -68,7 +70,7 @@ func (r MapReport) Recovered() int { return r.Elements + r.Rollbacks + r.Resumes
 
 // MapSweeper recovers lost fan-out map work: forward element tasks and
 // rollback jobs whose worker died or whose enqueue never happened, lost
-// batch claims, and lost owner resumes (see mapstep.RecoverMap). It reads
+// batch claims, and lost owner resumes (see maptask.RecoverMap). It reads
 // its work from the map index, a page at a time, oldest-examined first.
 type MapSweeper struct {
 	cfg   MapConfig
@@ -155,7 +157,7 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("sweeper: read map index: %w", err)
 	}
-	opt := mapstep.SweepOptions{Tasks: s.tasks, StaleBefore: cutoff}
+	opt := maptask.SweepOptions{Tasks: s.tasks, StaleBefore: cutoff}
 	var errs []error
 	for _, z := range entries {
 		if err := ctx.Err(); err != nil {
@@ -163,7 +165,7 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 		}
 		id, _ := z.Member.(string)
 		rep.Examined++
-		rec, err := mapstep.RecoverMap(ctx, s.cfg.Engine, id, opt)
+		rec, err := maptask.RecoverMap(ctx, s.cfg.Engine, id, opt)
 		rep.add(rec)
 		var owners []string
 		if rec.Owner != "" {

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/lock"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
@@ -398,7 +399,7 @@ func TestRunSweeperAwaitsAnUnsettledMap(t *testing.T) {
 		locked, err := m.engine.Locked(m.ctx, id)
 		require.NoError(t, err)
 		require.False(t, locked, "the owner handed off")
-		awaiting, _, err := mapstep.Awaiting(m.ctx, m.engine, id)
+		awaiting, _, err := maptask.Awaiting(m.ctx, m.engine, id)
 		require.NoError(t, err)
 		require.True(t, awaiting)
 		rep, err := m.sweeper.Sweep(m.ctx)
@@ -408,7 +409,7 @@ func TestRunSweeperAwaitsAnUnsettledMap(t *testing.T) {
 
 		m.drain(prefix)
 		require.Equal(t, []string{resume}, m.pending())
-		awaiting, resumes, err := mapstep.Awaiting(m.ctx, m.engine, id)
+		awaiting, resumes, err := maptask.Awaiting(m.ctx, m.engine, id)
 		require.NoError(t, err)
 		require.False(t, awaiting, "settled")
 		require.Equal(t, []string{resume}, resumes, "the owner was signalled")

@@ -11,7 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/internal/maptask"
 )
 
 // deadAfter is how long of the Redis server's time an active task's lease
@@ -31,7 +31,7 @@ var (
 	leaseSeenScript = redis.NewScript(leaseSeenSrc)
 )
 
-// queueTasks answers mapstep.TaskInspector for one asynq queue.
+// queueTasks answers maptask.TaskInspector for one asynq queue.
 type queueTasks struct {
 	rdb    redis.UniversalClient
 	insp   *asynq.Inspector
@@ -50,7 +50,7 @@ func leaseSeenKey(prefix, queue, id string) string {
 	return prefix + ":{sweeper}:lease:" + queue + ":" + id
 }
 
-// TaskFate implements mapstep.TaskInspector. An active task is live while
+// TaskFate implements maptask.TaskInspector. An active task is live while
 // its worker keeps extending its lease; asynq itself reclaims a task only
 // when the lease has run out and its recoverer next runs (a minute or
 // more), so the sweeper calls it dead earlier, as soon as the heartbeats
@@ -64,25 +64,25 @@ func leaseSeenKey(prefix, queue, id string) string {
 // with no lease entry is not called dead: an absent reading is no evidence
 // (the entry is written with the task's move to active, and asynq's
 // recoverer, which owns the lease set, deals with the odd case).
-func (q *queueTasks) TaskFate(ctx context.Context, id string) (mapstep.TaskFate, error) {
+func (q *queueTasks) TaskFate(ctx context.Context, id string) (maptask.TaskFate, error) {
 	info, err := q.insp.GetTaskInfo(q.queue, id)
 	switch {
 	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
-		return mapstep.TaskMissing, nil
+		return maptask.TaskMissing, nil
 	case err != nil:
 		return 0, fmt.Errorf("sweeper: inspect task %s: %w", id, err)
 	}
 	switch info.State {
 	case asynq.TaskStateArchived:
-		return mapstep.TaskArchived, nil
+		return maptask.TaskArchived, nil
 	case asynq.TaskStateCompleted:
-		return mapstep.TaskCompleted, nil
+		return maptask.TaskCompleted, nil
 	case asynq.TaskStateActive:
 		// The lease set is asynq's: asynq:{<queue>}:lease, scored by the
 		// lease's expiry in Unix seconds of the worker's clock.
 		exp, err := q.rdb.ZScore(ctx, "asynq:{"+q.queue+"}:lease", id).Result()
 		if errors.Is(err, redis.Nil) {
-			return mapstep.TaskLive, nil // unknown, which is not dead
+			return maptask.TaskLive, nil // unknown, which is not dead
 		}
 		if err != nil {
 			return 0, fmt.Errorf("sweeper: read the lease of task %s: %w", id, err)
@@ -93,14 +93,14 @@ func (q *queueTasks) TaskFate(ctx context.Context, id string) (mapstep.TaskFate,
 			return 0, fmt.Errorf("sweeper: observe the lease of task %s: %w", id, err)
 		}
 		if dead == 1 {
-			return mapstep.TaskDead, nil
+			return maptask.TaskDead, nil
 		}
-		return mapstep.TaskLive, nil
+		return maptask.TaskLive, nil
 	}
-	return mapstep.TaskLive, nil // pending, scheduled, retry, aggregating
+	return maptask.TaskLive, nil // pending, scheduled, retry, aggregating
 }
 
-// DeleteTask implements mapstep.TaskInspector.
+// DeleteTask implements maptask.TaskInspector.
 func (q *queueTasks) DeleteTask(_ context.Context, id string) error {
 	err := q.insp.DeleteTask(q.queue, id)
 	if err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {

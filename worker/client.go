@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -139,8 +139,32 @@ func (c *Client) replaceCompleted(ctx context.Context, id string, enqueue func()
 	return nil
 }
 
-// EnqueueElement puts a map element task on the queue (mapstep.Enqueuer).
-func (c *Client) EnqueueElement(ctx context.Context, t mapstep.ElementTask) error {
+// mapTasks is the Client's map-task side (internal/maptask.Enqueuers): the
+// element and rollback jobs of fan-out maps. It is registered for mapstep,
+// not part of the Client's API.
+type mapTasks struct{ c *Client }
+
+func init() {
+	maptask.WorkerTasks = func(q reactor.Enqueuer) (maptask.Enqueuers, bool) {
+		c, ok := q.(*Client)
+		if !ok {
+			return nil, false
+		}
+		return mapTasks{c}, true
+	}
+}
+
+// EnqueueElement puts a map element task on the queue.
+func (m mapTasks) EnqueueElement(ctx context.Context, t maptask.ElementTask) error {
+	return m.c.enqueueElement(ctx, t)
+}
+
+// EnqueueRollback puts a map element rollback job on the queue.
+func (m mapTasks) EnqueueRollback(ctx context.Context, t maptask.RollbackTask) error {
+	return m.c.enqueueRollback(ctx, t)
+}
+
+func (c *Client) enqueueElement(ctx context.Context, t maptask.ElementTask) error {
 	payload, err := codec.Marshal(ElementPayload{MapID: t.MapID, Index: t.Index, Input: t.Input})
 	if err != nil {
 		return err
@@ -156,9 +180,7 @@ func (c *Client) EnqueueElement(ctx context.Context, t mapstep.ElementTask) erro
 	return nil
 }
 
-// EnqueueRollback puts a map element rollback job on the queue
-// (mapstep.RollbackEnqueuer).
-func (c *Client) EnqueueRollback(ctx context.Context, t mapstep.RollbackTask) error {
+func (c *Client) enqueueRollback(ctx context.Context, t maptask.RollbackTask) error {
 	payload, err := codec.Marshal(RollbackPayload{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos, Index: t.Index})
 	if err != nil {
 		return err

@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -202,7 +203,7 @@ func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
 		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
-	err = mapstep.ProcessElement(ctx, w.engine, mapstep.ElementTask{MapID: p.MapID, Index: p.Index, Input: p.Input})
+	err = maptask.ProcessElement(ctx, w.engine, maptask.ElementTask{MapID: p.MapID, Index: p.Index, Input: p.Input})
 	if errors.Is(err, reactor.ErrUnknownReactor) {
 		w.unknownReactor(ctx, "", "element", mapstep.ElementID(p.MapID, p.Index))
 	}
@@ -211,7 +212,7 @@ func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
 		return &SnoozeError{RunID: mapstep.ElementID(p.MapID, p.Index), Base: w.cfg.Snooze}
 	case errors.Is(err, reactor.ErrLockLost):
 		return &SnoozeError{RunID: mapstep.ElementID(p.MapID, p.Index), Base: w.cfg.Snooze}
-	case errors.Is(err, mapstep.ErrMapGone), errors.Is(err, mapstep.ErrBadTask):
+	case errors.Is(err, maptask.ErrMapGone), errors.Is(err, maptask.ErrBadTask):
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
 	return err
@@ -228,14 +229,14 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
-	err = mapstep.ProcessRollback(ctx, w.engine, mapstep.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index})
+	err = maptask.ProcessRollback(ctx, w.engine, maptask.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index})
 	if errors.Is(err, reactor.ErrUnknownReactor) {
 		w.unknownReactor(ctx, "", "element rollback", mapstep.ElementID(p.MapID, p.Index))
 	}
 	switch {
 	case errors.Is(err, reactor.ErrRunLocked), errors.Is(err, reactor.ErrLockLost):
 		return &SnoozeError{RunID: fmt.Sprintf("%s rollback %d", p.MapID, p.Pos), Base: w.cfg.Snooze}
-	case errors.Is(err, mapstep.ErrMapGone), errors.Is(err, mapstep.ErrBadTask):
+	case errors.Is(err, maptask.ErrMapGone), errors.Is(err, maptask.ErrBadTask):
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
 	return err

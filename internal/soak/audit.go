@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
@@ -244,24 +245,24 @@ func (q *sweepEnqueuer) Enqueue(ctx context.Context, w reactor.Wake) error {
 	return q.Client.Enqueue(ctx, w)
 }
 
-func (q *sweepEnqueuer) EnqueueElement(ctx context.Context, t mapstep.ElementTask) error {
+func (q *sweepEnqueuer) EnqueueElement(ctx context.Context, t maptask.ElementTask) error {
 	q.count(t.MapID)
 	q.lockFree(ctx, q.keys.ElemLock(mapstep.ElementID(t.MapID, t.Index)), "element task "+t.TaskID(),
-		mapstep.ElementTask{MapID: t.MapID, Index: t.Index}.TaskID())
+		maptask.ElementTask{MapID: t.MapID, Index: t.Index}.TaskID())
 	if t.Redelivery != "" {
-		q.spent(ctx, replaced(mapstep.ElementTask{MapID: t.MapID, Index: t.Index}.TaskID(), t.Redelivery), t.TaskID())
+		q.spent(ctx, replaced(maptask.ElementTask{MapID: t.MapID, Index: t.Index}.TaskID(), t.Redelivery), t.TaskID())
 	}
-	return q.Client.EnqueueElement(ctx, t)
+	return maptask.MustAdapt(q.Client).EnqueueElement(ctx, t)
 }
 
-func (q *sweepEnqueuer) EnqueueRollback(ctx context.Context, t mapstep.RollbackTask) error {
+func (q *sweepEnqueuer) EnqueueRollback(ctx context.Context, t maptask.RollbackTask) error {
 	q.count(t.MapID)
 	q.lockFree(ctx, q.keys.ElemLock(mapstep.ElementID(t.MapID, t.Index)), "rollback job "+t.TaskID(),
-		mapstep.RollbackTask{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos}.TaskID())
+		maptask.RollbackTask{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos}.TaskID())
 	if t.Redelivery != "" {
-		q.spent(ctx, replaced(mapstep.RollbackTask{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos}.TaskID(), t.Redelivery), t.TaskID())
+		q.spent(ctx, replaced(maptask.RollbackTask{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos}.TaskID(), t.Redelivery), t.TaskID())
 	}
-	return q.Client.EnqueueRollback(ctx, t)
+	return maptask.MustAdapt(q.Client).EnqueueRollback(ctx, t)
 }
 
 func (q *sweepEnqueuer) count(mapID string) {

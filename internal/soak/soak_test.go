@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
@@ -167,7 +168,7 @@ func TestSweepEnqueuerFlags(t *testing.T) {
 	q := newSweepEnqueuer(rdb)
 	q.begin()
 	for i := range 2 {
-		require.NoError(t, q.EnqueueElement(ctx, mapstep.ElementTask{MapID: mapID, Index: i}))
+		require.NoError(t, maptask.MustAdapt(q).EnqueueElement(ctx, maptask.ElementTask{MapID: mapID, Index: i}))
 	}
 	q.end(ctx, sweeper.Report{Leader: true}, nil)
 	got, err := rdb.LRange(ctx, violationsKey, 0, -1).Result()
@@ -177,7 +178,7 @@ func TestSweepEnqueuerFlags(t *testing.T) {
 
 	q.begin()
 	for i := 2; i < 5; i++ {
-		require.NoError(t, q.EnqueueElement(ctx, mapstep.ElementTask{MapID: mapID, Index: i}))
+		require.NoError(t, maptask.MustAdapt(q).EnqueueElement(ctx, maptask.ElementTask{MapID: mapID, Index: i}))
 	}
 	q.end(ctx, sweeper.Report{Leader: true}, nil)
 	got, err = rdb.LRange(ctx, violationsKey, 1, -1).Result()

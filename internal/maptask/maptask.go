@@ -1,0 +1,211 @@
+// Package maptask is the plumbing between package mapstep and the packages
+// that carry its work (worker, sweeper): the element and rollback tasks, what
+// the map sweeper needs to know of a task id, and the entry points mapstep
+// registers when it is imported. None of it is for users: it keeps mapstep's
+// public API to what a reactor author calls.
+package maptask
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// ElementTask is one element to execute on a worker.
+type ElementTask struct {
+	MapID string
+	Index int
+	// Input is the element's item, encoded (carried in the task so the job
+	// needs no read of the source). Empty: the job fetches its item from
+	// the map's source (the map sweeper's re-enqueues carry none).
+	Input codec.Raw
+	// Redelivery, when set, is appended to the task id: the map sweeper
+	// re-enqueues a position whose task id is spent (its worker died with
+	// the task active) under a fresh id (r1, r2, r3).
+	Redelivery string
+}
+
+// TaskID is the asynq task id of an element: one cause, one id.
+func (t ElementTask) TaskID() string {
+	if t.Redelivery != "" {
+		return fmt.Sprintf("el:%s:%d:%s", t.MapID, t.Index, t.Redelivery)
+	}
+	return fmt.Sprintf("el:%s:%d", t.MapID, t.Index)
+}
+
+// Enqueuer puts element tasks on the workers' queue; worker.Client
+// implements it (through Adapt). An id already queued must return nil.
+type Enqueuer interface {
+	EnqueueElement(ctx context.Context, t ElementTask) error
+}
+
+// ErrBadTask is returned for a task that names something its map does not
+// have (an element out of range, a rollback position for another element):
+// retrying cannot help, so workers archive it.
+var ErrBadTask = errors.New("mapstep: malformed task")
+
+// ErrMapGone is returned for an element task whose map no longer exists.
+var ErrMapGone = errors.New("mapstep: map not found (finished and expired, or never started)")
+
+// RollbackTask is one element rollback job.
+type RollbackTask struct {
+	MapID string
+	Gen   int
+	Pos   int
+	// Index is the element at position Pos (total-1-Pos, with the total
+	// fixed when the rollback started), carried so the job reads its map
+	// in one round trip.
+	Index int
+	// Redelivery, when set, is appended to the task id (see ElementTask).
+	Redelivery string
+}
+
+// TaskID is the asynq task id of a rollback job.
+func (t RollbackTask) TaskID() string {
+	if t.Redelivery != "" {
+		return fmt.Sprintf("rb:%s:%d:%d:%s", t.MapID, t.Gen, t.Pos, t.Redelivery)
+	}
+	return fmt.Sprintf("rb:%s:%d:%d", t.MapID, t.Gen, t.Pos)
+}
+
+// RollbackEnqueuer puts rollback jobs on the queue; worker.Client implements it.
+type RollbackEnqueuer interface {
+	EnqueueRollback(ctx context.Context, t RollbackTask) error
+}
+
+// TaskFate is what the queue knows of a task id.
+type TaskFate int
+
+const (
+	// TaskMissing: no task has this id (never enqueued, or completed and
+	// forgotten). Enqueueing the id again is safe.
+	TaskMissing TaskFate = iota
+	// TaskLive: pending, scheduled, retrying, or active on a worker that is
+	// alive. It will run; leave it.
+	TaskLive
+	// TaskDead: active on a worker that stopped extending its lease (it
+	// died). The id is spent until the queue reclaims it; a redelivery
+	// needs a fresh id.
+	TaskDead
+	// TaskArchived: archived; it will not run again. Delete it before
+	// enqueueing its id again.
+	TaskArchived
+	// TaskCompleted: completed and retained.
+	TaskCompleted
+)
+
+func (f TaskFate) String() string {
+	switch f {
+	case TaskMissing:
+		return "missing"
+	case TaskLive:
+		return "live"
+	case TaskDead:
+		return "dead"
+	case TaskArchived:
+		return "archived"
+	case TaskCompleted:
+		return "completed"
+	}
+	return "TaskFate(" + strconv.Itoa(int(f)) + ")"
+}
+
+// TaskInspector tells the map sweeper what became of a task id; package
+// sweeper implements it with asynq's Inspector.
+type TaskInspector interface {
+	TaskFate(ctx context.Context, id string) (TaskFate, error)
+	// DeleteTask deletes an archived or completed task so its id can be
+	// enqueued again.
+	DeleteTask(ctx context.Context, id string) error
+}
+
+// SweepOptions configure one RecoverMap call.
+type SweepOptions struct {
+	// Tasks inspects task ids. Required.
+	Tasks TaskInspector
+	// StaleBefore is a Redis server time (ms): a map (or rollback) that
+	// settled a position after it is making progress and is left alone.
+	// Zero examines every map.
+	StaleBefore int64
+}
+
+// Recovery is what RecoverMap did to one map.
+type Recovery struct {
+	// Elements and Rollbacks count element tasks and rollback jobs
+	// enqueued again (fresh ids included).
+	Elements, Rollbacks int
+	// Claims counts batches claimed in place of a lost trigger.
+	Claims int
+	// Resumes counts owner resumes enqueued again.
+	Resumes int
+	// Fresh counts redeliveries under a fresh id (their task died active).
+	Fresh int
+	// Deleted counts archived tasks deleted before their id was reused.
+	Deleted int
+	// Live is set when the map made progress recently and was not examined.
+	Live bool
+	// Missing is set when the map has no keys: its owner indexed it and has
+	// not created it yet (or died first: the run sweeper revives the owner,
+	// which creates it), or the map expired. The sweeper drops the entry
+	// only once the owner is gone or finished too.
+	Missing bool
+	// Done is set when the map needs no sweeping any more: its owner has
+	// adopted it (or is gone). The sweeper removes it from the index (and
+	// from Owner's set of maps).
+	Done bool
+	// Owner is the map's owner run, when the map exists.
+	Owner string
+}
+
+// Dispatched is the number of tasks RecoverMap enqueued.
+func (r Recovery) Dispatched() int { return r.Elements + r.Rollbacks + r.Resumes }
+
+// Enqueuers is what carries both kinds of map task: worker.Client (through
+// the adapter package worker registers in Adapt) or a wrapper of one.
+type Enqueuers interface {
+	Enqueuer
+	RollbackEnqueuer
+}
+
+// Adapt returns the map-task side of a run Enqueuer: q itself when it
+// implements Enqueuers (a test or benchmark wrapper), else what package
+// worker registered in WorkerTasks for its Client.
+func Adapt(q reactor.Enqueuer) (Enqueuers, bool) {
+	if t, ok := q.(Enqueuers); ok {
+		return t, true
+	}
+	if WorkerTasks != nil {
+		return WorkerTasks(q)
+	}
+	return nil, false
+}
+
+// WorkerTasks is set by package worker: the map-task enqueuer of its Client.
+var WorkerTasks func(q reactor.Enqueuer) (Enqueuers, bool)
+
+// Entry points of package mapstep, set when it is imported (its init).
+var (
+	// ProcessElement executes one element task on a worker.
+	ProcessElement func(ctx context.Context, e *reactor.Engine, t ElementTask) error
+	// ProcessRollback executes one element rollback job on a worker.
+	ProcessRollback func(ctx context.Context, e *reactor.Engine, t RollbackTask) error
+	// RecoverMap re-dispatches the lost work of one fan-out map.
+	RecoverMap func(ctx context.Context, e *reactor.Engine, mapID string, opt SweepOptions) (Recovery, error)
+	// Awaiting reports whether run runID waits for one of its fan-out maps,
+	// and the owner resumes of its settled maps.
+	Awaiting func(ctx context.Context, e *reactor.Engine, runID string) (waiting bool, resumes []string, err error)
+)
+
+// MustAdapt is Adapt for callers that know q is a worker.Client (tests,
+// benchmarks, the soak loop): it panics otherwise.
+func MustAdapt(q reactor.Enqueuer) Enqueuers {
+	t, ok := Adapt(q)
+	if !ok {
+		panic(fmt.Sprintf("maptask: %T enqueues no map tasks (use a *worker.Client)", q))
+	}
+	return t
+}
