@@ -1,9 +1,17 @@
 // Package worker runs goreactor runs as asynq tasks.
 //
-// A Client implements reactor.Enqueuer: it turns a wake-up into an asynq task
-// of type TypeRun whose id names the cause ("resume:<run>:start"), so a
-// duplicate of the same cause is recognised as already queued. A Worker is an
-// asynq server whose handler executes the run with Engine.Process.
+// A worker process is one call: Main, given every reactor that may be
+// enqueued, reads its flags and environment, connects to Redis, serves until
+// SIGTERM and exits with a status; Run is the same inside a program of your
+// own. cmd/worker is that call with the reactors of package examples.
+//
+// Underneath, a Client implements reactor.Enqueuer: it turns a wake-up into
+// an asynq task of type TypeRun whose id names the cause
+// ("resume:<run>:start"), so a duplicate of the same cause is recognised as
+// already queued. A Worker is an asynq server whose handler executes the
+// run. The worker's engine enqueues too (hand-offs, map elements, sweeps),
+// so a Worker serves the queue of its engine's Client: Config.Queues
+// defaults to it, and Start refuses queues that leave it out.
 //
 // A task that finds its run locked by another process snoozes: it returns a
 // typed error that the server's RetryDelayFunc maps to a short jittered delay

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"runtime/debug"
+	"slices"
 	"sync"
 	"time"
 
@@ -22,7 +24,13 @@ import (
 type Config struct {
 	// Concurrency is the number of tasks processed at once. Default 10.
 	Concurrency int
-	// Queues maps queue names to priorities. Default {DefaultQueue: 1}.
+	// Queues maps queue names to priorities. Default: the queue of the
+	// engine's Enqueuer when it is a *Client, else DefaultQueue, at
+	// priority 1. When the engine's Enqueuer is a *Client, Queues must
+	// include its queue (Start refuses a worker that does not): the
+	// hand-offs, map elements and sweeps of the runs this worker executes
+	// go there, and a worker that does not serve it could leave them
+	// waiting for a worker that never comes.
 	Queues map[string]int
 	// TaskCheckInterval is how often an idle worker polls for tasks.
 	// Default 10 ms: back pressure empties queues between batches, and
@@ -78,6 +86,25 @@ func (e *SnoozeError) Error() string {
 	return fmt.Sprintf("worker: run %s is locked by another process; snoozing", e.RunID)
 }
 
+// QueueMismatchError is Start's refusal of a worker whose Config.Queues does
+// not include the queue its engine's Client enqueues on.
+type QueueMismatchError struct {
+	// Enqueues is the queue of the engine's Client.
+	Enqueues string
+	// Serves are the queues in Config.Queues, sorted.
+	Serves []string
+}
+
+func (e *QueueMismatchError) Error() string {
+	return fmt.Sprintf("worker: the engine's Client enqueues on queue %q but Config.Queues serves only %q: "+
+		"add %q to Config.Queues, or leave Queues empty to serve the Client's queue", e.Enqueues, e.Serves, e.Enqueues)
+}
+
+// queueNames returns the names of queues, sorted.
+func queueNames(queues map[string]int) []string {
+	return slices.Sorted(maps.Keys(queues))
+}
+
 // Worker executes goreactor tasks pulled from Redis.
 type Worker struct {
 	cfg    Config
@@ -86,16 +113,29 @@ type Worker struct {
 	mux    *asynq.ServeMux
 	log    *slog.Logger
 
+	// invalid is why Start refuses the worker; nil when it may start.
+	invalid error
+
 	mu      sync.Mutex
 	started bool
 	stopped bool
 }
 
 // New returns a Worker for engine, pulling from rdb. The worker does not own
-// rdb.
+// rdb. The queues it serves default to its engine's Enqueuer's, when that
+// is a *Client; Start refuses Config.Queues that leave that queue out (see
+// Config.Queues).
 func New(engine *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker {
+	var invalid error
+	if c, ok := engine.Enqueuer().(*Client); ok {
+		if len(cfg.Queues) == 0 {
+			cfg.Queues = map[string]int{c.Queue(): 1}
+		} else if cfg.Queues[c.Queue()] <= 0 {
+			invalid = &QueueMismatchError{Enqueues: c.Queue(), Serves: queueNames(cfg.Queues)}
+		}
+	}
 	cfg = cfg.WithDefaults()
-	w := &Worker{cfg: cfg, engine: engine, log: cfg.Logger, mux: asynq.NewServeMux()}
+	w := &Worker{cfg: cfg, engine: engine, log: cfg.Logger, mux: asynq.NewServeMux(), invalid: invalid}
 	w.mux.HandleFunc(TypeRun, w.handleRun)
 	w.mux.HandleFunc(TypeElement, w.handleElement)
 	w.mux.HandleFunc(TypeRollback, w.handleRollback)
@@ -128,6 +168,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.stopped {
 		// Stop before Start: a server started now could never be stopped.
 		return errors.New("worker: stopped")
+	}
+	if w.invalid != nil {
+		return w.invalid
 	}
 	w.started = true
 	return w.srv.Start(w.mux)

@@ -3,13 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
-	"io"
+	"encoding/json"
+	"errors"
 	"log/slog"
-	"maps"
 	"net"
 	"os"
+	"os/exec"
+	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -19,165 +22,84 @@ import (
 	"github.com/goreactor/goreactor/worker"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+// runMain is set in the environment of the subprocesses the tests start:
+// the test binary then is the worker binary (main), not a test run.
+const runMain = "GOREACTOR_TEST_RUN_WORKER_MAIN"
 
-func envOf(kv map[string]string) func(string) string {
-	return func(k string) string { return kv[k] }
+func TestMain(m *testing.M) {
+	if os.Getenv(runMain) == "1" {
+		main()
+		return
+	}
+	redistest.Main(m)
 }
 
-func TestParseConfigDefaults(t *testing.T) {
-	cfg, err := parseConfig(nil, envOf(nil), io.Discard)
+// command returns the worker binary (this test binary running main) with
+// args and an environment of env alone, apart from what a process needs
+// (the developer's REDIS_URL and GOREACTOR_* do not reach it).
+func command(t *testing.T, args []string, env ...string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.CommandContext(t.Context(), os.Args[0], args...)
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "REDIS_URL=") && !strings.HasPrefix(kv, "GOREACTOR_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, append(env, runMain+"=1")...)
+	return cmd
+}
+
+// exitCode runs cmd to its end and returns its exit status and output.
+func exitCode(t *testing.T, cmd *exec.Cmd) (int, string) {
+	t.Helper()
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode(), out.String()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.redisURL != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.firstQueue != "goreactor" ||
-		!maps.Equal(cfg.queues, map[string]int{"goreactor": 1}) || cfg.concurrency != 10 ||
-		cfg.lockExpiry != 15*time.Second || cfg.shutdownTimeout != 10*time.Second ||
-		cfg.logLevel != slog.LevelInfo || cfg.sweepInterval != 0 {
-		t.Errorf("defaults: %+v", cfg)
-	}
+	return 0, out.String()
 }
 
-func TestParseConfigEnvThenFlags(t *testing.T) {
-	env := envOf(map[string]string{
-		"REDIS_URL":                  "redis://r:6379/2",
-		"GOREACTOR_PREFIX":           "shop",
-		"GOREACTOR_QUEUE":            "critical:6, goreactor:3,low",
-		"GOREACTOR_CONCURRENCY":      "4",
-		"GOREACTOR_LOCK_EXPIRY":      "20s",
-		"GOREACTOR_SHUTDOWN_TIMEOUT": "30s",
-		"GOREACTOR_LOG_LEVEL":        "debug",
-		"GOREACTOR_SWEEP_INTERVAL":   "1m",
-	})
-	cfg, err := parseConfig(nil, env, io.Discard)
-	if err != nil {
-		t.Fatal(err)
+func redisURL() string {
+	if url := os.Getenv("REDIS_URL"); url != "" {
+		return url
 	}
-	if cfg.redisURL != "redis://r:6379/2" || cfg.prefix != "shop" || cfg.firstQueue != "critical" ||
-		!maps.Equal(cfg.queues, map[string]int{"critical": 6, "goreactor": 3, "low": 1}) || cfg.concurrency != 4 ||
-		cfg.lockExpiry != 20*time.Second || cfg.shutdownTimeout != 30*time.Second ||
-		cfg.logLevel != slog.LevelDebug || cfg.sweepInterval != time.Minute {
-		t.Errorf("from env: %+v", cfg)
-	}
-	cfg, err = parseConfig([]string{"-redis", "redis://x:1/0", "-queue", "q", "-concurrency", "2", "-log-level", "warn", "-sweep-interval", "0"}, env, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if cfg.redisURL != "redis://x:1/0" || cfg.firstQueue != "q" || len(cfg.queues) != 1 || cfg.concurrency != 2 ||
-		cfg.logLevel != slog.LevelWarn || cfg.sweepInterval != 0 || cfg.prefix != "shop" {
-		t.Errorf("flags over env: %+v", cfg)
-	}
+	return "redis://" + redistest.Addr() + "/0"
 }
 
-func TestParseConfigRejects(t *testing.T) {
+// The exit statuses: 0 for -h (with every flag in the usage), 2 for a
+// malformed flag or environment variable, 1 for a Redis that does not
+// answer, named in a JSON line.
+func TestExitStatus(t *testing.T) {
+	t.Parallel()
+	code, out := exitCode(t, command(t, []string{"-h"}))
+	if code != 0 || !strings.Contains(out, "-sweep-interval") || !strings.Contains(out, "GOREACTOR_QUEUE") {
+		t.Errorf("-h: exit %d, output:\n%s", code, out)
+	}
 	for _, tc := range []struct {
 		args []string
-		env  map[string]string
+		env  []string
 		want string
 	}{
-		{args: []string{"-queue", "a:0"}, want: "priority"},
-		{args: []string{"-queue", "a,a:2"}, want: "twice"},
-		{args: []string{"-queue", " , "}, want: "no queue"},
-		{args: []string{"-concurrency", "0"}, want: "at least 1"},
-		{args: []string{"-log-level", "loud"}, want: "log-level"},
-		{args: []string{"-lock-expiry", "10ms"}, want: "lock-expiry"},
-		{args: []string{"extra"}, want: "unexpected"},
-		{env: map[string]string{"GOREACTOR_SWEEP_INTERVAL": "often"}, want: "GOREACTOR_SWEEP_INTERVAL"},
+		{args: []string{"-concurrency", "0"}, want: "-concurrency 0: must be at least 1"},
+		{args: []string{"-queue", "a:x"}, want: "priority"},
+		{env: []string{"GOREACTOR_LOCK_EXPIRY=long"}, want: `GOREACTOR_LOCK_EXPIRY="long": not a duration`},
 	} {
-		if _, err := parseConfig(tc.args, envOf(tc.env), io.Discard); err == nil || !strings.Contains(err.Error(), tc.want) {
-			t.Errorf("%v %v: error %v, want one mentioning %q", tc.args, tc.env, err, tc.want)
+		if code, out := exitCode(t, command(t, tc.args, tc.env...)); code != 2 || !strings.Contains(out, tc.want) {
+			t.Errorf("%v %v: exit %d, want 2 and %q; output:\n%s", tc.args, tc.env, code, tc.want, out)
 		}
 	}
-}
-
-func TestServeFailsWithoutRedis(t *testing.T) {
-	cfg, err := parseConfig([]string{"-redis", "redis://127.0.0.1:1/0"}, envOf(nil), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = serve(t.Context(), func() {}, cfg, slog.New(slog.DiscardHandler))
-	if err == nil || !strings.Contains(err.Error(), "does not answer PING") {
-		t.Fatalf("serve: %v", err)
-	}
-}
-
-// TestServe runs the worker with its sweeper, hands it a Checkout the way an
-// API process would, and stops it.
-func TestServe(t *testing.T) {
-	url := os.Getenv("REDIS_URL")
-	if url == "" {
-		url = "redis://" + redistest.Addr() + "/0"
-	}
-	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
-	cfg, err := parseConfig([]string{"-redis", url, "-prefix", prefix, "-queue", queue + ":2", "-sweep-interval", "50ms"}, envOf(nil), io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(t.Context())
-	served := make(chan error, 1)
-	logs := &syncBuffer{}
-	go func() { served <- serve(ctx, func() {}, cfg, slog.New(slog.NewJSONHandler(logs, nil))) }()
-
-	rdb := redistest.Client(t)
-	e, err := reactor.NewEngine(t.Context(), reactor.Config{Client: rdb, Prefix: prefix, Logger: slog.New(slog.DiscardHandler), Enqueuer: worker.NewClient(rdb, queue)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	order := "w-" + reactor.NewRunID()[:8]
-	res, err := e.Enqueue(t.Context(), examples.Checkout, map[string]any{"order": order, "item": "book"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	wctx, wcancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer wcancel()
-	res, err = e.Wait(wctx, res.RunID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if res.Status != reactor.StatusCompleted {
-		t.Errorf("status %s, failure %v", res.Status, res.Failure)
-	}
-	// The in-process sweeper runs its passes (each logs a summary).
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(logs.String(), `"event":"reactor.sweep.pass"`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("no sweeper pass logged:\n%s", logs.String())
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	cancel()
-	select {
-	case err := <-served:
-		if err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("serve did not return after its context ended")
-	}
-}
-
-// syncBuffer is a bytes.Buffer safe for the logger's and the test's
-// goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestHardeningRedisURLNotAnswering: a REDIS_URL that does not answer exits
 // 1 with a message naming the URL.
 func TestHardeningRedisURLNotAnswering(t *testing.T) {
+	t.Parallel()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -186,11 +108,175 @@ func TestHardeningRedisURLNotAnswering(t *testing.T) {
 	if err := ln.Close(); err != nil {
 		t.Fatal(err)
 	}
-	var out bytes.Buffer
-	if code := run(nil, envOf(map[string]string{"REDIS_URL": url}), &out); code != 1 {
-		t.Fatalf("exit %d, want 1; output:\n%s", code, out.String())
+	code, out := exitCode(t, command(t, nil, "REDIS_URL="+url))
+	if code != 1 || !strings.Contains(out, url) || !strings.Contains(out, `"event":"worker.exit"`) {
+		t.Fatalf("exit %d, want 1 and a worker.exit line naming %s; output:\n%s", code, url, out)
 	}
-	if !strings.Contains(out.String(), url) {
-		t.Fatalf("output does not name %s:\n%s", url, out.String())
+}
+
+// TestServe runs the worker binary with its sweeper, hands it a Checkout the
+// way an API process would, and stops it with SIGTERM: it exits 0 after a
+// graceful stop, serves every example reactor, and writes only JSON lines.
+func TestServe(t *testing.T) {
+	t.Parallel()
+	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
+	cmd := command(t, []string{"-prefix", prefix, "-queue", queue + ":2", "-sweep-interval", "50ms"}, "REDIS_URL="+redisURL())
+	logs := newLogWatch()
+	cmd.Stdout, cmd.Stderr = logs, logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+
+	rdb := redistest.Client(t)
+	e, err := reactor.NewEngine(t.Context(), reactor.Config{Client: rdb, Prefix: prefix, Logger: discard, Enqueuer: worker.NewClient(rdb, queue)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := examples.Register(e); err != nil {
+		t.Fatal(err)
+	}
+	order := "w-" + reactor.NewRunID()[:8]
+	res, err := e.Enqueue(t.Context(), examples.Checkout, map[string]any{"order": order, "item": "book"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wctx, wcancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer wcancel()
+	if res, err = e.Wait(wctx, res.RunID); err != nil {
+		t.Fatal(err)
+	}
+	if res.Status != reactor.StatusCompleted {
+		t.Errorf("status %s, failure %v", res.Status, res.Failure)
+	}
+
+	// main serves what examples.Register registers.
+	var started struct{ Reactors []string }
+	if err := json.Unmarshal([]byte(logs.await(t, `"event":"worker.started"`)), &started); err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(started.Reactors, e.Names()) {
+		t.Errorf("the worker serves %v; examples.Register registers %v", started.Reactors, e.Names())
+	}
+	logs.await(t, `"event":"reactor.sweep.pass"`) // the in-process sweeper runs
+
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-exited:
+		if err != nil {
+			t.Errorf("after SIGTERM: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the worker did not exit after SIGTERM")
+	}
+	logs.await(t, `"event":"worker.stopped"`)
+	for _, line := range logs.all() {
+		if !json.Valid([]byte(line)) {
+			t.Errorf("not a JSON line: %s", line)
+		}
+	}
+}
+
+// The README's "Deploying" section shows this file's program as the model
+// of a user's worker: the snippet is main.go from its package clause on,
+// so it compiles because this package does.
+func TestReadmeWorkerIsThisFile(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src, err := os.ReadFile("main.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, deploying, ok := strings.Cut(string(readme), "\n### Deploying\n")
+	if !ok {
+		t.Fatal(`README.md has no "### Deploying" section`)
+	}
+	_, snippet, ok := strings.Cut(deploying, "```go\n")
+	if !ok {
+		t.Fatal("README.md's Deploying section has no go snippet")
+	}
+	snippet, _, _ = strings.Cut(snippet, "```")
+	_, program, _ := strings.Cut(string(src), "\npackage main\n")
+	if want := "package main\n" + program; unindent(snippet) != want {
+		t.Errorf("README.md's Deploying snippet:\n%s\nis not cmd/worker/main.go from its package clause:\n%s", unindent(snippet), want)
+	}
+}
+
+// unindent removes the indentation of the first line from every line (a
+// snippet inside a Markdown list item is indented).
+func unindent(s string) string {
+	indent := s[:len(s)-len(strings.TrimLeft(s, " "))]
+	lines := strings.Split(s, "\n")
+	for i, l := range lines {
+		lines[i] = strings.TrimPrefix(l, indent)
+	}
+	return strings.Join(lines, "\n")
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+// logWatch is an io.Writer of log lines that a test can wait on: await
+// returns as soon as a matching line is written, without polling.
+type logWatch struct {
+	mu      sync.Mutex
+	partial []byte
+	lines   []string
+	grew    chan struct{} // closed and replaced when a line is complete
+}
+
+func newLogWatch() *logWatch { return &logWatch{grew: make(chan struct{})} }
+
+func (l *logWatch) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.partial = append(l.partial, p...)
+	added := false
+	for {
+		i := bytes.IndexByte(l.partial, '\n')
+		if i < 0 {
+			break
+		}
+		l.lines = append(l.lines, string(l.partial[:i]))
+		l.partial = l.partial[i+1:]
+		added = true
+	}
+	if added {
+		close(l.grew)
+		l.grew = make(chan struct{})
+	}
+	return len(p), nil
+}
+
+func (l *logWatch) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return slices.Clone(l.lines)
+}
+
+// await returns the first line containing substr, waiting up to 20 s for it.
+func (l *logWatch) await(t *testing.T, substr string) string {
+	t.Helper()
+	timeout := time.After(20 * time.Second)
+	for {
+		l.mu.Lock()
+		for _, line := range l.lines {
+			if strings.Contains(line, substr) {
+				l.mu.Unlock()
+				return line
+			}
+		}
+		grew := l.grew
+		l.mu.Unlock()
+		select {
+		case <-grew:
+		case <-timeout:
+			t.Fatalf("no log line with %s:\n%s", substr, strings.Join(l.all(), "\n"))
+		}
 	}
 }

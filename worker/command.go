@@ -1,0 +1,376 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/envflag"
+	"github.com/goreactor/goreactor/internal/redisurl"
+	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/sweeper"
+)
+
+// Main is a whole worker program: your main calls it with every reactor
+// that may be enqueued (each worker must have all of them) and it does not
+// return.
+//
+//	func main() {
+//		worker.Main(orders.Checkout, orders.Refund, billing.Invoice)
+//	}
+//
+// It reads its settings from the command line, each flag falling back to an
+// environment variable and then to its default:
+//
+//	-redis             REDIS_URL                   redis://localhost:6379/0
+//	-prefix            GOREACTOR_PREFIX            goreactor (your engines' Config.Prefix)
+//	-queue             GOREACTOR_QUEUE             goreactor (comma-separated name[:priority])
+//	-concurrency       GOREACTOR_CONCURRENCY       10
+//	-lock-expiry       GOREACTOR_LOCK_EXPIRY       15s
+//	-shutdown-timeout  GOREACTOR_SHUTDOWN_TIMEOUT  10s
+//	-log-level         GOREACTOR_LOG_LEVEL         info (debug, info, warn, error)
+//	-sweep-interval    GOREACTOR_SWEEP_INTERVAL    0 (off)
+//
+// The queues are read in one place for both sides of the worker: it serves
+// every queue listed, and its engine's Enqueuer (a Client: hand-offs,
+// map elements, sweeps) enqueues on the first one. With -sweep-interval
+// above zero the process also runs the sweeper (runs, maps and the listing
+// indexes, as cmd/sweeper does) on that interval, inspecting the first
+// queue; every replica may, since each pass takes a leader lock first.
+//
+// Logs are JSON (log/slog) on stderr, go-redis's and asynq's included, and
+// the JSON logger becomes slog's default. SIGTERM or SIGINT stops the worker
+// gracefully: it stops fetching tasks and waits up to -shutdown-timeout for
+// running ones, whose runs stay checkpointed and are delivered again if cut
+// short; a second signal during that wait kills the process.
+//
+// Exit status: 0 after a graceful stop (or -h), 2 for a malformed flag or
+// environment variable, 1 for anything else, such as a Redis that does not
+// answer at startup (the message names the URL, password redacted).
+//
+// Use Run instead to embed the worker in a program of your own or to set
+// engine options (hooks, middleware, retention) that have no flag.
+func Main(defs ...*reactor.Definition) {
+	os.Exit(mainStatus(defs, os.Args[1:], os.Getenv, os.Stderr))
+}
+
+// mainStatus is Main up to its exit status.
+func mainStatus(defs []*reactor.Definition, args []string, getenv func(string) string, stderr io.Writer) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	// Once the first signal arrived the handlers are released, so a second
+	// one kills the process while it shuts down.
+	context.AfterFunc(ctx, stop)
+
+	var log *slog.Logger
+	err := run(ctx, Options{Definitions: defs, Args: args, Getenv: getenv, Stderr: stderr}, func(l *slog.Logger) {
+		log = l
+		slog.SetDefault(l)
+		redis.SetLogger(redisLogger{l})
+	})
+	var usage *UsageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, &usage):
+		fmt.Fprintln(stderr, err)
+		return 2
+	case log == nil:
+		fmt.Fprintln(stderr, err)
+		return 1
+	default:
+		log.Error(err.Error(), "event", "worker.exit")
+		return 1
+	}
+}
+
+// Options configure Run. Only Definitions is required.
+type Options struct {
+	// Definitions are the reactors the worker executes: every reactor that
+	// may be enqueued, on every worker (a run of one it lacks is retried,
+	// so a rolling deploy is safe). Required.
+	Definitions []*reactor.Definition
+	// Args are the command-line arguments without the program name, the
+	// flags Main documents. Default none: every setting from Getenv or its
+	// default. Main passes os.Args[1:].
+	Args []string
+	// Getenv reads the environment variables Main documents. Default
+	// os.Getenv.
+	Getenv func(string) string
+	// Stderr receives the JSON logs and the flags' usage. Default os.Stderr.
+	Stderr io.Writer
+	// Engine, when set, adjusts the engine's config after the flags filled
+	// it in and before the engine is made: set Hooks, Middleware,
+	// Retention, UndoTimeout and the like here. Client, Prefix and Enqueuer
+	// belong to the flags (they decide which Redis, keys and queue the
+	// worker uses); Run refuses a function that changes them. Default none.
+	Engine func(*reactor.Config)
+}
+
+// UsageError is a malformed flag, environment variable or argument given to
+// Run: the operator's command line or environment must change. Main exits
+// with status 2 on it.
+type UsageError struct {
+	// Err says which setting is wrong and what it wants.
+	Err error
+}
+
+func (e *UsageError) Error() string {
+	return "worker: " + e.Err.Error() + " (run with -h for the flags)"
+}
+
+// Unwrap returns Err.
+func (e *UsageError) Unwrap() error { return e.Err }
+
+// Run is Main without the process around it: it reads the settings from
+// opts.Args and opts.Getenv as Main does, connects to Redis, serves
+// opts.Definitions until ctx ends, then shuts down gracefully (up to
+// -shutdown-timeout for running tasks) and returns. It returns nil after a
+// graceful stop, flag.ErrHelp when the arguments ask for help (the usage is
+// on opts.Stderr), a *UsageError for a malformed setting, and any other
+// error when the worker could not start or stop.
+//
+// Unlike Main, Run sets no process-wide state: slog's default logger and
+// go-redis's logger stay as they are.
+func Run(ctx context.Context, opts Options) error {
+	return run(ctx, opts, nil)
+}
+
+// run is Run; logger, when set, is given the worker's logger before
+// anything is logged.
+func run(ctx context.Context, opts Options, logger func(*slog.Logger)) error {
+	if len(opts.Definitions) == 0 {
+		return errors.New("worker: no definitions to serve: pass every reactor that may be enqueued to worker.Main or Options.Definitions")
+	}
+	if opts.Getenv == nil {
+		opts.Getenv = os.Getenv
+	}
+	if opts.Stderr == nil {
+		opts.Stderr = os.Stderr
+	}
+	cfg, err := parseSettings(opts.Args, opts.Getenv, opts.Stderr)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(opts.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	if logger != nil {
+		logger(log)
+	}
+	return serve(ctx, opts, cfg, log)
+}
+
+// pingTimeout bounds the startup check of Redis.
+const pingTimeout = 5 * time.Second
+
+// settings are a worker process's parsed flags and environment.
+type settings struct {
+	redisURL        string
+	prefix          string
+	queues          map[string]int
+	firstQueue      string
+	concurrency     int
+	lockExpiry      time.Duration
+	shutdownTimeout time.Duration
+	logLevel        slog.Level
+	sweepInterval   time.Duration
+}
+
+// parseSettings reads the flags, each defaulting to its environment
+// variable and then to its built-in default. Every error is a *UsageError,
+// except flag.ErrHelp.
+func parseSettings(args []string, getenv func(string) string, stderr io.Writer) (settings, error) {
+	var (
+		cfg    settings
+		queues string
+		level  string
+	)
+	env := envflag.New(getenv)
+
+	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.redisURL, "redis", env.String("REDIS_URL", "redis://localhost:6379/0"),
+		"Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS); env REDIS_URL")
+	fs.StringVar(&cfg.prefix, "prefix", env.String("GOREACTOR_PREFIX", "goreactor"),
+		"key prefix, the same as your engines' Config.Prefix; env GOREACTOR_PREFIX")
+	fs.StringVar(&queues, "queue", env.String("GOREACTOR_QUEUE", DefaultQueue),
+		"queues to serve, comma-separated name[:priority]; the first is where this process enqueues; env GOREACTOR_QUEUE")
+	fs.IntVar(&cfg.concurrency, "concurrency", env.Int("GOREACTOR_CONCURRENCY", 10),
+		"tasks processed at once; env GOREACTOR_CONCURRENCY")
+	fs.DurationVar(&cfg.lockExpiry, "lock-expiry", env.Duration("GOREACTOR_LOCK_EXPIRY", 15*time.Second),
+		"how long a run lock outlives a dead worker (heartbeat every third of it); env GOREACTOR_LOCK_EXPIRY")
+	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", env.Duration("GOREACTOR_SHUTDOWN_TIMEOUT", 10*time.Second),
+		"how long a stop waits for running tasks; env GOREACTOR_SHUTDOWN_TIMEOUT")
+	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"),
+		"debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
+	fs.DurationVar(&cfg.sweepInterval, "sweep-interval", env.Duration("GOREACTOR_SWEEP_INTERVAL", 0),
+		"run the sweeper (runs and maps) every interval in this process (0: off); env GOREACTOR_SWEEP_INTERVAL")
+	usage := func(err error) (settings, error) { return cfg, &UsageError{Err: err} }
+	if err := env.Err(); err != nil {
+		return usage(err)
+	}
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return cfg, err
+	} else if err != nil {
+		return usage(err)
+	}
+	if fs.NArg() > 0 {
+		return usage(fmt.Errorf("unexpected arguments %q", fs.Args()))
+	}
+
+	var err error
+	if cfg.queues, cfg.firstQueue, err = parseQueues(queues); err != nil {
+		return usage(fmt.Errorf("-queue: %w", err))
+	}
+	if err := cfg.logLevel.UnmarshalText([]byte(level)); err != nil {
+		return usage(fmt.Errorf("-log-level %q: want debug, info, warn or error", level))
+	}
+	switch {
+	case cfg.concurrency < 1:
+		return usage(fmt.Errorf("-concurrency %d: must be at least 1", cfg.concurrency))
+	case cfg.lockExpiry < time.Second:
+		return usage(fmt.Errorf("-lock-expiry %s: must be at least 1s", cfg.lockExpiry))
+	case cfg.shutdownTimeout <= 0:
+		return usage(fmt.Errorf("-shutdown-timeout %s: must be positive", cfg.shutdownTimeout))
+	case cfg.sweepInterval < 0:
+		return usage(fmt.Errorf("-sweep-interval %s: must be 0 (off) or positive", cfg.sweepInterval))
+	case cfg.prefix == "":
+		return usage(errors.New("-prefix: must not be empty"))
+	}
+	return cfg, nil
+}
+
+// parseQueues parses "name[:priority],..." into asynq's queue priorities and
+// returns the first name.
+func parseQueues(s string) (map[string]int, string, error) {
+	queues := map[string]int{}
+	first := ""
+	for item := range strings.SplitSeq(s, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		name, prio, hasPrio := strings.Cut(item, ":")
+		name = strings.TrimSpace(name)
+		p := 1
+		if hasPrio {
+			n, err := strconv.Atoi(strings.TrimSpace(prio))
+			if err != nil || n < 1 {
+				return nil, "", fmt.Errorf("queue %q: priority must be a positive integer", item)
+			}
+			p = n
+		}
+		if name == "" {
+			return nil, "", fmt.Errorf("queue %q: empty name", item)
+		}
+		if _, dup := queues[name]; dup {
+			return nil, "", fmt.Errorf("queue %q listed twice", name)
+		}
+		queues[name] = p
+		if first == "" {
+			first = name
+		}
+	}
+	if first == "" {
+		return nil, "", errors.New("no queue given")
+	}
+	return queues, first, nil
+}
+
+// serve runs the worker (and the sweeper) until ctx ends, then shuts down.
+func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) error {
+	rdb, ropts, err := redisurl.Dial(ctx, cfg.redisURL, "-redis/REDIS_URL", pingTimeout)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+	defer rdb.Close()
+
+	// One queue setting for both sides: the client enqueues on the first
+	// queue the worker serves (New refuses a worker that does not serve
+	// its engine's client's queue).
+	client := NewClient(rdb, cfg.firstQueue)
+	defer client.Close()
+	ecfg := reactor.Config{
+		Client:     rdb,
+		Prefix:     cfg.prefix,
+		Logger:     log,
+		LockExpiry: cfg.lockExpiry,
+		Enqueuer:   client,
+	}
+	if opts.Engine != nil {
+		opts.Engine(&ecfg)
+		if ecfg.Client != redis.UniversalClient(rdb) || ecfg.Prefix != cfg.prefix || ecfg.Enqueuer != reactor.Enqueuer(client) {
+			return errors.New("worker: Options.Engine changed the engine's Client, Prefix or Enqueuer: " +
+				"those come from -redis, -prefix and -queue (and their environment variables); set them there")
+		}
+	}
+	engine, err := reactor.NewEngine(ctx, ecfg)
+	if err != nil {
+		return fmt.Errorf("worker: start engine: %w", err)
+	}
+	if err := engine.Register(opts.Definitions...); err != nil {
+		return fmt.Errorf("worker: %w", err)
+	}
+
+	w := New(engine, rdb, Config{
+		Concurrency:     cfg.concurrency,
+		Queues:          cfg.queues,
+		ShutdownTimeout: cfg.shutdownTimeout,
+		Logger:          log,
+	})
+	if err := w.Start(ctx); err != nil {
+		return fmt.Errorf("worker: start: %w", err)
+	}
+	names := make([]string, 0, len(cfg.queues))
+	for q, p := range cfg.queues {
+		names = append(names, fmt.Sprintf("%s:%d", q, p))
+	}
+	sort.Strings(names)
+	log.Info("worker started", "event", "worker.started",
+		"redis", ropts.Addr, "db", ropts.DB, "prefix", cfg.prefix, "queues", strings.Join(names, ","),
+		"enqueue_queue", cfg.firstQueue, "concurrency", cfg.concurrency, "lock_expiry", cfg.lockExpiry.String(),
+		"sweep_interval", cfg.sweepInterval.String(), "reactors", engine.Names())
+
+	var wg sync.WaitGroup
+	if cfg.sweepInterval > 0 {
+		sw, err := sweeper.New(sweeper.Config{Engine: engine, Queue: cfg.firstQueue, Interval: cfg.sweepInterval, Logger: log})
+		if err != nil {
+			_ = w.Stop(context.Background())
+			return fmt.Errorf("worker: start the sweeper: %w", err)
+		}
+		wg.Go(func() { _ = sw.Run(ctx) })
+	}
+
+	<-ctx.Done()
+	log.Info("shutting down", "event", "worker.stopping", "timeout", cfg.shutdownTimeout.String())
+	wg.Wait()
+	// Stop waits ShutdownTimeout for running tasks, then cancels them; give
+	// it a little beyond that before giving up on it.
+	sctx, scancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.shutdownTimeout+5*time.Second)
+	defer scancel()
+	if err := w.Stop(sctx); err != nil {
+		return fmt.Errorf("worker: stop: %w", err)
+	}
+	log.Info("worker stopped", "event", "worker.stopped")
+	return nil
+}
+
+// redisLogger routes go-redis's internal log lines (connection pool trouble)
+// to slog, so every line the process writes is JSON.
+type redisLogger struct{ l *slog.Logger }
+
+func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	r.l.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
+}

@@ -1,0 +1,101 @@
+package worker
+
+import (
+	"errors"
+	"flag"
+	"io"
+	"log/slog"
+	"maps"
+	"strings"
+	"testing"
+	"time"
+)
+
+func envOf(kv map[string]string) func(string) string {
+	return func(k string) string { return kv[k] }
+}
+
+func TestParseSettingsDefaults(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseSettings(nil, envOf(nil), io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.redisURL != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.firstQueue != "goreactor" ||
+		!maps.Equal(cfg.queues, map[string]int{"goreactor": 1}) || cfg.concurrency != 10 ||
+		cfg.lockExpiry != 15*time.Second || cfg.shutdownTimeout != 10*time.Second ||
+		cfg.logLevel != slog.LevelInfo || cfg.sweepInterval != 0 {
+		t.Errorf("defaults: %+v", cfg)
+	}
+}
+
+func TestParseSettingsEnvThenFlags(t *testing.T) {
+	t.Parallel()
+	env := envOf(map[string]string{
+		"REDIS_URL":                  "redis://r:6379/2",
+		"GOREACTOR_PREFIX":           "shop",
+		"GOREACTOR_QUEUE":            "critical:6, goreactor:3,low",
+		"GOREACTOR_CONCURRENCY":      "4",
+		"GOREACTOR_LOCK_EXPIRY":      "20s",
+		"GOREACTOR_SHUTDOWN_TIMEOUT": "30s",
+		"GOREACTOR_LOG_LEVEL":        "debug",
+		"GOREACTOR_SWEEP_INTERVAL":   "1m",
+	})
+	cfg, err := parseSettings(nil, env, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.redisURL != "redis://r:6379/2" || cfg.prefix != "shop" || cfg.firstQueue != "critical" ||
+		!maps.Equal(cfg.queues, map[string]int{"critical": 6, "goreactor": 3, "low": 1}) || cfg.concurrency != 4 ||
+		cfg.lockExpiry != 20*time.Second || cfg.shutdownTimeout != 30*time.Second ||
+		cfg.logLevel != slog.LevelDebug || cfg.sweepInterval != time.Minute {
+		t.Errorf("from env: %+v", cfg)
+	}
+	cfg, err = parseSettings([]string{"-redis", "redis://x:1/0", "-queue", "q", "-concurrency", "2", "-log-level", "warn", "-sweep-interval", "0"}, env, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.redisURL != "redis://x:1/0" || cfg.firstQueue != "q" || len(cfg.queues) != 1 || cfg.concurrency != 2 ||
+		cfg.logLevel != slog.LevelWarn || cfg.sweepInterval != 0 || cfg.prefix != "shop" {
+		t.Errorf("flags over env: %+v", cfg)
+	}
+}
+
+// Every malformed setting is a *UsageError naming it; -h is flag.ErrHelp.
+func TestParseSettingsRejects(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{args: []string{"-queue", "a:0"}, want: "priority"},
+		{args: []string{"-queue", "a,a:2"}, want: "twice"},
+		{args: []string{"-queue", " , "}, want: "no queue"},
+		{args: []string{"-concurrency", "0"}, want: "at least 1"},
+		{args: []string{"-log-level", "loud"}, want: "log-level"},
+		{args: []string{"-lock-expiry", "10ms"}, want: "lock-expiry"},
+		{args: []string{"-shutdown-timeout", "0s"}, want: "shutdown-timeout"},
+		{args: []string{"-sweep-interval", "-1s"}, want: "sweep-interval"},
+		{args: []string{"-prefix", ""}, want: "prefix"},
+		{args: []string{"-no-such-flag"}, want: "no-such-flag"},
+		{args: []string{"extra"}, want: "unexpected"},
+		{env: map[string]string{"GOREACTOR_SWEEP_INTERVAL": "often"}, want: "GOREACTOR_SWEEP_INTERVAL"},
+		{env: map[string]string{"GOREACTOR_CONCURRENCY": "many"}, want: "GOREACTOR_CONCURRENCY"},
+	} {
+		_, err := parseSettings(tc.args, envOf(tc.env), io.Discard)
+		var usage *UsageError
+		if !errors.As(err, &usage) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "-h") {
+			t.Errorf("%v %v: error %v, want a *UsageError mentioning %q and -h", tc.args, tc.env, err, tc.want)
+		}
+	}
+	var out strings.Builder
+	if _, err := parseSettings([]string{"-h"}, envOf(nil), &out); !errors.Is(err, flag.ErrHelp) {
+		t.Errorf("-h: error %v, want flag.ErrHelp", err)
+	}
+	for _, name := range []string{"-redis", "-prefix", "-queue", "-concurrency", "-lock-expiry", "-shutdown-timeout", "-log-level", "-sweep-interval", "REDIS_URL"} {
+		if !strings.Contains(out.String(), name) {
+			t.Errorf("-h does not mention %s:\n%s", name, out.String())
+		}
+	}
+}
