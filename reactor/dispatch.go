@@ -106,7 +106,8 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 	if err != nil {
 		return nil, fmt.Errorf("reactor: encode run: %w", err)
 	}
-	if err := e.store.MarkStarted(ctx, id, string(StatusPending), now); err != nil {
+	added, err := e.store.IndexStart(ctx, id, string(StatusPending), now)
+	if err != nil {
 		return nil, err
 	}
 	snap, created, err := e.store.Create(ctx, target, lease.Token(), data)
@@ -120,7 +121,7 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 		}
 		// Undo the speculative pending index entry where it is wrong.
 		if existing.Status.Terminal() {
-			_ = e.store.Unindex(bg, id, string(StatusPending))
+			_ = e.store.TakeBackStart(bg, id, string(StatusPending), added, now)
 		} else if existing.Status != StatusPending {
 			_ = e.store.MarkStatus(bg, id, string(StatusPending), string(existing.Status), false, now)
 		}

@@ -338,11 +338,12 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, fmt.Errorf("reactor: encode run: %w", err)
 	}
+	var added bool // the start added the run's active entry
 	// The index entry goes first: a crash after the state write must still
 	// leave the run where the sweeper looks. Elements are found through
 	// their map instead.
 	if !element {
-		if err := e.store.MarkStarted(ctx, id, string(StatusRunning), now); err != nil {
+		if added, err = e.store.IndexStart(ctx, id, string(StatusRunning), now); err != nil {
 			_ = lease.Release(context.WithoutCancel(ctx))
 			return nil, err
 		}
@@ -370,7 +371,7 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	refuse := func(err error) (*Result, error) {
 		if !element {
 			if existing.Status.Terminal() {
-				_ = e.store.Unindex(bg, id, string(StatusRunning))
+				_ = e.store.TakeBackStart(bg, id, string(StatusRunning), added, now)
 			} else if existing.Status != StatusRunning {
 				_ = e.store.MarkStatus(bg, id, string(StatusRunning), string(existing.Status), false, now)
 			}
@@ -388,7 +389,7 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	}
 	if existing.Status.Terminal() {
 		if !element {
-			_ = e.store.Unindex(bg, id, string(StatusRunning))
+			_ = e.store.TakeBackStart(bg, id, string(StatusRunning), added, now)
 		}
 		_ = lease.Release(bg)
 		return existing.result(), nil

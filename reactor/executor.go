@@ -234,6 +234,12 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 			continue
 		}
 		if err := interrupted(ctx); err != nil {
+			// Cut short between steps: the next step's intent was this
+			// execution's and its Run was never called, so an aborted run
+			// saved from here has nothing of it to compensate.
+			if f.notStarted {
+				f.st.Intent = nil
+			}
 			return nil, err
 		}
 		if x.cancel {

@@ -244,6 +244,15 @@ func TestHardeningSweeperFinishesAnInterruptedRetention(t *testing.T) {
 	require.GreaterOrEqual(t, len(tree), 3+1+1, "element runs, map keys and the tree set")
 	require.NoError(t, e.rdb.ZAdd(ctx, e.activeKey(), redis.Z{Score: 1, Member: "walked"}).Err())
 
+	// A client retrying the start (idempotent: the finished result) must not
+	// take the entry away from the sweeper.
+	again, err := e.engine.Run(ctx, inline, map[string]any{"items": []int{1, 2, 3}}, reactor.WithRunID("walked"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, again.Status)
+	_, err = e.rdb.ZScore(ctx, e.activeKey(), "walked").Result()
+	require.NoError(t, err, "a restart of a finished run keeps an active entry it did not add")
+	e.waitPast(time.Now()) // the restart touched the entry: stale again after StaleAfter
+
 	rep, err := e.sweeper.Sweep(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 1, rep.Dropped)
@@ -340,4 +349,28 @@ func TestHardeningUndoTakesTheExpiryOffTheTree(t *testing.T) {
 	for k, d := range ttls() {
 		require.Greater(t, d, time.Duration(0), "finished again: %s", k)
 	}
+}
+
+// TestHardeningSweeperExpiresTheTreeOfAnExpiredRun: a run whose process died
+// before its tree got the retention, and whose own state expired before the
+// sweeper came by, leaves its maps and element runs behind: the sweeper lets
+// them go with it, so a reused id never finds a stale map.
+func TestHardeningSweeperExpiresTheTreeOfAnExpiredRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := ctxTimeout(t, 20*time.Second)
+	_, inline := retentionDefs(func(context.Context, int) error { return nil })
+	_, err := e.engine.Run(ctx, inline, map[string]any{"items": []int{1, 2}}, reactor.WithRunID("expired"))
+	require.NoError(t, err)
+	for _, k := range runKeys(t, e.rdb, e.prefix, "expired") {
+		require.NoError(t, e.rdb.Persist(ctx, k).Err())
+	}
+	require.NoError(t, e.rdb.Del(ctx, e.prefix+":{run:expired}:ctx").Err()) // the run's own retention ran out
+	require.NoError(t, e.rdb.ZAdd(ctx, e.activeKey(), redis.Z{Score: 1, Member: "expired"}).Err())
+
+	rep, err := e.sweeper.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Dropped)
+	require.Eventually(t, func() bool { return len(runKeys(t, e.rdb, e.prefix, "expired")) == 0 },
+		5*time.Second, 10*time.Millisecond, "the tree of an expired run must go with it")
 }

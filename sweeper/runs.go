@@ -12,10 +12,15 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/reactor"
 )
+
+// runWalkLockExpiry is the expiry of the run lock the sweeper holds while it
+// walks a finished run's tree (a heartbeat extends it).
+const runWalkLockExpiry = 15 * time.Second
 
 // RunConfig configures the run sweeper pass.
 type RunConfig struct {
@@ -78,6 +83,7 @@ type RunSweeper struct {
 	keys  keys.Keys
 	insp  *asynq.Inspector
 	store *store.Store
+	locks *lock.Locker
 
 	// beforeRemove, if set (tests only), runs between a pass's read of an
 	// entry and its conditional removal.
@@ -102,7 +108,8 @@ func NewRunSweeper(cfg RunConfig) (*RunSweeper, error) {
 	if err != nil {
 		return nil, fmt.Errorf("sweeper: %w", err)
 	}
-	return &RunSweeper{cfg: cfg, keys: k, insp: asynq.NewInspectorFromRedisClient(cfg.Client), store: st}, nil
+	return &RunSweeper{cfg: cfg, keys: k, insp: asynq.NewInspectorFromRedisClient(cfg.Client), store: st,
+		locks: lock.New(cfg.Client, runWalkLockExpiry)}, nil
 }
 
 // Sweep runs one pass over the oldest-touched page of the active index.
@@ -180,6 +187,26 @@ func (s *RunSweeper) touch(ctx context.Context, id string, now time.Time) error 
 // An Undo or a resume that made the run live again meanwhile re-indexed it
 // with another score, and keeps its entry; dropped is false then, and the
 // entry is touched like any kept one.
+// underRunLock runs fn holding run id's lock, taken with one try: done is
+// false (and fn not called) when another process holds it (the run is being
+// created, executed, or finished by its own process).
+func (s *RunSweeper) underRunLock(ctx context.Context, id string, fn func(ctx context.Context) error) (done bool, err error) {
+	lease, err := s.locks.TryAcquire(ctx, s.keys.RunLock(id))
+	if errors.Is(err, lock.ErrHeld) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	held := lease.Keep(ctx)
+	err = fn(held)
+	if lock.Lost(held) && err == nil {
+		err = fmt.Errorf("sweeper: lost the lock of run %s during its retention walk", id)
+	}
+	_ = lease.Release(context.WithoutCancel(ctx))
+	return err == nil, err
+}
+
 func (s *RunSweeper) drop(ctx context.Context, id string, score float64) (bool, error) {
 	if s.beforeRemove != nil {
 		s.beforeRemove(id)
@@ -208,8 +235,13 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		// the create), or it is being created right now. Its creator takes
 		// the lock before it indexes the run and keeps it until the state
 		// exists, so a held lock says "being created", whatever the clocks.
-		locked, err := s.cfg.Engine.Locked(ctx, id)
-		if err != nil || locked {
+		// A run that expired before its tree got the retention (its process
+		// died in between, and the sweeper came after the run's own
+		// retention) leaves the tree behind: it goes now.
+		done, err := s.underRunLock(ctx, id, func(ctx context.Context) error {
+			return s.store.RetainTree(ctx, id, time.Millisecond)
+		})
+		if err != nil || !done {
 			return false, false, err
 		}
 		dropped, err := s.drop(ctx, id, score)
@@ -222,19 +254,21 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		// A finished run still indexed may have died between its terminal
 		// write and the retention of its tree (maps, element runs): finish
 		// that first, with what is left of the run's own retention, so the
-		// tree expires with the run. Its process may still be at it.
-		locked, err := s.cfg.Engine.Locked(ctx, id)
-		if err != nil || locked {
-			return false, false, err
-		}
-		ttl, err := s.cfg.Client.PTTL(ctx, s.keys.RunState(id)).Result()
-		if err != nil {
-			return false, false, fmt.Errorf("sweeper: read the retention of run %s: %w", id, err)
-		}
-		if ttl > 0 {
-			if err := s.store.RetainTree(ctx, id, ttl); err != nil {
-				return false, false, err
+		// tree expires with the run. Under the run's lock: an Undo that
+		// makes the run live again takes the expiry off the tree, and must
+		// not have it put back by a walk that started before it.
+		done, err := s.underRunLock(ctx, id, func(ctx context.Context) error {
+			ttl, err := s.cfg.Client.PTTL(ctx, s.keys.RunState(id)).Result()
+			if err != nil {
+				return fmt.Errorf("sweeper: read the retention of run %s: %w", id, err)
 			}
+			if ttl <= 0 {
+				ttl = time.Millisecond // expired meanwhile (or never given one): the tree goes too
+			}
+			return s.store.RetainTree(ctx, id, ttl)
+		})
+		if err != nil || !done {
+			return false, false, err
 		}
 		dropped, err := s.drop(ctx, id, score)
 		if err != nil || !dropped {

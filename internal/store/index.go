@@ -18,17 +18,42 @@ import (
 
 // MarkStarted adds run id to the active index and the listing indexes.
 func (s *Store) MarkStarted(ctx context.Context, id, status string, now time.Time) error {
+	_, err := s.IndexStart(ctx, id, status, now)
+	return err
+}
+
+// IndexStart is MarkStarted that also reports whether the active entry is
+// new: a start that then finds a finished run takes back only an entry it
+// added (RemoveIfScore with now), and leaves one that was there before (a
+// finished run whose process died before its tree's retention was set, for
+// the sweeper to complete).
+func (s *Store) IndexStart(ctx context.Context, id, status string, now time.Time) (added bool, err error) {
 	ms := float64(now.UnixMilli())
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZAdd(ctx, s.keys.Active(), redis.Z{Score: ms, Member: id})
+	var active *redis.IntCmd
+	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		active = p.ZAdd(ctx, s.keys.Active(), redis.Z{Score: ms, Member: id})
 		p.ZAddNX(ctx, s.keys.Runs(), redis.Z{Score: ms, Member: id})
 		p.ZAdd(ctx, s.keys.Status(status), redis.Z{Score: ms, Member: id})
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("store: index run: %w", err)
+		return false, fmt.Errorf("store: index run: %w", err)
 	}
-	return nil
+	return active.Val() == 1, nil
+}
+
+// TakeBackStart undoes IndexStart's speculative entries for a start that
+// found a finished run: its status entry, and its active entry if it added
+// it and nobody re-indexed it since.
+func (s *Store) TakeBackStart(ctx context.Context, id, status string, added bool, now time.Time) error {
+	if err := s.Unindex(ctx, id, status); err != nil {
+		return err
+	}
+	if !added {
+		return nil
+	}
+	_, err := s.RemoveIfScore(ctx, s.keys.Active(), id, float64(now.UnixMilli()))
+	return err
 }
 
 // MarkStatus moves run id from status from to status to in the listing
@@ -54,17 +79,16 @@ func (s *Store) MarkStatus(ctx context.Context, id, from, to string, terminal bo
 	return nil
 }
 
-// Unindex removes id from the active index only. It is used when a start
-// found an existing finished run that it had speculatively indexed.
+// Unindex takes back the speculative status entry of a start that found an
+// existing finished run. The active entry the start added is left for the
+// run sweeper, which drops it after making sure the finished run's tree
+// carries its retention: the run may be a finished run whose process died
+// before that, and removing its entry here would hide it for good.
 func (s *Store) Unindex(ctx context.Context, id, status string) error {
-	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.ZRem(ctx, s.keys.Active(), id)
-		if status != "" {
-			p.ZRem(ctx, s.keys.Status(status), id)
-		}
+	if status == "" {
 		return nil
-	})
-	return err
+	}
+	return s.rdb.ZRem(ctx, s.keys.Status(status), id).Err()
 }
 
 // RemoveIfScore removes member from index key only if its score is still
