@@ -152,3 +152,36 @@ func TestHardeningStoppedElementCompensatesItsInterruptedStep(t *testing.T) {
 }
 
 type cutKey struct{}
+
+// TestHardeningAbortedBetweenStepsCompensatesNothingExtra: an in-process run
+// whose context ends right after a step completed is saved aborted before
+// its next step started; undoing it undoes what completed and neither
+// compensates nor reports the step that never ran.
+func TestHardeningAbortedBetweenStepsCompensatesNothingExtra(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx, cancel := context.WithCancel(ctxTimeout(t))
+	defer cancel()
+	def := reactor.MustDefine("aborted-between",
+		reactor.Step("a", reactor.StepConfig[reactor.Args, string]{
+			Run: func(context.Context, reactor.Args) (string, error) {
+				e.trail.add("run:a")
+				cancel() // the caller goes away once a is done
+				return "a", nil
+			},
+			Undo: func(context.Context, reactor.Args, string) error { e.trail.add("undo:a"); return nil },
+		}),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, string]{
+			After: []string{"a"},
+			Run:   func(context.Context, reactor.Args) (string, error) { e.trail.add("run:b"); return "b", nil },
+			Undo:  func(context.Context, reactor.Args, string) error { e.trail.add("undo:b"); return nil },
+		}))
+	res, err := e.engine.Run(ctx, def, nil, reactor.WithRunID("aborted-between"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusAborted, res.Status)
+	undone, err := e.engine.Undo(ctxTimeout(t), "aborted-between")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, undone.Status)
+	require.Empty(t, undone.Failure.RollbackFailures, "b never started: nothing to report")
+	require.Equal(t, []string{"run:a", "undo:a"}, e.trail.all())
+}
