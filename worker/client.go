@@ -94,7 +94,7 @@ func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 	}
 	opts := []asynq.Option{asynq.TaskID(w.ID), asynq.Queue(queue), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout)}
 	if w.Delay > 0 {
-		opts = append(opts, asynq.ProcessIn(w.Delay))
+		opts = append(opts, asynq.ProcessAt(notBefore(time.Now().Add(w.Delay))))
 	}
 	if w.Retain > 0 {
 		opts = append(opts, asynq.Retention(w.Retain))
@@ -118,6 +118,15 @@ func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 		return fmt.Errorf("worker: enqueue %s: %w", w.ID, err)
 	}
 	return nil
+}
+
+// notBefore rounds t up to a whole second: asynq schedules at whole seconds,
+// truncating, which would deliver a delayed wake-up up to a second early.
+func notBefore(t time.Time) time.Time {
+	if s := t.Truncate(time.Second); !s.Equal(t) {
+		return s.Add(time.Second)
+	}
+	return t
 }
 
 // replaceCompleted deletes task id of queue if it is completed (retained)
