@@ -30,13 +30,13 @@ func TestSweepLooksForARunsTasksOnItsQueue(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, asynq.TaskStateScheduled, info.State)
 
-	run := e.waitStale(ctx, id)
+	e.waitStale(ctx, id)
 	rep, err := e.sweeper.Sweep(ctx)
 	require.NoError(t, err)
 	require.Equal(t, sweeper.RunReport{Examined: 1}, rep, "its scheduled start is found on its queue")
 
 	require.NoError(t, e.insp.DeleteTask(other, start))
-	run = e.waitStale(ctx, id)
+	run := e.waitStale(ctx, id)
 	rep, err = e.sweeper.Sweep(ctx)
 	require.NoError(t, err)
 	require.Equal(t, sweeper.RunReport{Examined: 1, Woken: 1}, rep)
