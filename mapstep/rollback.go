@@ -13,6 +13,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/internal/runctx"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -418,6 +419,7 @@ func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID 
 		return o, nil
 	}
 	mayBeAbsent := f == nil || f.Status == outcomeStopped
+	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace})
 	res, err := e.UndoElement(ctx, ElementID(mapID, i), wait)
 	switch {
 	case mayBeAbsent && errors.Is(err, reactor.ErrNotFound):

@@ -55,6 +55,7 @@ type meta struct {
 	Element, Step     string
 	Input             string
 	With              codec.Raw
+	Trace             string // the owner's trace id, inherited by element runs
 	Settled, Failures int
 	Offset            int
 	Failed            bool
@@ -86,7 +87,7 @@ func parseMeta(f map[string]string, offset string, failed *redis.StringCmd) meta
 	atoi := func(k string) int { n, _ := strconv.Atoi(f[k]); return n }
 	m = meta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Atomic: f["atomic"] == "1",
 		FanOut: f["fanout"] == "1", Paged: f["paged"] == "1", Owner: f["owner"], OwnerReact: f["owner_reactor"], Element: f["element"],
-		Step: f["step"], Input: f["input"], With: codec.Raw(f["with"]), Settled: atoi("settled"), Failures: atoi("failures")}
+		Step: f["step"], Input: f["input"], With: codec.Raw(f["with"]), Trace: f["trace"], Settled: atoi("settled"), Failures: atoi("failures")}
 	m.Offset, _ = strconv.Atoi(offset)
 	if fi, err := failed.Result(); err == nil {
 		m.Failed = true
@@ -108,7 +109,7 @@ func (s mapStore) start(ctx context.Context, mapID string, m meta) (created bool
 		return "0"
 	}
 	res, err := startScript.Run(ctx, s.rdb, []string{s.keys.MapMeta(mapID), s.keys.MapOffset(mapID)},
-		m.Total, m.BatchSize, b2s(m.Atomic), m.Owner, m.OwnerReact, m.Element, m.Step, []byte(m.With), m.Input, b2s(m.FanOut), b2s(m.Paged)).Slice()
+		m.Total, m.BatchSize, b2s(m.Atomic), m.Owner, m.OwnerReact, m.Element, m.Step, []byte(m.With), m.Input, b2s(m.FanOut), b2s(m.Paged), m.Trace).Slice()
 	if err != nil {
 		return false, 0, fmt.Errorf("mapstep: start map %s: %w", mapID, err)
 	}

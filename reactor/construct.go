@@ -52,6 +52,9 @@ type ConstructContext struct {
 	// Nested is true when the run is itself an element of a construct
 	// (a map inside a map element runs inline).
 	Nested bool
+	// TraceID is the run's trace id (RunInfo.TraceID), for the construct
+	// to hand to the element runs it starts.
+	TraceID string
 
 	state codec.Raw
 	save  func(ctx context.Context, state codec.Raw) error
@@ -142,7 +145,7 @@ func ConstructStep(name string, c Construct, cfg ConstructConfig) Part {
 func (x *execution) constructContext(f *frame, s *stepDef, args codec.Raw) *ConstructContext {
 	return &ConstructContext{
 		Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
-		Step: f.path + s.name, Args: args, Nested: x.element,
+		Step: f.path + s.name, Args: args, Nested: x.element, TraceID: x.st.Trace,
 		state: f.st.Constructs[s.name],
 	}
 }
@@ -170,6 +173,12 @@ func (x *execution) runConstruct(ctx context.Context, f *frame, s *stepDef, args
 	}
 	if isDispatch(err) {
 		return stepOutcome{}, errDispatch
+	}
+	if err != nil && x.pastDeadline(0) {
+		// Its parts (an inline map's elements) were cut short by the run's
+		// deadline, which their contexts carried: a failure of the run,
+		// not trouble to retry.
+		err = x.deadlineError(path, err)
 	}
 	var halt *haltError
 	switch {

@@ -18,6 +18,9 @@ type Wake struct {
 	ID      string
 	RunID   string
 	Reactor string
+	// Queue is the asynq queue of the task; "" for the Enqueuer's own. A
+	// run's wake-ups carry the queue it was created with (WithQueue).
+	Queue string
 	// Delay postpones the task.
 	Delay time.Duration
 	// Retain keeps the completed task visible this long (asynq retention),
@@ -67,16 +70,19 @@ type errHandOff struct {
 func (e *errHandOff) Error() string { return "reactor: handed off at step " + e.step }
 
 // Enqueue stores a run of def as pending and hands it to workers; it returns
-// at once with a dispatched Result (see Wait). Starting the same id again is
+// at once with a dispatched Result (see Wait). WithDelay and WithStartAt
+// schedule the start task for later (the run is stored pending at once);
+// WithQueue picks the queue of the run's wake-ups. Starting the same id again is
 // idempotent: the stored run's result or status is returned.
 func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string]any, opts ...RunOption) (*Result, error) {
 	if e.cfg.Enqueuer == nil {
 		return nil, ErrNoEnqueuer
 	}
-	id, encoded, err := e.prepareRun(def, inputs, opts)
+	o, encoded, err := e.prepareRun(ctx, callEnqueue, def, inputs, opts)
 	if err != nil {
 		return nil, err
 	}
+	id := o.id
 	target := e.store.RunTarget(id)
 	lease, err := e.locks.TryAcquire(ctx, target.Lock)
 	if errors.Is(err, lock.ErrHeld) {
@@ -100,7 +106,8 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 	now := e.now()
 	st := newState(id, def, encoded, now)
 	st.Status = StatusPending
-	w := Wake{ID: wakeID(id, "start"), RunID: id, Reactor: def.name}
+	o.applyTo(st)
+	w := Wake{ID: wakeID(id, "start"), RunID: id, Reactor: def.name, Queue: st.Queue, Delay: o.startDelay(now)}
 	st.Wake = w.ID
 	data, err := codec.Marshal(st)
 	if err != nil {
@@ -137,6 +144,7 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 			return existing.result(), nil
 		}
 		st = existing
+		w.Queue = st.Queue // the stored run's, whatever this call asked
 	}
 	// Saved first, then enqueued: a crash in between leaves a pending run
 	// that the run sweeper wakes.

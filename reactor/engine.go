@@ -3,8 +3,6 @@ package reactor
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -213,60 +211,38 @@ func (e *Engine) lookup(name string) (*Definition, error) {
 	return d, nil
 }
 
-// RunOption configures one Run.
-type RunOption func(*runOptions)
-
-type runOptions struct {
-	id string
-}
-
-// WithRunID runs under a caller-chosen id. Starting the same id again is
-// idempotent: a finished run returns its stored result, and an unfinished
-// one that no process holds is resumed from its last checkpoint.
-func WithRunID(id string) RunOption { return func(o *runOptions) { o.id = id } }
-
-// NewRunID returns a random run id.
-func NewRunID() string {
-	var b [12]byte
-	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
-}
-
 // Run executes def in this process and returns its result. The run is stored
 // in Redis and checkpointed after every step; this process holds the run's
 // lock (extended by a heartbeat) for as long as it executes. An error is
 // returned for what prevented the run from being executed or recorded
 // (invalid inputs, Redis, a lost lock); what the run did is in the Result.
 func (e *Engine) Run(ctx context.Context, def *Definition, inputs map[string]any, opts ...RunOption) (*Result, error) {
-	id, encoded, err := e.prepareRun(def, inputs, opts)
+	o, encoded, err := e.prepareRun(ctx, callRun, def, inputs, opts)
 	if err != nil {
 		return nil, err
 	}
-	return e.start(ctx, def, id, encoded, false)
+	return e.start(ctx, def, o.id, encoded, &o)
 }
 
 // prepareRun is what starting a run in-process and enqueuing it share:
-// register the definition, settle the run id, and check the inputs before
-// anything is stored.
-func (e *Engine) prepareRun(def *Definition, inputs map[string]any, opts []RunOption) (string, map[string]codec.Raw, error) {
+// register the definition, settle the options (run id, trace id), and check
+// the inputs before anything is stored.
+func (e *Engine) prepareRun(ctx context.Context, call callKind, def *Definition, inputs map[string]any, opts []RunOption) (runOptions, map[string]codec.Raw, error) {
 	if err := e.Register(def); err != nil {
-		return "", nil, err
+		return runOptions{}, nil, err
 	}
-	var o runOptions
-	for _, opt := range opts {
-		opt(&o)
+	o, err := collectOptions(call, opts)
+	if err != nil {
+		return o, nil, err
 	}
-	if o.id == "" {
-		o.id = NewRunID()
-	}
-	if err := validateRunID(o.id); err != nil {
-		return "", nil, err
+	if o.trace, err = traceFor(ctx); err != nil {
+		return o, nil, err
 	}
 	encoded, err := def.prepareInputs(inputs)
 	if err != nil {
-		return "", nil, err
+		return o, nil, err
 	}
-	return o.id, encoded, nil
+	return o, encoded, nil
 }
 
 // ExecuteElement runs (or resumes, or reads the result of) the element run
@@ -283,7 +259,7 @@ func (e *Engine) ExecuteElement(ctx context.Context, def *Definition, id string,
 	if err != nil {
 		return nil, err
 	}
-	return e.start(ctx, def, id, checked, true)
+	return e.start(ctx, def, id, checked, nil)
 }
 
 // Element returns a stored element run.
@@ -306,7 +282,9 @@ func (e *Engine) Element(ctx context.Context, id string) (*Run, error) {
 	return st.view(d, snap.Version), nil
 }
 
-func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs map[string]codec.Raw, element bool) (*Result, error) {
+// start creates or resumes run id; o is nil for an element run.
+func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs map[string]codec.Raw, o *runOptions) (*Result, error) {
+	element := o == nil
 	target := e.store.RunTarget(id)
 	if element {
 		target = e.store.ElemTarget(id)
@@ -331,6 +309,11 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	}
 	now := e.now()
 	st := newState(id, def, inputs, now)
+	if element {
+		adoptElement(ctx, st)
+	} else {
+		o.applyTo(st)
+	}
 	// The first step's intent rides on the create.
 	st.Intent = nextIntent(&frame{def: def, st: st})
 	data, err := codec.Marshal(st)
@@ -395,6 +378,9 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		return existing.result(), nil
 	}
 	x.st = existing
+	if element {
+		adoptElement(ctx, existing) // an element created before it was recorded
+	}
 	if existing.Status != StatusRunning && !element {
 		if err := e.store.MarkStatus(ctx, id, string(StatusRunning), string(existing.Status), false, now); err != nil {
 			_ = lease.Release(context.WithoutCancel(ctx))
@@ -628,6 +614,7 @@ func (e *Engine) UndoElement(ctx context.Context, id string, wait time.Duration)
 		_ = lease.Release(bg)
 		return nil, err
 	}
+	adoptElement(ctx, st)
 	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: snap.Version,
 		indexed: st.Status, element: true, inWorker: true}
 	if st.Status == StatusRollingBack { // a crashed element undo: resume it

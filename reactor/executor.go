@@ -107,7 +107,7 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 		// Saved (with its wake-up id) before the lock goes: a crash before
 		// the enqueue leaves a running, unlocked run for the sweeper.
 		_ = x.lease.Release(bg)
-		w := Wake{ID: x.st.Wake, RunID: x.st.ID, Reactor: x.st.Reactor, Delay: ho.delay}
+		w := Wake{ID: x.st.Wake, RunID: x.st.ID, Reactor: x.st.Reactor, Queue: x.st.Queue, Delay: ho.delay}
 		if eerr := x.e.cfg.Enqueuer.Enqueue(ctx, w); eerr != nil {
 			return nil, fmt.Errorf("reactor: hand off run %s (saved; the run sweeper will wake it): %w", x.st.ID, eerr)
 		}
@@ -244,6 +244,12 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 		}
 		if x.cancel {
 			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
+		}
+		if x.pastDeadline(0) {
+			// No step is failing, so none is compensated as the trigger;
+			// an intent read back from Redis is rolled back as a step cut
+			// short.
+			return x.startRollback(ctx, f, TriggerFailure, "", x.deadlineFailure(), nil)
 		}
 		if s.handoff == HandOffBefore && x.canHandOff() {
 			// The worker taking over records its own intent: a run handed
@@ -441,14 +447,23 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 			// effect.
 			return stepOutcome{}, errAborted
 		}
-		if s.timeout > 0 && errors.Is(err, context.DeadlineExceeded) {
+		delay := s.retry.delay(attempt)
+		switch {
+		case x.pastDeadline(0):
+			// Stopped by the run's deadline (its context carried it), or
+			// failed after it: either way the run is out of time.
+			err = x.deadlineError(path, err)
+		case s.timeout > 0 && errors.Is(err, context.DeadlineExceeded):
 			err = fmt.Errorf("%w: %w", &TimeoutError{Step: path, Timeout: s.timeout.String()}, err)
+		}
+		if !IsPermanent(err) && attempt < attempts && x.pastDeadline(delay) {
+			// The next attempt would start past the deadline.
+			err = x.deadlineError(path, err)
 		}
 		if IsPermanent(err) || attempt >= attempts {
 			x.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err})
 			return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
 		}
-		delay := s.retry.delay(attempt)
 		x.emit(ctx, Event{Kind: EventStepRetrying, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err, Delay: delay})
 		// The failed attempt is on record before the next one, so a crash
 		// cannot hand the step a fresh set of attempts.
@@ -508,14 +523,21 @@ func nextIntent(f *frame) *intentRec {
 }
 
 // call invokes a step function through the middleware chain, with an
-// optional timeout, turning a panic into a *PanicError.
+// optional timeout, turning a panic into a *PanicError. The context carries
+// the engine and the call's RunInfo, and a Run's carries the run's deadline.
 func (x *execution) call(ctx context.Context, c Call, timeout time.Duration, fn func(context.Context) error) (err error) {
 	if timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
+	if dl := x.deadline(); !dl.IsZero() && c.Kind == CallRun {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, dl)
+		defer cancel()
+	}
 	ctx = context.WithValue(ctx, engineKey{}, x.e)
+	ctx = context.WithValue(ctx, runInfoKey{}, x.runInfo(c))
 	next := func(ctx context.Context) (err error) {
 		defer func() {
 			if r := recover(); r != nil {

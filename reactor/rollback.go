@@ -196,7 +196,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		err = x.call(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
 				cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
-					Step: path, Nested: x.element, state: e.Args}
+					Step: path, Nested: x.element, TraceID: x.st.Trace, state: e.Args}
 				return s.construct.Undo(cctx, cc)
 			}
 			return s.undo(cctx, e.Args, e.Result)

@@ -40,6 +40,16 @@ type runState struct {
 	// before the enqueue, so the sweeper can tell whether it is still queued.
 	Wake string `msgpack:"w,omitempty"`
 
+	// Queue is the asynq queue of the run's wake-ups ("" for the
+	// Enqueuer's own), chosen with WithQueue when the run was created.
+	Queue string `msgpack:"qu,omitempty"`
+	// Deadline is the run's deadline in Unix milliseconds (0: none).
+	Deadline int64 `msgpack:"dl,omitempty"`
+	// Trace is the run's trace id (RunInfo.TraceID).
+	Trace string `msgpack:"tr,omitempty"`
+	// Elem is where an element run belongs (nil for any other run).
+	Elem *elementRec `msgpack:"el,omitempty"`
+
 	Value     codec.Raw `msgpack:"v,omitempty"`
 	Failure   *Failure  `msgpack:"f,omitempty"`
 	Reason    string    `msgpack:"why,omitempty"`
@@ -153,7 +163,17 @@ type Run struct {
 	Failure   *Failure
 	Reason    string
 	// Wake is the id of the last wake-up task enqueued for the run.
-	Wake      string
+	Wake string
+	// Queue is the asynq queue of the run's wake-ups (WithQueue); "" for
+	// the Enqueuer's own.
+	Queue string
+	// Deadline is the run's deadline (WithDeadline, WithTimeout); zero when
+	// it has none.
+	Deadline time.Time
+	// TraceID is the run's trace id (see RunInfo.TraceID).
+	TraceID string
+	// Element is set for a map element run (Engine.Element).
+	Element   *ElementInfo
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
@@ -170,8 +190,14 @@ func (st *runState) result() *Result {
 func (st *runState) view(d *Definition, version int64) *Run {
 	r := &Run{ID: st.ID, Reactor: st.Reactor, Status: st.Status, Version: version, Inputs: st.Inputs,
 		Ledger: st.Ledger, Rollback: st.Rollback, Rollbacks: st.Undone, Value: st.Value,
-		Failure: st.Failure, Reason: st.Reason, Wake: st.Wake,
+		Failure: st.Failure, Reason: st.Reason, Wake: st.Wake, Queue: st.Queue, TraceID: st.Trace,
 		CreatedAt: time.UnixMilli(st.CreatedAt), UpdatedAt: time.UnixMilli(st.UpdatedAt)}
+	if st.Deadline != 0 {
+		r.Deadline = time.UnixMilli(st.Deadline)
+	}
+	if el := st.Elem; el != nil {
+		r.Element = &ElementInfo{Owner: el.Owner, Step: el.Step, Index: el.Index}
+	}
 	names := make([]string, 0, len(st.Steps))
 	if d != nil {
 		for _, s := range d.order {

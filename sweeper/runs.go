@@ -301,7 +301,7 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 	// still queued will wake the run.
 	for _, r := range resumes {
 		for _, tid := range []string{r, r + ":r1", r + ":r2", r + ":r3"} {
-			state, found, err := s.taskState(tid)
+			state, found, err := s.taskState(s.cfg.Queue, tid)
 			if err != nil {
 				return false, false, err
 			}
@@ -311,8 +311,14 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		}
 	}
 	sweepID := fmt.Sprintf("resume:%s:sweep:%d", id, run.Version)
+	// The run's wake-ups are on its own queue (reactor.WithQueue), if it
+	// has one.
+	queue := s.cfg.Queue
+	if run.Queue != "" {
+		queue = run.Queue
+	}
 	if run.Wake != "" && run.Wake != sweepID {
-		state, found, err := s.taskState(run.Wake)
+		state, found, err := s.taskState(queue, run.Wake)
 		if err != nil {
 			return false, false, err
 		}
@@ -324,8 +330,8 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 	}
 	// The run's own wake-up is not queued; an earlier pass's may be (the
 	// sweeper records its wake-ups nowhere but in the queue).
-	w := reactor.Wake{ID: sweepID, RunID: id, Reactor: run.Reactor}
-	state, found, err := s.taskState(sweepID)
+	w := reactor.Wake{ID: sweepID, RunID: id, Reactor: run.Reactor, Queue: run.Queue}
+	state, found, err := s.taskState(queue, sweepID)
 	if err != nil {
 		return false, false, err
 	}
@@ -339,7 +345,7 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		// and more) or for ever. Wake the run under a fresh id: the first
 		// of r1..r3 no task holds, so a later pass finds that wake-up
 		// queued instead of adding another.
-		fresh, err := s.freshID(sweepID)
+		fresh, err := s.freshID(queue, sweepID)
 		if err != nil || fresh == "" {
 			return false, false, err
 		}
@@ -355,10 +361,10 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 // freshID returns the first of id:r1, id:r2, id:r3 free for a new wake-up,
 // or "" when one of them is still deliverable (an earlier pass woke the run)
 // or all are spent (asynq's own recovery takes over).
-func (s *RunSweeper) freshID(id string) (string, error) {
+func (s *RunSweeper) freshID(queue, id string) (string, error) {
 	for n := 1; n <= 3; n++ {
 		fid := id + ":r" + strconv.Itoa(n)
-		state, found, err := s.taskState(fid)
+		state, found, err := s.taskState(queue, fid)
 		switch {
 		case err != nil:
 			return "", err
@@ -367,7 +373,7 @@ func (s *RunSweeper) freshID(id string) (string, error) {
 		case deliverable(state):
 			return "", nil
 		case state == asynq.TaskStateArchived || state == asynq.TaskStateCompleted:
-			if err := s.insp.DeleteTask(s.cfg.Queue, fid); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+			if err := s.insp.DeleteTask(queue, fid); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
 				return "", fmt.Errorf("sweeper: delete task %s: %w", fid, err)
 			}
 			return fid, nil
@@ -376,10 +382,10 @@ func (s *RunSweeper) freshID(id string) (string, error) {
 	return "", nil
 }
 
-// taskState returns the state of task id on the sweeper's queue; found is
+// taskState returns the state of task id on queue; found is
 // false when the task (or the whole queue) does not exist.
-func (s *RunSweeper) taskState(id string) (state asynq.TaskState, found bool, err error) {
-	info, err := s.insp.GetTaskInfo(s.cfg.Queue, id)
+func (s *RunSweeper) taskState(queue, id string) (state asynq.TaskState, found bool, err error) {
+	info, err := s.insp.GetTaskInfo(queue, id)
 	switch {
 	case err == nil:
 		return info.State, true, nil

@@ -80,16 +80,21 @@ func (c *Client) Served(ctx context.Context) (bool, error) {
 	}
 }
 
-// Enqueue puts a wake-up on the queue. A task with the same id already
-// queued (or running, retried, archived) is the same cause: nil.
+// Enqueue puts a wake-up on the client's queue, or on w.Queue when set (a
+// run started WithQueue). A task with the same id already queued (or
+// running, retried, archived) is the same cause: nil.
 func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 	payload, err := EncodeRun(RunPayload{RunID: w.RunID, Reactor: w.Reactor})
 	if err != nil {
 		return err
 	}
-	opts := []asynq.Option{asynq.TaskID(w.ID), asynq.Queue(c.queue), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout)}
+	queue := c.queue
+	if w.Queue != "" {
+		queue = w.Queue
+	}
+	opts := []asynq.Option{asynq.TaskID(w.ID), asynq.Queue(queue), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout)}
 	if w.Delay > 0 {
-		opts = append(opts, asynq.ProcessIn(w.Delay))
+		opts = append(opts, asynq.ProcessAt(notBefore(time.Now().Add(w.Delay))))
 	}
 	if w.Retain > 0 {
 		opts = append(opts, asynq.Retention(w.Retain))
@@ -101,7 +106,7 @@ func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 		// completed record is an earlier run under the same id, expired and
 		// started afresh: the record is replaced, or the new run would
 		// never be woken.
-		return c.replaceCompleted(ctx, w.ID, func() error {
+		return c.replaceCompleted(ctx, queue, w.ID, func() error {
 			_, err := c.c.EnqueueContext(ctx, asynq.NewTask(TypeRun, payload), opts...)
 			return err
 		})
@@ -115,10 +120,20 @@ func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 	return nil
 }
 
-// replaceCompleted deletes task id if it is completed (retained) and enqueues
-// it again; any other state of id means it is queued or running: nil.
-func (c *Client) replaceCompleted(ctx context.Context, id string, enqueue func() error) error {
-	info, err := c.insp.GetTaskInfo(c.queue, id)
+// notBefore rounds t up to a whole second: asynq schedules at whole seconds,
+// truncating, which would deliver a delayed wake-up up to a second early.
+func notBefore(t time.Time) time.Time {
+	if s := t.Truncate(time.Second); !s.Equal(t) {
+		return s.Add(time.Second)
+	}
+	return t
+}
+
+// replaceCompleted deletes task id of queue if it is completed (retained)
+// and enqueues it again; any other state of id means it is queued or
+// running: nil.
+func (c *Client) replaceCompleted(ctx context.Context, queue, id string, enqueue func() error) error {
+	info, err := c.insp.GetTaskInfo(queue, id)
 	if errors.Is(err, asynq.ErrTaskNotFound) {
 		err, info = nil, nil // gone meanwhile: enqueue
 	}
@@ -129,7 +144,7 @@ func (c *Client) replaceCompleted(ctx context.Context, id string, enqueue func()
 		if info.State != asynq.TaskStateCompleted {
 			return nil
 		}
-		if err := c.insp.DeleteTask(c.queue, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
+		if err := c.insp.DeleteTask(queue, id); err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
 			return fmt.Errorf("worker: replace the completed record of %s: %w", id, err)
 		}
 	}

@@ -1,0 +1,30 @@
+// Package runctx carries what a construct tells the engine about an element
+// run it executes, through the context, so that reactor's public API needs
+// no parameter that only mapstep would ever pass.
+package runctx
+
+import "context"
+
+// Element is where an element run belongs: the top-level run that owns its
+// map, the map step's path in that run, the element's index, and the
+// owner's trace id (the element run inherits it).
+type Element struct {
+	Owner string
+	Step  string
+	Index int
+	Trace string
+}
+
+type elementKey struct{}
+
+// WithElement returns ctx telling ExecuteElement and UndoElement where the
+// element run belongs.
+func WithElement(ctx context.Context, e Element) context.Context {
+	return context.WithValue(ctx, elementKey{}, e)
+}
+
+// ElementFrom returns what WithElement put in ctx.
+func ElementFrom(ctx context.Context) (Element, bool) {
+	e, ok := ctx.Value(elementKey{}).(Element)
+	return e, ok
+}
