@@ -89,6 +89,15 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 	if !md.exists {
 		return maptask.ErrMapGone
 	}
+	if md.ownerDone {
+		// A late duplicate of a task whose map its owner has adopted (or
+		// rolled back) and finished with: nothing may run or settle now,
+		// and sealing a missing element run would create a key outside
+		// the retention the owner's tree already got.
+		e.Logger().Debug("element task for a finished map ignored", "event", "reactor.map.element.late",
+			"map", t.MapID, "index", t.Index)
+		return nil
+	}
 	// The position is checked against the map before anything runs: a
 	// task for a position never claimed (or past the end) would run the
 	// element's steps, and the settle would then refuse it, leaving a side

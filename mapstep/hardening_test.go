@@ -5,12 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/codec"
@@ -436,18 +438,69 @@ func TestHardeningDeadElementLockSameWaitBothModes(t *testing.T) {
 		hxSameFailure(t, failures[false], failures[true])
 	})
 
-	t.Run("ElementInFlightPastTheBudget", func(t *testing.T) {
+	t.Run("LiveHolderPastTheBudgetIsWaitedFor", func(t *testing.T) {
 		t.Parallel()
+		// A lock still held past the wait belongs to a live holder: the
+		// rollback warns once and goes on waiting; the element is undone
+		// when the holder lets go, and the Failure is the same as ever.
 		var mu sync.Mutex
 		failures := map[bool]*reactor.Failure{}
 		t.Run("modes", func(t *testing.T) {
 			for _, fanOut := range []bool{false, true} {
 				t.Run(fmt.Sprintf("fanOut=%t", fanOut), func(t *testing.T) {
 					t.Parallel()
-					res, h, c, mapID := run(t, fanOut, time.Minute)
-					requireBoom(t, res, reactor.RollbackFailure{Step: "each[2]", Kind: reactor.KindUndo, Reason: "element_in_flight"})
-					c.requireUndos(t, n, map[int][3]int{held: {}})
-					require.Equal(t, "element_in_flight", h.outcome(context.Background(), mapID, n-1-held).Outcome)
+					ctx := eoCtx(t, 60*time.Second)
+					logs := &hxRecords{}
+					o := opts
+					o.noServer = !fanOut
+					o.lockExpiry = 600 * time.Millisecond // wait = 800 ms
+					o.logger = slog.New(logs)
+					h := newRBFHarness(t, o)
+					c := newRBFCounts()
+					owner := "hx-live-owner"
+					mapID := mapstep.MapID(owner, "each")
+					lockKey := h.keys.ElemLock(mapstep.ElementID(mapID, held))
+					t.Cleanup(func() { h.rdb.Del(context.Background(), lockKey) })
+					name := fmt.Sprintf("hx-live-%t", fanOut)
+					def := rbfOwner(name, c.element(name+"-el"), fanOut, 50, func(ctx context.Context) error {
+						return h.rdb.Set(ctx, lockKey, "live-holder-token", time.Minute).Err()
+					})
+					done := make(chan *reactor.Result, 1)
+					go func() {
+						if fanOut {
+							done <- h.runFanOut(ctx, def, owner, eoSeq(0, n))
+							return
+						}
+						res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
+						assert.NoError(t, err)
+						done <- res
+					}()
+					warnings := func() int {
+						logs.mu.Lock()
+						defer logs.mu.Unlock()
+						k := 0
+						for _, r := range logs.recs {
+							if r.attrs["event"] == "reactor.map.rollback.element_held" {
+								k++
+								assert.Equal(t, slog.LevelWarn, r.level)
+								assert.Equal(t, strconv.Itoa(held), r.attrs["index"])
+							}
+						}
+						return k
+					}
+					require.Eventually(t, func() bool { return warnings() == 1 }, 30*time.Second, 10*time.Millisecond,
+						"an operator is told once the wait passes")
+					select {
+					case <-done:
+						t.Fatal("the rollback gave up on a live holder")
+					default:
+					}
+					require.NoError(t, h.rdb.Del(ctx, lockKey).Err()) // the holder lets go
+					res := <-done
+					requireBoom(t, res)
+					c.requireUndos(t, n, nil)
+					require.Equal(t, "undone", h.outcome(context.Background(), mapID, n-1-held).Outcome)
+					require.Equal(t, 1, warnings(), "one warning, however long the wait")
 					mu.Lock()
 					failures[fanOut] = res.Failure
 					mu.Unlock()

@@ -153,6 +153,8 @@ type rbfOptions struct {
 	// wrap wraps the worker's handler, inside the recorder (so whatever it
 	// does for a delivery is done when the recorder sees it).
 	wrap func(asynq.Handler) asynq.Handler
+	// logger is the engine's logger. Default rbfLogger (discards).
+	logger *slog.Logger
 }
 
 type rbfHarness struct {
@@ -215,8 +217,12 @@ func newRBFHarness(t testing.TB, o rbfOptions) *rbfHarness {
 		}
 		delete(h.events, k)
 	})
+	logger := rbfLogger
+	if o.logger != nil {
+		logger = o.logger
+	}
 	e, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix,
-		Enqueuer: h.client, Logger: rbfLogger, Hooks: append([]reactor.Hook{hook}, o.hooks...), UndoLockWait: o.undoLockWait, LockExpiry: o.lockExpiry})
+		Enqueuer: h.client, Logger: logger, Hooks: append([]reactor.Hook{hook}, o.hooks...), UndoLockWait: o.undoLockWait, LockExpiry: o.lockExpiry})
 	require.NoError(t, err)
 	h.engine = e
 	h.insp = asynq.NewInspectorFromRedisClient(rdb)
@@ -769,9 +775,8 @@ func TestRbFaultInterruptedSecondUndo(t *testing.T) {
 
 // A held element lock: the rollback job snoozes (asynq's retry state, its
 // retry count untouched) without reporting, and completes once the lock is
-// free: undone, no element_in_flight. A lock that stays held past
-// the map rollback lock wait (the engine's LockExpiry and a third, 1.33 s
-// here) is reported element_in_flight, once.
+// free: undone, no element_in_flight. (A lock held past the map rollback
+// lock wait is waited for too: TestHardeningDeadElementLockSameWaitBothModes.)
 func TestRbFaultHeldElementLock(t *testing.T) {
 	t.Parallel()
 	const n = 5
@@ -837,53 +842,11 @@ func TestRbFaultHeldElementLock(t *testing.T) {
 		}
 	})
 
-	t.Run("ElementInFlightAfterTheWait", func(t *testing.T) {
-		t.Parallel()
-		ctx := eoCtx(t, 60*time.Second)
-		h := newRBFHarness(t, rbfOptions{lockExpiry: time.Second})
-		c := newRBFCounts()
-		owner, _ := rbfOwnerID(t, nil)
-		mapID := mapstep.MapID(owner, "each")
-		const held = 2
-		lockKey := h.keys.ElemLock(mapstep.ElementID(mapID, held))
-		t.Cleanup(func() { h.rdb.Del(context.Background(), lockKey) })
-		def := rbfOwner("rbf-inflight", c.element("rbf-inflight-el"), true, 50, func(ctx context.Context) error {
-			return h.rdb.Set(ctx, lockKey, "rbf-foreign-token", time.Minute).Err()
-		})
-		res := h.runFanOut(ctx, def, owner, eoSeq(0, n))
-		requireBoom(t, res, reactor.RollbackFailure{Step: "each[2]", Kind: reactor.KindUndo, Reason: "element_in_flight"})
-		require.Contains(t, res.Failure.RollbackFailures[0].Message, "element 2")
-
-		pos := n - 1 - held
-		o := h.outcome(ctx, mapID, pos)
-		require.Equal(t, "element_in_flight", o.Outcome)
-		require.Equal(t, held, o.Index)
-		meta := h.rbMeta(ctx, mapID)
-		require.Equal(t, "1", meta["n:element_in_flight"])
-		require.Equal(t, strconv.Itoa(n-1), meta["n:undone"])
-		attempts, err := strconv.Atoi(meta["attempts:"+strconv.Itoa(pos)])
-		require.NoError(t, err)
-		h.rec.awaitOK(t, ctx, rbTaskID(mapID, pos))
-		ok, failed, snoozed := h.rec.get(rbTaskID(mapID, pos))
-		require.Equal(t, 1, ok)
-		require.Zero(t, failed)
-		require.GreaterOrEqual(t, snoozed, 1, "the job snoozed before it reported")
-		require.Equal(t, attempts-1, snoozed, "every attempt but the last snoozed; the last reported")
-		c.requireUndos(t, n, map[int][3]int{held: {}})
-		run, err := h.engine.Element(ctx, mapstep.ElementID(mapID, held))
-		require.NoError(t, err)
-		require.Equal(t, reactor.StatusCompleted, run.Status, "the element in flight was not touched")
-		token, err := h.rdb.Get(ctx, lockKey).Result()
-		require.NoError(t, err)
-		require.Equal(t, "rbf-foreign-token", token)
-	})
 }
 
 // An inline map rolls back in the owner's process, which waits for a held
-// element lock up to the map rollback lock wait (one lock attempt after
-// another) instead of snoozing: a lock freed within it is no reason to
-// report anything, and a lock held past it is reported element_in_flight
-// once, as on the fan-out path.
+// element lock (one lock attempt after another) instead of snoozing: a lock
+// freed within the wait is no reason to report anything.
 func TestRbFaultHeldElementLockInline(t *testing.T) {
 	t.Parallel()
 	const n, held = 5, 2
@@ -925,29 +888,6 @@ func TestRbFaultHeldElementLockInline(t *testing.T) {
 		require.GreaterOrEqual(t, waited, 250*time.Millisecond, "the rollback waited for the lock")
 	})
 
-	t.Run("ElementInFlightAfterTheWait", func(t *testing.T) {
-		t.Parallel()
-		ctx := eoCtx(t, 60*time.Second)
-		h := newRBFHarness(t, rbfOptions{noServer: true, lockExpiry: 600 * time.Millisecond})
-		c := newRBFCounts()
-		owner, _ := rbfOwnerID(t, nil)
-		mapID := mapstep.MapID(owner, "each")
-		lockKey := h.keys.ElemLock(mapstep.ElementID(mapID, held))
-		t.Cleanup(func() { h.rdb.Del(context.Background(), lockKey) })
-		def := rbfOwner("rbf-inflight-inline", c.element("rbf-inflight-inline-el"), false, 0, func(ctx context.Context) error {
-			return h.rdb.Set(ctx, lockKey, "rbf-foreign-token", time.Minute).Err()
-		})
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
-		require.NoError(t, err)
-		requireBoom(t, res, reactor.RollbackFailure{Step: "each[2]", Kind: reactor.KindUndo, Reason: "element_in_flight"})
-		c.requireUndos(t, n, map[int][3]int{held: {}})
-		o := h.outcome(ctx, mapID, n-1-held)
-		require.Equal(t, "element_in_flight", o.Outcome)
-		require.Equal(t, "1", h.rbMeta(ctx, mapID)["n:element_in_flight"])
-		run, err := h.engine.Element(ctx, mapstep.ElementID(mapID, held))
-		require.NoError(t, err)
-		require.Equal(t, reactor.StatusCompleted, run.Status, "the element in flight was not touched")
-	})
 }
 
 // An element run that expired before the rollback (its state key deleted):

@@ -33,7 +33,6 @@ const (
 	rbNotNeeded          = "not_needed"
 	rbFailed             = "failed"
 	rbContextUnavailable = "context_unavailable"
-	rbElementInFlight    = "element_in_flight"
 )
 
 // rbGen is the rollback generation. A map is rolled back once per run
@@ -41,17 +40,17 @@ const (
 // get fresh keys and task ids without colliding with the first.
 const rbGen = 1
 
-// rollbackLockWait is how long a map's rollback waits for an element whose
-// lock another process holds before it reports the element
-// element_in_flight: the engine's LockExpiry plus a third of it (40 s by
-// default). The same budget holds for inline rollbacks (which poll in the
-// owner's process) and fan-out rollbacks (whose jobs snooze), and it is
-// time, not attempts, measured from the first time the position found the
-// lock held, by the Redis server's clock (rb_locked.lua), so a crash and a
-// redelivery do not restart it. It outlives the lock of a holder that died
-// (a lock lives at most LockExpiry past its last heartbeat), so a crashed
-// worker never turns into a false element_in_flight; a lock still held
-// after it belongs to a live holder that kept extending it.
+// rollbackLockWait is how long a map's rollback position may find its
+// element locked before the rollback warns an operator: the engine's
+// LockExpiry plus a third of it (40 s by default), past what a crashed
+// holder's lock lives. The rollback never gives up on the element: a lock
+// held longer belongs to a live holder (a delivery still executing the
+// element, or finishing within its LockGrace), and undoing around it would
+// leave whatever it completes undone. Inline rollbacks (which poll in the
+// owner's process) and fan-out rollbacks (whose jobs snooze) wait alike; the
+// time is measured from the first time the position found the lock held, by
+// the Redis server's clock (rb_locked.lua), so a crash and a redelivery do
+// not restart it.
 func rollbackLockWait(e *reactor.Engine) time.Duration {
 	x := e.LockExpiry()
 	return x + x/3
@@ -376,21 +375,23 @@ func rollbackInlineElement(ctx context.Context, e *reactor.Engine, ms mapStore, 
 	}
 }
 
-// heldElement decides for position p, whose element i was found locked
-// (lockErr): keep waiting (lockErr is returned: the caller retries, a job
-// by snoozing) while the position has waited less than rollbackLockWait,
-// else report the element element_in_flight. Both rollback modes decide
-// here, so they wait alike and report alike.
+// heldElement handles position p, whose element i was found locked
+// (lockErr): the rollback waits (lockErr is returned: the caller retries, a
+// job by snoozing) for as long as the lock is held, and once the position has
+// waited rollbackLockWait it warns, once, naming the element. Both rollback
+// modes decide here, so they wait alike and report alike.
 func (s mapStore) heldElement(ctx context.Context, e *reactor.Engine, md meta, mapID string, p, i int, lockErr error) (rbOutcome, error) {
-	waitedMs, err := rbLockedScript.Run(ctx, s.rdb, []string{s.keys.MapRbMeta(mapID, rbGen)}, p).Int64()
+	wait := rollbackLockWait(e)
+	res, err := rbLockedScript.Run(ctx, s.rdb, []string{s.keys.MapRbMeta(mapID, rbGen)}, p, wait.Milliseconds()).Int64Slice()
 	if err != nil {
 		return rbOutcome{Index: i}, fmt.Errorf("mapstep: note held element %s[%d]: %w", mapID, i, err)
 	}
-	wait := rollbackLockWait(e)
-	if time.Duration(waitedMs)*time.Millisecond < wait {
-		return rbOutcome{Index: i}, lockErr
+	if res[1] == 1 {
+		e.Logger().Warn("map rollback is waiting for an element another process holds; it undoes the element once the holder lets go",
+			"event", "reactor.map.rollback.element_held", "reactor", md.OwnerReact, "run", md.Owner, "map_step", md.Step,
+			"map", mapID, "index", i, "element_run", ElementID(mapID, i), "waited", (time.Duration(res[0]) * time.Millisecond).String())
 	}
-	return rbOutcome{Index: i, Outcome: rbElementInFlight, Failures: []reactor.RollbackFailure{inFlight(md.Step, mapID, i, wait)}}, nil
+	return rbOutcome{Index: i}, lockErr
 }
 
 // rollbackElement rolls back the element at rollback position p: the one
@@ -451,14 +452,6 @@ func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID 
 }
 
 func elementPath(step string, i int) string { return fmt.Sprintf("%s[%d]", step, i) }
-
-// inFlight is the failure of an element whose lock stayed held past the
-// wait. Its message names the budget, not the time measured, so inline and
-// fan-out rollbacks report the same Failure.
-func inFlight(step, mapID string, i int, wait time.Duration) reactor.RollbackFailure {
-	return reactor.RollbackFailure{Step: elementPath(step, i), Kind: reactor.KindUndo, Reason: rbElementInFlight,
-		Message: fmt.Sprintf("element %d stayed locked by another process for %s, longer than a crashed holder's lock lives, so it was not undone; find its holder, and undo element run %s once it has finished", i, wait.Round(time.Millisecond), ElementID(mapID, i))}
-}
 
 // logElement logs one element's rollback outcome at Debug: it is one line
 // per element (thousands for a big map), and what an operator must act on

@@ -61,22 +61,29 @@ type meta struct {
 	Failed            bool
 	FailedIndex       int
 	exists            bool
+	ownerDone         bool // the owner finished: the map's keys carry its retention
 }
 
 func (s mapStore) readMeta(ctx context.Context, mapID string) (meta, error) {
 	var m meta
 	var h *redis.MapStringStringCmd
 	var off, failed *redis.StringCmd
+	var ttl *redis.DurationCmd
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		h = p.HGetAll(ctx, s.keys.MapMeta(mapID))
 		off = p.Get(ctx, s.keys.MapOffset(mapID))
 		failed = p.Get(ctx, s.keys.MapFailed(mapID))
+		ttl = p.PTTL(ctx, s.keys.MapMeta(mapID))
 		return nil
 	})
 	if err != nil && err != redis.Nil {
 		return m, fmt.Errorf("mapstep: read map %s: %w", mapID, err)
 	}
-	return parseMeta(h.Val(), off.Val(), failed), nil
+	m = parseMeta(h.Val(), off.Val(), failed)
+	// The map's keys carry an expiry only once its owner has finished (the
+	// owner's retention walk): nothing of it runs any more.
+	m.ownerDone = m.exists && ttl.Val() > 0
+	return m, nil
 }
 
 func parseMeta(f map[string]string, offset string, failed *redis.StringCmd) meta {

@@ -37,10 +37,8 @@ type execution struct {
 	// is this execution's and no Run has been called yet).
 	created bool
 	// revive: the run was finished (an Undo): its tree carries the
-	// retention, taken off right after the first write makes the run live
-	// again. In that order a crash leaves a live run (which the sweeper
-	// resumes) with an expiry still on its tree, never a finished run whose
-	// tree no longer expires.
+	// retention, taken off just before the first write makes the run live
+	// again (see save).
 	revive bool
 }
 
@@ -161,6 +159,17 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		}
 		x.indexed = x.st.Status
 	}
+	if x.revive && !terminal {
+		// After the run is back in the active index, before the write
+		// that makes it live: a crash in between leaves a finished run in
+		// the active index, whose tree the sweeper gives the retention
+		// again (under the run's lock), never a live run whose tree still
+		// expires under it.
+		if err := x.e.expireTree(ctx, x.def, x.st.ID, 0); err != nil {
+			return err
+		}
+		x.revive = false
+	}
 	res, err := x.e.store.Write(ctx, x.target, x.lease.Token(), x.version, data, opts)
 	var conflict *store.VersionConflictError
 	if errors.Is(err, store.ErrLockNotHeld) || errors.As(err, &conflict) {
@@ -171,12 +180,6 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	}
 	x.version = res.Version
 	x.cancel = x.cancel || res.CancelRequested
-	if x.revive && !terminal {
-		if err := x.e.expireTree(ctx, x.def, x.st.ID, 0); err != nil {
-			return err
-		}
-		x.revive = false
-	}
 	if !terminal || x.element {
 		return nil
 	}
@@ -393,13 +396,34 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		// the run was on, never from 1.
 		first = in.Attempt
 	}
-	if in := f.st.Intent; in == nil || in.Step != s.name {
+	switch in := f.st.Intent; {
+	case in == nil || in.Step != s.name:
 		// Decide, save, then act: the intent is on record before Run is
 		// called (usually the previous step's checkpoint carried it).
 		f.st.Intent, f.notStarted = &intentRec{Step: s.name, Attempt: first}, true
 		if err := x.checkpoint(ctx); err != nil {
 			return stepOutcome{}, err
 		}
+		if x.cancel {
+			return stepOutcome{kind: outCancel, failure: newCancelFailure("cancelled on request")}, nil
+		}
+	case in.Scheduled:
+		in.Scheduled = false // a scheduled retry's wake-up: nothing was cut short
+	case !f.notStarted:
+		// Read back from Redis: an earlier execution may have died inside
+		// the step. A crash does not spend an attempt, but a step that
+		// kills every process running it must not be retried for ever.
+		in.Interrupted++
+		if in.Interrupted > maxInterruptions {
+			err := Permanent(fmt.Errorf("%w: step %q was cut short %d times (its process died or its delivery ended each time); giving up",
+				ErrStepInterrupted, path, in.Interrupted-1))
+			x.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: first, Err: err})
+			return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
+		}
+		if err := x.checkpoint(ctx); err != nil { // the count is on record before the step runs again
+			return stepOutcome{}, err
+		}
+		f.notStarted = true
 		if x.cancel {
 			return stepOutcome{kind: outCancel, failure: newCancelFailure("cancelled on request")}, nil
 		}
@@ -471,6 +495,7 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		if delay > maxHeldBackoff && x.canSchedule() {
 			// A long backoff is a scheduled wake-up, not a sleep holding
 			// the run's lock and a worker slot.
+			f.st.Intent.Scheduled = true
 			x.st.Wake = wakeID(x.st.ID, fmt.Sprintf("retry:%s:%d", path, attempt+1))
 			if err := x.checkpoint(ctx); err != nil {
 				return stepOutcome{}, err
@@ -494,6 +519,12 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		}
 	}
 }
+
+// maxInterruptions is how many executions of a step may be cut short (its
+// process dies, its delivery ends) before the step fails: a step that kills
+// its worker (out of memory, a crash in its own goroutine) would otherwise
+// be redelivered for ever, whatever its Retry.
+const maxInterruptions = 5
 
 // maxHeldBackoff is the longest retry backoff a worker sleeps through
 // holding the run's lock; a longer one becomes a scheduled wake-up.

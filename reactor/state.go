@@ -70,6 +70,14 @@ const (
 type intentRec struct {
 	Step    string `msgpack:"s"`
 	Attempt int    `msgpack:"a,omitempty"`
+	// Interrupted counts the executions that found this intent on record
+	// and so may have been cut short inside the step (a dead process, an
+	// ended delivery): past maxInterruptions the step fails instead of
+	// killing its workers for ever.
+	Interrupted int `msgpack:"x,omitempty"`
+	// Scheduled marks an intent saved with a scheduled retry wake-up: the
+	// process left on purpose, nothing was cut short.
+	Scheduled bool `msgpack:"sch,omitempty"`
 }
 
 type stepRec struct {

@@ -374,3 +374,30 @@ func TestHardeningSweeperExpiresTheTreeOfAnExpiredRun(t *testing.T) {
 	require.Eventually(t, func() bool { return len(runKeys(t, e.rdb, e.prefix, "expired")) == 0 },
 		5*time.Second, 10*time.Millisecond, "the tree of an expired run must go with it")
 }
+
+// TestHardeningTrimDropsAStaleStatusEntry: an id reused after its retention
+// leaves the old run's status entry behind (the old run completed, the new
+// one failed): the trim removes the entry of the status the stored run is not
+// in, and keeps the one it is in.
+func TestHardeningTrimDropsAStaleStatusEntry(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := ctxTimeout(t, 20*time.Second)
+	completed, failed := e.prefix+":idx:status:completed", e.prefix+":idx:status:failed"
+	require.NoError(t, e.rdb.ZAdd(ctx, completed, redis.Z{Score: 1000, Member: "again"}).Err())
+	def := reactor.MustDefine("again", reactor.Step("a", reactor.StepConfig[reactor.Args, string]{
+		Run: func(context.Context, reactor.Args) (string, error) { return "", reactor.Permanent(errors.New("no")) },
+	}))
+	res, err := e.engine.Run(ctx, def, nil, reactor.WithRunID("again"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	trim, err := sweeper.NewIndexTrimmer(sweeper.TrimConfig{Engine: e.engine, Retention: time.Second, ClockMargin: time.Millisecond, Logger: discard})
+	require.NoError(t, err)
+	rep, err := trim.Trim(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, rep.Trimmed)
+	_, err = e.rdb.ZScore(ctx, completed, "again").Result()
+	require.ErrorIs(t, err, redis.Nil, "the old run's status entry goes")
+	_, err = e.rdb.ZScore(ctx, failed, "again").Result()
+	require.NoError(t, err, "the stored run's status entry stays")
+}

@@ -177,12 +177,26 @@ func (t *IndexTrimmer) trimIndex(ctx context.Context, key string, before int64, 
 	}); err != nil {
 		return fmt.Errorf("read the runs of a page: %w", err)
 	}
+	status, isStatus := t.statusOf(key)
 	for i, z := range page {
 		rep.Examined++
-		if states[i].Val() == 1 || locks[i].Val() == 1 {
-			continue // retained, live, or being created
-		}
 		id, _ := z.Member.(string)
+		if locks[i].Val() == 1 {
+			continue // live, or being created
+		}
+		if states[i].Val() == 1 {
+			// Retained or live: its entry stays, unless this is a status
+			// index the run is no longer in (an id reused after its
+			// retention leaves the old run's status entry; a crash between
+			// a terminal write and its index update leaves the old one).
+			if !isStatus {
+				continue
+			}
+			run, err := t.cfg.Engine.Get(ctx, id)
+			if err != nil || run.Status == status {
+				continue
+			}
+		}
 		if t.beforeRemove != nil {
 			t.beforeRemove(key, id)
 		}
@@ -216,6 +230,16 @@ func (t *IndexTrimmer) trimIndex(ctx context.Context, key string, before int64, 
 		rep.Trimmed++
 	}
 	return nil
+}
+
+// statusOf returns the status whose index key is, if it is a status index.
+func (t *IndexTrimmer) statusOf(key string) (reactor.Status, bool) {
+	for _, s := range reactor.Statuses() {
+		if t.keys.Status(string(s)) == key {
+			return s, true
+		}
+	}
+	return "", false
 }
 
 // page returns the next at most Page entries of index key scored before

@@ -233,3 +233,40 @@ func TestHardeningLockOutlivesTheDeliveryContext(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, strings.Contains(strings.Join(run.Completed, ","), "slow"), "the step's result is recorded")
 }
+
+// TestHardeningCrashLoopIsBounded: a step that kills every delivery running
+// it (here each delivery ends inside it) is not redelivered for ever: after
+// five cut-short executions the next one fails the step, which rolls back
+// like any failure (its Compensate runs, the steps before it are undone).
+func TestHardeningCrashLoopIsBounded(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	tr := &trail{}
+	var runs atomic.Int32
+	def := reactor.MustDefine("crash-loop", step(tr, "a", nil), reactor.Step("killer", reactor.StepConfig[reactor.Args, string]{
+		After: []string{"a"},
+		Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+			runs.Add(1)
+			endDelivery(ctx)
+			<-ctx.Done()
+			return "", ctx.Err()
+		},
+		Compensate: func(_ context.Context, _ reactor.Args, err error) error {
+			tr.add("compensate:killer")
+			return nil
+		},
+	}))
+	e := f.engine("w")
+	_, err := e.Enqueue(ctxTimeout(t), def, nil, reactor.WithRunID("crash-loop"))
+	require.NoError(t, err)
+	for i := range 6 {
+		_, err := deliver(t, e, "crash-loop")
+		require.Error(t, err, "delivery %d ends inside the step", i+1)
+	}
+	res, err := deliver(t, e, "crash-loop")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.ErrorIs(t, res.Failure, reactor.ErrStepInterrupted)
+	require.EqualValues(t, 6, runs.Load(), "one first run and five cut-short reruns, then no more")
+	require.Equal(t, []string{"run:a", "compensate:killer", "undo:a"}, tr.all())
+}
