@@ -137,9 +137,10 @@ func TestWithQueueRoutesTheRunsWakeUps(t *testing.T) {
 	require.NoError(t, err)
 	require.NotNil(t, info, "the hand-off wake-up %s is on the run's queue", run.Wake)
 
-	// A worker on the run's queue only: the first attempt fails and
-	// schedules its retry there.
-	f.startWorker(e, func(c *worker.Config) { c.Queues = map[string]int{other: 1} })
+	// A worker on the run's queue (and the Client's, which every worker of
+	// an engine must serve: Start refuses otherwise): the first attempt
+	// fails and schedules its retry on the run's queue.
+	f.startWorker(e, func(c *worker.Config) { c.Queues = map[string]int{other: 1, f.queue: 1} })
 	retryWake := "resume:queued-1:retry:flaky:2"
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		info, err := taskOn(other, retryWake)
