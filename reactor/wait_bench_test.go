@@ -88,7 +88,8 @@ func TestWaitLoad(t *testing.T) {
 			time.Sleep(window)
 			after := commandCalls(t, rdb)
 			perSec := float64(after.total-before.total-1) / window.Seconds() // -1: the first INFO
-			t.Logf("%s: %d waiters: %.0f Redis commands/s while waiting (%s)", mode.name, n, perSec, after.diff(before))
+			t.Logf("%s: %d waiters: %.0f Redis commands/s while waiting (%s); %d subscriber connections",
+				mode.name, n, perSec, after.diff(before), reactor.WaitConnections(e))
 
 			start := time.Now()
 			for _, id := range ids {
@@ -159,5 +160,6 @@ func envInt(t *testing.T, name string, def int) int {
 }
 
 var waitLoadModes = []waitLoadMode{
+	{name: "poll", wait: reactor.PollWait}, // the Wait of before: a read every 5-250 ms per waiter
 	{name: "Wait", wait: (*reactor.Engine).Wait},
 }
