@@ -143,7 +143,7 @@ func TestRoundTripsPerElement(t *testing.T) {
 		finished := h.done(owner)
 		engineCount.reset()
 		asynqCount.reset()
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
 		require.NoError(t, err)
 		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 		eoAwait(t, ctx, finished, "the owner")

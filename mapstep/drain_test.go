@@ -153,7 +153,7 @@ func drainCtx(t *testing.T) context.Context {
 // first batch, which is observed as the first burst.
 func (f *drainFixture) start(def *reactor.Definition, n int, opts ...reactor.RunOption) (runID string, first drainRecord) {
 	f.t.Helper()
-	res, err := f.engine.Run(drainCtx(f.t), def, map[string]any{"items": drainItems(n)}, opts...)
+	res, err := f.engine.Run(drainCtx(f.t), def, map[string]any{"items": drainItems(n)}, append(opts, reactor.NoWait())...)
 	require.NoError(f.t, err)
 	require.Equal(f.t, reactor.OutcomeDispatched, res.Outcome(), "%v", res.Failure)
 	return res.RunID, f.d.Observe()

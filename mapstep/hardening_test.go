@@ -242,7 +242,7 @@ func TestHardeningFailingElementRollbackFailuresKeepTheirPath(t *testing.T) {
 		f := newDrainFixture(t)
 		name := fmt.Sprintf("hx-path-%t", fanOut)
 		def := f.owner(name, mapstep.Config{Element: hxReserveElement(name+"-el", bad), FanOut: fanOut})
-		res, err := f.engine.Run(drainCtx(t), def, map[string]any{"items": drainItems(n)})
+		res, err := f.engine.Run(drainCtx(t), def, map[string]any{"items": drainItems(n)}, reactor.NoWait())
 		require.NoError(t, err)
 		if fanOut {
 			require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
@@ -560,7 +560,7 @@ func TestHardeningStoppedElementCannotStartLater(t *testing.T) {
 	def := reactor.MustDefine("hx-late",
 		mapstep.Map("each", mapstep.Config{Element: f.element("hx-late-el", 1), Pages: src, FanOut: true}),
 	)
-	res, err := f.engine.Run(ctx, def, nil)
+	res, err := f.engine.Run(ctx, def, nil, reactor.NoWait())
 	require.NoError(t, err)
 	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 	require.Equal(t, 2, f.d.Observe().Burst())

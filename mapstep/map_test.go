@@ -165,7 +165,7 @@ func TestFanOutMap(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, true)
 	def := sumOwner("fan", f.element("fan-el"), true, false)
-	res, err := f.engine.Run(ctxT(t), def, map[string]any{"items": items(120)})
+	res, err := f.engine.Run(ctxT(t), def, map[string]any{"items": items(120)}, reactor.NoWait())
 	require.NoError(t, err)
 	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 	res, err = f.engine.Wait(ctxT(t), res.RunID)
@@ -443,7 +443,7 @@ func TestCancelDuringFanOutForward(t *testing.T) {
 	def := reactor.MustDefine("cancel-fwd",
 		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.Const(items(120)), FanOut: true, BatchSize: 10}))
 	ctx := ctxT(t)
-	res, err := f.engine.Run(ctx, def, nil, reactor.WithRunID("cancel-fwd-1"))
+	res, err := f.engine.Run(ctx, def, nil, reactor.WithRunID("cancel-fwd-1"), reactor.NoWait())
 	require.NoError(t, err)
 	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 	started.Wait() // elements 0-9 completed; batch [10, 20) is claimed and held

@@ -582,7 +582,7 @@ func requireBoom(t testing.TB, res *reactor.Result, want ...reactor.RollbackFail
 func (h *rbfHarness) runFanOut(ctx context.Context, def *reactor.Definition, owner string, items []int) *reactor.Result {
 	h.t.Helper()
 	finished := h.done(owner)
-	res, err := h.engine.Run(ctx, def, map[string]any{"items": items}, reactor.WithRunID(owner))
+	res, err := h.engine.Run(ctx, def, map[string]any{"items": items}, reactor.WithRunID(owner), reactor.NoWait())
 	require.NoError(h.t, err)
 	require.Equal(h.t, reactor.OutcomeDispatched, res.Outcome())
 	eoAwait(h.t, ctx, finished, "the owner "+owner+" to finish")
@@ -653,7 +653,7 @@ func TestRbFaultInterruptedSecondUndo(t *testing.T) {
 		// Concurrency 1: the job in the undo is the only task in flight.
 		srvA := h.serve(1, 100*time.Millisecond)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
 		require.NoError(t, err)
 		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 		eoAwait(t, ctx, entered, "the interrupted undo")
@@ -708,7 +708,7 @@ func TestRbFaultInterruptedSecondUndo(t *testing.T) {
 		})
 		def := rbfOwner("rbf-takeover", c.element("rbf-takeover-el"), true, 50, nil)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
 		require.NoError(t, err)
 		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 
@@ -802,7 +802,7 @@ func TestRbFaultHeldElementLock(t *testing.T) {
 		t.Cleanup(func() { h.rdb.Del(context.Background(), lockOf(deleted), lockOf(expires)) })
 		def := rbfOwner("rbf-held", c.element("rbf-held-el"), true, 50, hold)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
 		require.NoError(t, err)
 		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 
@@ -1000,7 +1000,7 @@ func TestRbFaultHandshake(t *testing.T) {
 		mapID := mapstep.MapID(owner, "each")
 		def := rbfOwner("rbf-hs-a", c.element("rbf-hs-a-el"), true, 50, nil)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
 		require.NoError(t, err)
 		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 
@@ -1186,7 +1186,7 @@ func TestRbFaultHandshake(t *testing.T) {
 		def := rbfOwner("rbf-hs-d", c.element("rbf-hs-d-el"), true, 50, nil)
 		firstHandOff := h.on(reactor.EventRollbackHandedOff, owner)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
 		require.NoError(t, err)
 		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 		eoAwait(t, ctx, firstHandOff, "the first hand-off")

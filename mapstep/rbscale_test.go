@@ -113,7 +113,7 @@ func rbsRun(t *testing.T, ctx context.Context, h *rbfHarness, jobs *rbsJobs, fan
 	before := jobs.snapshot()
 	finished := h.done(owner)
 	start := time.Now()
-	res, err := h.engine.Run(runCtx, def, nil, reactor.WithRunID(owner))
+	res, err := h.engine.Run(runCtx, def, nil, reactor.WithRunID(owner), reactor.NoWait())
 	require.NoError(t, err)
 	if fanOut {
 		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())

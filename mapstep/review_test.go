@@ -75,7 +75,7 @@ func TestCancelDuringFanOutInComposedChild(t *testing.T) {
 		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.Const(items(6)), FanOut: true, BatchSize: 2, Partial: true}))
 	def := reactor.MustDefine("cc-root", reactor.Compose("child", child, reactor.ComposeConfig{}))
 	ctx := ctxT(t)
-	res, err := f.engine.Run(ctx, def, nil, reactor.WithRunID("cc-1"))
+	res, err := f.engine.Run(ctx, def, nil, reactor.WithRunID("cc-1"), reactor.NoWait())
 	require.NoError(t, err)
 	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 	first.Wait()
@@ -122,7 +122,7 @@ func TestElementCompletedBeforeMapFailedIsUndone(t *testing.T) {
 	def := reactor.MustDefine("zombie-map",
 		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.Const(items(4)), FanOut: true}))
 	ctx := ctxT(t)
-	res, err := f.engine.Run(ctx, def, nil, reactor.WithRunID("zombie-1"))
+	res, err := f.engine.Run(ctx, def, nil, reactor.WithRunID("zombie-1"), reactor.NoWait())
 	require.NoError(t, err)
 	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 	mapID := mapstep.MapID("zombie-1", "each")

@@ -40,7 +40,7 @@ func TestScaleFanOut10k(t *testing.T) {
 		mapID := mapstep.MapID(owner, "each")
 		finished := h.done(owner)
 		start := time.Now()
-		res, err := h.engine.Run(ctx, def, nil, reactor.WithRunID(owner))
+		res, err := h.engine.Run(ctx, def, nil, reactor.WithRunID(owner), reactor.NoWait())
 		require.NoError(t, err)
 		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 		var sz sizes

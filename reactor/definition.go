@@ -2,6 +2,7 @@ package reactor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -112,7 +113,7 @@ func Input[T any](name string, opts ...InputOption) Part {
 		in.check = func(raw codec.Raw) error {
 			var v T
 			if err := codec.Unmarshal(raw, &v); err != nil {
-				return fmt.Errorf("not a %s: %v", in.typ, err)
+				return errors.New(explainDecode(raw, in.typ).String())
 			}
 			for _, f := range validators {
 				if err := f(raw); err != nil {
@@ -313,6 +314,32 @@ type StepConfig[In, Out any] struct {
 
 var argsType = reflect.TypeFor[Args]()
 
+// ArgumentError reports step arguments that do not decode into the step's
+// In type: which argument, what the type wants and what arrived.
+type ArgumentError struct {
+	Step string
+	// Argument is the argument (In field) at fault; empty when the
+	// arguments as a whole do not fit.
+	Argument  string
+	Want, Got string
+	// Err is the codec's error.
+	Err error
+}
+
+func (e *ArgumentError) Error() string {
+	if e.Argument == "" {
+		return fmt.Sprintf("reactor: step %q: arguments: want %s, got %s", e.Step, e.Want, e.Got)
+	}
+	return fmt.Sprintf("reactor: step %q: argument %q: want %s, got %s", e.Step, e.Argument, e.Want, e.Got)
+}
+
+func (e *ArgumentError) Unwrap() error { return e.Err }
+
+func argsError(step string, raw codec.Raw, t reflect.Type, err error) error {
+	m := explainDecode(raw, t)
+	return &ArgumentError{Step: step, Argument: m.field, Want: m.want, Got: m.got, Err: err}
+}
+
 func decodeIn[In any](raw codec.Raw) (In, error) {
 	var in In
 	if reflect.TypeFor[In]() == argsType {
@@ -341,7 +368,7 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 		s.run = func(ctx context.Context, raw codec.Raw) (codec.Raw, error) {
 			in, err := decodeIn[In](raw)
 			if err != nil {
-				return nil, Permanent(fmt.Errorf("reactor: decode arguments of step %q: %w", name, err))
+				return nil, Permanent(argsError(name, raw, reflect.TypeFor[In](), err))
 			}
 			out, err := cfg.Run(ctx, in)
 			if err != nil {
@@ -359,7 +386,7 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 				}
 				in, err := decodeIn[In](raw)
 				if err != nil {
-					return fmt.Errorf("reactor: decode arguments of step %q: %w", name, err)
+					return argsError(name, raw, reflect.TypeFor[In](), err)
 				}
 				var out Out
 				if len(result) > 0 {
@@ -377,7 +404,7 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 				}
 				in, err := decodeIn[In](raw)
 				if err != nil {
-					return fmt.Errorf("reactor: decode arguments of step %q: %w", name, err)
+					return argsError(name, raw, reflect.TypeFor[In](), err)
 				}
 				return cfg.Compensate(ctx, in, cause)
 			}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"github.com/goreactor/goreactor/internal/codec"
@@ -155,13 +156,71 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 }
 
 // Wait blocks until run id reaches a terminal status or ctx ends, and
-// returns its result. It polls the stored run with a backoff from 5 ms to
-// 250 ms. When ctx ends while the run is still pending and the Enqueuer is
-// a ServingReporter (worker.Client is), Wait asks it whether any worker
-// serves the queue; if none does, the error is a *NotServedError saying so.
-// A run pending for longer than 5 s on a queue no worker serves is also
-// logged once, as a warning, while Wait goes on waiting.
+// returns its result. It listens for the run's terminal write, which
+// announces itself on the run's shard pub/sub channel (Redis 7 SSUBSCRIBE;
+// every Wait of an Engine shares one connection, one per master on a
+// cluster), and reads the run every few seconds as well, in case an
+// announcement was lost; on a Redis without sharded pub/sub it polls with
+// a backoff from 5 ms to 250 ms. When ctx ends while the run is still
+// pending and the Enqueuer is a ServingReporter (worker.Client is), Wait
+// asks it whether any worker serves the queue; if none does, the error is a
+// *NotServedError saying so. A run pending for longer than 5 s on a queue
+// no worker serves is also logged once, as a warning, while Wait goes on
+// waiting.
 func (e *Engine) Wait(ctx context.Context, id string) (*Result, error) {
+	if err := validateRunID(id); err != nil {
+		return nil, err
+	}
+	w, err := e.store.Watcher().Watch(ctx, e.store.RunTarget(id).Done)
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, fmt.Errorf("reactor: wait for run %s: %w", id, ctx.Err())
+		}
+		// No sharded pub/sub, or Redis trouble that the reads below will
+		// report if it lasts.
+		return e.pollWait(ctx, id)
+	}
+	defer w.Close()
+	pending := newPendingWatch(e, id)
+	fallback := time.NewTimer(waitFallbackDelay())
+	defer fallback.Stop()
+	for {
+		// Read at once (a finished run returns without waiting for the
+		// subscription), again when the subscription is confirmed (a
+		// terminal write that landed before it was is not missed), on
+		// every announcement, and on the fallback tick.
+		st, _, err := e.load(ctx, id)
+		if err != nil {
+			return nil, err
+		}
+		if st.Status.Terminal() {
+			return st.result(), nil
+		}
+		pending.observe(ctx, st.Status)
+		select {
+		case <-w.C:
+		case <-fallback.C:
+			fallback.Reset(waitFallbackDelay())
+		case <-ctx.Done():
+			if nerr := pending.notServed(ctx, st.Status, ctx.Err()); nerr != nil {
+				return nil, nerr
+			}
+			return nil, fmt.Errorf("reactor: wait for run %s (last seen %s): %w", id, st.Status, ctx.Err())
+		}
+	}
+}
+
+// waitFallback is how often a listening Wait reads its run anyway, jittered
+// by a fifth either way so that many waiters do not read in step.
+const waitFallback = 5 * time.Second
+
+func waitFallbackDelay() time.Duration {
+	return waitFallback*4/5 + rand.N(waitFallback*2/5)
+}
+
+// pollWait is Wait without pub/sub: it reads the run with a backoff from
+// 5 ms to 250 ms.
+func (e *Engine) pollWait(ctx context.Context, id string) (*Result, error) {
 	delay := 5 * time.Millisecond
 	pending := newPendingWatch(e, id)
 	for {

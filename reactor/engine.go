@@ -211,17 +211,23 @@ func (e *Engine) lookup(name string) (*Definition, error) {
 	return d, nil
 }
 
-// Run executes def in this process and returns its result. The run is stored
-// in Redis and checkpointed after every step; this process holds the run's
+// Run executes def and returns its final result: Run runs to the end, in
+// this process and, after a hand-off point or a fan-out map, on the workers,
+// whose finish it waits for (NoWait returns at the hand-off instead; Enqueue
+// runs the whole run on workers without waiting). The run is stored in
+// Redis and checkpointed after every step; this process holds the run's
 // lock (extended by a heartbeat) for as long as it executes. An error is
-// returned for what prevented the run from being executed or recorded
-// (invalid inputs, Redis, a lost lock); what the run did is in the Result.
+// returned for what prevented the run from being executed, recorded or
+// waited for (invalid inputs, Redis, a lost lock, ctx ending while workers
+// have the run, in which case the dispatched Result comes with it); what
+// the run did is in the Result.
 func (e *Engine) Run(ctx context.Context, def *Definition, inputs map[string]any, opts ...RunOption) (*Result, error) {
 	o, encoded, err := e.prepareRun(ctx, callRun, def, inputs, opts)
 	if err != nil {
 		return nil, err
 	}
-	return e.start(ctx, def, o.id, encoded, &o)
+	res, err := e.start(ctx, def, o.id, encoded, &o)
+	return e.finish(ctx, res, err, opts)
 }
 
 // prepareRun is what starting a run in-process and enqueuing it share:

@@ -1,6 +1,12 @@
 package reactor
 
 import (
+	"fmt"
+	"maps"
+	"reflect"
+	"slices"
+	"strings"
+
 	"github.com/goreactor/goreactor/internal/codec"
 )
 
@@ -47,4 +53,110 @@ func (d *Definition) checkInputs(raw map[string]codec.Raw) (map[string]codec.Raw
 		}
 	}
 	return out, nil
+}
+
+// mismatch says, in the user's terms, why raw does not decode into t: what
+// was wanted and what arrived ("want int, got string \"three\""), and for a
+// struct the field at fault. It is for messages only; the decode error it
+// replaces names msgpack codes.
+type mismatch struct {
+	field     string // the struct field (map key) at fault, if found
+	want, got string
+}
+
+func (m mismatch) String() string {
+	if m.field != "" {
+		return fmt.Sprintf("field %q: want %s, got %s", m.field, m.want, m.got)
+	}
+	return fmt.Sprintf("want %s, got %s", m.want, m.got)
+}
+
+func explainDecode(raw codec.Raw, t reflect.Type) mismatch {
+	st := t
+	for st.Kind() == reflect.Pointer {
+		st = st.Elem()
+	}
+	var entries map[string]codec.Raw
+	if st.Kind() == reflect.Struct && codec.Unmarshal(raw, &entries) == nil {
+		// Decode one entry at a time: the first that fails names the field.
+		for _, k := range slices.Sorted(maps.Keys(entries)) {
+			one, err := codec.Marshal(map[string]codec.Raw{k: entries[k]})
+			if err != nil {
+				break
+			}
+			if codec.Unmarshal(one, reflect.New(st).Interface()) == nil {
+				continue
+			}
+			want := "another type"
+			if f, ok := fieldNamed(st, k); ok {
+				want = f.Type.String()
+			}
+			return mismatch{field: k, want: want, got: describeEncoded(entries[k])}
+		}
+	}
+	return mismatch{want: t.String(), got: describeEncoded(raw)}
+}
+
+// fieldNamed finds the field of struct t that key k decodes into, by the
+// codec's naming rules (msgpack tag, else json tag, else the Go name);
+// embedded structs are searched too.
+func fieldNamed(t reflect.Type, k string) (reflect.StructField, bool) {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		name := f.Name
+		tag, ok := f.Tag.Lookup("msgpack")
+		if !ok {
+			tag, ok = f.Tag.Lookup("json")
+		}
+		if ok {
+			if n, _, _ := strings.Cut(tag, ","); n != "" {
+				name = n
+			}
+		}
+		if name == k {
+			return f, true
+		}
+		if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			if g, ok := fieldNamed(f.Type, k); ok {
+				return g, true
+			}
+		}
+	}
+	return reflect.StructField{}, false
+}
+
+// describeEncoded renders an encoded value as its kind and a short form of
+// it: `string "three"`, `int 3`, `list of 2`, `map with keys [a b]`.
+func describeEncoded(raw codec.Raw) string {
+	var v any
+	if err := codec.Unmarshal(raw, &v); err != nil {
+		return "an undecodable value"
+	}
+	switch x := v.(type) {
+	case nil:
+		return "nil"
+	case string:
+		if len(x) > 40 {
+			return fmt.Sprintf("string %q...", x[:40])
+		}
+		return fmt.Sprintf("string %q", x)
+	case bool:
+		return fmt.Sprintf("bool %t", x)
+	case int8, int16, int32, int64, uint8, uint16, uint32, uint64:
+		return fmt.Sprintf("int %d", x)
+	case float32, float64:
+		return fmt.Sprintf("float %v", x)
+	case []byte:
+		return fmt.Sprintf("bytes (%d)", len(x))
+	case []any:
+		return fmt.Sprintf("list of %d", len(x))
+	case map[string]any:
+		keys := slices.Sorted(maps.Keys(x))
+		if len(keys) > 5 {
+			keys = append(keys[:5], "...")
+		}
+		return fmt.Sprintf("map with keys [%s]", strings.Join(keys, " "))
+	default:
+		return fmt.Sprintf("%T", v)
+	}
 }

@@ -30,6 +30,9 @@ type runOptions struct {
 	enqueueOnly []string
 	// errs are the options given with an invalid value.
 	errs []error
+	// noWait: Run returns where the run leaves this process (NoWait,
+	// run_wait.go).
+	noWait bool
 }
 
 // callKind is the call a set of options was given to.

@@ -146,9 +146,9 @@ func (h *Harness) Run(ctx context.Context, def *reactor.Definition, inputs map[s
 	return h.Engine.Wait(ctx, res.RunID)
 }
 
-// RunInline executes a run of def in the calling goroutine with Engine.Run.
-// A run with a hand-off point returns a dispatched result there and the
-// worker carries it on: Wait for it.
+// RunInline executes a run of def in the calling goroutine with Engine.Run,
+// which runs to the end: after a hand-off point or a fan-out map it waits
+// for the worker (pass reactor.NoWait() to get the dispatched result).
 func (h *Harness) RunInline(ctx context.Context, def *reactor.Definition, inputs map[string]any, opts ...reactor.RunOption) (*reactor.Result, error) {
 	return h.Engine.Run(ctx, def, inputs, opts...)
 }

@@ -196,7 +196,7 @@ func (m *mapEnv) start(id string, fail bool) string {
 	for i := range items {
 		items[i] = i
 	}
-	res, err := m.engine.Run(m.ctx, m.owner, map[string]any{"items": items, "fail": fail}, reactor.WithRunID(id))
+	res, err := m.engine.Run(m.ctx, m.owner, map[string]any{"items": items, "fail": fail}, reactor.WithRunID(id), reactor.NoWait())
 	require.NoError(m.t, err)
 	require.Equal(m.t, reactor.OutcomeDispatched, res.Outcome(), "%v", res.Failure)
 	mapID := mapstep.MapID(id, "each")

@@ -293,6 +293,10 @@ func TestRbKillWorkerMidMapRollback(t *testing.T) {
 	require.Equal(t, strconv.Itoa(rbkItems), rdb.HGet(ctx, km.MapRbMeta(mapID, 1), "n:undone").Val(), "every position undone")
 
 	// The owner's terminal write happened once: one terminal event, failed.
+	// The worker's hook records the event just after the terminal write
+	// that Wait hears, in another process: wait for the record.
+	require.Eventually(t, func() bool { return rdb.HLen(ctx, k.ownerFinal()).Val() > 0 }, 5*time.Second, 10*time.Millisecond,
+		"the worker recorded no terminal event of the owner")
 	require.Equal(t, map[string]string{string(reactor.EventRunFailed): "1"}, rdb.HGetAll(ctx, k.ownerFinal()).Val(),
 		"the owner finished exactly once")
 

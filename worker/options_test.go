@@ -127,7 +127,7 @@ func TestWithQueueRoutesTheRunsWakeUps(t *testing.T) {
 	require.Nil(t, info, "and not on the client's")
 
 	// An in-process run hands off to its queue; no worker serves it yet.
-	hres, err := e.Run(ctx, handed, nil, reactor.WithRunID("queued-2"), reactor.WithQueue(other))
+	hres, err := e.Run(ctx, handed, nil, reactor.WithRunID("queued-2"), reactor.WithQueue(other), reactor.NoWait())
 	require.NoError(t, err)
 	require.Equal(t, reactor.OutcomeDispatched, hres.Outcome())
 	run, err := e.Get(ctx, "queued-2")

@@ -279,7 +279,7 @@ func TestHandOffPoints(t *testing.T) {
 	f.startWorker(wk)
 	ctx := ctxTimeout(t)
 
-	res, err := caller.Run(ctx, after, nil)
+	res, err := caller.Run(ctx, after, nil, reactor.NoWait())
 	require.NoError(t, err)
 	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 	final, err := caller.Wait(ctx, res.RunID)
@@ -289,7 +289,7 @@ func TestHandOffPoints(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "c", v)
 
-	res, err = caller.Run(ctx, before, nil)
+	res, err = caller.Run(ctx, before, nil, reactor.NoWait())
 	require.NoError(t, err)
 	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 	final, err = caller.Wait(ctx, res.RunID)

@@ -74,6 +74,11 @@ func (k Keys) RunMaps(id string) string { return k.run(id, "maps") }
 // walk expires with it.
 func (k Keys) RunTree(id string) string { return k.run(id, "tree") }
 
+// RunDone is the shard pub/sub channel on which a run's terminal write
+// announces that the run finished (SPUBLISH from the write script, in the
+// run's slot). It is a channel, not a key: nothing is stored under it.
+func (k Keys) RunDone(id string) string { return k.run(id, "done") }
+
 // Active is the index of non-terminal runs scored by last-touched time (ms).
 func (k Keys) Active() string { return k.prefix + ":idx:active" }
 

@@ -54,6 +54,9 @@ func (e *VersionConflictError) Error() string {
 // All three keys must share a hash tag.
 type Target struct {
 	State, Lock, Cancel string
+	// Done is the shard channel a terminal write publishes on, in the same
+	// slot as State; empty for targets nobody waits on (map elements).
+	Done string
 }
 
 // Snapshot is a stored state and the version it was read at.
@@ -64,8 +67,9 @@ type Snapshot struct {
 
 // Store reads and writes run state. It is safe for concurrent use.
 type Store struct {
-	rdb  redis.UniversalClient
-	keys keys.Keys
+	rdb     redis.UniversalClient
+	keys    keys.Keys
+	watcher *Watcher
 }
 
 // New returns a Store and loads its scripts, so a broken script or an
@@ -76,7 +80,7 @@ func New(ctx context.Context, rdb redis.UniversalClient, k keys.Keys) (*Store, e
 			return nil, fmt.Errorf("store: load script: %w", err)
 		}
 	}
-	return &Store{rdb: rdb, keys: k}, nil
+	return &Store{rdb: rdb, keys: k, watcher: NewWatcher(rdb)}, nil
 }
 
 // Keys returns the key builder.
@@ -87,7 +91,8 @@ func (s *Store) Client() redis.UniversalClient { return s.rdb }
 
 // RunTarget returns the keys of run id.
 func (s *Store) RunTarget(id string) Target {
-	return Target{State: s.keys.RunState(id), Lock: s.keys.RunLock(id), Cancel: s.keys.RunCancel(id)}
+	return Target{State: s.keys.RunState(id), Lock: s.keys.RunLock(id), Cancel: s.keys.RunCancel(id),
+		Done: s.keys.RunDone(id)}
 }
 
 // ElemTarget returns the keys of element run id.
@@ -131,7 +136,8 @@ func (s *Store) Load(ctx context.Context, t Target) (Snapshot, error) {
 // WriteOptions qualify a fenced write.
 type WriteOptions struct {
 	// Retention, when positive, marks the write terminal: the state expires
-	// after it and any pending cancel request is dropped.
+	// after it, any pending cancel request is dropped, and the write is
+	// announced on the target's Done channel (see Watcher).
 	Retention time.Duration
 	// Release deletes the lock in the same script, after the write.
 	Release bool
@@ -156,7 +162,7 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 	_, _ = rand.Read(nb[:])
 	nonce := hex.EncodeToString(nb[:])
 	res, err := writeScript.Run(ctx, s.rdb, []string{t.State, t.Lock, t.Cancel},
-		token, version, data, o.Retention.Milliseconds(), release, nonce).Slice()
+		token, version, data, o.Retention.Milliseconds(), release, nonce, t.Done).Slice()
 	if err != nil {
 		return WriteResult{}, fmt.Errorf("store: write: %w", err)
 	}

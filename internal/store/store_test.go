@@ -105,7 +105,7 @@ func TestCreateStoresVersionOneOnce(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	target := f.st.RunTarget("r1")
-	require.Equal(t, store.Target{State: f.k.RunState("r1"), Lock: f.k.RunLock("r1"), Cancel: f.k.RunCancel("r1")}, target)
+	require.Equal(t, store.Target{State: f.k.RunState("r1"), Lock: f.k.RunLock("r1"), Cancel: f.k.RunCancel("r1"), Done: f.k.RunDone("r1")}, target)
 
 	f.create(t, target, "tok-a", data1)
 	f.requireStored(t, target, data1, 1)
@@ -784,6 +784,8 @@ func TestCluster(t *testing.T) {
 	mixed := store.Target{State: k.RunState(a), Lock: k.RunLock(b), Cancel: k.RunCancel(a)}
 	_, err = st.Write(ctx, mixed, "tok", 3, data1, store.WriteOptions{})
 	require.ErrorContains(t, err, "CROSSSLOT")
+
+	clusterWatch(t, ctx, cc, st, k)
 }
 
 // A fenced write whose reply is lost is sent again by the client with the

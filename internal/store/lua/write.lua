@@ -10,7 +10,12 @@
 -- ARGV[4] retention in ms for a terminal write (0: not terminal, the state is made persistent)
 -- ARGV[5] 1 to release the lock in the same step (terminal write), else 0
 -- ARGV[6] nonce naming this write (random per call, the same on a resend)
+-- ARGV[7] shard channel announcing a terminal write, P:{run:<id>}:done ('' : none).
+--         Not a key (nothing is stored), but it carries the run's hash tag:
+--         a script may SPUBLISH only to a shard channel of its keys' slot.
 -- Fields written: d (data), v (version), n (nonce), at (server time of the write, ms).
+-- A terminal write (ARGV[4] > 0) with a channel SPUBLISHes the new version on
+-- it, so that Waits listening there load the run at once instead of polling.
 -- Returns {-1}                 lock not held by the caller (lost or never held)
 --         {-2, version}        version mismatch: the stored version
 --         {version, cancel}    written; the new version and 1 if a cancel was requested
@@ -44,5 +49,10 @@ else
 end
 if ARGV[5] == '1' then
   redis.call('DEL', KEYS[2])
+end
+if ttl > 0 and ARGV[7] ~= nil and ARGV[7] ~= '' then
+  -- pcall: the write is done; a server without sharded pub/sub (Redis < 7)
+  -- must not turn it into an error. Waits poll there instead.
+  redis.pcall('SPUBLISH', ARGV[7], nextv)
 end
 return {nextv, redis.call('EXISTS', KEYS[3])}
