@@ -210,15 +210,17 @@ func fulfilmentFanOut(ctx context.Context, engine *reactor.Engine) error {
 	for i := range parcels {
 		parcels[i] = examples.Parcel{Order: fmt.Sprintf("P%03d", i), Item: "book"}
 	}
+	// NoWait: Run returns where the map leaves this process, so the demo can
+	// show the map's progress; without it Run would wait for the end.
 	res, err := engine.Run(ctx, examples.Fulfilment, map[string]any{"wave": wave, "parcels": parcels},
-		reactor.WithRunID("fulfilment-"+wave))
+		reactor.WithRunID("fulfilment-"+wave), reactor.NoWait())
 	if err != nil {
 		return fmt.Errorf("part 4: %w", err)
 	}
 	if res.Outcome() != reactor.OutcomeDispatched {
-		return fmt.Errorf("part 4: engine.Run returned %s, want dispatched", res.Status)
+		return fmt.Errorf("part 4: engine.Run(..., NoWait()) returned %s, want dispatched", res.Status)
 	}
-	fmt.Printf("   engine.Run returned %s (the map was handed to the worker); progress:\n", res.Outcome())
+	fmt.Printf("   engine.Run(..., NoWait()) returned %s (the map was handed to the worker); progress:\n", res.Outcome())
 	mapID := mapstep.MapID(res.RunID, "pack_all")
 	wctx, cancel := context.WithTimeout(ctx, waitTimeout)
 	defer cancel()
