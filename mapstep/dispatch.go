@@ -89,6 +89,13 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 	if !md.exists {
 		return maptask.ErrMapGone
 	}
+	// The position is checked against the map before anything runs: a
+	// task for a position never claimed (or past the end) would run the
+	// element's steps, and the settle would then refuse it, leaving a side
+	// effect that no rollback ever looks at.
+	if t.Index < 0 || t.Index >= md.Total || t.Index >= md.Offset {
+		return fmt.Errorf("%w: element %d of map %s is outside the map (size %d, %d claimed)", maptask.ErrBadTask, t.Index, t.MapID, md.Total, md.Offset)
+	}
 	if md.ownerDone {
 		// A late duplicate of a task whose map its owner has adopted (or
 		// rolled back) and finished with: nothing may run or settle now,
@@ -97,13 +104,6 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 		e.Logger().Debug("element task for a finished map ignored", "event", "reactor.map.element.late",
 			"map", t.MapID, "index", t.Index)
 		return nil
-	}
-	// The position is checked against the map before anything runs: a
-	// task for a position never claimed (or past the end) would run the
-	// element's steps, and the settle would then refuse it, leaving a side
-	// effect that no rollback ever looks at.
-	if t.Index < 0 || t.Index >= md.Total || t.Index >= md.Offset {
-		return fmt.Errorf("%w: element %d of map %s is outside the map (size %d, %d claimed)", maptask.ErrBadTask, t.Index, t.MapID, md.Total, md.Offset)
 	}
 	var sr settleResult
 	if md.Failed {

@@ -21,6 +21,7 @@ import (
 type fixture struct {
 	engine *reactor.Engine
 	queue  string
+	prefix string
 	mu     sync.Mutex
 	ran    map[int]int
 	undone []int
@@ -32,9 +33,10 @@ func newFixture(t *testing.T, withWorker bool) *fixture {
 	queue := redistest.Queue(t)
 	client := worker.NewClient(rdb, queue)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	e, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: redistest.Prefix(t), Enqueuer: client, Logger: logger})
+	prefix := redistest.Prefix(t)
+	e, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix, Enqueuer: client, Logger: logger})
 	require.NoError(t, err)
-	f := &fixture{engine: e, queue: queue, ran: map[int]int{}}
+	f := &fixture{engine: e, queue: queue, prefix: prefix, ran: map[int]int{}}
 	if withWorker {
 		w := worker.New(e, rdb, worker.Config{Queues: map[string]int{queue: 1}, Concurrency: 4, Logger: logger})
 		require.NoError(t, w.Start(context.Background()))
@@ -75,6 +77,13 @@ func (f *fixture) element(name string, failOn ...int) *reactor.Definition {
 		}),
 		reactor.Returns(reactor.FromStep("double")),
 	)
+}
+
+// ranOf is how many times the element of item i ran.
+func (f *fixture) ranOf(i int) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.ran[i]
 }
 
 func items(n int) []int {

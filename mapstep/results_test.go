@@ -7,6 +7,10 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -116,4 +120,31 @@ func TestTypedResultsMismatchFailsAtDefine(t *testing.T) {
 			},
 		}))
 	require.NoError(t, err)
+}
+
+// TestHardeningLateElementTaskOfAFinishedMap: a duplicate element task that
+// arrives after the owner finished (its map's keys carry the retention) runs
+// nothing and creates nothing: an element run created now would outlive the
+// tree's retention.
+func TestHardeningLateElementTaskOfAFinishedMap(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t, false)
+	elem := f.element("late-elem")
+	owner := sumOwner("late-owner", elem, false, false)
+	res, err := f.engine.Run(ctxT(t), owner, map[string]any{"items": items(3)}, reactor.WithRunID("late"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+	mapID := mapstep.MapID("late", "each")
+	rdb := redistest.Client(t)
+	k := keys.New(f.prefix)
+	require.NoError(t, rdb.Del(ctxT(t), k.ElemState(mapstep.ElementID(mapID, 1))).Err()) // as if it never ran
+	ran := f.ranOf(1)
+
+	in, err := codec.Marshal(1)
+	require.NoError(t, err)
+	require.NoError(t, maptask.ProcessElement(ctxT(t), f.engine, maptask.ElementTask{MapID: mapID, Index: 1, Input: in}))
+	require.Equal(t, ran, f.ranOf(1), "nothing ran")
+	n, err := rdb.Exists(ctxT(t), k.ElemState(mapstep.ElementID(mapID, 1))).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "no element run created after its owner finished")
 }
