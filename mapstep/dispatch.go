@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -58,7 +59,7 @@ func (s mapStore) unindex(ctx context.Context, mapID, owner string) {
 
 // dispatch enqueues the element tasks of positions [from, from+len(items)).
 func dispatch(ctx context.Context, e *reactor.Engine, mapID string, from int, items []codec.Raw) error {
-	q, ok := maptask.Adapt(e.Enqueuer())
+	q, ok := maptask.Adapt(engineapi.Enqueuer(e))
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue element tasks (use worker.Client)")
 	}
@@ -101,7 +102,7 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 		// rolled back) and finished with: nothing may run or settle now,
 		// and sealing a missing element run would create a key outside
 		// the retention the owner's tree already got.
-		e.Logger().Debug("element task for a finished map ignored", "event", "reactor.map.element.late",
+		engineapi.Logger(e).Debug("element task for a finished map ignored", "event", "reactor.map.element.late",
 			"map", t.MapID, "index", t.Index)
 		return nil
 	}
@@ -121,7 +122,7 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 		// delivery that read the map before it failed and reaches the
 		// element only now (after the rollback found nothing to undo)
 		// cannot start it.
-		err = e.StopElement(ctx, md.Element, ElementID(t.MapID, t.Index), func(ctx context.Context) error {
+		err = engineapi.StopElement(e, ctx, md.Element, ElementID(t.MapID, t.Index), func(ctx context.Context) error {
 			var err error
 			sr, err = ms.settle(ctx, t.MapID, t.Index, outcome{Status: outcomeStopped})
 			return err
@@ -191,7 +192,7 @@ func claimedItems(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, 
 	if !ok {
 		return nil, fmt.Errorf("%w %q (owner of map %s): register it on this worker", reactor.ErrUnknownReactor, md.OwnerReact, mapID)
 	}
-	c, ok := owner.ConstructAt(md.Step)
+	c, ok := engineapi.ConstructAt(owner, md.Step)
 	m, isMap := c.(*construct)
 	if !ok || !isMap || m.cfg.Pages == nil {
 		return nil, fmt.Errorf("mapstep: reactor %q has no paged map step at %q", md.OwnerReact, md.Step)
@@ -206,7 +207,7 @@ func claimedItems(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, 
 }
 
 func resumeOwner(ctx context.Context, e *reactor.Engine, md meta, mapID string) error {
-	return e.Enqueuer().Enqueue(ctx, reactor.Wake{
+	return engineapi.Enqueuer(e).Enqueue(ctx, reactor.Wake{
 		ID:    fwdResumeID(md.Owner, mapID),
 		RunID: md.Owner, Reactor: md.OwnerReact, Retain: resumeRetention,
 	})

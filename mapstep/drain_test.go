@@ -13,7 +13,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/payload"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
@@ -465,7 +467,7 @@ func TestDrainEarlyOwnerResumeDispatchesNothing(t *testing.T) {
 	require.NotNil(t, f.d.DrainUntil(drainIsElement(10)))
 
 	// In-process, as a sweeper's mistaken resume would run it.
-	res, err := f.engine.Process(ctx, id)
+	res, err := engineapi.Process(f.engine, ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 	require.Empty(t, f.d.Observe().IDs(), "an unsettled map dispatches nothing")
@@ -482,7 +484,7 @@ func TestDrainEarlyOwnerResumeDispatchesNothing(t *testing.T) {
 
 	// On a batch boundary too: position 49 settled and claimed [50, 100).
 	require.NotNil(t, f.d.DrainUntil(drainIsElement(50)))
-	res, err = f.engine.Process(ctx, id)
+	res, err = engineapi.Process(f.engine, ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 	require.Empty(t, f.d.Observe().IDs())
@@ -532,7 +534,7 @@ func TestDrainFanOutMapInComposedChildResumesRoot(t *testing.T) {
 	require.Len(t, resumes, 1)
 	require.Equal(t, "resume:"+id+":fwd:"+mapID, resumes[0].Task)
 	require.Equal(t, id, resumes[0].RunID, "the resume goes to the root")
-	p, err := worker.DecodeRun(resumes[0].Info.Payload)
+	p, err := payload.DecodeRun(resumes[0].Info.Payload)
 	require.NoError(t, err)
 	require.Equal(t, "composed-root", p.Reactor)
 	require.Equal(t, 1, f.d.Appeared(worker.TypeRun))

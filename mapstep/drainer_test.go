@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/payload"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -232,11 +233,11 @@ func drainTaskKey(ti *asynq.TaskInfo) drainKey {
 	k := drainKey{typ: ti.Type, index: -1}
 	switch ti.Type {
 	case worker.TypeElement:
-		if p, err := worker.DecodeElement(ti.Payload); err == nil {
+		if p, err := payload.DecodeElement(ti.Payload); err == nil {
 			k.index = p.Index
 		}
 	case worker.TypeRollback:
-		if p, err := worker.DecodeRollback(ti.Payload); err == nil {
+		if p, err := payload.DecodeRollback(ti.Payload); err == nil {
 			k.index = p.Pos
 		}
 	}
@@ -345,15 +346,15 @@ func (d *drainer) deliver(ti *asynq.TaskInfo, again, synced bool) drainRecord {
 	r := drainRecord{Task: ti.ID, Info: ti, Type: ti.Type, Index: -1, Again: again}
 	switch ti.Type {
 	case worker.TypeElement:
-		p, err := worker.DecodeElement(ti.Payload)
+		p, err := payload.DecodeElement(ti.Payload)
 		require.NoError(d.t, err)
 		r.MapID, r.Index = p.MapID, p.Index
 	case worker.TypeRollback:
-		p, err := worker.DecodeRollback(ti.Payload)
+		p, err := payload.DecodeRollback(ti.Payload)
 		require.NoError(d.t, err)
 		r.MapID, r.Index = p.MapID, p.Pos
 	case worker.TypeRun:
-		p, err := worker.DecodeRun(ti.Payload)
+		p, err := payload.DecodeRun(ti.Payload)
 		require.NoError(d.t, err)
 		r.RunID = p.RunID
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/redistest"
@@ -505,7 +506,7 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 			require.Zero(t, h.rec.okWithPrefix("resume:"), "no owner resume task ran")
 			require.Zero(t, h.resumes(owner))
 			h.requireStatus(ctx, owner, reactor.StatusRunning)
-			locked, err := h.engine.Locked(ctx, owner)
+			locked, err := engineapi.Locked(h.engine, ctx, owner)
 			require.NoError(t, err)
 			require.False(t, locked)
 			_, err = h.rdb.ZScore(ctx, h.keys.Active(), owner).Result()

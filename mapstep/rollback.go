@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/runctx"
 	"github.com/goreactor/goreactor/reactor"
@@ -52,7 +53,7 @@ const rbGen = 1
 // the Redis server's clock (rb_locked.lua), so a crash and a redelivery do
 // not restart it.
 func rollbackLockWait(e *reactor.Engine) time.Duration {
-	x := e.LockExpiry()
+	x := engineapi.LockExpiry(e)
 	return x + x/3
 }
 
@@ -243,7 +244,7 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 	if err != nil {
 		return err
 	}
-	log := e.Logger().With("reactor", c.OwnerReactor, "run", c.OwnerID, "map_step", c.Step, "map", st.MapID)
+	log := engineapi.Logger(e).With("reactor", c.OwnerReactor, "run", c.OwnerID, "map_step", c.Step, "map", st.MapID)
 	if !rb.exists {
 		// The work list: the claimed forward positions, newest first,
 		// anchored at the claim offset fixed now.
@@ -345,7 +346,7 @@ func (m *construct) rollbackInline(ctx context.Context, c *reactor.ConstructCont
 			if _, err := ms.rbSettle(ctx, mapID, p, o); err != nil {
 				return err
 			}
-			logElement(c.Engine.Logger(), md, mapID, o)
+			logElement(engineapi.Logger(c.Engine), md, mapID, o)
 		}
 	}
 	return nil
@@ -387,7 +388,7 @@ func (s mapStore) heldElement(ctx context.Context, e *reactor.Engine, md meta, m
 		return rbOutcome{Index: i}, fmt.Errorf("mapstep: note held element %s[%d]: %w", mapID, i, err)
 	}
 	if res[1] == 1 {
-		e.Logger().Warn("map rollback is waiting for an element another process holds; it undoes the element once the holder lets go",
+		engineapi.Logger(e).Warn("map rollback is waiting for an element another process holds; it undoes the element once the holder lets go",
 			"event", "reactor.map.rollback.element_held", "reactor", md.OwnerReact, "run", md.Owner, "map_step", md.Step,
 			"map", mapID, "index", i, "element_run", ElementID(mapID, i), "waited", (time.Duration(res[0]) * time.Millisecond).String())
 	}
@@ -421,7 +422,7 @@ func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID 
 	}
 	mayBeAbsent := f == nil || f.Status == outcomeStopped
 	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace})
-	res, err := e.UndoElement(ctx, ElementID(mapID, i), wait)
+	res, err := engineapi.UndoElement(e, ctx, ElementID(mapID, i), wait)
 	switch {
 	case mayBeAbsent && errors.Is(err, reactor.ErrNotFound):
 		o.Outcome = rbNotNeeded
@@ -505,7 +506,7 @@ func (m *construct) aggregate(ctx context.Context, ms mapStore, mapID string) ([
 
 // dispatchRollback enqueues the rollback jobs of positions [from, to].
 func dispatchRollback(ctx context.Context, e *reactor.Engine, mapID string, total, from, to int) error {
-	q, ok := maptask.Adapt(e.Enqueuer())
+	q, ok := maptask.Adapt(engineapi.Enqueuer(e))
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
 	}
@@ -523,7 +524,7 @@ func dispatchRollback(ctx context.Context, e *reactor.Engine, mapID string, tota
 }
 
 func dispatchRollbackTask(ctx context.Context, e *reactor.Engine, t maptask.RollbackTask) error {
-	q, ok := maptask.Adapt(e.Enqueuer())
+	q, ok := maptask.Adapt(engineapi.Enqueuer(e))
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
 	}
@@ -531,7 +532,7 @@ func dispatchRollbackTask(ctx context.Context, e *reactor.Engine, t maptask.Roll
 }
 
 func resumeOwnerRollback(ctx context.Context, e *reactor.Engine, owner, reactorName, mapID string) error {
-	return e.Enqueuer().Enqueue(ctx, reactor.Wake{
+	return engineapi.Enqueuer(e).Enqueue(ctx, reactor.Wake{
 		ID:    rbResumeID(owner, mapID),
 		RunID: owner, Reactor: reactorName, Retain: resumeRetention,
 	})
@@ -579,7 +580,7 @@ func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackT
 	if !sr.Stored {
 		return nil
 	}
-	logElement(e.Logger(), md, t.MapID, o)
+	logElement(engineapi.Logger(e), md, t.MapID, o)
 	if hook := failpoints.rbAfterSettle; hook != nil {
 		if err := hook(t.MapID, t.Pos); err != nil {
 			return err

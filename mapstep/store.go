@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -43,7 +44,7 @@ type mapStore struct {
 }
 
 func storeOf(e *reactor.Engine) mapStore {
-	return mapStore{rdb: e.Client(), keys: keys.New(e.Prefix())}
+	return mapStore{rdb: engineapi.Client(e), keys: keys.New(engineapi.Prefix(e))}
 }
 
 // meta is a map's metadata as the element jobs read it.

@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -347,7 +348,7 @@ func (sw *mapSweep) redelivery(ctx context.Context, id string) (suffix string, s
 }
 
 func (sw *mapSweep) enqueueElement(ctx context.Context, t maptask.ElementTask) error {
-	q, ok := maptask.Adapt(sw.e.Enqueuer())
+	q, ok := maptask.Adapt(engineapi.Enqueuer(sw.e))
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue element tasks (use worker.Client)")
 	}
@@ -376,7 +377,7 @@ func (sw *mapSweep) resumeOwner(ctx context.Context, id string) error {
 		sw.rec.Done = true
 		return nil
 	}
-	locked, err := sw.e.Locked(ctx, md.Owner)
+	locked, err := engineapi.Locked(sw.e, ctx, md.Owner)
 	if err != nil || locked {
 		return err
 	}
@@ -403,7 +404,7 @@ func (sw *mapSweep) resumeOwner(ctx context.Context, id string) error {
 		}
 		sw.rec.Deleted++
 	}
-	if err := sw.e.Enqueuer().Enqueue(ctx, w); err != nil {
+	if err := engineapi.Enqueuer(sw.e).Enqueue(ctx, w); err != nil {
 		return err
 	}
 	sw.rec.Resumes++

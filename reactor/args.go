@@ -12,7 +12,7 @@ import (
 
 // Args are a step's arguments, still encoded. Use it as a step's In type when
 // the arguments are dynamic; Arg decodes one of them.
-type Args map[string]codec.Raw
+type Args map[string]Raw
 
 // Arg decodes argument name of a into T.
 func Arg[T any](a Args, name string) (T, error) {
@@ -27,7 +27,7 @@ func Arg[T any](a Args, name string) (T, error) {
 
 // resolveArgs builds the encoded argument map of step s from the run state:
 // the snapshot stored with its ledger entry and the value its Run decodes.
-func resolveArgs(d *Definition, s *stepDef, st *runState) (codec.Raw, error) {
+func resolveArgs(d *Definition, s *stepDef, st *runState) (Raw, error) {
 	var buf bytes.Buffer
 	enc := msgpack.NewEncoder(&buf)
 	if err := enc.EncodeMapLen(len(s.argNames)); err != nil {
@@ -46,8 +46,8 @@ func resolveArgs(d *Definition, s *stepDef, st *runState) (codec.Raw, error) {
 	return buf.Bytes(), nil
 }
 
-func resolveRef(d *Definition, r Ref, st *runState) (codec.Raw, error) {
-	var base codec.Raw
+func resolveRef(d *Definition, r Ref, st *runState) (Raw, error) {
+	var base Raw
 	switch r.kind {
 	case refConst:
 		return r.value, nil
@@ -71,7 +71,7 @@ func resolveRef(d *Definition, r Ref, st *runState) (codec.Raw, error) {
 
 // walkPath descends into an encoded value by map keys and slice indexes and
 // re-encodes what it finds there.
-func walkPath(raw codec.Raw, path []string) (codec.Raw, error) {
+func walkPath(raw Raw, path []string) (Raw, error) {
 	var v any
 	if err := codec.Unmarshal(raw, &v); err != nil {
 		return nil, err

@@ -4,4 +4,4 @@ import "time"
 
 // Retention is how long a finished run stays in Redis (Config.Retention):
 // the sweeper trims the listing indexes of runs older than that.
-func (e *Engine) Retention() time.Duration { return e.cfg.Retention }
+func (e *Engine) retention() time.Duration { return e.cfg.Retention }

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-
-	"github.com/goreactor/goreactor/internal/codec"
 )
 
 // Construct is a step kind with a protocol of its own, declared with
@@ -24,7 +22,7 @@ type Construct interface {
 	// *Failure or a Permanent error fails the step; any other error is
 	// infrastructure trouble: the run stops at its last checkpoint, to be
 	// retried, and is not rolled back for it.
-	Run(ctx context.Context, c *ConstructContext) (codec.Raw, error)
+	Run(ctx context.Context, c *ConstructContext) (Raw, error)
 	// Undo rolls back the completed step (State holds what Run saved). A
 	// *RollbackFailures, *Failure or Permanent error is recorded as the
 	// step's rollback failure; any other error stops the rollback at its
@@ -48,7 +46,7 @@ type ConstructContext struct {
 	// Step is the step's path in the owner ("book/items").
 	Step string
 	// Args are the step's resolved arguments (encoded map).
-	Args codec.Raw
+	Args Raw
 	// Nested is true when the run is itself an element of a construct
 	// (a map inside a map element runs inline).
 	Nested bool
@@ -56,16 +54,16 @@ type ConstructContext struct {
 	// to hand to the element runs it starts.
 	TraceID string
 
-	state codec.Raw
-	save  func(ctx context.Context, state codec.Raw) error
+	state Raw
+	save  func(ctx context.Context, state Raw) error
 }
 
 // State returns what the construct saved for this step (nil at first).
-func (c *ConstructContext) State() codec.Raw { return c.state }
+func (c *ConstructContext) State() Raw { return c.state }
 
 // SaveState stores state with the run and saves the run (fenced) before
 // returning: decide, save, then act.
-func (c *ConstructContext) SaveState(ctx context.Context, state codec.Raw) error {
+func (c *ConstructContext) SaveState(ctx context.Context, state Raw) error {
 	if c.save == nil {
 		return errors.New("reactor: SaveState is only available in Run")
 	}
@@ -142,7 +140,7 @@ func ConstructStep(name string, c Construct, cfg ConstructConfig) Part {
 	})
 }
 
-func (x *execution) constructContext(f *frame, s *stepDef, args codec.Raw) *ConstructContext {
+func (x *execution) constructContext(f *frame, s *stepDef, args Raw) *ConstructContext {
 	return &ConstructContext{
 		Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
 		Step: f.path + s.name, Args: args, Nested: x.element, TraceID: x.st.Trace,
@@ -151,18 +149,18 @@ func (x *execution) constructContext(f *frame, s *stepDef, args codec.Raw) *Cons
 }
 
 // runConstruct runs a construct step forward.
-func (x *execution) runConstruct(ctx context.Context, f *frame, s *stepDef, args codec.Raw) (stepOutcome, error) {
+func (x *execution) runConstruct(ctx context.Context, f *frame, s *stepDef, args Raw) (stepOutcome, error) {
 	path := f.path + s.name
 	cc := x.constructContext(f, s, args)
-	cc.save = func(ctx context.Context, state codec.Raw) error {
+	cc.save = func(ctx context.Context, state Raw) error {
 		if f.st.Constructs == nil {
-			f.st.Constructs = map[string]codec.Raw{}
+			f.st.Constructs = map[string]Raw{}
 		}
 		f.st.Constructs[s.name] = state
 		return x.checkpoint(ctx)
 	}
 	x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1})
-	var val codec.Raw
+	var val Raw
 	err := x.call(ctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1}, 0, func(cctx context.Context) error {
 		var rerr error
 		val, rerr = s.construct.Run(cctx, cc)
@@ -222,7 +220,7 @@ func asFailure(path string, err error) *Failure {
 // ConstructAt returns the construct of the step at path ("items", or
 // "book/items" inside a composed child), so that a worker can reach a
 // construct's configuration from its owner's definition.
-func (d *Definition) ConstructAt(path string) (Construct, bool) {
+func (d *Definition) constructAt(path string) (Construct, bool) {
 	def := d
 	for {
 		name, rest, nested := strings.Cut(path, "/")

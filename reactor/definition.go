@@ -91,9 +91,9 @@ type inputDef struct {
 	name     string
 	typ      reflect.Type
 	required bool
-	def      codec.Raw
+	def      Raw
 	defType  reflect.Type
-	check    func(codec.Raw) error // decodes into the input's type and validates
+	check    func(Raw) error // decodes into the input's type and validates
 }
 
 // InputOption configures an input.
@@ -109,8 +109,8 @@ func (f inputOptionFunc) applyInput(in *inputDef) error { return f(in) }
 func Input[T any](name string, opts ...InputOption) Part {
 	return partFunc(func(d *Definition) error {
 		in := &inputDef{name: name, typ: reflect.TypeFor[T]()}
-		var validators []func(codec.Raw) error
-		in.check = func(raw codec.Raw) error {
+		var validators []func(Raw) error
+		in.check = func(raw Raw) error {
 			var v T
 			if err := codec.Unmarshal(raw, &v); err != nil {
 				return errors.New(explainDecode(raw, in.typ).String())
@@ -127,7 +127,7 @@ func Input[T any](name string, opts ...InputOption) Part {
 				return &DefinitionError{Reactor: d.name, Reason: fmt.Sprintf("input %q: Validate takes a %s, input is a %s", name, tv.valueType(), in.typ)}
 			}
 			if vo, ok := o.(validateOption[T]); ok {
-				validators = append(validators, func(raw codec.Raw) error {
+				validators = append(validators, func(raw Raw) error {
 					var v T
 					_ = codec.Unmarshal(raw, &v)
 					return vo.fn(v)
@@ -193,7 +193,7 @@ type Ref struct {
 	kind  refKind
 	name  string
 	path  []string
-	value codec.Raw
+	value Raw
 	err   error
 }
 
@@ -272,9 +272,9 @@ type stepDef struct {
 	undoTO   time.Duration
 	handoff  HandOff
 
-	run        func(ctx context.Context, args codec.Raw) (codec.Raw, error)
-	undo       func(ctx context.Context, args, result codec.Raw) error // nil: no ledger entry
-	compensate func(ctx context.Context, args codec.Raw, err error) error
+	run        func(ctx context.Context, args Raw) (Raw, error)
+	undo       func(ctx context.Context, args, result Raw) error // nil: no ledger entry
+	compensate func(ctx context.Context, args Raw, err error) error
 	child      *Definition // compose
 	construct  Construct
 	// inType and outType are a plain step's In and Out (nil otherwise):
@@ -335,12 +335,12 @@ func (e *ArgumentError) Error() string {
 
 func (e *ArgumentError) Unwrap() error { return e.Err }
 
-func argsError(step string, raw codec.Raw, t reflect.Type, err error) error {
+func argsError(step string, raw Raw, t reflect.Type, err error) error {
 	m := explainDecode(raw, t)
 	return &ArgumentError{Step: step, Argument: m.field, Want: m.want, Got: m.got, Err: err}
 }
 
-func decodeIn[In any](raw codec.Raw) (In, error) {
+func decodeIn[In any](raw Raw) (In, error) {
 	var in In
 	if reflect.TypeFor[In]() == argsType {
 		var a Args
@@ -365,7 +365,7 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 		s := &stepDef{name: name, kind: kindPlain, args: cfg.Args, after: cfg.After,
 			retry: cfg.Retry, timeout: cfg.Timeout, undoTO: cfg.UndoTimeout, handoff: cfg.HandOff,
 			inType: reflect.TypeFor[In](), outType: reflect.TypeFor[Out]()}
-		s.run = func(ctx context.Context, raw codec.Raw) (codec.Raw, error) {
+		s.run = func(ctx context.Context, raw Raw) (Raw, error) {
 			in, err := decodeIn[In](raw)
 			if err != nil {
 				return nil, Permanent(argsError(name, raw, reflect.TypeFor[In](), err))
@@ -377,7 +377,7 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 			return codec.Marshal(out)
 		}
 		if cfg.Undo != nil {
-			s.undo = func(ctx context.Context, raw, result codec.Raw) error {
+			s.undo = func(ctx context.Context, raw, result Raw) error {
 				if err := checkStored(name, "arguments", raw, reflect.TypeFor[In]()); err != nil {
 					return err
 				}
@@ -398,7 +398,7 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 			}
 		}
 		if cfg.Compensate != nil {
-			s.compensate = func(ctx context.Context, raw codec.Raw, cause error) error {
+			s.compensate = func(ctx context.Context, raw Raw, cause error) error {
 				if err := checkStored(name, "arguments", raw, reflect.TypeFor[In]()); err != nil {
 					return err
 				}

@@ -337,6 +337,6 @@ func (w *pendingWatch) notServed(ctx context.Context, status Status, cause error
 // through, and a context that ends (worker shutdown) leaves the run where it
 // was for the next delivery instead of aborting it. It returns ErrRunLocked
 // when another process holds the run, which a worker answers by snoozing.
-func (e *Engine) Process(ctx context.Context, id string) (*Result, error) {
+func (e *Engine) process(ctx context.Context, id string) (*Result, error) {
 	return e.resume(ctx, id, true)
 }

@@ -41,7 +41,7 @@ func init() { builtinSentinel(codeElementStopped, ErrElementStopped) }
 // lost, and StopElement then returns ErrLockLost) and released after.
 // reactorName is the element reactor's name, recorded on a created run so
 // that a later execution of the element recognises it as its own.
-func (e *Engine) StopElement(ctx context.Context, reactorName, id string, fn func(ctx context.Context) error) error {
+func (e *Engine) stopElement(ctx context.Context, reactorName, id string, fn func(ctx context.Context) error) error {
 	if err := validateRunID(id); err != nil {
 		return err
 	}
@@ -86,4 +86,4 @@ func (e *Engine) sealElement(ctx context.Context, target store.Target, token, re
 // heartbeat (Config.LockExpiry): the longest a crashed holder's lock
 // outlives it. Package mapstep derives its rollback's wait for a held
 // element lock from it.
-func (e *Engine) LockExpiry() time.Duration { return e.cfg.LockExpiry }
+func (e *Engine) lockExpiry() time.Duration { return e.cfg.LockExpiry }

@@ -233,7 +233,7 @@ func (e *Engine) Run(ctx context.Context, def *Definition, inputs map[string]any
 // prepareRun is what starting a run in-process and enqueuing it share:
 // register the definition, settle the options (run id, trace id), and check
 // the inputs before anything is stored.
-func (e *Engine) prepareRun(ctx context.Context, call callKind, def *Definition, inputs map[string]any, opts []RunOption) (runOptions, map[string]codec.Raw, error) {
+func (e *Engine) prepareRun(ctx context.Context, call callKind, def *Definition, inputs map[string]any, opts []RunOption) (runOptions, map[string]Raw, error) {
 	if err := e.Register(def); err != nil {
 		return runOptions{}, nil, err
 	}
@@ -257,7 +257,7 @@ func (e *Engine) prepareRun(ctx context.Context, call callKind, def *Definition,
 // hand off, and run nested constructs inline. Inputs are encoded values by
 // input name. It returns ErrRunLocked when another process holds the
 // element.
-func (e *Engine) ExecuteElement(ctx context.Context, def *Definition, id string, inputs map[string]codec.Raw) (*Result, error) {
+func (e *Engine) executeElement(ctx context.Context, def *Definition, id string, inputs map[string]Raw) (*Result, error) {
 	if err := validateRunID(id); err != nil {
 		return nil, err
 	}
@@ -269,7 +269,7 @@ func (e *Engine) ExecuteElement(ctx context.Context, def *Definition, id string,
 }
 
 // Element returns a stored element run.
-func (e *Engine) Element(ctx context.Context, id string) (*Run, error) {
+func (e *Engine) element(ctx context.Context, id string) (*Run, error) {
 	if err := validateRunID(id); err != nil {
 		return nil, err
 	}
@@ -289,7 +289,7 @@ func (e *Engine) Element(ctx context.Context, id string) (*Run, error) {
 }
 
 // start creates or resumes run id; o is nil for an element run.
-func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs map[string]codec.Raw, o *runOptions) (*Result, error) {
+func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs map[string]Raw, o *runOptions) (*Result, error) {
 	element := o == nil
 	target := e.store.RunTarget(id)
 	if element {
@@ -405,7 +405,7 @@ var ErrRunIDReused = errors.New("reactor: run id already used with other inputs"
 
 // sameInputs reports whether a start's inputs are the stored run's (both
 // encoded by the same codec, map keys sorted, so equal values encode alike).
-func sameInputs(id string, stored, given map[string]codec.Raw) error {
+func sameInputs(id string, stored, given map[string]Raw) error {
 	var differ []string
 	for k, v := range given {
 		if !bytes.Equal(stored[k], v) {
@@ -468,7 +468,7 @@ func (e *Engine) resume(ctx context.Context, id string, inWorker bool) (*Result,
 }
 
 // Locked reports whether some process holds run id's lock right now.
-func (e *Engine) Locked(ctx context.Context, id string) (bool, error) {
+func (e *Engine) locked(ctx context.Context, id string) (bool, error) {
 	if err := validateRunID(id); err != nil {
 		return false, err
 	}
@@ -477,19 +477,16 @@ func (e *Engine) Locked(ctx context.Context, id string) (bool, error) {
 }
 
 // Logger returns the engine's logger.
-func (e *Engine) Logger() *slog.Logger { return e.log }
-
-// UndoLockWait is how long Undo waits for a run's lock.
-func (e *Engine) UndoLockWait() time.Duration { return e.cfg.UndoLockWait }
+func (e *Engine) logger() *slog.Logger { return e.log }
 
 // Client returns the engine's Redis client.
-func (e *Engine) Client() redis.UniversalClient { return e.cfg.Client }
+func (e *Engine) client() redis.UniversalClient { return e.cfg.Client }
 
 // Enqueuer returns the engine's Enqueuer (nil when runs are in-process only).
-func (e *Engine) Enqueuer() Enqueuer { return e.cfg.Enqueuer }
+func (e *Engine) enqueuer() Enqueuer { return e.cfg.Enqueuer }
 
 // Prefix returns the engine's key prefix.
-func (e *Engine) Prefix() string { return e.cfg.Prefix }
+func (e *Engine) prefix() string { return e.cfg.Prefix }
 
 // Get returns the stored run id.
 func (e *Engine) Get(ctx context.Context, id string) (*Run, error) {
@@ -580,7 +577,7 @@ func (e *Engine) Undo(ctx context.Context, id string) (*Result, error) {
 // cancelled. An element that failed, was cancelled or is already undone
 // returns its stored result and undoes nothing. It waits up to wait for the
 // element's lock (0: one try) and returns ErrRunLocked if it stays held.
-func (e *Engine) UndoElement(ctx context.Context, id string, wait time.Duration) (*Result, error) {
+func (e *Engine) undoElement(ctx context.Context, id string, wait time.Duration) (*Result, error) {
 	if err := validateRunID(id); err != nil {
 		return nil, err
 	}

@@ -59,7 +59,7 @@ type frame struct {
 // error.
 type frameResult struct {
 	status  Status
-	value   codec.Raw
+	value   Raw
 	failure *Failure
 	reason  string
 }
@@ -431,7 +431,7 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 	for attempt := first; ; attempt++ {
 		x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt})
 		began := time.Now()
-		var val codec.Raw
+		var val Raw
 		f.notStarted = false
 		if hook := failpoints.beforeStepRun; hook != nil {
 			hook(x.st.ID, path, attempt)
@@ -600,7 +600,7 @@ type engineKey struct{}
 
 // EngineFrom returns the engine executing the step whose context ctx is (for
 // helpers such as mapstep's result reader), or nil outside a step.
-func EngineFrom(ctx context.Context) *Engine {
+func engineFrom(ctx context.Context) *Engine {
 	e, _ := ctx.Value(engineKey{}).(*Engine)
 	return e
 }

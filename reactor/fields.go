@@ -57,7 +57,7 @@ func checkChildBindings(reactor string, s *stepDef) error {
 // deploy renamed or removed them since the step ran): the function would
 // see zero values where the run had data. It is Permanent: the entry's
 // rollback fails with the error, it is not retried.
-func checkStored(step, what string, raw codec.Raw, t reflect.Type) error {
+func checkStored(step, what string, raw Raw, t reflect.Type) error {
 	dropped := codec.Dropped(raw, t)
 	if len(dropped) == 0 {
 		return nil

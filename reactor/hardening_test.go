@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -141,10 +142,10 @@ func TestHardeningStoppedElementCompensatesItsInterruptedStep(t *testing.T) {
 	require.NoError(t, e.engine.Register(def))
 	ctx, cancel := context.WithCancel(ctxTimeout(t))
 	defer cancel()
-	_, err := e.engine.ExecuteElement(context.WithValue(ctx, cutKey{}, context.CancelFunc(cancel)), def, "m~each.0", nil)
+	_, err := engineapi.ExecuteElement(e.engine, context.WithValue(ctx, cutKey{}, context.CancelFunc(cancel)), def, "m~each.0", nil)
 	require.Error(t, err, "the element's delivery ended mid-step")
 
-	res, err := e.engine.UndoElement(ctxTimeout(t), "m~each.0", time.Second)
+	res, err := engineapi.UndoElement(e.engine, ctxTimeout(t), "m~each.0", time.Second)
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCancelled, res.Status)
 	require.Equal(t, []string{"run:a", "run:cut", "compensate:cut", "undo:a"}, e.trail.all())

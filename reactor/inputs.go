@@ -14,8 +14,8 @@ import (
 // present, defaults fill the rest, every value must decode into its declared
 // type and pass its validators. Unknown inputs are rejected so that a typo
 // does not silently become a missing input.
-func (d *Definition) prepareInputs(given map[string]any) (map[string]codec.Raw, error) {
-	raw := make(map[string]codec.Raw, len(given))
+func (d *Definition) prepareInputs(given map[string]any) (map[string]Raw, error) {
+	raw := make(map[string]Raw, len(given))
 	for k, v := range given {
 		b, err := codec.Marshal(v)
 		if err != nil {
@@ -26,9 +26,9 @@ func (d *Definition) prepareInputs(given map[string]any) (map[string]codec.Raw, 
 	return d.checkInputs(raw)
 }
 
-func (d *Definition) checkInputs(raw map[string]codec.Raw) (map[string]codec.Raw, error) {
+func (d *Definition) checkInputs(raw map[string]Raw) (map[string]Raw, error) {
 	known := make(map[string]bool, len(d.inputs))
-	out := make(map[string]codec.Raw, len(d.inputs))
+	out := make(map[string]Raw, len(d.inputs))
 	for _, in := range d.inputs {
 		known[in.name] = true
 		v, ok := raw[in.name]
@@ -71,16 +71,16 @@ func (m mismatch) String() string {
 	return fmt.Sprintf("want %s, got %s", m.want, m.got)
 }
 
-func explainDecode(raw codec.Raw, t reflect.Type) mismatch {
+func explainDecode(raw Raw, t reflect.Type) mismatch {
 	st := t
 	for st.Kind() == reflect.Pointer {
 		st = st.Elem()
 	}
-	var entries map[string]codec.Raw
+	var entries map[string]Raw
 	if st.Kind() == reflect.Struct && codec.Unmarshal(raw, &entries) == nil {
 		// Decode one entry at a time: the first that fails names the field.
 		for _, k := range slices.Sorted(maps.Keys(entries)) {
-			one, err := codec.Marshal(map[string]codec.Raw{k: entries[k]})
+			one, err := codec.Marshal(map[string]Raw{k: entries[k]})
 			if err != nil {
 				break
 			}
@@ -127,7 +127,7 @@ func fieldNamed(t reflect.Type, k string) (reflect.StructField, bool) {
 
 // describeEncoded renders an encoded value as its kind and a short form of
 // it: `string "three"`, `int 3`, `list of 2`, `map with keys [a b]`.
-func describeEncoded(raw codec.Raw) string {
+func describeEncoded(raw Raw) string {
 	var v any
 	if err := codec.Unmarshal(raw, &v); err != nil {
 		return "an undecodable value"

@@ -44,7 +44,7 @@ type Failure struct {
 	// Message is the error's text.
 	Message string `msgpack:"message"`
 	// Data holds the registered error's fields.
-	Data codec.Raw `msgpack:"data,omitempty"`
+	Data Raw `msgpack:"data,omitempty"`
 	// Retryable is false when the step failed with a Permanent error.
 	Retryable bool `msgpack:"retryable"`
 	// RollbackFailures lists the undos and compensations that failed.
@@ -124,7 +124,7 @@ type Result struct {
 	Reactor string
 	Status  Status
 	// Value is the encoded return value (see ValueOf).
-	Value codec.Raw
+	Value Raw
 	// Failure is set when Status is failed or cancelled.
 	Failure *Failure
 	// Reason is the halt reason.

@@ -384,12 +384,12 @@ func codeOf(err error) string {
 // embedded in the parent's (so every child checkpoint is a root write) and
 // removed once the step settles; a completed child's ledger folds into the
 // compose step's entry.
-func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args codec.Raw) (stepOutcome, error) {
+func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args Raw) (stepOutcome, error) {
 	path := f.path + s.name
 	cst := f.st.Children[s.name]
 	fresh := cst == nil
 	if cst == nil {
-		var given map[string]codec.Raw
+		var given map[string]Raw
 		if err := codec.Unmarshal(args, &given); err != nil {
 			err = Permanent(err)
 			return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -26,7 +27,7 @@ func (q *processingEnqueuer) Enqueue(ctx context.Context, w reactor.Wake) error 
 	q.got = append(q.got, w.ID)
 	q.mu.Unlock()
 	if !q.hold {
-		q.wg.Go(func() { _, _ = q.e().Process(context.WithoutCancel(ctx), w.RunID) })
+		q.wg.Go(func() { _, _ = engineapi.Process(q.e(), context.WithoutCancel(ctx), w.RunID) })
 	}
 	return nil
 }

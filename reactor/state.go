@@ -2,25 +2,23 @@ package reactor
 
 import (
 	"time"
-
-	"github.com/goreactor/goreactor/internal/codec"
 )
 
 // runState is what a run persists (msgpack, short keys). A composed child in
 // progress is embedded in its parent's state, so one fenced write saves a
 // whole run tree.
 type runState struct {
-	ID      string               `msgpack:"id"`
-	Reactor string               `msgpack:"r"`
-	Status  Status               `msgpack:"s"`
-	Inputs  map[string]codec.Raw `msgpack:"in"`
-	Steps   map[string]*stepRec  `msgpack:"st"`
+	ID      string              `msgpack:"id"`
+	Reactor string              `msgpack:"r"`
+	Status  Status              `msgpack:"s"`
+	Inputs  map[string]Raw      `msgpack:"in"`
+	Steps   map[string]*stepRec `msgpack:"st"`
 	// Ledger is the undo stack, oldest first.
 	Ledger []*LedgerEntry `msgpack:"l,omitempty"`
 	// Seq numbers ledger entries.
 	Seq int `msgpack:"q,omitempty"`
 	// Constructs holds the state of construct steps in progress, by step.
-	Constructs map[string]codec.Raw `msgpack:"cs,omitempty"`
+	Constructs map[string]Raw `msgpack:"cs,omitempty"`
 	// Children holds composed child runs in progress, by compose step.
 	Children map[string]*runState `msgpack:"ch,omitempty"`
 	// Rollback is set while rolling back.
@@ -50,11 +48,11 @@ type runState struct {
 	// Elem is where an element run belongs (nil for any other run).
 	Elem *elementRec `msgpack:"el,omitempty"`
 
-	Value     codec.Raw `msgpack:"v,omitempty"`
-	Failure   *Failure  `msgpack:"f,omitempty"`
-	Reason    string    `msgpack:"why,omitempty"`
-	CreatedAt int64     `msgpack:"c"`
-	UpdatedAt int64     `msgpack:"t"`
+	Value     Raw      `msgpack:"v,omitempty"`
+	Failure   *Failure `msgpack:"f,omitempty"`
+	Reason    string   `msgpack:"why,omitempty"`
+	CreatedAt int64    `msgpack:"c"`
+	UpdatedAt int64    `msgpack:"t"`
 }
 
 type stepState string
@@ -82,7 +80,7 @@ type intentRec struct {
 
 type stepRec struct {
 	State    stepState `msgpack:"s"`
-	Value    codec.Raw `msgpack:"v,omitempty"`
+	Value    Raw       `msgpack:"v,omitempty"`
 	Attempts int       `msgpack:"a,omitempty"`
 }
 
@@ -93,9 +91,9 @@ type LedgerEntry struct {
 	// Step is the step's name.
 	Step string `msgpack:"step"`
 	// Args is a snapshot of the arguments the step saw.
-	Args codec.Raw `msgpack:"args,omitempty"`
+	Args Raw `msgpack:"args,omitempty"`
 	// Result is the step's result.
-	Result codec.Raw `msgpack:"res,omitempty"`
+	Result Raw `msgpack:"res,omitempty"`
 	// Status is the entry's rollback status (pending until undone).
 	Status RollbackStatus `msgpack:"status"`
 	// Children are a composed child's entries, folded into the compose
@@ -156,7 +154,7 @@ type Run struct {
 	Status  Status
 	// Version is the number of fenced writes the run has had.
 	Version int64
-	Inputs  map[string]codec.Raw
+	Inputs  map[string]Raw
 	// Completed lists completed steps in completion order of the definition.
 	Completed []string
 	// Skipped lists skipped steps.
@@ -167,7 +165,7 @@ type Run struct {
 	Rollback *RollbackRecord
 	// Rollbacks is the per-step rollback report, in the order it happened.
 	Rollbacks []StepRollback
-	Value     codec.Raw
+	Value     Raw
 	Failure   *Failure
 	Reason    string
 	// Wake is the id of the last wake-up task enqueued for the run.
@@ -230,7 +228,7 @@ func (st *runState) view(d *Definition, version int64) *Run {
 	return r
 }
 
-func newState(id string, d *Definition, inputs map[string]codec.Raw, now time.Time) *runState {
+func newState(id string, d *Definition, inputs map[string]Raw, now time.Time) *runState {
 	return &runState{ID: id, Reactor: d.name, Status: StatusRunning, Inputs: inputs,
 		Steps: map[string]*stepRec{}, CreatedAt: now.UnixMilli(), UpdatedAt: now.UnixMilli()}
 }

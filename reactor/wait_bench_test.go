@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -93,7 +94,7 @@ func TestWaitLoad(t *testing.T) {
 
 			start := time.Now()
 			for _, id := range ids {
-				_, err := e.Process(ctx, id)
+				_, err := engineapi.Process(e, ctx, id)
 				require.NoError(t, err)
 			}
 			finished := time.Since(start)

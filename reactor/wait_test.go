@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -76,7 +77,7 @@ func waitAll(t *testing.T, e *reactor.Engine, ids []string) func() {
 func process(t *testing.T, e *reactor.Engine, ids []string) {
 	t.Helper()
 	for _, id := range ids {
-		res, err := e.Process(t.Context(), id)
+		res, err := engineapi.Process(e, t.Context(), id)
 		require.NoError(t, err)
 		require.Equal(t, reactor.StatusCompleted, res.Status)
 	}

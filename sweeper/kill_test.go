@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
@@ -109,7 +110,7 @@ func TestKilledWorkerRunIsFinishedByTheSweeper(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusRunning, run.Status)
 	require.Equal(t, []string{"s1"}, run.Completed, "s1 is checkpointed before s2 starts")
-	locked, err := engine.Locked(ctx, id)
+	locked, err := engineapi.Locked(engine, ctx, id)
 	require.NoError(t, err)
 	require.True(t, locked)
 

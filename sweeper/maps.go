@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/store"
@@ -81,10 +82,10 @@ type MapSweeper struct {
 
 // NewMapSweeper returns a map sweeper.
 func NewMapSweeper(cfg MapConfig) (*MapSweeper, error) {
-	if cfg.Engine == nil || cfg.Engine.Enqueuer() == nil {
+	if cfg.Engine == nil || engineapi.Enqueuer(cfg.Engine) == nil {
 		return nil, errors.New("sweeper: MapConfig needs an Engine with an Enqueuer (worker.Client)")
 	}
-	if q, ok := cfg.Engine.Enqueuer().(interface{ Queue() string }); ok {
+	if q, ok := engineapi.Enqueuer(cfg.Engine).(interface{ Queue() string }); ok {
 		if cfg.Queue == "" {
 			cfg.Queue = q.Queue()
 		} else if cfg.Queue != q.Queue() {
@@ -103,8 +104,8 @@ func NewMapSweeper(cfg MapConfig) (*MapSweeper, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	rdb := cfg.Engine.Client()
-	return &MapSweeper{cfg: cfg, keys: keys.New(cfg.Engine.Prefix()), rdb: rdb, tasks: newQueueTasks(rdb, cfg.Queue, cfg.Engine.Prefix())}, nil
+	rdb := engineapi.Client(cfg.Engine)
+	return &MapSweeper{cfg: cfg, keys: keys.New(engineapi.Prefix(cfg.Engine)), rdb: rdb, tasks: newQueueTasks(rdb, cfg.Queue, engineapi.Prefix(cfg.Engine))}, nil
 }
 
 // ownerGone reports whether the owner of map mapID, a map without keys, is
@@ -122,7 +123,7 @@ func (s *MapSweeper) ownerGone(ctx context.Context, mapID string) (gone bool, ow
 		switch {
 		case errors.Is(err, reactor.ErrNotFound):
 			// Gone, or being created: a run being created holds its lock.
-			locked, err := s.cfg.Engine.Locked(ctx, owner)
+			locked, err := engineapi.Locked(s.cfg.Engine, ctx, owner)
 			if err != nil || locked {
 				return false, nil, err
 			}

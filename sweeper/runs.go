@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/internal/maptask"
@@ -103,7 +104,7 @@ func NewRunSweeper(cfg RunConfig) (*RunSweeper, error) {
 	if cfg.Engine == nil || cfg.Client == nil || cfg.Enqueuer == nil {
 		return nil, errors.New("sweeper: RunConfig needs Engine, Client and Enqueuer")
 	}
-	k := keys.New(cfg.Engine.Prefix())
+	k := keys.New(engineapi.Prefix(cfg.Engine))
 	st, err := store.New(context.Background(), cfg.Client, k)
 	if err != nil {
 		return nil, fmt.Errorf("sweeper: %w", err)
@@ -286,7 +287,7 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 	if at > cutoff {
 		return false, false, nil
 	}
-	locked, err := s.cfg.Engine.Locked(ctx, id)
+	locked, err := engineapi.Locked(s.cfg.Engine, ctx, id)
 	if err != nil || locked {
 		return false, false, err
 	}

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/reactor"
@@ -81,7 +82,7 @@ type Sweeper struct {
 
 // New returns a Sweeper.
 func New(cfg Config) (*Sweeper, error) {
-	if cfg.Engine == nil || cfg.Engine.Enqueuer() == nil {
+	if cfg.Engine == nil || engineapi.Enqueuer(cfg.Engine) == nil {
 		return nil, errors.New("sweeper: Config needs an Engine with an Enqueuer (worker.Client)")
 	}
 	if cfg.Interval <= 0 {
@@ -93,8 +94,8 @@ func New(cfg Config) (*Sweeper, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	rdb := cfg.Engine.Client()
-	runs, err := NewRunSweeper(RunConfig{Engine: cfg.Engine, Client: rdb, Enqueuer: cfg.Engine.Enqueuer(), Queue: cfg.Queue,
+	rdb := engineapi.Client(cfg.Engine)
+	runs, err := NewRunSweeper(RunConfig{Engine: cfg.Engine, Client: rdb, Enqueuer: engineapi.Enqueuer(cfg.Engine), Queue: cfg.Queue,
 		StaleAfter: cfg.StaleAfter, Page: cfg.RunPage, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
@@ -109,7 +110,7 @@ func New(cfg Config) (*Sweeper, error) {
 		return nil, err
 	}
 	return &Sweeper{cfg: cfg, runs: runs, maps: maps, trim: trim, locker: lock.New(rdb, cfg.LeaderTTL),
-		leader: keys.New(cfg.Engine.Prefix()).SweeperLeader()}, nil
+		leader: keys.New(engineapi.Prefix(cfg.Engine)).SweeperLeader()}, nil
 }
 
 // Once runs one pass (runs, then maps, then the index trim) if it can take the leader lock, and

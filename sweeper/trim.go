@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/reactor"
@@ -47,7 +48,7 @@ type TrimConfig struct {
 // WithDefaults returns c with every unset field at its default.
 func (c TrimConfig) WithDefaults() TrimConfig {
 	if c.Retention <= 0 && c.Engine != nil {
-		c.Retention = c.Engine.Retention()
+		c.Retention = engineapi.Retention(c.Engine)
 	}
 	if c.StaleAfter <= 0 {
 		c.StaleAfter = 10 * time.Second
@@ -116,7 +117,7 @@ func NewIndexTrimmer(cfg TrimConfig) (*IndexTrimmer, error) {
 		return nil, errors.New("sweeper: TrimConfig needs an Engine")
 	}
 	cfg = cfg.WithDefaults()
-	return &IndexTrimmer{cfg: cfg, keys: keys.New(cfg.Engine.Prefix()), rdb: cfg.Engine.Client(),
+	return &IndexTrimmer{cfg: cfg, keys: keys.New(engineapi.Prefix(cfg.Engine)), rdb: engineapi.Client(cfg.Engine),
 		cursors: map[string]trimCursor{}}, nil
 }
 

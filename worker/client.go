@@ -11,6 +11,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/internal/payload"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -84,7 +85,7 @@ func (c *Client) Served(ctx context.Context) (bool, error) {
 // run started WithQueue). A task with the same id already queued (or
 // running, retried, archived) is the same cause: nil.
 func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
-	payload, err := EncodeRun(RunPayload{RunID: w.RunID, Reactor: w.Reactor})
+	body, err := payload.EncodeRun(payload.RunPayload{RunID: w.RunID, Reactor: w.Reactor})
 	if err != nil {
 		return err
 	}
@@ -99,7 +100,7 @@ func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 	if w.Retain > 0 {
 		opts = append(opts, asynq.Retention(w.Retain))
 	}
-	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeRun, payload), opts...)
+	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeRun, body), opts...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) && w.Retain > 0 {
 		// A retained wake-up is the record that its cause ran. Within one
 		// run, its cause is claimed once (SET NX), so a conflict with a
@@ -107,7 +108,7 @@ func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 		// started afresh: the record is replaced, or the new run would
 		// never be woken.
 		return c.replaceCompleted(ctx, queue, w.ID, func() error {
-			_, err := c.c.EnqueueContext(ctx, asynq.NewTask(TypeRun, payload), opts...)
+			_, err := c.c.EnqueueContext(ctx, asynq.NewTask(TypeRun, body), opts...)
 			return err
 		})
 	}
@@ -180,11 +181,11 @@ func (m mapTasks) EnqueueRollback(ctx context.Context, t maptask.RollbackTask) e
 }
 
 func (c *Client) enqueueElement(ctx context.Context, t maptask.ElementTask) error {
-	payload, err := codec.Marshal(ElementPayload{MapID: t.MapID, Index: t.Index, Input: t.Input})
+	body, err := codec.Marshal(payload.ElementPayload{MapID: t.MapID, Index: t.Index, Input: t.Input})
 	if err != nil {
 		return err
 	}
-	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeElement, payload),
+	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeElement, body),
 		asynq.TaskID(t.TaskID()), asynq.Queue(c.queue), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout))
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil
@@ -196,11 +197,11 @@ func (c *Client) enqueueElement(ctx context.Context, t maptask.ElementTask) erro
 }
 
 func (c *Client) enqueueRollback(ctx context.Context, t maptask.RollbackTask) error {
-	payload, err := codec.Marshal(RollbackPayload{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos, Index: t.Index})
+	body, err := codec.Marshal(payload.RollbackPayload{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos, Index: t.Index})
 	if err != nil {
 		return err
 	}
-	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeRollback, payload),
+	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeRollback, body),
 		asynq.TaskID(t.TaskID()), asynq.Queue(c.queue), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout))
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil

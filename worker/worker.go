@@ -15,7 +15,9 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/internal/payload"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -127,7 +129,7 @@ type Worker struct {
 // Config.Queues).
 func New(engine *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker {
 	var invalid error
-	if c, ok := engine.Enqueuer().(*Client); ok {
+	if c, ok := engineapi.Enqueuer(engine).(*Client); ok {
 		if len(cfg.Queues) == 0 {
 			cfg.Queues = map[string]int{c.Queue(): 1}
 		} else if cfg.Queues[c.Queue()] <= 0 {
@@ -204,7 +206,7 @@ func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
 			err = fmt.Errorf("worker: panic handling %s: %v\n%s", t.Type(), r, debug.Stack())
 		}
 	}()
-	p, err := DecodeRun(t.Payload())
+	p, err := payload.DecodeRun(t.Payload())
 	if err != nil {
 		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
@@ -215,7 +217,7 @@ func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
 		w.unknownReactor(ctx, p.Reactor, "run", p.RunID)
 		return err
 	}
-	res, err := w.engine.Process(ctx, p.RunID)
+	res, err := engineapi.Process(w.engine, ctx, p.RunID)
 	switch {
 	case errors.Is(err, reactor.ErrRunLocked):
 		return &SnoozeError{RunID: p.RunID, Base: w.cfg.Snooze}
@@ -241,7 +243,7 @@ func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
 			err = fmt.Errorf("worker: panic handling %s: %v\n%s", t.Type(), r, debug.Stack())
 		}
 	}()
-	p, err := DecodeElement(t.Payload())
+	p, err := payload.DecodeElement(t.Payload())
 	if err != nil {
 		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
@@ -267,7 +269,7 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 			err = fmt.Errorf("worker: panic handling %s: %v\n%s", t.Type(), r, debug.Stack())
 		}
 	}()
-	p, err := DecodeRollback(t.Payload())
+	p, err := payload.DecodeRollback(t.Payload())
 	if err != nil {
 		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/lock"
+	"github.com/goreactor/goreactor/internal/payload"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -130,8 +131,8 @@ func TestMalformedPayloadIsArchived(t *testing.T) {
 	f := newFixture(t)
 	wk := f.engine("worker")
 	f.startWorker(wk)
-	encode := func(p worker.RunPayload) []byte {
-		b, err := worker.EncodeRun(p)
+	encode := func(p payload.RunPayload) []byte {
+		b, err := payload.EncodeRun(p)
 		require.NoError(t, err)
 		return b
 	}
@@ -142,9 +143,9 @@ func TestMalformedPayloadIsArchived(t *testing.T) {
 	}{
 		{"garbage", []byte{0xc1, 0xff, 0x00}, "malformed payload"},
 		{"empty", nil, "malformed payload"},
-		{"empty-run-id", encode(worker.RunPayload{Reactor: "x"}), "run id: id is empty"},
-		{"braced-run-id", encode(worker.RunPayload{RunID: "a{b}", Reactor: "x"}), "brace"},
-		{"no-reactor", encode(worker.RunPayload{RunID: "r1"}), "no reactor name"},
+		{"empty-run-id", encode(payload.RunPayload{Reactor: "x"}), "run id: id is empty"},
+		{"braced-run-id", encode(payload.RunPayload{RunID: "a{b}", Reactor: "x"}), "brace"},
+		{"no-reactor", encode(payload.RunPayload{RunID: "r1"}), "no reactor name"},
 	}
 	ac := asynq.NewClientFromRedisClient(f.rdb) // shares f.rdb: nothing to close
 	for _, c := range cases {
@@ -423,9 +424,9 @@ func TestClientEnqueueDeduplicatesAndDelays(t *testing.T) {
 	info := f.awaitTaskState(w.ID, asynq.TaskStateScheduled)
 	require.Equal(t, worker.TypeRun, info.Type)
 	require.Equal(t, f.queue, f.client.Queue())
-	p, err := worker.DecodeRun(info.Payload)
+	p, err := payload.DecodeRun(info.Payload)
 	require.NoError(t, err)
-	require.Equal(t, worker.RunPayload{RunID: "r1", Reactor: "x"}, p)
+	require.Equal(t, payload.RunPayload{RunID: "r1", Reactor: "x"}, p)
 	qi, err := f.inspector.GetQueueInfo(f.queue)
 	require.NoError(t, err)
 	require.Equal(t, 1, qi.Size)

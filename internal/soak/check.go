@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
@@ -420,7 +421,7 @@ func (c *checker) elements(ctx context.Context, p runPlan, run *reactor.Run, rul
 			continue
 		}
 		elemID := mapstep.ElementID(mapID, i)
-		el, err := c.s.engine.Element(ctx, elemID)
+		el, err := engineapi.Element(c.s.engine, ctx, elemID)
 		if errors.Is(err, reactor.ErrNotFound) {
 			if len(ea)+len(eb)+len(ua)+len(ub) > 0 {
 				c.violate("%s ran but has no run state", label)

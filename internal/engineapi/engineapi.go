@@ -1,0 +1,95 @@
+// Package engineapi is the engine's plumbing for goreactor's own packages
+// (mapstep, worker, sweeper, the tools and the tests): executing a run as a
+// worker does, element runs, the engine's Redis client, prefix and
+// Enqueuer. Users never call these, so package reactor keeps them out of its
+// API and hands them over through internal/enginehook.
+package engineapi
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/enginehook"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+func result(r any, err error) (*reactor.Result, error) {
+	res, _ := r.(*reactor.Result)
+	return res, err
+}
+
+// Process executes a stored run as a worker does: hand-off points are passed
+// through, and a context that ends leaves the run for its next delivery. It
+// returns reactor.ErrRunLocked when another process holds the run.
+func Process(e *reactor.Engine, ctx context.Context, id string) (*reactor.Result, error) {
+	return result(enginehook.Process(e, ctx, id))
+}
+
+// ExecuteElement runs (or resumes, or reads the result of) construct element
+// run id ("<mapID>.<i>") in this process.
+func ExecuteElement(e *reactor.Engine, ctx context.Context, def *reactor.Definition, id string, inputs map[string]codec.Raw) (*reactor.Result, error) {
+	return result(enginehook.ExecuteElement(e, ctx, def, id, inputs))
+}
+
+// Element returns a stored element run.
+func Element(e *reactor.Engine, ctx context.Context, id string) (*reactor.Run, error) {
+	r, err := enginehook.Element(e, ctx, id)
+	run, _ := r.(*reactor.Run)
+	return run, err
+}
+
+// UndoElement rolls back a construct element run, waiting up to wait for its
+// lock.
+func UndoElement(e *reactor.Engine, ctx context.Context, id string, wait time.Duration) (*reactor.Result, error) {
+	return result(enginehook.UndoElement(e, ctx, id, wait))
+}
+
+// StopElement runs fn under element run id's lock after sealing a missing
+// element run finished.
+func StopElement(e *reactor.Engine, ctx context.Context, reactorName, id string, fn func(ctx context.Context) error) error {
+	return enginehook.StopElement(e, ctx, reactorName, id, fn)
+}
+
+// Locked reports whether some process holds run id's lock.
+func Locked(e *reactor.Engine, ctx context.Context, id string) (bool, error) {
+	return enginehook.Locked(e, ctx, id)
+}
+
+// Client is the engine's Redis client.
+func Client(e *reactor.Engine) redis.UniversalClient { return enginehook.Client(e) }
+
+// Prefix is the engine's key prefix.
+func Prefix(e *reactor.Engine) string { return enginehook.Prefix(e) }
+
+// Enqueuer is the engine's Enqueuer (nil when runs are in-process only).
+func Enqueuer(e *reactor.Engine) reactor.Enqueuer {
+	q, _ := enginehook.Enqueuer(e).(reactor.Enqueuer)
+	return q
+}
+
+// Logger is the engine's logger.
+func Logger(e *reactor.Engine) *slog.Logger { return enginehook.Logger(e) }
+
+// LockExpiry is the engine's lock expiry.
+func LockExpiry(e *reactor.Engine) time.Duration { return enginehook.LockExpiry(e) }
+
+// Retention is how long the engine keeps a finished run.
+func Retention(e *reactor.Engine) time.Duration { return enginehook.Retention(e) }
+
+// EngineFrom returns the engine executing the step whose context ctx is, or
+// nil outside a step.
+func EngineFrom(ctx context.Context) *reactor.Engine {
+	e, _ := enginehook.EngineFrom(ctx).(*reactor.Engine)
+	return e
+}
+
+// ConstructAt returns the construct of the step at path of def.
+func ConstructAt(def *reactor.Definition, path string) (reactor.Construct, bool) {
+	c, ok := enginehook.ConstructAt(def, path)
+	con, _ := c.(reactor.Construct)
+	return con, ok && con != nil
+}
