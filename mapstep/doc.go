@@ -1,20 +1,35 @@
-// Package mapstep implements map steps: one element reactor run per item of
-// a collection, either inline (one after another in the process executing
-// the map) or fanned out (one asynq task per element, dispatched in
-// back-pressured batches).
+// Package mapstep adds map steps to reactors: a step that runs one element
+// reactor per item of a collection, inline (one after another where the map
+// runs) or fanned out (one worker task per element).
 //
-// A fan-out map decides, saves, then acts: the owner saves its map id with
-// its run state, a start script creates the map's metadata and claims batch
-// 0 only if it created it, and only then are the first B element tasks
-// enqueued. When the element at position k*B-1-B/2 settles (half a batch
-// before the batch's end, so workers do not idle at batch boundaries), its
-// settle script claims the next batch by compare-and-set on the absolute
-// offset, so a duplicate trigger claims nothing, and no single action
-// enqueues more than B tasks. The settle that stores the last outcome of a settled map claims
-// the owner signal (SET NX) and enqueues the owner's resume exactly once; the
-// owner re-enters the map step and adopts the outcome.
+//	mapstep.Map("pack_all", mapstep.Config{
+//		Element: PackParcel,                   // a reactor, run once per item
+//		Items:   reactor.FromInput("parcels"), // or Pages, for a Source too big to hold
+//		Input:   "parcel",                     // the element reactor's input for the item
+//		FanOut:  true,                         // default inline
+//	})
 //
-// Element runs have the id "<mapID>.<i>" and keep their own state, ledger
-// and lock in their own cluster slot; a re-dispatched element resumes its one
-// run. The owner's ledger entry for a map carries only the map id.
+// A later step takes the map's result as a Results[T] field, T being what the
+// element reactor returns (Define refuses a mismatch), and reads it lazily in
+// index order: Values, All, or the Elements iterator. ProgressOf and
+// RollbackProgressOf report where a map and its rollback stand.
+//
+// Guarantees:
+//
+//   - Back pressure: no single action enqueues more than BatchSize element
+//     tasks (default 50); the next batch is claimed by compare-and-set when
+//     the element half a batch before the current batch's end settles, so a
+//     duplicate claims nothing and workers do not idle between batches.
+//   - Exactly one owner resume: the settle that completes the map claims the
+//     owner's signal and resumes it once; the owner adopts the outcome.
+//   - Atomic by default: the first element failure fails the map, no further
+//     batch is claimed, and every element that completed is undone. Partial
+//     completes the map with each element's outcome instead.
+//   - A map rolls back the way it ran: inline in the owner's process, or one
+//     rollback job per element, newest first, in batches, each saving after
+//     every undone entry; inline and fan-out maps end with the same Failure.
+//   - Every element run has the id "<mapID>.<i>" (MapID, ElementID) and its
+//     own state and lock in its own Redis Cluster slot; a redelivered element
+//     resumes its one run. The owner stores only the map's id, whatever its
+//     size, and the map's keys and element runs expire with the owner.
 package mapstep
