@@ -105,7 +105,7 @@ func fieldType(t reflect.Type, name string) (reflect.Type, bool) {
 		}
 		tag, hasTag := f.Tag.Lookup("msgpack")
 		if !hasTag {
-			tag, hasTag = f.Tag.Lookup("json")
+			tag = f.Tag.Get("json")
 		}
 		key, _, _ := strings.Cut(tag, ",")
 		if key == "-" {
