@@ -165,7 +165,6 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *LedgerEntry, prefix string) error {
 	s := d.byName[e.Step]
 	path := prefix + e.Step
-	rb := f.st.Rollback
 	if s != nil && s.kind == kindCompose {
 		for len(e.Children) > 0 {
 			if lock.Lost(ctx) {
@@ -218,17 +217,27 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		}
 	}
 	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
+	x.recordEntry(ctx, f, d, e, rec, err, "", EventStepUndone, EventStepUndoFailed)
+	return nil
+}
+
+// recordEntry records what the undo (or compensate) of ledger entry e did:
+// its status, the per-step rollback report, a rollback failure when err is
+// set (with reason, or err's code), and the event.
+func (x *execution) recordEntry(ctx context.Context, f *frame, d *Definition, e *LedgerEntry, rec StepRollback, err error, reason string, done, failed EventKind) {
 	if err != nil {
+		if reason == "" {
+			reason = codeOf(err)
+		}
 		e.Status = RollbackFailed
-		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
-		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: KindUndo, Reason: rec.Reason, Message: rec.Message})
-		x.emit(ctx, Event{Kind: EventStepUndoFailed, RunID: x.st.ID, Reactor: d.name, Step: path, Err: err})
+		rec.Status, rec.Reason, rec.Message = RollbackFailed, reason, err.Error()
+		x.addRollbackFailures(f.st.Rollback, err, RollbackFailure{Step: rec.Step, Kind: rec.Kind, Reason: rec.Reason, Message: rec.Message})
+		x.emit(ctx, Event{Kind: failed, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Err: err})
 	} else {
 		e.Status = RollbackCompensated
-		x.emit(ctx, Event{Kind: EventStepUndone, RunID: x.st.ID, Reactor: d.name, Step: path})
+		x.emit(ctx, Event{Kind: done, RunID: x.st.ID, Reactor: d.name, Step: rec.Step})
 	}
 	f.st.Undone = append(f.st.Undone, rec)
-	return nil
 }
 
 // ErrStepInterrupted is the cause a step's Compensate receives when the
@@ -248,7 +257,6 @@ const reasonInterrupted = "reactor.step_interrupted"
 // interruption is reported as a rollback failure; a step with neither has
 // nothing to reverse.
 func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Definition, s *stepDef, e *LedgerEntry, path string) error {
-	rb := f.st.Rollback
 	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
 	var err error
 	switch {
@@ -270,19 +278,11 @@ func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Defi
 		f.st.Undone = append(f.st.Undone, rec)
 		return nil
 	}
-	if err != nil {
-		e.Status = RollbackFailed
-		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
-		if _, ok := err.(*interruptedError); ok {
-			rec.Reason = reasonInterrupted
-		}
-		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: KindCompensate, Reason: rec.Reason, Message: rec.Message})
-		x.emit(ctx, Event{Kind: EventCompensateFail, RunID: x.st.ID, Reactor: d.name, Step: path, Err: err})
-	} else {
-		e.Status = RollbackCompensated
-		x.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: d.name, Step: path})
+	reason := ""
+	if _, ok := err.(*interruptedError); ok {
+		reason = reasonInterrupted
 	}
-	f.st.Undone = append(f.st.Undone, rec)
+	x.recordEntry(ctx, f, d, e, rec, err, reason, EventStepCompensated, EventCompensateFail)
 	return nil
 }
 
