@@ -42,7 +42,9 @@ func crashAt(e *env, tr *trail, name, id string) *reactor.Definition {
 // finishes it from its checkpoint.
 func TestSweepWakesARunningRunWithNoLockAndNoTask(t *testing.T) {
 	t.Parallel()
-	e := newEnv(t)
+	// Two passes in a row must fall within StaleAfter of each other: a
+	// loaded machine (the whole suite on two cores) can stretch 50 ms.
+	e := newEnv(t, func(c *sweeper.RunConfig) { c.StaleAfter = 500 * time.Millisecond })
 	ctx := ctxTimeout(t, 20*time.Second)
 	tr := &trail{}
 	const id = "lost-running"
