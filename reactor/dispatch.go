@@ -196,13 +196,13 @@ func (e *Engine) Wait(ctx context.Context, id string) (*Result, error) {
 		if st.Status.Terminal() {
 			return st.result(), nil
 		}
-		pending.observe(ctx, st.Status)
+		pending.observe(ctx, st)
 		select {
 		case <-w.C:
 		case <-fallback.C:
 			fallback.Reset(waitFallbackDelay())
 		case <-ctx.Done():
-			if nerr := pending.notServed(ctx, st.Status, ctx.Err()); nerr != nil {
+			if nerr := pending.notServed(ctx, st, ctx.Err()); nerr != nil {
 				return nil, nerr
 			}
 			return nil, fmt.Errorf("reactor: wait for run %s (last seen %s): %w", id, st.Status, ctx.Err())
@@ -231,9 +231,9 @@ func (e *Engine) pollWait(ctx context.Context, id string) (*Result, error) {
 		if st.Status.Terminal() {
 			return st.result(), nil
 		}
-		pending.observe(ctx, st.Status)
+		pending.observe(ctx, st)
 		if err := sleepCtx(ctx, delay); err != nil {
-			if nerr := pending.notServed(ctx, st.Status, err); nerr != nil {
+			if nerr := pending.notServed(ctx, st, err); nerr != nil {
 				return nil, nerr
 			}
 			return nil, fmt.Errorf("reactor: wait for run %s (last seen %s): %w", id, st.Status, err)
@@ -249,8 +249,9 @@ func (e *Engine) pollWait(ctx context.Context, id string) (*Result, error) {
 type ServingReporter interface {
 	// Queue names the queue the Enqueuer enqueues on.
 	Queue() string
-	// Served reports whether a live worker polls Queue.
-	Served(ctx context.Context) (bool, error)
+	// ServesQueue reports whether a live worker polls queue (a run
+	// started WithQueue waits on its own).
+	ServesQueue(ctx context.Context, queue string) (bool, error)
 }
 
 // NotServedError is Wait's error when its context ended while the run was
@@ -295,40 +296,48 @@ func newPendingWatch(e *Engine, id string) *pendingWatch {
 	return &pendingWatch{e: e, id: id, sr: sr, next: time.Now().Add(servedWarnAfter)}
 }
 
-// served asks the reporter, bounded by servedTimeout even when ctx ended.
-// ok is false when it cannot tell.
-func (w *pendingWatch) served(ctx context.Context) (served, ok bool) {
+// queueOf is the queue run st's wake-ups go to.
+func (w *pendingWatch) queueOf(st *runState) string {
+	if st.Queue != "" {
+		return st.Queue
+	}
+	return w.sr.Queue()
+}
+
+// served asks the reporter about queue, bounded by servedTimeout even when
+// ctx ended. ok is false when it cannot tell.
+func (w *pendingWatch) served(ctx context.Context, queue string) (served, ok bool) {
 	if w.sr == nil {
 		return false, false
 	}
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), servedTimeout)
 	defer cancel()
-	served, err := w.sr.Served(cctx)
+	served, err := w.sr.ServesQueue(cctx, queue)
 	return served, err == nil
 }
 
 // observe warns, once, about a run that has been pending for a while on a
 // queue no worker serves.
-func (w *pendingWatch) observe(ctx context.Context, status Status) {
-	if w.sr == nil || w.warned || status != StatusPending || time.Now().Before(w.next) {
+func (w *pendingWatch) observe(ctx context.Context, st *runState) {
+	if w.sr == nil || w.warned || st.Status != StatusPending || time.Now().Before(w.next) {
 		return
 	}
 	w.next = time.Now().Add(servedCheckEvery)
-	if served, ok := w.served(ctx); ok && !served {
+	if served, ok := w.served(ctx, w.queueOf(st)); ok && !served {
 		w.warned = true
 		w.e.log.WarnContext(ctx, "waiting for a pending run that no worker can take: no worker serves its queue",
-			"event", "reactor.wait.unserved", "run", w.id, "queue", w.sr.Queue())
+			"event", "reactor.wait.unserved", "run", w.id, "queue", w.queueOf(st))
 	}
 }
 
 // notServed returns a *NotServedError when Wait ended on a pending run whose
 // queue no worker serves, else nil.
-func (w *pendingWatch) notServed(ctx context.Context, status Status, cause error) error {
-	if status != StatusPending {
+func (w *pendingWatch) notServed(ctx context.Context, st *runState, cause error) error {
+	if st.Status != StatusPending || w.sr == nil {
 		return nil
 	}
-	if served, ok := w.served(ctx); ok && !served {
-		return &NotServedError{RunID: w.id, Queue: w.sr.Queue(), Err: cause}
+	if served, ok := w.served(ctx, w.queueOf(st)); ok && !served {
+		return &NotServedError{RunID: w.id, Queue: w.queueOf(st), Err: cause}
 	}
 	return nil
 }

@@ -55,7 +55,11 @@ func (c *Client) Queue() string { return c.queue }
 // it now and then, not per task. asynq's Inspector takes no context: when
 // ctx ends first, Served returns ctx's error and the lookup finishes in the
 // background.
-func (c *Client) Served(ctx context.Context) (bool, error) {
+func (c *Client) Served(ctx context.Context) (bool, error) { return c.ServesQueue(ctx, c.queue) }
+
+// ServesQueue is Served for any queue: a run started WithQueue waits on its
+// own queue (reactor.ServingReporter).
+func (c *Client) ServesQueue(ctx context.Context, queue string) (bool, error) {
 	type answer struct {
 		servers []*asynq.ServerInfo
 		err     error
@@ -73,7 +77,7 @@ func (c *Client) Served(ctx context.Context) (bool, error) {
 			return false, fmt.Errorf("worker: list asynq servers: %w", a.err)
 		}
 		for _, s := range a.servers {
-			if s.Status == "active" && s.Queues[c.queue] > 0 {
+			if s.Status == "active" && s.Queues[queue] > 0 {
 				return true, nil
 			}
 		}

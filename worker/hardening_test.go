@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
@@ -156,6 +157,17 @@ func TestHardeningWaitNotServed(t *testing.T) {
 	res, err := e.Wait(ctx, "order-8")
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCompleted, res.Status)
+
+	// A run started WithQueue waits on its own queue: the worker serves the
+	// Client's queue, not that one, and Wait says so, naming it.
+	other := redistest.Queue(t)
+	_, err = e.Enqueue(ctx, def, nil, reactor.WithRunID("order-9"), reactor.WithQueue(other))
+	require.NoError(t, err)
+	wctx, cancel = context.WithTimeout(ctx, 100*time.Millisecond)
+	defer cancel()
+	_, err = e.Wait(wctx, "order-9")
+	require.ErrorAs(t, err, &ns)
+	require.Equal(t, other, ns.Queue)
 }
 
 // TestHardeningElementEventsLogAtDebug: a fan-out map of 20 elements, 5 of
