@@ -485,7 +485,7 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 			err = x.deadlineError(path, err)
 		}
 		if IsPermanent(err) || attempt >= attempts {
-			x.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err})
+			x.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err, Duration: time.Since(began)})
 			return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
 		}
 		x.emit(ctx, Event{Kind: EventStepRetrying, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err, Delay: delay})
