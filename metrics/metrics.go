@@ -179,8 +179,11 @@ const (
 // OnEvent implements reactor.Hook.
 func (m *Metrics) OnEvent(_ context.Context, e reactor.Event) {
 	switch e.Kind {
-	case reactor.EventRunStarted:
-		if e.Step == "" && !e.Element {
+	case reactor.EventRunStarted, reactor.EventRunResumed:
+		// A run's first execution: started in-process, or a worker's first
+		// pick-up of an enqueued run (resumed from pending).
+		first := e.Kind == reactor.EventRunStarted || e.Status == reactor.StatusPending
+		if first && e.Step == "" && !e.Element {
 			m.runsStarted.WithLabelValues(e.Reactor).Inc()
 		}
 	case reactor.EventRunCompleted, reactor.EventRunFailed, reactor.EventRunHalted, reactor.EventRunCancelled, reactor.EventRunAborted:
