@@ -25,7 +25,9 @@ var _ worker.Observer = (*metrics.Metrics)(nil)
 // eight elements succeeds and whose next step then fails, so that the map
 // rolls back across the workers (one element's undo failing), the scrape
 // counts every element task and rollback job once, one owner resume per
-// direction, the undos by outcome, the run finished failed, and no run live.
+// direction, the undos by outcome, the run finished failed, and no run live;
+// the worker's own sweeper passes (-sweep-interval) are counted too and
+// recover nothing.
 func TestMetricsServedByARunWorker(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Client(t)
@@ -70,7 +72,7 @@ func TestMetricsServedByARunWorker(t *testing.T) {
 		ran <- worker.Run(ctx, worker.Options{
 			Definitions: []*reactor.Definition{owner, element},
 			Args: []string{"-redis", redisURL(), "-prefix", prefix, "-queue", queue, "-metrics-addr", "127.0.0.1:0",
-				"-shutdown-timeout", "5s"},
+				"-sweep-interval", "20ms", "-shutdown-timeout", "5s"},
 			Getenv: noEnv,
 			Stderr: logs,
 		})
@@ -96,13 +98,19 @@ func TestMetricsServedByARunWorker(t *testing.T) {
 	require.Equal(t, reactor.StatusFailed, res.Status)
 
 	// The run finished inside the handler of its rollback resume; that
-	// handler reports to the worker's metrics when it returns.
+	// handler reports to the worker's metrics when it returns. The
+	// worker's sweeper (-sweep-interval) must also have made a pass after
+	// the run.
+	passes := promtest.Scrape(t, url).Value("goreactor_sweeper_passes_total")
 	var fams promtest.Families
 	require.EventuallyWithT(t, func(c *assert.CollectT) {
 		fams = promtest.Scrape(t, url)
 		require.Equal(c, 1.0, fams.Value("goreactor_owner_resumes_total", "kind", "rollback"))
 		require.Equal(c, float64(n), fams.Value("goreactor_map_rollback_jobs_total", "outcome", "done"))
+		require.Greater(c, fams.Value("goreactor_sweeper_passes_total"), passes)
 	}, 10*time.Second, 5*time.Millisecond)
+	require.Equal(t, 0.0, fams.Value("goreactor_sweeper_recoveries_total"), "nothing was lost: the sweeper recovers nothing")
+	require.Equal(t, 0.0, fams.Value("goreactor_sweeper_pass_errors_total"))
 
 	v := fams.Value
 	require.Equal(t, 1.0, v("goreactor_runs_started_total", "reactor", "metrics-owner"))
