@@ -41,8 +41,11 @@ type Event struct {
 	RunID   string
 	Reactor string
 	// Step is the step's path ("" for run events).
-	Step     string
-	Attempt  int
+	Step    string
+	Attempt int
+	// Status is the run's status; on EventRunStarted and EventRunResumed,
+	// the status the execution began from (StatusPending on the first
+	// execution of an enqueued run).
 	Status   Status
 	Err      error
 	Duration time.Duration

@@ -66,12 +66,17 @@ type frameResult struct {
 
 // execute runs the root frame to its end, then reports the result.
 func (x *execution) execute(ctx context.Context, started EventKind) (*Result, error) {
+	// The started (or resumed) event carries the status the execution
+	// began from: pending on a stored run's first execution, which is how
+	// a hook (package metrics) tells a worker's first pick-up of an
+	// enqueued run from a later resume.
+	from := x.st.Status
 	if x.st.Status == StatusPending {
 		x.st.Status = StatusRunning // saved with the first checkpoint
 	}
 	runCtx := x.lease.Keep(ctx)
 	defer x.lease.Stop() // also when a hook or middleware panics
-	x.emit(ctx, Event{Kind: started, RunID: x.st.ID, Reactor: x.st.Reactor, Status: x.st.Status})
+	x.emit(ctx, Event{Kind: started, RunID: x.st.ID, Reactor: x.st.Reactor, Status: from})
 	_, err := x.runFrame(runCtx, &frame{def: x.def, st: x.st, root: true, notStarted: x.created})
 	x.lease.Stop()
 	return x.conclude(ctx, err)
@@ -485,7 +490,7 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 			err = x.deadlineError(path, err)
 		}
 		if IsPermanent(err) || attempt >= attempts {
-			x.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err})
+			x.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err, Duration: time.Since(began)})
 			return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
 		}
 		x.emit(ctx, Event{Kind: EventStepRetrying, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err, Delay: delay})

@@ -43,6 +43,16 @@ type Config struct {
 	LeaderTTL time.Duration
 	// Logger receives a summary line per pass. Default slog.Default().
 	Logger *slog.Logger
+	// Metrics, when set, is given every pass's report (a
+	// *metrics.Metrics implements it). Default none.
+	Metrics Observer
+}
+
+// Observer receives every pass of a Sweeper, for metrics: rep.Leader is
+// false for a tick skipped because another replica led; err is the pass's
+// error. It runs on the sweeping goroutine: keep it fast.
+type Observer interface {
+	ObservePass(rep Report, err error)
 }
 
 // Report is what one pass did. Leader is false when another replica held
@@ -121,6 +131,9 @@ func (s *Sweeper) Once(ctx context.Context) (Report, error) {
 	lease, err := s.locker.TryAcquire(ctx, s.leader)
 	if errors.Is(err, lock.ErrHeld) {
 		s.count(Report{}, nil)
+		if s.cfg.Metrics != nil {
+			s.cfg.Metrics.ObservePass(Report{}, nil)
+		}
 		s.cfg.Logger.Debug("sweep skipped: another sweeper holds the leader lock", "event", "reactor.sweep.skipped")
 		return Report{}, nil
 	}
@@ -156,6 +169,9 @@ func (s *Sweeper) Once(ctx context.Context) (Report, error) {
 	rep.Duration = time.Since(began)
 	err = errors.Join(errs...)
 	s.count(rep, err)
+	if s.cfg.Metrics != nil {
+		s.cfg.Metrics.ObservePass(rep, err)
+	}
 	t := s.Totals()
 	s.cfg.Logger.Info("sweep", "event", "reactor.sweep.pass", "duration_ms", rep.Duration.Milliseconds(),
 		"runs_examined", rep.Runs.Examined, "runs_woken", rep.Runs.Woken, "runs_dropped", rep.Runs.Dropped,

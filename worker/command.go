@@ -19,7 +19,9 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/envflag"
+	"github.com/goreactor/goreactor/internal/metricshttp"
 	"github.com/goreactor/goreactor/internal/redisurl"
+	"github.com/goreactor/goreactor/metrics"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
 )
@@ -43,6 +45,7 @@ import (
 //	-shutdown-timeout  GOREACTOR_SHUTDOWN_TIMEOUT  10s
 //	-log-level         GOREACTOR_LOG_LEVEL         info (debug, info, warn, error)
 //	-sweep-interval    GOREACTOR_SWEEP_INTERVAL    0 (off)
+//	-metrics-addr      GOREACTOR_METRICS_ADDR      "" (off; e.g. :9101 serves /metrics)
 //
 // The queues are read in one place for both sides of the worker: it serves
 // every queue listed, and its engine's Enqueuer (a Client: hand-offs,
@@ -50,6 +53,12 @@ import (
 // above zero the process also runs the sweeper (runs, maps and the listing
 // indexes, as cmd/sweeper does) on that interval, inspecting the first
 // queue; every replica may, since each pass takes a leader lock first.
+//
+// With -metrics-addr the process serves Prometheus metrics at
+// http://ADDR/metrics on a registry of its own: package metrics' collector
+// (added to the engine's Hooks and the worker's and sweeper's Metrics) and
+// the Go runtime and process collectors. It logs the address it listens on
+// (event worker.metrics), so port 0 picks a free one.
 //
 // Logs are JSON (log/slog) on stderr, go-redis's and asynq's included, and
 // the JSON logger becomes slog's default. SIGTERM or SIGINT stops the worker
@@ -186,6 +195,7 @@ type settings struct {
 	shutdownTimeout time.Duration
 	logLevel        slog.Level
 	sweepInterval   time.Duration
+	metricsAddr     string
 }
 
 // parseSettings reads the flags, each defaulting to its environment
@@ -217,6 +227,8 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 		"debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
 	fs.DurationVar(&cfg.sweepInterval, "sweep-interval", env.Duration("GOREACTOR_SWEEP_INTERVAL", 0),
 		"run the sweeper (runs and maps) every interval in this process (0: off); env GOREACTOR_SWEEP_INTERVAL")
+	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env.String("GOREACTOR_METRICS_ADDR", ""),
+		"serve Prometheus metrics at http://ADDR/metrics (empty: off); env GOREACTOR_METRICS_ADDR")
 	usage := func(err error) (settings, error) { return cfg, &UsageError{Err: err} }
 	if err := env.Err(); err != nil {
 		return usage(err)
@@ -316,6 +328,12 @@ func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) er
 				"those come from -redis, -prefix and -queue (and their environment variables); set them there")
 		}
 	}
+	var m *metrics.Metrics
+	if cfg.metricsAddr != "" {
+		// Added after Options.Engine, so a user's hooks cannot drop it.
+		m = metrics.New(metrics.Options{Client: rdb, Prefix: cfg.prefix, Logger: log})
+		ecfg.Hooks = append(ecfg.Hooks, m)
+	}
 	engine, err := reactor.NewEngine(ctx, ecfg)
 	if err != nil {
 		return fmt.Errorf("worker: start engine: %w", err)
@@ -324,12 +342,23 @@ func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) er
 		return fmt.Errorf("worker: %w", err)
 	}
 
-	w := New(engine, rdb, Config{
+	wcfg := Config{
 		Concurrency:     cfg.concurrency,
 		Queues:          cfg.queues,
 		ShutdownTimeout: cfg.shutdownTimeout,
 		Logger:          log,
-	})
+	}
+	var swMetrics sweeper.Observer
+	if m != nil {
+		wcfg.Metrics, swMetrics = m, m
+		srv, err := metricshttp.Listen(cfg.metricsAddr, metrics.NewRegistry(m))
+		if err != nil {
+			return fmt.Errorf("worker: %w", err)
+		}
+		defer srv.Close()
+		log.Info("serving metrics", "event", "worker.metrics", "addr", srv.Addr())
+	}
+	w := New(engine, rdb, wcfg)
 	if err := w.Start(ctx); err != nil {
 		return fmt.Errorf("worker: start: %w", err)
 	}
@@ -345,7 +374,8 @@ func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) er
 
 	var wg sync.WaitGroup
 	if cfg.sweepInterval > 0 {
-		sw, err := sweeper.New(sweeper.Config{Engine: engine, Queue: cfg.firstQueue, Interval: cfg.sweepInterval, Logger: log})
+		sw, err := sweeper.New(sweeper.Config{Engine: engine, Queue: cfg.firstQueue, Interval: cfg.sweepInterval, Logger: log,
+			Metrics: swMetrics})
 		if err != nil {
 			_ = w.Stop(context.Background())
 			return fmt.Errorf("worker: start the sweeper: %w", err)

@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"runtime/debug"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -49,6 +50,26 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// Logger receives the worker's logs. Default slog.Default().
 	Logger *slog.Logger
+	// Metrics, when set, is told what each task handler did (a
+	// *metrics.Metrics implements it). Default none.
+	Metrics Observer
+}
+
+// Observer receives what a Worker's task handlers did, for metrics. Its
+// methods run on the handler's goroutine: keep them fast and never block.
+// Package metrics implements it; the engine's events (runs, steps, undos)
+// reach metrics through reactor.Config.Hooks instead.
+type Observer interface {
+	// ObserveTask is called once per delivery of a task: task is "run",
+	// "element" or "rollback"; outcome is "done" (the handler succeeded),
+	// "snoozed" (the run was locked elsewhere; delivered again shortly),
+	// "dropped" (the task can never succeed and is archived) or "error"
+	// (retried by the queue).
+	ObserveTask(task, outcome string)
+	// ObserveOwnerResume is called when a run task that resumed a fan-out
+	// map's owner succeeded: kind is "forward" (the map's elements all
+	// settled) or "rollback" (the map's rollback finished).
+	ObserveOwnerResume(kind string)
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -138,9 +159,9 @@ func New(engine *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker 
 	}
 	cfg = cfg.WithDefaults()
 	w := &Worker{cfg: cfg, engine: engine, log: cfg.Logger, mux: asynq.NewServeMux(), invalid: invalid}
-	w.mux.HandleFunc(TypeRun, w.handleRun)
-	w.mux.HandleFunc(TypeElement, w.handleElement)
-	w.mux.HandleFunc(TypeRollback, w.handleRollback)
+	w.mux.HandleFunc(TypeRun, w.observe("run", w.handleRun))
+	w.mux.HandleFunc(TypeElement, w.observe("element", w.handleElement))
+	w.mux.HandleFunc(TypeRollback, w.observe("rollback", w.handleRollback))
 	w.srv = asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:              cfg.Concurrency,
 		Queues:                   cfg.Queues,
@@ -200,6 +221,46 @@ func (w *Worker) Stop(ctx context.Context) error {
 	}
 }
 
+// observe wraps a handler to tell Config.Metrics each delivery's outcome.
+func (w *Worker) observe(task string, h func(context.Context, *asynq.Task) error) func(context.Context, *asynq.Task) error {
+	if w.cfg.Metrics == nil {
+		return h
+	}
+	return func(ctx context.Context, t *asynq.Task) error {
+		err := h(ctx, t)
+		var snooze *SnoozeError
+		outcome := "done"
+		switch {
+		case err == nil:
+		case errors.As(err, &snooze):
+			outcome = "snoozed"
+		case errors.Is(err, asynq.SkipRetry):
+			outcome = "dropped"
+		default:
+			outcome = "error"
+		}
+		w.cfg.Metrics.ObserveTask(task, outcome)
+		return err
+	}
+}
+
+// ownerResumeKind tells an owner resume from the other wake-ups of a run
+// by its task id: mapstep enqueues "resume:<owner>:fwd:<map>" when a map's
+// elements settled and "resume:<owner>:rb:<map>:<gen>" when its rollback
+// finished. It returns "" for any other task.
+func ownerResumeKind(taskID, runID string) string {
+	rest, ok := strings.CutPrefix(taskID, "resume:"+runID+":")
+	switch {
+	case !ok:
+		return ""
+	case strings.HasPrefix(rest, "fwd:"):
+		return "forward"
+	case strings.HasPrefix(rest, "rb:"):
+		return "rollback"
+	}
+	return ""
+}
+
 func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -234,6 +295,12 @@ func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
 		return err
 	}
 	w.log.Debug("task done", "event", "worker.run.done", "run", p.RunID, "status", res.Status)
+	if w.cfg.Metrics != nil {
+		id, _ := asynq.GetTaskID(ctx)
+		if kind := ownerResumeKind(id, p.RunID); kind != "" {
+			w.cfg.Metrics.ObserveOwnerResume(kind)
+		}
+	}
 	return nil
 }
 

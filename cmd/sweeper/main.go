@@ -40,15 +40,15 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
 
 	"github.com/goreactor/goreactor/internal/envflag"
+	"github.com/goreactor/goreactor/internal/metricshttp"
 	"github.com/goreactor/goreactor/internal/redisurl"
+	"github.com/goreactor/goreactor/metrics"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
 	"github.com/goreactor/goreactor/worker"
@@ -105,7 +105,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.DurationVar(&cfg.leaderTTL, "leader-ttl", env.Duration("GOREACTOR_SWEEP_LEADER_TTL", 30*time.Second),
 		"expiry of the leader lock, kept alive while a pass runs; env GOREACTOR_SWEEP_LEADER_TTL")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env.String("GOREACTOR_METRICS_ADDR", ""),
-		"serve the sweeper's counters at http://ADDR/metrics (Prometheus text); empty: off; env GOREACTOR_METRICS_ADDR")
+		"serve Prometheus metrics (the sweeper's, the runs gauge, Go runtime and process) at http://ADDR/metrics; empty: off; env GOREACTOR_METRICS_ADDR")
 	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"), "debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
 	if err := env.Err(); err != nil {
 		return cfg, err
@@ -190,8 +190,14 @@ func serve(loop, pass context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("start engine: %w", err)
 	}
-	sw, err := sweeper.New(sweeper.Config{Engine: engine, Queue: cfg.queue, Interval: cfg.interval, StaleAfter: cfg.staleAfter,
-		RunPage: cfg.runPage, MapPage: cfg.mapPage, TrimPage: cfg.trimPage, Retention: cfg.retention, LeaderTTL: cfg.leaderTTL, Logger: log})
+	scfg := sweeper.Config{Engine: engine, Queue: cfg.queue, Interval: cfg.interval, StaleAfter: cfg.staleAfter,
+		RunPage: cfg.runPage, MapPage: cfg.mapPage, TrimPage: cfg.trimPage, Retention: cfg.retention, LeaderTTL: cfg.leaderTTL, Logger: log}
+	var m *metrics.Metrics
+	if cfg.metricsAddr != "" {
+		m = metrics.New(metrics.Options{Client: rdb, Prefix: cfg.prefix, Logger: log})
+		scfg.Metrics = m
+	}
+	sw, err := sweeper.New(scfg)
 	if err != nil {
 		return err
 	}
@@ -199,15 +205,13 @@ func serve(loop, pass context.Context, cfg config, log *slog.Logger) error {
 		"queue", cfg.queue, "once", cfg.once, "interval", cfg.interval.String(), "stale_after", cfg.staleAfter.String(),
 		"retention", cfg.retention.String())
 
-	if cfg.metricsAddr != "" {
-		ln, err := net.Listen("tcp", cfg.metricsAddr)
+	if m != nil {
+		srv, err := metricshttp.Listen(cfg.metricsAddr, metrics.NewRegistry(m))
 		if err != nil {
-			return fmt.Errorf("-metrics-addr: %w", err)
+			return err
 		}
-		srv := &http.Server{Handler: metricsHandler(sw), ReadHeaderTimeout: 5 * time.Second}
-		go func() { _ = srv.Serve(ln) }()
 		defer srv.Close()
-		log.Info("serving metrics", "event", "sweeper.metrics", "addr", ln.Addr().String())
+		log.Info("serving metrics", "event", "sweeper.metrics", "addr", srv.Addr())
 	}
 
 	if cfg.once {
@@ -229,33 +233,4 @@ func serve(loop, pass context.Context, cfg config, log *slog.Logger) error {
 		case <-t.C:
 		}
 	}
-}
-
-// metricsHandler serves the sweeper's totals in the Prometheus text format.
-func metricsHandler(sw *sweeper.Sweeper) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("/metrics", func(w http.ResponseWriter, _ *http.Request) {
-		t := sw.Totals()
-		w.Header().Set("Content-Type", "text/plain; version=0.0.4")
-		counter := func(name, help string, v int64, labels string) {
-			fmt.Fprintf(w, "# HELP %s %s\n# TYPE %s counter\n%s%s %d\n", name, help, name, name, labels, v)
-		}
-		counter("goreactor_sweeper_passes_total", "Sweeper passes run as leader.", t.Passes, "")
-		counter("goreactor_sweeper_skipped_total", "Ticks skipped because another sweeper held the leader lock.", t.Skipped, "")
-		counter("goreactor_sweeper_pass_errors_total", "Passes that reported errors.", t.Errors, "")
-		fmt.Fprintf(w, "# HELP goreactor_sweeper_recovered_total Tasks the sweeper enqueued again, by kind.\n# TYPE goreactor_sweeper_recovered_total counter\n")
-		for _, kv := range []struct {
-			kind string
-			v    int64
-		}{{"run", t.RunsWoken}, {"element", t.Elements}, {"rollback", t.Rollbacks}, {"owner_resume", t.Resumes}} {
-			fmt.Fprintf(w, "goreactor_sweeper_recovered_total{kind=%q} %d\n", kv.kind, kv.v)
-		}
-		counter("goreactor_sweeper_claims_total", "Batches claimed in place of a lost trigger.", t.Claims, "")
-		counter("goreactor_sweeper_fresh_ids_total", "Redeliveries under a fresh task id (the task died active).", t.FreshIDs, "")
-		counter("goreactor_sweeper_deleted_tasks_total", "Archived tasks deleted before their id was enqueued again.", t.DeletedTasks, "")
-		counter("goreactor_sweeper_maps_removed_total", "Maps taken off the map index.", t.Removed, "")
-		counter("goreactor_sweeper_index_trimmed_total", "Listing-index entries (idx:runs, idx:status:*) of gone runs removed.", t.Trimmed, "")
-		counter("goreactor_sweeper_runs_dropped_total", "Finished or vanished runs taken off the active index.", t.RunsDropped, "")
-	})
-	return mux
 }

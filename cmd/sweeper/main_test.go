@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
-	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -17,7 +16,9 @@ import (
 
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
+	"github.com/goreactor/goreactor/internal/promtest"
 	"github.com/goreactor/goreactor/internal/redistest"
+	"github.com/goreactor/goreactor/reactor"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -151,24 +152,64 @@ func TestOnceSkipsWhileAnotherSweeperLeads(t *testing.T) {
 	}
 }
 
+// dropEnqueuer loses every wake-up: the runs it is given wait for a sweeper.
+type dropEnqueuer struct{}
+
+func (dropEnqueuer) Enqueue(context.Context, reactor.Wake) error { return nil }
+
+// TestLoopServesMetricsAndStops: the loop serves /metrics over HTTP from
+// package metrics (parsed with expfmt): after its first pass, which wakes a
+// run whose wake-up was lost, it counts one pass, its duration, one run
+// recovered and none of the other kinds, the run live as pending, and the
+// Go runtime and process collectors. A cancelled loop stops.
 func TestLoopServesMetricsAndStops(t *testing.T) {
 	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
-	cfg, err := parseConfig([]string{"-redis", redisURL(), "-prefix", prefix, "-queue", queue, "-interval", "20ms",
+	rdb := redistest.Client(t)
+	api, err := reactor.NewEngine(t.Context(), reactor.Config{Client: rdb, Prefix: prefix, Enqueuer: dropEnqueuer{},
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	def := reactor.MustDefine("metrics-lost", reactor.Step("a", reactor.StepConfig[reactor.Args, string]{
+		Run: func(context.Context, reactor.Args) (string, error) { return "a", nil },
+	}))
+	res, err := api.Enqueue(t.Context(), def, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The run went without progress for an hour, as far as the sweeper
+	// can tell.
+	srv, err := rdb.Time(t.Context()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hourAgo := srv.Add(-time.Hour).UnixMilli()
+	k := keys.New(prefix)
+	if err := rdb.ZAdd(t.Context(), k.Active(), redis.Z{Score: float64(hourAgo), Member: res.RunID}).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := rdb.HSet(t.Context(), k.RunState(res.RunID), "at", hourAgo).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	cfg, err := parseConfig([]string{"-redis", redisURL(), "-prefix", prefix, "-queue", queue, "-interval", "1h", "-stale-after", "1s",
 		"-metrics-addr", "127.0.0.1:0"}, envOf(nil), io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
+	logs := &syncBuffer{grew: make(chan struct{}, 1)}
 	loop, stop := context.WithCancel(t.Context())
 	done := make(chan error, 1)
 	go func() { done <- serve(loop, t.Context(), cfg, slog.New(slog.NewJSONHandler(logs, nil))) }()
 
-	// Wait for two passes and the metrics address, both in the log.
+	// Wait for the metrics address and the first pass, both in the log.
 	var addr string
-	deadline := time.Now().Add(10 * time.Second)
-	for addr == "" || strings.Count(logs.String(), `"event":"reactor.sweep.pass"`) < 2 {
-		if time.Now().After(deadline) {
-			t.Fatalf("no metrics address or passes logged:\n%s", logs.String())
+	timeout := time.After(10 * time.Second)
+	for addr == "" || !strings.Contains(logs.String(), `"event":"reactor.sweep.pass"`) {
+		select {
+		case <-logs.grew:
+		case <-timeout:
+			t.Fatalf("no metrics address or pass logged:\n%s", logs.String())
 		}
 		for _, line := range strings.Split(logs.String(), "\n") {
 			var m map[string]any
@@ -176,22 +217,33 @@ func TestLoopServesMetricsAndStops(t *testing.T) {
 				addr, _ = m["addr"].(string)
 			}
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
-	resp, err := http.Get("http://" + addr + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	for _, want := range []string{"goreactor_sweeper_passes_total ", `goreactor_sweeper_recovered_total{kind="element"} 0`, "goreactor_sweeper_claims_total 0",
-		"goreactor_sweeper_index_trimmed_total 0"} {
-		if !strings.Contains(string(body), want) {
-			t.Errorf("metrics lack %q:\n%s", want, body)
+	fams := promtest.Scrape(t, "http://"+addr+"/metrics")
+	for _, c := range []struct {
+		name   string
+		labels []string
+		want   float64
+	}{
+		{"goreactor_sweeper_passes_total", nil, 1},
+		{"goreactor_sweeper_pass_duration_seconds", nil, 1},
+		{"goreactor_sweeper_pass_errors_total", nil, 0},
+		{"goreactor_sweeper_recoveries_total", []string{"kind", "run"}, 1},
+		{"goreactor_sweeper_recoveries_total", []string{"kind", "element"}, 0},
+		{"goreactor_sweeper_recoveries_total", []string{"kind", "rollback"}, 0},
+		{"goreactor_sweeper_recoveries_total", []string{"kind", "owner_resume"}, 0},
+		{"goreactor_sweeper_recoveries_total", []string{"kind", "claim"}, 0},
+		{"goreactor_sweeper_index_trimmed_total", nil, 0},
+		{"goreactor_runs", []string{"status", "pending"}, 1},
+		{"goreactor_runs", []string{"status", "rolling_back"}, 0},
+	} {
+		if got := fams.Value(c.name, c.labels...); got != c.want {
+			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)
 		}
 	}
-	if strings.Contains(string(body), "goreactor_sweeper_passes_total 0\n") {
-		t.Errorf("metrics count no pass:\n%s", body)
+	for _, name := range []string{"go_goroutines", "process_start_time_seconds"} {
+		if fams.Value(name) <= 0 {
+			t.Errorf("no %s: the Go runtime and process collectors are missing", name)
+		}
 	}
 	stop()
 	select {
@@ -207,14 +259,23 @@ func TestLoopServesMetricsAndStops(t *testing.T) {
 	}
 }
 
+// syncBuffer is a log buffer safe across goroutines; grew, when set, is
+// signalled (without blocking) after each write.
 type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
+	mu   sync.Mutex
+	b    bytes.Buffer
+	grew chan struct{}
 }
 
 func (s *syncBuffer) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if s.grew != nil {
+		select {
+		case s.grew <- struct{}{}:
+		default:
+		}
+	}
 	return s.b.Write(p)
 }
 

@@ -67,11 +67,15 @@ const snippetHeader = `package readmetest
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/metrics"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -79,9 +83,13 @@ import (
 var (
 	_ = context.Background
 	_ = fmt.Sprint
+	_ = http.ListenAndServe
 	_ = time.Second
+	_ = prometheus.NewRegistry
+	_ = promhttp.HandlerFor
 	_ = redis.NewClient
 	_ = mapstep.Map
+	_ = metrics.New
 	_ = reactor.Define
 	_ = worker.NewClient
 )
