@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/keys"
@@ -56,6 +57,13 @@ type Config struct {
 	// MaxRollbackFailures is how many rollback failures a Failure keeps; the
 	// rest are counted. Default 100.
 	MaxRollbackFailures int
+	// TracerProvider gives the tracer of the engine's spans (a reactor.run
+	// span per execution of a run, a reactor.step span per call of a step
+	// function) and of its workers' (reactor.map.element,
+	// reactor.map.rollback). Default: the global provider
+	// (otel.GetTracerProvider), a no-op until otel.SetTracerProvider is
+	// called. No exporter is set up here: the provider brings its own.
+	TracerProvider trace.TracerProvider
 }
 
 // WithDefaults returns c with every unset field at its default.

@@ -64,8 +64,13 @@ type frameResult struct {
 	reason  string
 }
 
-// execute runs the root frame to its end, then reports the result.
+// execute runs the root frame to its end, then reports the result, inside
+// the execution's reactor.run span.
 func (x *execution) execute(ctx context.Context, started EventKind) (*Result, error) {
+	return x.traceRun(ctx, func(ctx context.Context) (*Result, error) { return x.executeTraced(ctx, started) })
+}
+
+func (x *execution) executeTraced(ctx context.Context, started EventKind) (*Result, error) {
 	// The started (or resumed) event carries the status the execution
 	// began from: pending on a stored run's first execution, which is how
 	// a hook (package metrics) tells a worker's first pick-up of an
@@ -562,6 +567,8 @@ func nextIntent(f *frame) *intentRec {
 // optional timeout, turning a panic into a *PanicError. The context carries
 // the engine and the call's RunInfo, and a Run's carries the run's deadline.
 func (x *execution) call(ctx context.Context, c Call, timeout time.Duration, fn func(context.Context) error) (err error) {
+	ctx, span := x.startCall(ctx, c)
+	defer func() { endCall(span, err) }()
 	if timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, timeout)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goreactor/goreactor/internal/enginehook"
 )
@@ -36,6 +37,7 @@ func init() {
 		return nil
 	}
 	enginehook.Logger = func(e any) *slog.Logger { return eng(e).logger() }
+	enginehook.Tracer = func(e any) trace.Tracer { return eng(e).tracer() }
 	enginehook.LockExpiry = func(e any) time.Duration { return eng(e).lockExpiry() }
 	enginehook.Retention = func(e any) time.Duration { return eng(e).retention() }
 	enginehook.EngineFrom = func(ctx context.Context) any {

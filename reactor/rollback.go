@@ -51,6 +51,10 @@ func (x *execution) startRollback(ctx context.Context, f *frame, trigger Rollbac
 
 // undo rolls back a finished root run on request; it ends cancelled.
 func (x *execution) undo(ctx context.Context, msg string) (*Result, error) {
+	return x.traceRun(ctx, func(ctx context.Context) (*Result, error) { return x.undoTraced(ctx, msg) })
+}
+
+func (x *execution) undoTraced(ctx context.Context, msg string) (*Result, error) {
 	runCtx := x.lease.Keep(ctx)
 	defer x.lease.Stop()
 	_, err := x.startRollback(runCtx, &frame{def: x.def, st: x.st, root: true}, TriggerUndo, "", newCancelFailure(msg), nil)

@@ -35,8 +35,8 @@ type RunInfo struct {
 	Element *ElementInfo
 	// TraceID identifies the run tree in traces and logs: 32 lowercase hex
 	// digits (a W3C trace id). It is the one the starting call's context
-	// carried (WithTraceID, or the RunInfo of the step that started the
-	// run), else generated when the run was created; it is stored with the
+	// carried (WithTraceID, the RunInfo of the step that started the run,
+	// or its OpenTelemetry span), else generated when the run was created; it is stored with the
 	// run, so every worker that executes the run sees the same one. A map's
 	// element runs inherit their owner's.
 	TraceID string
@@ -87,7 +87,8 @@ func WithTraceID(ctx context.Context, id string) context.Context {
 }
 
 // traceFor is the trace id of a run created under ctx: WithTraceID's, else
-// that of the step starting the run, else a new one.
+// that of the step starting the run, else that of ctx's OpenTelemetry span,
+// else a new one.
 func traceFor(ctx context.Context) (string, error) {
 	if id, ok := ctx.Value(traceKey{}).(string); ok {
 		if !validTraceID(id) {
@@ -97,6 +98,9 @@ func traceFor(ctx context.Context) (string, error) {
 	}
 	if info, ok := RunInfoFrom(ctx); ok && info.TraceID != "" {
 		return info.TraceID, nil
+	}
+	if id := otelTraceID(ctx); id != "" {
+		return id, nil
 	}
 	return newTraceID(), nil
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/enginehook"
@@ -93,3 +94,7 @@ func ConstructAt(def *reactor.Definition, path string) (reactor.Construct, bool)
 	con, _ := c.(reactor.Construct)
 	return con, ok && con != nil
 }
+
+// Tracer is the tracer of e's spans (reactor.Config.TracerProvider, or the
+// global provider's).
+func Tracer(e *reactor.Engine) trace.Tracer { return enginehook.Tracer(e) }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goreactor/goreactor/internal/codec"
 )
@@ -29,6 +30,7 @@ var (
 	Prefix         func(e any) string
 	Enqueuer       func(e any) any
 	Logger         func(e any) *slog.Logger
+	Tracer         func(e any) trace.Tracer
 	LockExpiry     func(e any) time.Duration
 	Retention      func(e any) time.Duration
 	EngineFrom     func(ctx context.Context) any

@@ -1,0 +1,90 @@
+package reactor_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// spanTracer returns a tracer provider recording into an in-memory exporter.
+func spanTracer(t *testing.T) (*sdktrace.TracerProvider, *tracetest.InMemoryExporter) {
+	exp := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	return tp, exp
+}
+
+func TestTracingSpansOfARunAndItsRollback(t *testing.T) {
+	t.Parallel()
+	tp, exp := spanTracer(t)
+	env := newEnv(t, func(c *reactor.Config) { c.TracerProvider = tp })
+	def := reactor.MustDefine("trace-spans",
+		simple(env.trail, "a", nil),
+		simple(env.trail, "b", reactor.Permanent(errors.New("boom")), "a"),
+	)
+	ctx := ctxTimeout(t)
+	res, err := env.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	run, err := env.engine.Get(ctx, res.RunID)
+	require.NoError(t, err)
+
+	spans := exp.GetSpans()
+	var runs, steps int
+	kinds := map[string]int{}
+	for _, s := range spans {
+		require.Equal(t, run.TraceID, s.SpanContext.TraceID().String(), "span %s is in the run's trace", s.Name)
+		attrs := map[string]string{}
+		for _, a := range s.Attributes {
+			attrs[string(a.Key)] = a.Value.Emit()
+		}
+		switch s.Name {
+		case "reactor.run":
+			runs++
+			require.Equal(t, res.RunID, attrs["reactor.run.id"])
+			require.Equal(t, "failed", attrs["reactor.status"])
+		case "reactor.step":
+			steps++
+			kinds[attrs["reactor.step"]+"/"+attrs["reactor.kind"]]++
+		}
+	}
+	require.Equal(t, 1, runs)
+	require.Equal(t, map[string]int{"a/run": 1, "b/run": 1, "a/undo": 1}, kinds)
+	require.Equal(t, 3, steps)
+}
+
+func TestTracingTraceIDFromTheCallersSpan(t *testing.T) {
+	t.Parallel()
+	tp, exp := spanTracer(t)
+	env := newEnv(t, func(c *reactor.Config) { c.TracerProvider = tp })
+	def := reactor.MustDefine("trace-caller", simple(env.trail, "a", nil))
+	ctx, span := tp.Tracer("test").Start(ctxTimeout(t), "caller")
+	res, err := env.engine.Run(ctx, def, nil)
+	span.End()
+	require.NoError(t, err)
+	run, err := env.engine.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, span.SpanContext().TraceID().String(), run.TraceID, "the run stores the caller's trace id")
+	for _, s := range exp.GetSpans() {
+		require.Equal(t, run.TraceID, s.SpanContext.TraceID().String(), s.Name)
+		if s.Name == "reactor.run" {
+			require.Equal(t, span.SpanContext().SpanID(), s.Parent.SpanID(), "the run's span is a child of the caller's")
+		}
+	}
+}
+
+func TestTracingNoProviderIsANoOp(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	def := reactor.MustDefine("trace-noop", simple(env.trail, "a", nil))
+	ctx := ctxTimeout(t)
+	res, err := env.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+}
