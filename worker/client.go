@@ -89,7 +89,7 @@ func (c *Client) ServesQueue(ctx context.Context, queue string) (bool, error) {
 // run started WithQueue). A task with the same id already queued (or
 // running, retried, archived) is the same cause: nil.
 func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
-	body, err := payload.EncodeRun(payload.RunPayload{RunID: w.RunID, Reactor: w.Reactor})
+	body, err := payload.EncodeRun(payload.RunPayload{RunID: w.RunID, Reactor: w.Reactor, TP: traceparent(ctx)})
 	if err != nil {
 		return err
 	}
@@ -185,7 +185,7 @@ func (m mapTasks) EnqueueRollback(ctx context.Context, t maptask.RollbackTask) e
 }
 
 func (c *Client) enqueueElement(ctx context.Context, t maptask.ElementTask) error {
-	body, err := codec.Marshal(payload.ElementPayload{MapID: t.MapID, Index: t.Index, Input: t.Input})
+	body, err := codec.Marshal(payload.ElementPayload{MapID: t.MapID, Index: t.Index, Input: t.Input, TP: traceparent(ctx)})
 	if err != nil {
 		return err
 	}
@@ -201,7 +201,7 @@ func (c *Client) enqueueElement(ctx context.Context, t maptask.ElementTask) erro
 }
 
 func (c *Client) enqueueRollback(ctx context.Context, t maptask.RollbackTask) error {
-	body, err := codec.Marshal(payload.RollbackPayload{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos, Index: t.Index})
+	body, err := codec.Marshal(payload.RollbackPayload{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos, Index: t.Index, TP: traceparent(ctx)})
 	if err != nil {
 		return err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/maptask"
@@ -278,6 +279,7 @@ func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
 		w.unknownReactor(ctx, p.Reactor, "run", p.RunID)
 		return err
 	}
+	ctx = withTraceparent(ctx, p.TP)
 	res, err := engineapi.Process(w.engine, ctx, p.RunID)
 	switch {
 	case errors.Is(err, reactor.ErrRunLocked):
@@ -315,6 +317,9 @@ func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
 		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
+	ctx, span := w.startTask(ctx, "reactor.map.element", p.TP,
+		attribute.String("reactor.map.id", p.MapID), attribute.Int("reactor.element.index", p.Index))
+	defer func() { endTask(span, err) }()
 	err = maptask.ProcessElement(ctx, w.engine, maptask.ElementTask{MapID: p.MapID, Index: p.Index, Input: p.Input})
 	if errors.Is(err, reactor.ErrUnknownReactor) {
 		w.unknownReactor(ctx, "", "element", mapstep.ElementID(p.MapID, p.Index))
@@ -341,6 +346,9 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
+	ctx, span := w.startTask(ctx, "reactor.map.rollback", p.TP, attribute.String("reactor.map.id", p.MapID),
+		attribute.Int("reactor.element.index", p.Index), attribute.Int("reactor.rollback.gen", p.Gen), attribute.Int("reactor.rollback.pos", p.Pos))
+	defer func() { endTask(span, err) }()
 	err = maptask.ProcessRollback(ctx, w.engine, maptask.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index})
 	if errors.Is(err, reactor.ErrUnknownReactor) {
 		w.unknownReactor(ctx, "", "element rollback", mapstep.ElementID(p.MapID, p.Index))

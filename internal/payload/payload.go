@@ -18,6 +18,9 @@ type RollbackPayload struct {
 	Gen   int    `msgpack:"gen"`
 	Pos   int    `msgpack:"pos"`
 	Index int    `msgpack:"i"`
+	// TP is the W3C traceparent of the span that enqueued the task, "" when
+	// it had none.
+	TP string `msgpack:"tp,omitempty"`
 }
 
 // DecodeRollback decodes and validates a rollback task's payload.
@@ -40,6 +43,9 @@ type ElementPayload struct {
 	MapID string    `msgpack:"map"`
 	Index int       `msgpack:"i"`
 	Input codec.Raw `msgpack:"in"`
+	// TP is the W3C traceparent of the span that enqueued the task, "" when
+	// it had none.
+	TP string `msgpack:"tp,omitempty"`
 }
 
 // DecodeElement decodes and validates an element task's payload.
@@ -61,6 +67,9 @@ func DecodeElement(b []byte) (ElementPayload, error) {
 type RunPayload struct {
 	RunID   string `msgpack:"run"`
 	Reactor string `msgpack:"reactor"`
+	// TP is the W3C traceparent of the span that enqueued the task, "" when
+	// it had none.
+	TP string `msgpack:"tp,omitempty"`
 }
 
 // EncodeRun encodes a run task's payload.
