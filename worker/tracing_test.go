@@ -54,9 +54,17 @@ func attrOf(attrs []attribute.KeyValue, key string) string {
 // trace: every span (the run's executions, its steps, the element tasks and
 // runs, the rollback jobs) has the caller's trace id, which the run stores,
 // and every span's parent is the caller's span or another span of the
-// trace (the task hand-offs carry it).
+// trace (the task hand-offs carry it). Enqueued without a span, the same
+// holds of the trace id the run stores.
 func TestTracingOneTraceAcrossAMapRollback(t *testing.T) {
 	t.Parallel()
+	t.Run("enqueued under a span", func(t *testing.T) { t.Parallel(); oneTraceAcrossAMapRollback(t, true) })
+	// Enqueued without one: the run's trace is the trace id it stores, and
+	// its first execution's span is a root of that trace.
+	t.Run("enqueued without a span", func(t *testing.T) { t.Parallel(); oneTraceAcrossAMapRollback(t, false) })
+}
+
+func oneTraceAcrossAMapRollback(t *testing.T, underSpan bool) {
 	const n = 20
 	exp := tracetest.NewInMemoryExporter()
 	var ownerID string
@@ -110,7 +118,10 @@ func TestTracingOneTraceAcrossAMapRollback(t *testing.T) {
 		items[i] = i
 	}
 	ctx := ctxTimeout(t)
-	cctx, caller := tp.Tracer("test").Start(ctx, "caller")
+	cctx, caller := ctx, trace.SpanFromContext(ctx)
+	if underSpan {
+		cctx, caller = tp.Tracer("test").Start(ctx, "caller")
+	}
 	idMu.Lock()
 	res, err := engine.Enqueue(cctx, owner, map[string]any{"items": items})
 	if err == nil {
@@ -130,8 +141,11 @@ func TestTracingOneTraceAcrossAMapRollback(t *testing.T) {
 
 	run, err := engine.Get(ctx, res.RunID)
 	require.NoError(t, err)
-	traceID := caller.SpanContext().TraceID()
-	require.Equal(t, traceID.String(), run.TraceID, "the run stores the caller's trace id")
+	traceID, err := trace.TraceIDFromHex(run.TraceID)
+	require.NoError(t, err)
+	if underSpan {
+		require.Equal(t, caller.SpanContext().TraceID(), traceID, "the run stores the caller's trace id")
+	}
 
 	spans := exp.GetSpans()
 	ids := map[trace.SpanID]bool{}
@@ -140,12 +154,21 @@ func TestTracingOneTraceAcrossAMapRollback(t *testing.T) {
 	}
 	count := map[string]int{}
 	elementRuns := map[string]bool{}
+	roots := 0
 	for _, s := range spans {
 		require.Equal(t, traceID, s.SpanContext.TraceID(), "span %s (%v) is in the run's trace", s.Name, s.Attributes)
 		if s.Name == "caller" {
 			continue
 		}
-		require.True(t, ids[s.Parent.SpanID()], "span %s (%v) has a parent in the trace", s.Name, s.Attributes)
+		if !ids[s.Parent.SpanID()] {
+			// Only the first execution, when no span enqueued the run, has
+			// a parent outside the trace's spans (a remote parent made of
+			// the stored trace id).
+			roots++
+			require.False(t, underSpan, "span %s (%v) has a parent in the trace", s.Name, s.Attributes)
+			require.True(t, s.Parent.IsRemote(), s.Name)
+			require.Equal(t, "reactor.run", s.Name)
+		}
 		count[s.Name]++
 		if s.Name == "reactor.run" && attrOf(s.Attributes, "reactor.element.owner") == res.RunID {
 			elementRuns[attrOf(s.Attributes, "reactor.run.id")] = true
@@ -154,6 +177,9 @@ func TestTracingOneTraceAcrossAMapRollback(t *testing.T) {
 	t.Logf("spans: %v", count)
 	require.Equal(t, n, count["reactor.map.element"], "one span per element task")
 	require.Equal(t, n, count["reactor.map.rollback"], "one span per rollback job")
+	if !underSpan {
+		require.Equal(t, 1, roots, "one root: the run's first execution")
+	}
 	require.Len(t, elementRuns, n, "every element run's executions are in the trace")
 	require.GreaterOrEqual(t, count["reactor.run"], 3+2*n, "the owner's three executions, each element's run and undo")
 	require.GreaterOrEqual(t, count["reactor.step"], 4+2*n, "hold, each, decline, hold's undo, and each element's reserve and undo")
