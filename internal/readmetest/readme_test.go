@@ -73,6 +73,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/metrics"
@@ -88,6 +89,7 @@ var (
 	_ = prometheus.NewRegistry
 	_ = promhttp.HandlerFor
 	_ = redis.NewClient
+	_ = sdktrace.NewTracerProvider
 	_ = mapstep.Map
 	_ = metrics.New
 	_ = reactor.Define
