@@ -15,6 +15,9 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
@@ -265,15 +268,28 @@ func formatCounts(m map[string]int64, n int) string {
 // TestRollbackRoundTripsPerElement counts what goreactor adds per element
 // when a fan-out map rolls back: its elements have one undoable step, and a
 // step after the map fails. The forward cost is measured on the same map
-// completing, and subtracted.
+// completing, and subtracted. Traced (a tracer provider recording every
+// span), the bound is the same: tracing costs no round trip.
 func TestRollbackRoundTripsPerElement(t *testing.T) {
 	t.Parallel()
+	t.Run("untraced", func(t *testing.T) { t.Parallel(); rollbackRoundTripsPerElement(t, nil) })
+	t.Run("traced", func(t *testing.T) {
+		t.Parallel()
+		exp := tracetest.NewInMemoryExporter()
+		tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(exp))
+		t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+		rollbackRoundTripsPerElement(t, tp)
+		require.NotEmpty(t, exp.GetSpans(), "the tracer provider saw the runs")
+	})
+}
+
+func rollbackRoundTripsPerElement(t *testing.T, tp trace.TracerProvider) {
 	ctx := eoCtx(t, 90*time.Second)
 	const small, large = 100, 300
 	count := &eoCounter{}
 	engineRdb := redistest.Client(t)
 	engineRdb.AddHook(count)
-	h := newEOHarness(t, eoOptions{concurrency: benchConcurrency, engineRdb: engineRdb})
+	h := newEOHarness(t, eoOptions{concurrency: benchConcurrency, engineRdb: engineRdb, tracer: tp})
 	elem := reactor.MustDefine("rrt-el",
 		reactor.Input[int]("item", reactor.Required()),
 		reactor.Step("id", reactor.StepConfig[eoIn, int]{

@@ -15,6 +15,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/engineapi"
@@ -104,6 +105,8 @@ type eoOptions struct {
 	engineRdb, asynqRdb redis.UniversalClient
 	// noServer: start no server (the caller serves the queue itself).
 	noServer bool
+	// tracer is the engine's TracerProvider. Default none.
+	tracer trace.TracerProvider
 }
 
 type eoHarness struct {
@@ -191,7 +194,7 @@ func newEOHarness(t testing.TB, o eoOptions) *eoHarness {
 		}
 	})
 	e, err := reactor.NewEngine(context.Background(), reactor.Config{Client: o.engineRdb, Prefix: prefix,
-		Enqueuer: h.client, Logger: eoLogger(), Hooks: []reactor.Hook{hook}})
+		Enqueuer: h.client, Logger: eoLogger(), Hooks: []reactor.Hook{hook}, TracerProvider: o.tracer})
 	require.NoError(t, err)
 	h.engine = e
 	h.insp = asynq.NewInspectorFromRedisClient(o.asynqRdb)
