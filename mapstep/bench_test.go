@@ -28,7 +28,8 @@ import (
 // What a fan-out element costs on top of asynq: element throughput of a
 // fan-out map against bare asynq no-op tasks on the same server
 // configuration (run both in one binary so their ratio is within one run:
-// go test -run '^$' -bench 'FanOut|BareAsynq' -benchtime 2000x ./mapstep/),
+// go test -run '^$' -bench 'FanOut|BareAsynq' -benchtime 2000x ./mapstep/;
+// BenchmarkFanOutElementTraced is the same with a tracer provider set),
 // and the Redis round trips goreactor adds per element
 // (TestRoundTripsPerElement).
 
@@ -54,10 +55,21 @@ func benchOwner(h *eoHarness, name string, batch int) *reactor.Definition {
 // BenchmarkFanOutElement: one fan-out map of b.N elements, timed from the
 // owner's start to its completion (dispatch, every element, the owner's
 // resume). ns/op is per element.
-func BenchmarkFanOutElement(b *testing.B) {
+func BenchmarkFanOutElement(b *testing.B) { fanOutElement(b, nil) }
+
+// BenchmarkFanOutElementTraced is BenchmarkFanOutElement with a tracer
+// provider that records every span (into a no-op exporter): the cost of
+// tracing.
+func BenchmarkFanOutElementTraced(b *testing.B) {
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(tracetest.NewNoopExporter()))
+	b.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	fanOutElement(b, tp)
+}
+
+func fanOutElement(b *testing.B, tp trace.TracerProvider) {
 	b.ReportAllocs()
 	ctx := eoCtx(b, 10*time.Minute)
-	h := newEOHarness(b, eoOptions{concurrency: benchConcurrency})
+	h := newEOHarness(b, eoOptions{concurrency: benchConcurrency, tracer: tp})
 	def := benchOwner(h, "bench-fan", max(b.N, 1))
 	owner := "bench-" + reactor.NewRunID()
 	finished := h.done(owner)
