@@ -62,8 +62,13 @@ func (x *execution) traceRun(ctx context.Context, fn func(context.Context) (*Res
 		attrs = append(attrs, attribute.String("reactor.element.owner", el.Owner), attribute.Int("reactor.element.index", el.Index))
 	}
 	opts = append(opts, trace.WithAttributes(attrs...))
-	ctx, span := x.e.tracer().Start(pctx, "reactor.run", opts...)
+	sctx, span := x.e.tracer().Start(pctx, "reactor.run", opts...)
 	defer span.End()
+	if span.IsRecording() || trace.SpanContextFromContext(ctx).IsValid() {
+		ctx = sctx
+	}
+	// Else tracing is off (a no-op provider): the execution carries no
+	// span context, so its tasks carry no traceparent.
 	res, err := fn(ctx)
 	switch {
 	case err != nil:

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/require"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -82,9 +83,16 @@ func TestTracingTraceIDFromTheCallersSpan(t *testing.T) {
 func TestTracingNoProviderIsANoOp(t *testing.T) {
 	t.Parallel()
 	env := newEnv(t)
-	def := reactor.MustDefine("trace-noop", simple(env.trail, "a", nil))
+	var inStep trace.SpanContext
+	def := reactor.MustDefine("trace-noop", reactor.Step("a", reactor.StepConfig[reactor.Args, string]{
+		Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+			inStep = trace.SpanContextFromContext(ctx)
+			return "", nil
+		},
+	}))
 	ctx := ctxTimeout(t)
 	res, err := env.engine.Run(ctx, def, nil)
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCompleted, res.Status)
+	require.False(t, inStep.IsValid(), "without a tracer provider a step's context carries no span (its tasks no traceparent)")
 }
