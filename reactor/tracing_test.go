@@ -43,7 +43,7 @@ func TestTracingSpansOfARunAndItsRollback(t *testing.T) {
 		require.Equal(t, run.TraceID, s.SpanContext.TraceID().String(), "span %s is in the run's trace", s.Name)
 		attrs := map[string]string{}
 		for _, a := range s.Attributes {
-			attrs[string(a.Key)] = a.Value.Emit()
+			attrs[string(a.Key)] = a.Value.String()
 		}
 		switch s.Name {
 		case "reactor.run":

@@ -42,7 +42,7 @@ func (w *spanWatch) ForceFlush(context.Context) error { return nil }
 func attrOf(attrs []attribute.KeyValue, key string) string {
 	for _, a := range attrs {
 		if string(a.Key) == key {
-			return a.Value.Emit()
+			return a.Value.String()
 		}
 	}
 	return ""
