@@ -211,10 +211,7 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.redisURL, "redis", env.String("REDIS_URL", "redis://localhost:6379/0"),
-		"Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS); env REDIS_URL")
-	fs.StringVar(&cfg.prefix, "prefix", env.String("GOREACTOR_PREFIX", "goreactor"),
-		"key prefix, the same as your engines' Config.Prefix; env GOREACTOR_PREFIX")
+	envflag.Connection(fs, env, &cfg.redisURL, &cfg.prefix)
 	fs.StringVar(&queues, "queue", env.String("GOREACTOR_QUEUE", DefaultQueue),
 		"queues to serve, comma-separated name[:priority]; the first is where this process enqueues; env GOREACTOR_QUEUE")
 	fs.IntVar(&cfg.concurrency, "concurrency", env.Int("GOREACTOR_CONCURRENCY", 10),

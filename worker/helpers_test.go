@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/redistest"
+	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -220,4 +221,23 @@ func ctxTimeout(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	return ctx
+}
+
+// mapThenDecline is an owner that holds something undoable, fans element out
+// over its items, then fails: the map rolls back the way it ran.
+func mapThenDecline(name string, element *reactor.Definition) *reactor.Definition {
+	return reactor.MustDefine(name,
+		reactor.Input[[]int]("items", reactor.Required()),
+		reactor.Step("hold", reactor.StepConfig[reactor.Args, string]{
+			Run:  func(context.Context, reactor.Args) (string, error) { return "held", nil },
+			Undo: func(context.Context, reactor.Args, string) error { return nil },
+		}),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, After: []string{"hold"}}),
+		reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
+			After: []string{"each"},
+			Run: func(context.Context, reactor.Args) (string, error) {
+				return "", reactor.Permanent(errors.New("declined"))
+			},
+		}),
+	)
 }

@@ -12,7 +12,6 @@ import (
 
 	"github.com/goreactor/goreactor/internal/promtest"
 	"github.com/goreactor/goreactor/internal/redistest"
-	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/metrics"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
@@ -49,20 +48,7 @@ func TestMetricsServedByARunWorker(t *testing.T) {
 			},
 		}),
 	)
-	owner := reactor.MustDefine("metrics-owner",
-		reactor.Input[[]int]("items", reactor.Required()),
-		reactor.Step("hold", reactor.StepConfig[reactor.Args, string]{
-			Run:  func(context.Context, reactor.Args) (string, error) { return "held", nil },
-			Undo: func(context.Context, reactor.Args, string) error { return nil },
-		}),
-		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, After: []string{"hold"}}),
-		reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
-			After: []string{"each"},
-			Run: func(context.Context, reactor.Args) (string, error) {
-				return "", reactor.Permanent(fmt.Errorf("declined"))
-			},
-		}),
-	)
+	owner := mapThenDecline("metrics-owner", element)
 
 	logs := newLogWatch()
 	ctx, cancel := context.WithCancel(t.Context())

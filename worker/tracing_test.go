@@ -2,7 +2,6 @@ package worker_test
 
 import (
 	"context"
-	"errors"
 	"sync"
 	"testing"
 
@@ -12,7 +11,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -95,20 +93,7 @@ func oneTraceAcrossAMapRollback(t *testing.T, underSpan bool) {
 			Undo: func(context.Context, itemIn, int) error { return nil },
 		}),
 	)
-	owner := reactor.MustDefine("trace-owner",
-		reactor.Input[[]int]("items", reactor.Required()),
-		reactor.Step("hold", reactor.StepConfig[reactor.Args, string]{
-			Run:  func(context.Context, reactor.Args) (string, error) { return "held", nil },
-			Undo: func(context.Context, reactor.Args, string) error { return nil },
-		}),
-		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, After: []string{"hold"}}),
-		reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
-			After: []string{"each"},
-			Run: func(context.Context, reactor.Args) (string, error) {
-				return "", reactor.Permanent(errors.New("declined"))
-			},
-		}),
-	)
+	owner := mapThenDecline("trace-owner", element)
 	engine := f.engine("w", func(c *reactor.Config) { c.TracerProvider = tp })
 	require.NoError(t, engine.Register(element))
 	f.startWorker(engine)

@@ -85,10 +85,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 
 	fs := flag.NewFlagSet("sweeper", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&cfg.redisURL, "redis", env.String("REDIS_URL", "redis://localhost:6379/0"),
-		"Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS); env REDIS_URL")
-	fs.StringVar(&cfg.prefix, "prefix", env.String("GOREACTOR_PREFIX", "goreactor"),
-		"key prefix, the same as your engines' Config.Prefix; env GOREACTOR_PREFIX")
+	envflag.Connection(fs, env, &cfg.redisURL, &cfg.prefix)
 	fs.StringVar(&cfg.queue, "queue", env.String("GOREACTOR_QUEUE", worker.DefaultQueue),
 		"the asynq queue goreactor's tasks go to (one name); env GOREACTOR_QUEUE")
 	fs.BoolVar(&cfg.once, "once", false, "run one pass and exit (for a cron job)")

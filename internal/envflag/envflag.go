@@ -4,6 +4,7 @@ package envflag
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"strconv"
 	"time"
@@ -58,3 +59,13 @@ func (e *Env) Duration(name string, def time.Duration) time.Duration {
 
 // Err returns the malformed values met so far, joined, or nil.
 func (e *Env) Err() error { return errors.Join(e.errs...) }
+
+// Connection declares the flags every goreactor binary shares, -redis and
+// -prefix, each defaulting to its environment variable (REDIS_URL,
+// GOREACTOR_PREFIX) and then to the local Redis and the default prefix.
+func Connection(fs *flag.FlagSet, env *Env, redisURL, prefix *string) {
+	fs.StringVar(redisURL, "redis", env.String("REDIS_URL", "redis://localhost:6379/0"),
+		"Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS); env REDIS_URL")
+	fs.StringVar(prefix, "prefix", env.String("GOREACTOR_PREFIX", "goreactor"),
+		"key prefix, the same as your engines' Config.Prefix; env GOREACTOR_PREFIX")
+}
