@@ -8,10 +8,12 @@ import (
 	"strconv"
 
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/internal/tracing"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -101,6 +103,11 @@ func recoverMap(ctx context.Context, e *reactor.Engine, mapID string, opt maptas
 	if !v.md.FanOut {
 		return maptask.Recovery{Done: true, Owner: v.md.Owner}, nil // inline maps have no tasks to lose
 	}
+	// What the pass re-enqueues for this map joins the owner run's trace.
+	ctx, span := tracing.StartIn(ctx, engineapi.Tracer(e), v.md.Trace, "reactor.sweeper.recover",
+		attribute.String("reactor.map.id", mapID), attribute.String("reactor.run.id", v.md.Owner),
+		attribute.String("reactor.sweeper.recovery", "map"))
+	defer span.End()
 	sw := &mapSweep{e: e, ms: ms, mapID: mapID, opt: opt, v: v, rec: maptask.Recovery{Owner: v.md.Owner}}
 	if v.rb.exists {
 		return sw.rollback(ctx)

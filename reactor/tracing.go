@@ -2,12 +2,13 @@ package reactor
 
 import (
 	"context"
-	"crypto/rand"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/goreactor/goreactor/internal/tracing"
 )
 
 // tracerName is the instrumentation name of goreactor's spans.
@@ -23,40 +24,9 @@ func (e *Engine) tracer() trace.Tracer {
 	return otel.Tracer(tracerName)
 }
 
-// runParent returns ctx made the parent of an execution of a run whose
-// stored trace id is stored: ctx itself when its span is in that trace,
-// else ctx carrying a remote span context of the stored trace (a fresh
-// span id, sampled), so that every execution of a run, wherever it
-// happens, is in the run's one trace. A span of another trace that ctx
-// carried becomes a link.
-func runParent(ctx context.Context, stored string) (context.Context, []trace.SpanStartOption) {
-	tid, err := trace.TraceIDFromHex(stored)
-	if err != nil {
-		return ctx, nil
-	}
-	sc := trace.SpanContextFromContext(ctx)
-	if sc.IsValid() && sc.TraceID() == tid {
-		return ctx, nil
-	}
-	var opts []trace.SpanStartOption
-	if sc.IsValid() {
-		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
-	}
-	parent := trace.NewSpanContext(trace.SpanContextConfig{TraceID: tid, SpanID: newSpanID(), TraceFlags: trace.FlagsSampled, Remote: true})
-	return trace.ContextWithRemoteSpanContext(ctx, parent), opts
-}
-
-func newSpanID() trace.SpanID {
-	var id trace.SpanID
-	for !id.IsValid() {
-		_, _ = rand.Read(id[:])
-	}
-	return id
-}
-
 // traceRun runs fn (an execution of x's run) inside a reactor.run span.
 func (x *execution) traceRun(ctx context.Context, fn func(context.Context) (*Result, error)) (*Result, error) {
-	pctx, opts := runParent(ctx, x.st.Trace)
+	pctx, opts := tracing.Parent(ctx, x.st.Trace)
 	attrs := []attribute.KeyValue{attribute.String("reactor.name", x.st.Reactor), attribute.String("reactor.run.id", x.st.ID)}
 	if el := x.st.Elem; el != nil {
 		attrs = append(attrs, attribute.String("reactor.element.owner", el.Owner), attribute.Int("reactor.element.index", el.Index))

@@ -10,12 +10,14 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/store"
+	"github.com/goreactor/goreactor/internal/tracing"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -352,7 +354,11 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		}
 		w.ID = fresh
 	}
-	if err := s.cfg.Enqueuer.Enqueue(ctx, w); err != nil {
+	tctx, span := tracing.StartIn(ctx, engineapi.Tracer(s.cfg.Engine), run.TraceID, "reactor.sweeper.recover",
+		attribute.String("reactor.run.id", id), attribute.String("reactor.sweeper.recovery", "run"))
+	err = s.cfg.Enqueuer.Enqueue(tctx, w)
+	span.End()
+	if err != nil {
 		return false, false, err
 	}
 	s.cfg.Logger.Info("woke a lost run", "event", "reactor.sweep.run", "run", id, "status", run.Status, "task", w.ID)

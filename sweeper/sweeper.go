@@ -8,6 +8,10 @@ import (
 	"sync"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
@@ -141,6 +145,9 @@ func (s *Sweeper) Once(ctx context.Context) (Report, error) {
 		return Report{}, fmt.Errorf("sweeper: leader lock: %w", err)
 	}
 	pctx := lease.Keep(ctx)
+	// One span per pass as leader; the tasks it re-enqueues join their own
+	// runs' traces (tracing.StartIn), linked to this span.
+	pctx, span := engineapi.Tracer(s.cfg.Engine).Start(pctx, "reactor.sweeper.pass")
 	rep := Report{Leader: true}
 	var errs []error
 	var rerr, merr error
@@ -168,6 +175,7 @@ func (s *Sweeper) Once(ctx context.Context) (Report, error) {
 	_ = lease.Release(context.WithoutCancel(ctx))
 	rep.Duration = time.Since(began)
 	err = errors.Join(errs...)
+	endPass(span, rep, err)
 	s.count(rep, err)
 	if s.cfg.Metrics != nil {
 		s.cfg.Metrics.ObservePass(rep, err)
@@ -233,4 +241,21 @@ func (s *Sweeper) Run(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
+}
+
+// endPass ends a pass's span with what the pass did.
+func endPass(span trace.Span, rep Report, err error) {
+	span.SetAttributes(attribute.Int("reactor.sweeper.runs_examined", rep.Runs.Examined),
+		attribute.Int("reactor.sweeper.runs_woken", rep.Runs.Woken),
+		attribute.Int("reactor.sweeper.maps_examined", rep.Maps.Examined),
+		attribute.Int("reactor.sweeper.elements", rep.Maps.Elements),
+		attribute.Int("reactor.sweeper.rollbacks", rep.Maps.Rollbacks),
+		attribute.Int("reactor.sweeper.claims", rep.Maps.Claims),
+		attribute.Int("reactor.sweeper.resumes", rep.Maps.Resumes),
+		attribute.Int("reactor.sweeper.trimmed", rep.Trim.Trimmed))
+	if err != nil {
+		span.RecordError(err)
+		span.SetStatus(codes.Error, err.Error())
+	}
+	span.End()
 }
