@@ -163,6 +163,7 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 		}
 	}
 	if sr.From >= 0 {
+		claimedBatch(ctx, e, md, reactor.EventMapBatchClaimed)
 		items, err := claimedItems(ctx, e, ms, md, t.MapID, sr.From, sr.To)
 		if err != nil {
 			return err
@@ -180,6 +181,13 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 		return resumeOwner(ctx, e, md, t.MapID)
 	}
 	return nil
+}
+
+// claimedBatch tells the engine's hooks (metrics) and its Debug log that
+// map md claimed a batch: kind is reactor.EventMapBatchClaimed or
+// reactor.EventMapRollbackBatchClaimed. It costs no Redis round trip.
+func claimedBatch(ctx context.Context, e *reactor.Engine, md meta, kind reactor.EventKind) {
+	engineapi.Emit(e, ctx, reactor.Event{Kind: kind, RunID: md.Owner, Reactor: md.OwnerReact, Step: md.Step, TraceID: md.Trace})
 }
 
 // claimedItems reads the items of a claimed batch: from the stored source,

@@ -259,6 +259,7 @@ func (m *construct) begin(ctx context.Context, c *reactor.ConstructContext, ms m
 		return nil, err
 	}
 	if created {
+		claimedBatch(ctx, e, md, reactor.EventMapBatchClaimed)
 		first, err := items(ctx, 0, offset-1)
 		if err != nil {
 			return nil, err

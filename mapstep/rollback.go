@@ -265,6 +265,7 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 			log.Info("map rollback started", "event", "reactor.map.rollback.started", "total", total, "batch_size", batch)
 		}
 		if created && st.FanOut && offset > 0 {
+			claimedBatch(ctx, e, md, reactor.EventMapRollbackBatchClaimed)
 			if err := dispatchRollback(ctx, e, st.MapID, total, 0, offset-1); err != nil {
 				return err
 			}
@@ -587,6 +588,7 @@ func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackT
 		}
 	}
 	if sr.From >= 0 {
+		claimedBatch(ctx, e, md, reactor.EventMapRollbackBatchClaimed)
 		if err := dispatchRollback(ctx, e, t.MapID, rb.Total, sr.From, sr.To); err != nil {
 			return err
 		}

@@ -70,6 +70,8 @@ type Metrics struct {
 	stepAttempts     *prometheus.CounterVec
 	stepRetries      *prometheus.CounterVec
 	undo             *prometheus.CounterVec
+	undoDuration     *prometheus.HistogramVec
+	batches          *prometheus.CounterVec
 	lockLost         prometheus.Counter
 
 	runTasks     *prometheus.CounterVec
@@ -118,6 +120,12 @@ func New(opts Options) *Metrics {
 	m.stepRetries = counter("step_retries_total", "Step attempts that failed and will be retried.", "reactor", "step")
 	m.undo = counter("undo_total", "Undo and compensate calls by outcome (ok or failed: failed leaves an effect applied).",
 		"reactor", "kind", "outcome")
+	m.undoDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "undo_duration_seconds",
+		Help: "Duration of undo and compensate calls, by kind (undo, compensate) and outcome (ok, failed).", Buckets: opts.DurationBuckets},
+		[]string{"reactor", "kind", "outcome"})
+	m.collectors = append(m.collectors, m.undoDuration)
+	m.batches = counter("map_batches_claimed_total",
+		"Batches claimed by fan-out maps (kind forward: element tasks; rollback: element rollback jobs), by owner reactor.", "reactor", "kind")
 	m.lockLost = counter0("lock_lost_total", "Executions (runs and element runs) that lost their run lock mid-way.")
 
 	m.runTasks = counter("run_tasks_total", "Run tasks handled by workers, by outcome (done, snoozed, dropped, error).", "outcome")
@@ -215,14 +223,23 @@ func (m *Metrics) OnEvent(_ context.Context, e reactor.Event) {
 			m.stepDuration.WithLabelValues(e.Reactor, e.Step, outcome).Observe(e.Duration.Seconds())
 		}
 	case reactor.EventStepUndone:
-		m.undo.WithLabelValues(e.Reactor, "undo", "ok").Inc()
+		m.observeUndo(e, "undo", "ok")
 	case reactor.EventStepUndoFailed:
-		m.undo.WithLabelValues(e.Reactor, "undo", "failed").Inc()
+		m.observeUndo(e, "undo", "failed")
 	case reactor.EventStepCompensated:
-		m.undo.WithLabelValues(e.Reactor, "compensate", "ok").Inc()
+		m.observeUndo(e, "compensate", "ok")
 	case reactor.EventCompensateFail:
-		m.undo.WithLabelValues(e.Reactor, "compensate", "failed").Inc()
+		m.observeUndo(e, "compensate", "failed")
+	case reactor.EventMapBatchClaimed:
+		m.batches.WithLabelValues(e.Reactor, ResumeForward).Inc()
+	case reactor.EventMapRollbackBatchClaimed:
+		m.batches.WithLabelValues(e.Reactor, ResumeRollback).Inc()
 	}
+}
+
+func (m *Metrics) observeUndo(e reactor.Event, kind, outcome string) {
+	m.undo.WithLabelValues(e.Reactor, kind, outcome).Inc()
+	m.undoDuration.WithLabelValues(e.Reactor, kind, outcome).Observe(e.Duration.Seconds())
 }
 
 func finishedStatus(k reactor.EventKind) reactor.Status {

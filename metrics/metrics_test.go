@@ -85,6 +85,9 @@ func TestEventsCounted(t *testing.T) {
 		{Kind: reactor.EventStepUndoFailed, Reactor: "el", Step: "reserve"},
 		{Kind: reactor.EventStepCompensated, Reactor: "order", Step: "charge"},
 		{Kind: reactor.EventCompensateFail, Reactor: "order", Step: "ship"},
+		{Kind: reactor.EventMapBatchClaimed, Reactor: "order", Step: "each"},
+		{Kind: reactor.EventMapBatchClaimed, Reactor: "order", Step: "each"},
+		{Kind: reactor.EventMapRollbackBatchClaimed, Reactor: "order", Step: "each"},
 	} {
 		m.OnEvent(ctx, e)
 	}
@@ -109,6 +112,10 @@ func TestEventsCounted(t *testing.T) {
 		{"goreactor_undo_total", map[string]string{"reactor": "el", "kind": "undo", "outcome": "failed"}, 1},
 		{"goreactor_undo_total", map[string]string{"reactor": "order", "kind": "compensate", "outcome": "ok"}, 1},
 		{"goreactor_undo_total", map[string]string{"reactor": "order", "kind": "compensate", "outcome": "failed"}, 1},
+		{"goreactor_undo_duration_seconds", map[string]string{"reactor": "order", "kind": "undo", "outcome": "ok"}, 1},
+		{"goreactor_undo_duration_seconds", map[string]string{"reactor": "order", "kind": "compensate", "outcome": "failed"}, 1},
+		{"goreactor_map_batches_claimed_total", map[string]string{"reactor": "order", "kind": "forward"}, 2},
+		{"goreactor_map_batches_claimed_total", map[string]string{"reactor": "order", "kind": "rollback"}, 1},
 	} {
 		require.Equal(t, c.want, value(t, m, c.name, c.labels), "%s%v", c.name, c.labels)
 	}

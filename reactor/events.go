@@ -33,6 +33,12 @@ const (
 	EventStepUndoFailed    EventKind = "reactor.step.undo_failed"
 	EventStepCompensated   EventKind = "reactor.step.compensate"
 	EventCompensateFail    EventKind = "reactor.step.compensate_failed"
+	// EventMapBatchClaimed: a fan-out map claimed its next batch of
+	// elements (RunID and Reactor are the owner's, Step the map step).
+	EventMapBatchClaimed EventKind = "reactor.map.batch_claimed"
+	// EventMapRollbackBatchClaimed: a fan-out map's rollback claimed its
+	// next batch of element rollback jobs.
+	EventMapRollbackBatchClaimed EventKind = "reactor.map.rollback.batch_claimed"
 )
 
 // Event describes something that happened to a run or a step.
@@ -46,8 +52,12 @@ type Event struct {
 	// Status is the run's status; on EventRunStarted and EventRunResumed,
 	// the status the execution began from (StatusPending on the first
 	// execution of an enqueued run).
-	Status   Status
-	Err      error
+	Status Status
+	Err    error
+	// Duration is how long the user function took: a step's final attempt
+	// (EventStepCompleted, EventStepFailed), an undo or a compensate
+	// (EventStepUndone, EventStepUndoFailed, EventStepCompensated,
+	// EventCompensateFail). Zero when not timed.
 	Duration time.Duration
 	// Delay is the wait before the next attempt (EventStepRetrying).
 	Delay time.Duration
@@ -57,6 +67,9 @@ type Event struct {
 	// reports its elements' failures and rollback failures on the owner
 	// run, once, where an operator looks.
 	Element bool
+	// TraceID is the run's trace id (RunInfo.TraceID): the OpenTelemetry
+	// trace its spans are in when tracing is on. It is logged as trace_id.
+	TraceID string
 }
 
 // Hook receives every event. Hooks run synchronously on the executing
@@ -99,6 +112,9 @@ type Middleware func(ctx context.Context, c Call, next func(context.Context) err
 // element run.
 func (x *execution) emit(ctx context.Context, ev Event) {
 	ev.Element = ev.Element || x.element
+	if ev.TraceID == "" {
+		ev.TraceID = x.st.Trace
+	}
 	x.e.emit(ctx, ev)
 }
 
@@ -150,6 +166,9 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	}
 	if ev.Err != nil {
 		attrs = append(attrs, slog.String("error", ev.Err.Error()))
+	}
+	if ev.TraceID != "" {
+		attrs = append(attrs, slog.String("trace_id", ev.TraceID))
 	}
 	e.log.LogAttrs(ctx, level, string(ev.Kind), attrs...)
 	for _, h := range e.cfg.Hooks {

@@ -38,6 +38,7 @@ func init() {
 	}
 	enginehook.Logger = func(e any) *slog.Logger { return eng(e).logger() }
 	enginehook.Tracer = func(e any) trace.Tracer { return eng(e).tracer() }
+	enginehook.Emit = func(e any, ctx context.Context, ev any) { eng(e).emit(ctx, ev.(Event)) }
 	enginehook.LockExpiry = func(e any) time.Duration { return eng(e).lockExpiry() }
 	enginehook.Retention = func(e any) time.Duration { return eng(e).retention() }
 	enginehook.EngineFrom = func(ctx context.Context) any {

@@ -132,6 +132,7 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		}
 	}
 	args, err := resolveArgs(f.def, s, f.st)
+	began := time.Now()
 	if err == nil {
 		err = x.call(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: f.def.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
@@ -156,9 +157,9 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
 		rb.CompensationError = err.Error()
 		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: KindCompensate, Reason: rec.Reason, Message: rec.Message})
-		x.emit(ctx, Event{Kind: EventCompensateFail, RunID: x.st.ID, Reactor: f.def.name, Step: path, Err: err})
+		x.emit(ctx, Event{Kind: EventCompensateFail, RunID: x.st.ID, Reactor: f.def.name, Step: path, Err: err, Duration: time.Since(began)})
 	} else {
-		x.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: f.def.name, Step: path})
+		x.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: f.def.name, Step: path, Duration: time.Since(began)})
 	}
 	f.st.Undone = append(f.st.Undone, rec)
 	return true, nil
@@ -192,6 +193,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		return x.compensateInterrupted(ctx, f, d, s, e, path)
 	}
 	var err error
+	began := time.Now()
 	if s == nil || (s.undo == nil && s.kind != kindConstruct) {
 		err = fmt.Errorf("reactor: step %q is no longer undoable in definition %q", e.Step, d.name)
 	} else {
@@ -221,14 +223,15 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		}
 	}
 	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
-	x.recordEntry(ctx, f, d, e, rec, err, "", EventStepUndone, EventStepUndoFailed)
+	x.recordEntry(ctx, f, d, e, rec, err, "", time.Since(began), EventStepUndone, EventStepUndoFailed)
 	return nil
 }
 
 // recordEntry records what the undo (or compensate) of ledger entry e did:
 // its status, the per-step rollback report, a rollback failure when err is
 // set (with reason, or err's code), and the event.
-func (x *execution) recordEntry(ctx context.Context, f *frame, d *Definition, e *LedgerEntry, rec StepRollback, err error, reason string, done, failed EventKind) {
+func (x *execution) recordEntry(ctx context.Context, f *frame, d *Definition, e *LedgerEntry, rec StepRollback, err error, reason string,
+	took time.Duration, done, failed EventKind) {
 	if err != nil {
 		if reason == "" {
 			reason = codeOf(err)
@@ -236,10 +239,10 @@ func (x *execution) recordEntry(ctx context.Context, f *frame, d *Definition, e 
 		e.Status = RollbackFailed
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, reason, err.Error()
 		x.addRollbackFailures(f.st.Rollback, err, RollbackFailure{Step: rec.Step, Kind: rec.Kind, Reason: rec.Reason, Message: rec.Message})
-		x.emit(ctx, Event{Kind: failed, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Err: err})
+		x.emit(ctx, Event{Kind: failed, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Err: err, Duration: took})
 	} else {
 		e.Status = RollbackCompensated
-		x.emit(ctx, Event{Kind: done, RunID: x.st.ID, Reactor: d.name, Step: rec.Step})
+		x.emit(ctx, Event{Kind: done, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Duration: took})
 	}
 	f.st.Undone = append(f.st.Undone, rec)
 }
@@ -263,6 +266,7 @@ const reasonInterrupted = "reactor.step_interrupted"
 func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Definition, s *stepDef, e *LedgerEntry, path string) error {
 	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
 	var err error
+	began := time.Now()
 	switch {
 	case s == nil:
 		err = fmt.Errorf("reactor: step %q was interrupted and is no longer in definition %q; whatever it did was not undone", e.Step, d.name)
@@ -286,7 +290,7 @@ func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Defi
 	if _, ok := err.(*interruptedError); ok {
 		reason = reasonInterrupted
 	}
-	x.recordEntry(ctx, f, d, e, rec, err, reason, EventStepCompensated, EventCompensateFail)
+	x.recordEntry(ctx, f, d, e, rec, err, reason, time.Since(began), EventStepCompensated, EventCompensateFail)
 	return nil
 }
 

@@ -1,8 +1,13 @@
 package reactor_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
+	"log/slog"
+	"strings"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -95,4 +100,74 @@ func TestTracingNoProviderIsANoOp(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCompleted, res.Status)
 	require.False(t, inStep.IsValid(), "without a tracer provider a step's context carries no span (its tasks no traceparent)")
+}
+
+// Every event's log line carries the run's trace id (trace_id), the OTel
+// trace id when tracing is on and the stored one when it is off; so do the
+// events hooks receive.
+func TestEventLogLinesCarryTheTraceID(t *testing.T) {
+	t.Parallel()
+	for _, traced := range []bool{false, true} {
+		var buf syncBuffer
+		var hooked []reactor.Event
+		var mu sync.Mutex
+		tp, _ := spanTracer(t)
+		env := newEnv(t, func(c *reactor.Config) {
+			c.Logger = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+			c.Hooks = append(c.Hooks, reactor.HookFunc(func(_ context.Context, e reactor.Event) {
+				mu.Lock()
+				defer mu.Unlock()
+				hooked = append(hooked, e)
+			}))
+			if traced {
+				c.TracerProvider = tp
+			}
+		})
+		def := reactor.MustDefine("trace-logs",
+			simple(env.trail, "a", nil),
+			simple(env.trail, "b", reactor.Permanent(errors.New("boom")), "a"),
+		)
+		ctx := ctxTimeout(t)
+		res, err := env.engine.Run(ctx, def, nil)
+		require.NoError(t, err)
+		run, err := env.engine.Get(ctx, res.RunID)
+		require.NoError(t, err)
+		require.Len(t, run.TraceID, 32)
+
+		lines := 0
+		for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+			var rec map[string]any
+			require.NoError(t, json.Unmarshal([]byte(l), &rec))
+			ev, _ := rec["event"].(string)
+			if !strings.HasPrefix(ev, "reactor.run.") && !strings.HasPrefix(ev, "reactor.step.") && !strings.HasPrefix(ev, "reactor.rollback.") {
+				continue
+			}
+			lines++
+			require.Equal(t, run.TraceID, rec["trace_id"], "traced=%v: %s", traced, l)
+		}
+		require.GreaterOrEqual(t, lines, 6, "run, steps, rollback and undo events were logged")
+		mu.Lock()
+		for _, e := range hooked {
+			require.Equal(t, run.TraceID, e.TraceID, "hooked %s", e.Kind)
+		}
+		mu.Unlock()
+	}
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }

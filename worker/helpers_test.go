@@ -226,13 +226,20 @@ func ctxTimeout(t *testing.T) context.Context {
 // mapThenDecline is an owner that holds something undoable, fans element out
 // over its items, then fails: the map rolls back the way it ran.
 func mapThenDecline(name string, element *reactor.Definition) *reactor.Definition {
+	return mapThenDeclineBatch(name, element, 0)
+}
+
+// mapThenDeclineBatch is mapThenDecline with the map's batch size (0: the
+// default).
+func mapThenDeclineBatch(name string, element *reactor.Definition, batch int) *reactor.Definition {
 	return reactor.MustDefine(name,
 		reactor.Input[[]int]("items", reactor.Required()),
 		reactor.Step("hold", reactor.StepConfig[reactor.Args, string]{
 			Run:  func(context.Context, reactor.Args) (string, error) { return "held", nil },
 			Undo: func(context.Context, reactor.Args, string) error { return nil },
 		}),
-		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, After: []string{"hold"}}),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, BatchSize: batch,
+			After: []string{"hold"}}),
 		reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
 			After: []string{"each"},
 			Run: func(context.Context, reactor.Args) (string, error) {

@@ -21,10 +21,11 @@ var _ worker.Observer = (*metrics.Metrics)(nil)
 
 // TestMetricsServedByARunWorker: a worker from worker.Run with
 // -metrics-addr serves /metrics over HTTP. After a run whose fan-out map of
-// eight elements succeeds and whose next step then fails, so that the map
+// eight elements (batches of three) succeeds and whose next step then fails, so that the map
 // rolls back across the workers (one element's undo failing), the scrape
-// counts every element task and rollback job once, one owner resume per
-// direction, the undos by outcome, the run finished failed, and no run live;
+// counts every element task and rollback job once, three batches claimed
+// per direction, one owner resume per direction, the undos by outcome (and
+// their durations), the run finished failed, and no run live;
 // the worker's own sweeper passes (-sweep-interval) are counted too and
 // recover nothing.
 func TestMetricsServedByARunWorker(t *testing.T) {
@@ -48,7 +49,8 @@ func TestMetricsServedByARunWorker(t *testing.T) {
 			},
 		}),
 	)
-	owner := mapThenDecline("metrics-owner", element)
+	// Batches of 3: the 8 elements go out, and are undone, in 3 batches each.
+	owner := mapThenDeclineBatch("metrics-owner", element, 3)
 
 	logs := newLogWatch()
 	ctx, cancel := context.WithCancel(t.Context())
@@ -111,6 +113,10 @@ func TestMetricsServedByARunWorker(t *testing.T) {
 	require.Equal(t, float64(n-1), v("goreactor_undo_total", "reactor", "metrics-el", "kind", "undo", "outcome", "ok"))
 	require.Equal(t, 1.0, v("goreactor_undo_total", "reactor", "metrics-el", "kind", "undo", "outcome", "failed"))
 	require.Equal(t, 1.0, v("goreactor_undo_total", "reactor", "metrics-owner", "kind", "undo", "outcome", "ok"))
+	require.Equal(t, float64(n-1), v("goreactor_undo_duration_seconds", "reactor", "metrics-el", "kind", "undo", "outcome", "ok"))
+	require.Equal(t, 1.0, v("goreactor_undo_duration_seconds", "reactor", "metrics-el", "kind", "undo", "outcome", "failed"))
+	require.Equal(t, 3.0, v("goreactor_map_batches_claimed_total", "reactor", "metrics-owner", "kind", "forward"))
+	require.Equal(t, 3.0, v("goreactor_map_batches_claimed_total", "reactor", "metrics-owner", "kind", "rollback"))
 	require.Equal(t, float64(n), v("goreactor_step_duration_seconds", "reactor", "metrics-el", "step", "reserve", "outcome", "completed"))
 	require.Equal(t, 1.0, v("goreactor_step_duration_seconds", "reactor", "metrics-owner", "step", "decline", "outcome", "failed"))
 	require.Equal(t, 1.0, v("goreactor_step_attempts_total", "reactor", "metrics-owner", "step", "decline"))

@@ -98,3 +98,7 @@ func ConstructAt(def *reactor.Definition, path string) (reactor.Construct, bool)
 // Tracer is the tracer of e's spans (reactor.Config.TracerProvider, or the
 // global provider's).
 func Tracer(e *reactor.Engine) trace.Tracer { return enginehook.Tracer(e) }
+
+// Emit logs ev and passes it to e's hooks, as the engine does its own
+// events (mapstep's batch claims).
+func Emit(e *reactor.Engine, ctx context.Context, ev reactor.Event) { enginehook.Emit(e, ctx, ev) }

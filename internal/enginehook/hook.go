@@ -31,6 +31,7 @@ var (
 	Enqueuer       func(e any) any
 	Logger         func(e any) *slog.Logger
 	Tracer         func(e any) trace.Tracer
+	Emit           func(e any, ctx context.Context, ev any)
 	LockExpiry     func(e any) time.Duration
 	Retention      func(e any) time.Duration
 	EngineFrom     func(ctx context.Context) any
