@@ -20,6 +20,7 @@ import (
 
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
@@ -55,6 +56,10 @@ type poolSpec struct {
 	Batches     []int  `json:"batches"`
 	DoubleUndo  int    `json:"double_undo"`
 	FakeBurst   int    `json:"fake_burst,omitempty"`
+	// Traced gives the engine a recording tracer provider (every span
+	// sampled, exported in batches to an exporter that drops them), to
+	// measure what tracing costs.
+	Traced bool `json:"traced,omitempty"`
 	// Warm opens every Redis pool up front (see target.warm).
 	Warm bool `json:"warm,omitempty"`
 	// ProfileDir, when set, receives a CPU profile of the process.
@@ -171,6 +176,7 @@ type host struct {
 	fanOut  map[int]*reactor.Definition
 	enqueue *worker.Client
 	books   *redis.Client
+	tracer  *sdktrace.TracerProvider // with poolSpec.Traced
 }
 
 // newHost builds an engine on engineRdb whose Enqueuer (asynq's client)
@@ -196,8 +202,14 @@ func newHost(ctx context.Context, spec poolSpec, engineRdb, asynqRdb *redis.Clie
 		return nil, err
 	}
 	client := worker.NewClient(asynqRdb, spec.Queue)
-	e, err := reactor.NewEngine(ctx, reactor.Config{Client: engineRdb, Prefix: spec.Prefix, Enqueuer: countingEnqueuer{inner: client, c: cnt},
-		Logger: slog.New(slog.DiscardHandler)})
+	cfg := reactor.Config{Client: engineRdb, Prefix: spec.Prefix, Enqueuer: countingEnqueuer{inner: client, c: cnt},
+		Logger: slog.New(slog.DiscardHandler)}
+	var tracer *sdktrace.TracerProvider
+	if spec.Traced {
+		tracer = sdktrace.NewTracerProvider(sdktrace.WithSampler(sdktrace.AlwaysSample()), sdktrace.WithBatcher(dropSpans{}))
+		cfg.TracerProvider = tracer
+	}
+	e, err := reactor.NewEngine(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -208,7 +220,7 @@ func newHost(ctx context.Context, spec poolSpec, engineRdb, asynqRdb *redis.Clie
 	if err := e.Register(defs...); err != nil {
 		return nil, err
 	}
-	h := &host{engine: e, world: w, inline: inline, fanOut: fanOut, enqueue: client, books: books}
+	h := &host{engine: e, world: w, inline: inline, fanOut: fanOut, enqueue: client, books: books, tracer: tracer}
 	if !ownBooks {
 		h.books = nil // not ours to close
 	}
@@ -218,6 +230,9 @@ func newHost(ctx context.Context, spec poolSpec, engineRdb, asynqRdb *redis.Clie
 func (h *host) close() {
 	if h.books != nil {
 		_ = h.books.Close()
+	}
+	if h.tracer != nil {
+		_ = h.tracer.Shutdown(context.Background())
 	}
 }
 
@@ -405,3 +420,10 @@ func splitList(s string) []string {
 	}
 	return out
 }
+
+// dropSpans is a span exporter that drops what it is given: the traced
+// benchmark pays for recording and batching spans, not for a collector.
+type dropSpans struct{}
+
+func (dropSpans) ExportSpans(context.Context, []sdktrace.ReadOnlySpan) error { return nil }
+func (dropSpans) Shutdown(context.Context) error                             { return nil }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -29,7 +30,12 @@ type report struct {
 
 	AsynqBaselineTasksPerSec float64 `json:"asynq_baseline_tasks_per_sec"`
 	FanoutElementsPerSec     float64 `json:"fanout_elements_per_sec"`
-	BaselineRatio            float64 `json:"baseline_ratio"`
+	// FanoutTracedElementsPerSec and FanoutUntracedElementsPerSec are the
+	// same measure with a recording tracer provider on the owner and the
+	// workers and without one: medians of alternated rounds.
+	FanoutTracedElementsPerSec   float64 `json:"fanout_traced_elements_per_sec"`
+	FanoutUntracedElementsPerSec float64 `json:"fanout_untraced_elements_per_sec"`
+	BaselineRatio                float64 `json:"baseline_ratio"`
 
 	RoundtripsPerElementForward       float64  `json:"roundtrips_per_element_forward"`
 	RoundtripsPerElementRollback      float64  `json:"roundtrips_per_element_rollback"`
@@ -121,6 +127,24 @@ func (b *bench) defaultRun(ctx context.Context) (*report, error) {
 	}
 	r.FanoutElementsPerSec = fanRate
 
+	// The same throughput with tracing on, owner and workers alike, against
+	// tracing off: alternated rounds (a busy machine drifts), medians.
+	var on, off []float64
+	for range tracingRounds {
+		for _, tr := range []bool{false, true} {
+			rate, err := b.tracedThroughput(ctx, tr)
+			if err != nil {
+				return nil, err
+			}
+			if tr {
+				on = append(on, rate)
+			} else {
+				off = append(off, rate)
+			}
+		}
+	}
+	r.FanoutUntracedElementsPerSec, r.FanoutTracedElementsPerSec = median(off), median(on)
+
 	bareQueue := b.queues[0] + "-bare"
 	b.queues = append(b.queues, bareQueue)
 	bare := b.spec(kindBare, nil)
@@ -187,6 +211,9 @@ func (r *report) print(w io.Writer) {
 	row("  bare asynq no-op tasks", fmt.Sprintf("%.0f", r.AsynqBaselineTasksPerSec), "same server configuration")
 	row("  fan-out elements", fmt.Sprintf("%.0f", r.FanoutElementsPerSec), fmt.Sprintf("B = %d (one batch)", r.Elements))
 	row("  ratio", fmt.Sprintf("%.2f", r.BaselineRatio), fmt.Sprintf("an element costs %.1f bare tasks", 1/r.BaselineRatio))
+	row("  fan-out elements, tracing off / on", fmt.Sprintf("%.0f / %.0f", r.FanoutUntracedElementsPerSec, r.FanoutTracedElementsPerSec),
+		fmt.Sprintf("on = %.2fx off (medians of %d alternated rounds; on: every span recorded and batched)",
+			r.FanoutTracedElementsPerSec/r.FanoutUntracedElementsPerSec, tracingRounds))
 	tw.Flush()
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
@@ -237,4 +264,37 @@ func mib(b uint64) string {
 		return "-"
 	}
 	return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
+}
+
+// tracingRounds is how many times the throughput is measured with tracing
+// off and on, alternately.
+const tracingRounds = 3
+
+// tracedThroughput measures the fan-out throughput on a fresh pool (and
+// owner) with tracing on or off.
+func (b *bench) tracedThroughput(ctx context.Context, traced bool) (rate float64, err error) {
+	spec := b.spec(kindReactor, []int{b.cfg.batch, b.cfg.elements})
+	spec.Traced = traced
+	err = b.withPool(ctx, spec, b.cfg.procs, func() error {
+		owner, err := newHost(ctx, spec, b.owner, b.owner, nil, b.bursts)
+		if err != nil {
+			return err
+		}
+		defer owner.close()
+		main := b.host
+		b.host = owner
+		defer func() { b.host = main }()
+		rate, _, err = b.fanOutThroughput(ctx, b.cfg.elements)
+		return err
+	})
+	return rate, err
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	return s[len(s)/2]
 }
