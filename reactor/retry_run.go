@@ -73,12 +73,22 @@ func (e *Engine) Retry(ctx context.Context, id string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// Inputs the definition no longer accepts (a deploy changed them) are
+	// refused before anything is recorded.
+	if _, err := def.checkInputs(st.Inputs); err != nil {
+		return nil, fmt.Errorf("reactor: retry of run %s: %w", id, err)
+	}
 	if record {
 		// Decide, save, then act: the attempt is on the original before
 		// its run exists, so a request repeated after a crash finds it and
 		// creates that run, not a second one.
 		if err := e.recordRetry(ctx, st, version, lease.Token(), newID); err != nil {
 			return nil, err
+		}
+		if hook := retryAfterRecord; hook != nil {
+			if err := hook(id); err != nil {
+				return nil, err
+			}
 		}
 	}
 	inputs := make(map[string]any, len(st.Inputs))
@@ -100,6 +110,11 @@ func (e *Engine) Retry(ctx context.Context, id string) (*Result, error) {
 	e.log.InfoContext(ctx, "run retried", "event", "reactor.run.retried", "run", id, "retry", newID, "reactor", st.Reactor)
 	return res, nil
 }
+
+// retryAfterRecord is a test-only failpoint (retry_export_test.go) between
+// the record of a retry on the original and the retry's creation: an error
+// stops Retry there, as a crash would.
+var retryAfterRecord func(id string) error
 
 // retryID is the id of the n-th retry of run id.
 func retryID(id string, n int) string { return id + "-retry-" + strconv.Itoa(n) }
