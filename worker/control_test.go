@@ -376,3 +376,35 @@ func TestControlInvalidatedAndMalformedRequestsAreArchived(t *testing.T) {
 	info = f.awaitTaskState("ctl:unknown-action", asynq.TaskStateArchived)
 	require.Contains(t, info.LastErr, `unknown action "resolve"`)
 }
+
+// A control request whose run another process holds snoozes, without
+// spending asynq's retry budget, and is carried out once the run is free.
+func TestControlRequestOnALockedRunSnoozes(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	api := f.engine("api")
+	wk := f.engine("worker", func(c *reactor.Config) { c.UndoLockWait = 20 * time.Millisecond })
+	tr := &trail{}
+	def := reactor.MustDefine("ctl_locked", step(tr, "a", nil))
+	require.NoError(t, wk.Register(def))
+	ctx := ctxTimeout(t)
+	done, err := api.Run(ctx, def, nil)
+	require.NoError(t, err)
+	req, err := f.controller().Request(ctx, done.RunID, worker.ActionUndo)
+	require.NoError(t, err)
+	lockKey := f.prefix + ":{run:" + done.RunID + "}:lock"
+	require.NoError(t, f.rdb.Set(ctx, lockKey, "another-process", time.Minute).Err())
+	f.startWorker(wk, func(c *worker.Config) { c.Snooze = 20 * time.Millisecond })
+
+	info := f.awaitTaskState(req.TaskID, asynq.TaskStateRetry)
+	require.Contains(t, info.LastErr, "snoozing")
+	require.Zero(t, info.Retried, "a snooze is not a failure")
+	require.Equal(t, []string{"run:a"}, tr.all())
+
+	require.NoError(t, f.rdb.Del(ctx, lockKey).Err())
+	f.awaitTaskState(req.TaskID, asynq.TaskStateCompleted)
+	run, err := api.Get(ctx, done.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, run.Status)
+	require.Equal(t, []string{"run:a", "undo:a"}, tr.all())
+}
