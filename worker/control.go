@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"time"
 
@@ -237,7 +238,7 @@ func decodeControl(b []byte) (controlPayload, error) {
 func (w *Worker) handleControl(ctx context.Context, t *asynq.Task) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
-			err = fmt.Errorf("worker: panic handling %s: %v", t.Type(), r)
+			err = fmt.Errorf("worker: panic handling %s: %v\n%s", t.Type(), r, debug.Stack())
 		}
 	}()
 	p, err := decodeControl(t.Payload())
