@@ -348,15 +348,29 @@ func elementFailure(step string, i int, f *reactor.Failure) *reactor.Failure {
 	return &out
 }
 
+// CancelCheckInterval is how often, at most, an inline map reads whether its
+// run was asked to cancel (Engine.Cancel, a dashboard's cancel), between two
+// elements: before its first element, then before each element that starts
+// at least this long after the last read. A cancel stops the map before its
+// next element once the interval or the element in progress is over,
+// whichever is later; the run then undoes the elements that completed. The
+// interval keeps the read off the path of small elements (one read per
+// hundred 1 ms elements instead of one per element, each of which already
+// costs a few round trips), while a slow element is followed by a read every
+// time.
+const CancelCheckInterval = 100 * time.Millisecond
+
 // runInline runs the elements one after another in this process, recording
 // each outcome as it settles, so a crash resumes after the last settled
-// element.
+// element. It honours a cancel request between elements (see
+// CancelCheckInterval).
 func (m *construct) runInline(ctx context.Context, c *reactor.ConstructContext, ms mapStore, st state, items itemsFunc) (codec.Raw, error) {
 	md, err := ms.readMeta(ctx, st.MapID)
 	if err != nil {
 		return nil, err
 	}
 	const chunk = 100
+	var checked time.Time // when the run's cancel request was last read
 	for from := 0; from < st.Total && !(md.Atomic && md.Failed); from += chunk {
 		to := min(from+chunk, st.Total) - 1
 		done, err := ms.results(ctx, st.MapID, from, to)
@@ -372,6 +386,18 @@ func (m *construct) runInline(ctx context.Context, c *reactor.ConstructContext, 
 				if chunkItems, err = items(ctx, from, to); err != nil {
 					return nil, err
 				}
+			}
+			if time.Since(checked) >= CancelCheckInterval {
+				// Between elements: a cancel stops the map here, and the
+				// run rolls back the elements settled so far.
+				cancel, err := c.CancelRequested(ctx)
+				if err != nil {
+					return nil, err
+				}
+				if cancel {
+					return nil, reactor.ErrCancelRequested
+				}
+				checked = time.Now()
 			}
 			o, err := runInlineElement(ctx, c.Engine, m.cfg.Element, md, st.MapID, i, chunkItems[i-from])
 			if err != nil {

@@ -56,6 +56,8 @@ type ConstructContext struct {
 
 	state Raw
 	save  func(ctx context.Context, state Raw) error
+	// cancel asks whether a cancel was requested (control.go); nil outside Run.
+	cancel func(ctx context.Context) (bool, error)
 }
 
 // State returns what the construct saved for this step (nil at first).
@@ -159,6 +161,7 @@ func (x *execution) runConstruct(ctx context.Context, f *frame, s *stepDef, args
 		f.st.Constructs[s.name] = state
 		return x.checkpoint(ctx)
 	}
+	cc.cancel = x.cancelRequested
 	x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1})
 	var val Raw
 	err := x.call(ctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1}, 0, func(cctx context.Context) error {
@@ -171,6 +174,11 @@ func (x *execution) runConstruct(ctx context.Context, f *frame, s *stepDef, args
 	}
 	if isDispatch(err) {
 		return stepOutcome{}, errDispatch
+	}
+	if errors.Is(err, ErrCancelRequested) {
+		// Stopped between its parts for a cancel: its saved state goes on
+		// the undo stack (startRollback), so what it did is undone.
+		return stepOutcome{kind: outCancel, failure: newCancelFailure("cancelled on request")}, nil
 	}
 	if err != nil && x.pastDeadline(0) {
 		// Its parts (an inline map's elements) were cut short by the run's

@@ -561,14 +561,9 @@ func (e *Engine) Undo(ctx context.Context, id string) (*Result, error) {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	switch {
-	case treeRollingBack(st):
+	if err := undoable(st); err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
-		return nil, &StatusError{RunID: id, Status: StatusRollingBack, Op: "undo", Err: ErrRollbackInProgress}
-	case st.Status == StatusCompleted, st.Status == StatusHalted, st.Status == StatusAborted:
-	default:
-		_ = lease.Release(context.WithoutCancel(ctx))
-		return nil, &StatusError{RunID: id, Status: st.Status, Op: "undo", Err: ErrNotUndoable}
+		return nil, err
 	}
 	def, err := e.lookup(st.Reactor)
 	if err != nil {
@@ -636,7 +631,9 @@ func (e *Engine) undoElement(ctx context.Context, id string, wait time.Duration)
 
 // Cancel stops a run that has not finished and rolls back what it completed;
 // the run ends cancelled. A run executing in another process is asked to
-// cancel and does so at its next checkpoint. A finished run is refused with
+// cancel and does so at its next checkpoint (before its next step, or an
+// inline map's next element; a cancel that arrives during the last step is
+// too late, and the run completes: Undo it). A finished run is refused with
 // ErrAlreadyFinished (use Undo), a rolling-back one with
 // ErrRollbackInProgress.
 func (e *Engine) Cancel(ctx context.Context, id string) error {
@@ -682,12 +679,25 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 	return err
 }
 
+// undoable is Undo's status rule (Check shares it): a finished run that kept
+// what it did.
+func undoable(st *runState) error {
+	switch {
+	case treeRollingBack(st):
+		return &StatusError{RunID: st.ID, Status: StatusRollingBack, Op: string(OpUndo), Err: ErrRollbackInProgress}
+	case st.Status == StatusCompleted, st.Status == StatusHalted, st.Status == StatusAborted:
+		return nil
+	}
+	return &StatusError{RunID: st.ID, Status: st.Status, Op: string(OpUndo), Err: ErrNotUndoable}
+}
+
+// cancelable is Cancel's status rule (Check shares it).
 func cancelable(st *runState) error {
 	switch {
 	case treeRollingBack(st):
-		return &StatusError{RunID: st.ID, Status: StatusRollingBack, Op: "cancel", Err: ErrRollbackInProgress}
+		return &StatusError{RunID: st.ID, Status: StatusRollingBack, Op: string(OpCancel), Err: ErrRollbackInProgress}
 	case st.Status.Terminal():
-		return &StatusError{RunID: st.ID, Status: st.Status, Op: "cancel", Err: ErrAlreadyFinished}
+		return &StatusError{RunID: st.ID, Status: st.Status, Op: string(OpCancel), Err: ErrAlreadyFinished}
 	}
 	return nil
 }

@@ -33,6 +33,8 @@ type runOptions struct {
 	// noWait: Run returns where the run leaves this process (NoWait,
 	// run_wait.go).
 	noWait bool
+	// retryOf is the run a new run retries (Engine.Retry, retry_run.go).
+	retryOf string
 }
 
 // callKind is the call a set of options was given to.
@@ -166,7 +168,7 @@ func (o runOptions) startDelay(now time.Time) time.Duration {
 
 // applyTo stores what the options ask of a new run on its state.
 func (o runOptions) applyTo(st *runState) {
-	st.Queue, st.Trace = o.queue, o.trace
+	st.Queue, st.Trace, st.RetryOf = o.queue, o.trace, o.retryOf
 	if !o.deadline.IsZero() {
 		st.Deadline = o.deadline.UnixMilli()
 	}

@@ -47,6 +47,11 @@ type runState struct {
 	Trace string `msgpack:"tr,omitempty"`
 	// Elem is where an element run belongs (nil for any other run).
 	Elem *elementRec `msgpack:"el,omitempty"`
+	// RetryOf is the run this one retries (Engine.Retry); RetriedBy lists
+	// the retries of this run, oldest first, each recorded before it is
+	// created (retry_run.go).
+	RetryOf   string   `msgpack:"rof,omitempty"`
+	RetriedBy []string `msgpack:"rby,omitempty"`
 
 	Value     Raw      `msgpack:"v,omitempty"`
 	Failure   *Failure `msgpack:"f,omitempty"`
@@ -179,7 +184,13 @@ type Run struct {
 	// TraceID is the run's trace id (see RunInfo.TraceID).
 	TraceID string
 	// Element is set for a map element run (Engine.Element).
-	Element   *ElementInfo
+	Element *ElementInfo
+	// RetryOf is the id of the run this run retries (Engine.Retry); "" for
+	// a run started otherwise.
+	RetryOf string
+	// RetriedBy lists the ids of the runs that retry this one, oldest
+	// first.
+	RetriedBy []string
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
@@ -197,6 +208,7 @@ func (st *runState) view(d *Definition, version int64) *Run {
 	r := &Run{ID: st.ID, Reactor: st.Reactor, Status: st.Status, Version: version, Inputs: st.Inputs,
 		Ledger: st.Ledger, Rollback: st.Rollback, Rollbacks: st.Undone, Value: st.Value,
 		Failure: st.Failure, Reason: st.Reason, Wake: st.Wake, Queue: st.Queue, TraceID: st.Trace,
+		RetryOf: st.RetryOf, RetriedBy: st.RetriedBy,
 		CreatedAt: time.UnixMilli(st.CreatedAt), UpdatedAt: time.UnixMilli(st.UpdatedAt)}
 	if st.Deadline != 0 {
 		r.Deadline = time.UnixMilli(st.Deadline)

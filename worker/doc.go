@@ -19,4 +19,12 @@
 // waiting. A payload that cannot be decoded is archived with the reason; an
 // unknown reactor name is retried, because a rolling deploy may not have the
 // definition on every worker yet.
+//
+// A Controller is the operator's side: from a process without definitions
+// (a dashboard) it validates an undo, cancel or retry against the stored run
+// by the engine's own rules (reactor.Engine.Check) and queues a control task
+// (TypeControl) whose id names the request, "ctl:<run>:<action>:<version>",
+// so a double click queues one. A worker carries it out with Engine.Undo,
+// Cancel or Retry; a request that no longer applies by then is archived
+// with the engine's reason.
 package worker

@@ -62,7 +62,7 @@ type Config struct {
 // reach metrics through reactor.Config.Hooks instead.
 type Observer interface {
 	// ObserveTask is called once per delivery of a task: task is "run",
-	// "element" or "rollback"; outcome is "done" (the handler succeeded),
+	// "element", "rollback" or "control" (a Controller's request); outcome is "done" (the handler succeeded),
 	// "snoozed" (the run was locked elsewhere; delivered again shortly),
 	// "dropped" (the task can never succeed and is archived) or "error"
 	// (retried by the queue).
@@ -163,6 +163,7 @@ func New(engine *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker 
 	w.mux.HandleFunc(TypeRun, w.observe("run", w.handleRun))
 	w.mux.HandleFunc(TypeElement, w.observe("element", w.handleElement))
 	w.mux.HandleFunc(TypeRollback, w.observe("rollback", w.handleRollback))
+	w.mux.HandleFunc(TypeControl, w.observe("control", w.handleControl))
 	w.srv = asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:              cfg.Concurrency,
 		Queues:                   cfg.Queues,

@@ -1,0 +1,281 @@
+package reactor_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// wakeLog is an Enqueuer that records the wake-ups it is given; the test
+// executes them itself (Resume), as a worker would.
+type wakeLog struct {
+	mu    sync.Mutex
+	wakes []reactor.Wake
+}
+
+func (q *wakeLog) Enqueue(_ context.Context, w reactor.Wake) error {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	q.wakes = append(q.wakes, w)
+	return nil
+}
+
+func (q *wakeLog) last() reactor.Wake {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.wakes[len(q.wakes)-1]
+}
+
+// flaky is a reactor whose one step fails while fail is set, recording the
+// input it saw.
+func flaky(name string, fail *atomic.Bool, seen *[]int, mu *sync.Mutex) *reactor.Definition {
+	type in struct {
+		N int `json:"n"`
+	}
+	return reactor.MustDefine(name,
+		reactor.Input[int]("n", reactor.Required()),
+		reactor.Step("charge", reactor.StepConfig[in, int]{
+			Args: reactor.Bindings{"n": reactor.FromInput("n")},
+			Run: func(_ context.Context, a in) (int, error) {
+				mu.Lock()
+				*seen = append(*seen, a.N)
+				mu.Unlock()
+				if fail.Load() {
+					return 0, reactor.Permanent(errors.New("card declined"))
+				}
+				return a.N * 2, nil
+			},
+		}),
+		reactor.Returns(reactor.FromStep("charge")),
+	)
+}
+
+// A failed run is retried under a derived id with the same inputs, on the
+// same queue, with the same deadline budget, linked both ways; the
+// original's expiry is left as it was.
+func TestRetryRunsTheFailedRunAgainLinkedBothWays(t *testing.T) {
+	t.Parallel()
+	q := &wakeLog{}
+	env := newEnv(t, func(c *reactor.Config) { c.Enqueuer = q })
+	ctx := ctxTimeout(t)
+	var fail atomic.Bool
+	var seen []int
+	var mu sync.Mutex
+	fail.Store(true)
+	def := flaky("retry_flaky", &fail, &seen, &mu)
+
+	res, err := env.engine.Run(ctx, def, map[string]any{"n": 21}, reactor.WithQueue("billing"), reactor.WithTimeout(time.Hour))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	orig, err := env.engine.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	stateKey := env.prefix + ":{run:" + res.RunID + "}:ctx"
+	ttlBefore, err := env.rdb.PTTL(ctx, stateKey).Result()
+	require.NoError(t, err)
+	require.Positive(t, ttlBefore)
+
+	retried, err := env.engine.Retry(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, res.RunID+"-retry-1", retried.RunID)
+	require.Equal(t, reactor.StatusPending, retried.Status)
+	require.Equal(t, reactor.OutcomeDispatched, retried.Outcome())
+	w := q.last()
+	require.Equal(t, retried.RunID, w.RunID)
+	require.Equal(t, "billing", w.Queue, "the retry's wake-ups go to the original's queue")
+
+	after, err := env.engine.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, []string{retried.RunID}, after.RetriedBy)
+	require.Equal(t, reactor.StatusFailed, after.Status)
+	ttlAfter, err := env.rdb.PTTL(ctx, stateKey).Result()
+	require.NoError(t, err)
+	require.Positive(t, ttlAfter, "the original still expires")
+	require.LessOrEqual(t, ttlAfter, ttlBefore, "the retry did not extend the original's retention")
+
+	nr, err := env.engine.Get(ctx, retried.RunID)
+	require.NoError(t, err)
+	require.Equal(t, res.RunID, nr.RetryOf)
+	require.Equal(t, orig.Inputs, nr.Inputs)
+	require.Equal(t, "billing", nr.Queue)
+	budget := orig.Deadline.Sub(orig.CreatedAt)
+	require.WithinDuration(t, nr.CreatedAt.Add(budget), nr.Deadline, 2*time.Second, "the deadline carries over as a budget")
+
+	fail.Store(false)
+	final, err := env.engine.Resume(ctx, retried.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status)
+	v, err := reactor.ValueOf[int](final)
+	require.NoError(t, err)
+	require.Equal(t, 42, v)
+	mu.Lock()
+	require.Equal(t, []int{21, 21}, seen, "the retry ran with the original's inputs")
+	mu.Unlock()
+}
+
+// The retry rules: only failed and cancelled runs; not while the latest
+// retry is live or after it completed; again once it failed. Check gives
+// the same answer, word for word, without a definition.
+func TestRetryRules(t *testing.T) {
+	t.Parallel()
+	q := &wakeLog{}
+	env := newEnv(t, func(c *reactor.Config) { c.Enqueuer = q })
+	ctx := ctxTimeout(t)
+	// A process that holds no definitions (a dashboard) checks.
+	reader, err := reactor.NewEngine(ctx, reactor.Config{Client: env.rdb, Prefix: env.prefix})
+	require.NoError(t, err)
+	var fail atomic.Bool
+	var seen []int
+	var mu sync.Mutex
+	def := flaky("retry_rules", &fail, &seen, &mu)
+
+	refused := func(id string, want error, status reactor.Status) {
+		t.Helper()
+		_, rerr := env.engine.Retry(ctx, id)
+		var se *reactor.StatusError
+		require.ErrorAs(t, rerr, &se)
+		require.ErrorIs(t, rerr, want)
+		require.Equal(t, status, se.Status)
+		require.Equal(t, "retry", se.Op)
+		_, cerr := reader.Check(ctx, id, reactor.OpRetry)
+		require.Error(t, cerr)
+		require.Equal(t, rerr.Error(), cerr.Error(), "Check says what Retry says")
+	}
+
+	done, err := env.engine.Run(ctx, def, map[string]any{"n": 1})
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, done.Status)
+	refused(done.RunID, reactor.ErrNotRetryable, reactor.StatusCompleted)
+
+	halted, err := env.engine.Run(ctx, reactor.MustDefine("retry_halts",
+		reactor.Step("stop", reactor.StepConfig[reactor.Args, int]{
+			Run: func(context.Context, reactor.Args) (int, error) { return 0, reactor.Halt("enough") },
+		})), nil)
+	require.NoError(t, err)
+	refused(halted.RunID, reactor.ErrNotRetryable, reactor.StatusHalted)
+
+	fail.Store(true)
+	failed, err := env.engine.Run(ctx, def, map[string]any{"n": 2})
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, failed.Status)
+	_, err = reader.Check(ctx, failed.RunID, reactor.OpRetry)
+	require.NoError(t, err)
+	first, err := env.engine.Retry(ctx, failed.RunID)
+	require.NoError(t, err)
+
+	// A second request while the first retry is pending creates nothing.
+	_, err = env.engine.Retry(ctx, failed.RunID)
+	require.ErrorContains(t, err, "already retried as "+first.RunID+", which is pending")
+	refused(failed.RunID, reactor.ErrAlreadyRetried, reactor.StatusFailed)
+
+	// The retry fails too: the original may be retried again, attempt 2.
+	res, err := env.engine.Resume(ctx, first.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	second, err := env.engine.Retry(ctx, failed.RunID)
+	require.NoError(t, err)
+	require.Equal(t, failed.RunID+"-retry-2", second.RunID)
+	orig, err := env.engine.Get(ctx, failed.RunID)
+	require.NoError(t, err)
+	require.Equal(t, []string{first.RunID, second.RunID}, orig.RetriedBy)
+
+	// Once a retry completed, the original is settled.
+	fail.Store(false)
+	res, err = env.engine.Resume(ctx, second.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+	_, err = env.engine.Retry(ctx, failed.RunID)
+	require.ErrorContains(t, err, "already retried as "+second.RunID+", which completed")
+	refused(failed.RunID, reactor.ErrAlreadyRetried, reactor.StatusFailed)
+
+	// A cancelled run (undone: everything rolled back) is retryable.
+	undone, err := env.engine.Undo(ctx, done.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, undone.Status)
+	again, err := env.engine.Retry(ctx, done.RunID)
+	require.NoError(t, err)
+	require.Equal(t, done.RunID+"-retry-1", again.RunID)
+
+	_, err = env.engine.Retry(ctx, "no-such-run")
+	require.ErrorIs(t, err, reactor.ErrNotFound)
+	_, err = reader.Check(ctx, "no-such-run", reactor.OpRetry)
+	require.ErrorIs(t, err, reactor.ErrNotFound)
+	_, err = reader.Retry(ctx, failed.RunID)
+	require.ErrorIs(t, err, reactor.ErrNoEnqueuer)
+}
+
+// A retry recorded on the original whose run was never created (the
+// process died in between) is created under the recorded id by the next
+// request, never under a second one. Not parallel: it sets a failpoint.
+func TestRetryAfterACrashCreatesTheRecordedAttempt(t *testing.T) {
+	q := &wakeLog{}
+	env := newEnv(t, func(c *reactor.Config) { c.Enqueuer = q })
+	ctx := ctxTimeout(t)
+	var fail atomic.Bool
+	var seen []int
+	var mu sync.Mutex
+	fail.Store(true)
+	def := flaky("retry_crash", &fail, &seen, &mu)
+	res, err := env.engine.Run(ctx, def, map[string]any{"n": 3})
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+
+	crash := errors.New("process died")
+	reactor.SetRetryAfterRecord(func(string) error { return crash })
+	_, err = env.engine.Retry(ctx, res.RunID)
+	reactor.SetRetryAfterRecord(nil)
+	require.ErrorIs(t, err, crash)
+	orig, err := env.engine.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, []string{res.RunID + "-retry-1"}, orig.RetriedBy, "decided and saved before acting")
+	_, err = env.engine.Get(ctx, res.RunID+"-retry-1")
+	require.ErrorIs(t, err, reactor.ErrNotFound)
+
+	retried, err := env.engine.Retry(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, res.RunID+"-retry-1", retried.RunID)
+	orig, err = env.engine.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, []string{retried.RunID}, orig.RetriedBy)
+	nr, err := env.engine.Get(ctx, retried.RunID)
+	require.NoError(t, err)
+	require.Equal(t, res.RunID, nr.RetryOf)
+}
+
+// Check applies Undo's and Cancel's own rules, with their words.
+func TestCheckSharesUndoAndCancelRules(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	reader, err := reactor.NewEngine(ctx, reactor.Config{Client: env.rdb, Prefix: env.prefix})
+	require.NoError(t, err)
+	failing := reactor.MustDefine("check_fails", simple(env.trail, "a", reactor.Permanent(errors.New("no"))))
+	ok := reactor.MustDefine("check_ok", simple(env.trail, "a", nil))
+	failed, err := env.engine.Run(ctx, failing, nil)
+	require.NoError(t, err)
+	done, err := env.engine.Run(ctx, ok, nil)
+	require.NoError(t, err)
+
+	_, uerr := env.engine.Undo(ctx, failed.RunID)
+	require.ErrorIs(t, uerr, reactor.ErrNotUndoable)
+	_, cerr := reader.Check(ctx, failed.RunID, reactor.OpUndo)
+	require.EqualError(t, cerr, uerr.Error())
+
+	kerr := env.engine.Cancel(ctx, done.RunID)
+	require.ErrorIs(t, kerr, reactor.ErrAlreadyFinished)
+	run, cerr := reader.Check(ctx, done.RunID, reactor.OpCancel)
+	require.EqualError(t, cerr, kerr.Error())
+	require.Equal(t, done.RunID, run.ID)
+
+	run, err = reader.Check(ctx, done.RunID, reactor.OpUndo)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, run.Status)
+	_, err = reader.Check(ctx, done.RunID, reactor.Op("resolve"))
+	require.ErrorContains(t, err, `unknown operation "resolve"`)
+}

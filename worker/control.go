@@ -1,0 +1,279 @@
+package worker
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strconv"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// TypeControl carries out an operator's request on a stored run (undo,
+// cancel, retry), enqueued by a Controller.
+const TypeControl = "goreactor:control"
+
+// Action is what a control request asks of a stored run.
+type Action string
+
+// Control actions, each carried out by a worker with the engine call of the
+// same name.
+const (
+	// ActionUndo rolls back a finished run that kept its effects
+	// (reactor.Engine.Undo).
+	ActionUndo Action = "undo"
+	// ActionCancel stops a live run at its next checkpoint and rolls it
+	// back (reactor.Engine.Cancel).
+	ActionCancel Action = "cancel"
+	// ActionRetry runs a failed or cancelled run again under a new id
+	// (reactor.Engine.Retry).
+	ActionRetry Action = "retry"
+)
+
+// ParseAction returns the Action named s ("undo", "cancel", "retry").
+func ParseAction(s string) (Action, error) {
+	switch a := Action(s); a {
+	case ActionUndo, ActionCancel, ActionRetry:
+		return a, nil
+	}
+	return "", fmt.Errorf("worker: unknown action %q: want %q, %q or %q", s, ActionUndo, ActionCancel, ActionRetry)
+}
+
+func (a Action) op() (reactor.Op, error) {
+	switch a {
+	case ActionUndo:
+		return reactor.OpUndo, nil
+	case ActionCancel:
+		return reactor.OpCancel, nil
+	case ActionRetry:
+		return reactor.OpRetry, nil
+	}
+	_, err := ParseAction(string(a))
+	return "", err
+}
+
+// DefaultControlRetention is how long a carried-out control request stays
+// recorded in asynq, unless ControllerConfig.Retention says otherwise.
+const DefaultControlRetention = 10 * time.Minute
+
+// ControllerConfig configures a Controller.
+type ControllerConfig struct {
+	// Client is the Redis client holding the runs and the workers' asynq
+	// queues. Required.
+	Client redis.UniversalClient
+	// Prefix is the runs' key prefix, as the workers' engines have it.
+	// Default "goreactor".
+	Prefix string
+	// Queue is the asynq queue the control tasks go to: one the workers
+	// serve. Default DefaultQueue, the workers' default.
+	Queue string
+	// Retention keeps a carried-out request recorded this long, so that the
+	// same request made again (a double click) is still recognised as a
+	// duplicate after a worker finished it. Default
+	// DefaultControlRetention (10 minutes).
+	Retention time.Duration
+	// Logger receives the controller's logs. Default slog.Default().
+	Logger *slog.Logger
+}
+
+// WithDefaults returns c with every unset field at its default.
+func (c ControllerConfig) WithDefaults() ControllerConfig {
+	if c.Prefix == "" {
+		c.Prefix = keys.DefaultPrefix
+	}
+	if c.Queue == "" {
+		c.Queue = DefaultQueue
+	}
+	if c.Retention <= 0 {
+		c.Retention = DefaultControlRetention
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+func (c ControllerConfig) validate() error {
+	if c.Client == nil {
+		return errors.New("worker: ControllerConfig.Client is required")
+	}
+	return nil
+}
+
+// Controller turns an operator's request on a stored run (undo, cancel,
+// retry) into a control task that a worker carries out. It holds no reactor
+// definitions, so a process without them (a dashboard) can use it: it
+// validates the request against the stored run by the engine's own rules,
+// then enqueues. It is safe for concurrent use.
+type Controller struct {
+	cfg    ControllerConfig
+	engine *reactor.Engine // reads runs only: no definitions, no Enqueuer
+	client *asynq.Client
+}
+
+// NewController returns a Controller. It loads the engine's Lua scripts, so
+// an unreachable Redis fails here. It does not own cfg.Client.
+func NewController(ctx context.Context, cfg ControllerConfig) (*Controller, error) {
+	cfg = cfg.WithDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	e, err := reactor.NewEngine(ctx, reactor.Config{Client: cfg.Client, Prefix: cfg.Prefix, Logger: cfg.Logger})
+	if err != nil {
+		return nil, err
+	}
+	return &Controller{cfg: cfg, engine: e, client: asynq.NewClientFromRedisClient(cfg.Client)}, nil
+}
+
+// Request is a control request as it was queued.
+type Request struct {
+	RunID  string
+	Action Action
+	// TaskID is the control task's id, "ctl:<run>:<action>:<n>", with n
+	// the run's version when the request was made.
+	TaskID string
+	// Duplicate is true when the same request was already queued (or was
+	// carried out within the retention): nothing new was queued.
+	Duplicate bool
+}
+
+// Request validates action on run runID and queues it for a worker. An
+// unknown run is an error wrapping reactor.ErrNotFound; a status that
+// refuses the action is a *reactor.StatusError whose message is the
+// engine's reason (what Engine.Undo, Cancel or Retry would say now). The
+// task id names the request: the action and the run's version, so the same
+// request made twice before the run changes (a double click) queues one
+// task and reports Duplicate. The worker checks again when it carries the
+// request out; a request that no longer applies by then (the run finished,
+// was undone) is archived with the reason, not retried.
+func (c *Controller) Request(ctx context.Context, runID string, action Action) (Request, error) {
+	op, err := action.op()
+	if err != nil {
+		return Request{}, err
+	}
+	run, err := c.engine.Check(ctx, runID, op)
+	if err != nil {
+		return Request{}, err
+	}
+	p := controlPayload{RunID: runID, Action: action, Version: run.Version}
+	req := Request{RunID: runID, Action: action, TaskID: p.taskID()}
+	body, err := codec.Marshal(p)
+	if err != nil {
+		return Request{}, err
+	}
+	_, err = c.client.EnqueueContext(ctx, asynq.NewTask(TypeControl, body), asynq.TaskID(req.TaskID), asynq.Queue(c.cfg.Queue),
+		asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout), asynq.Retention(c.cfg.Retention))
+	switch {
+	case errors.Is(err, asynq.ErrTaskIDConflict):
+		req.Duplicate = true
+	case err != nil:
+		return Request{}, fmt.Errorf("worker: enqueue %s: %w", req.TaskID, err)
+	}
+	c.cfg.Logger.InfoContext(ctx, "control request queued", "event", "worker.control.requested", "run", runID,
+		"action", string(action), "task", req.TaskID, "duplicate", req.Duplicate)
+	return req, nil
+}
+
+// Named returns c for callers that name actions by string (an HTTP
+// handler): see NamedController.
+func (c *Controller) Named() NamedController { return NamedController{c: c} }
+
+// NamedController is a Controller whose Request takes the action by name.
+type NamedController struct{ c *Controller }
+
+// Request is Controller.Request with the action by name ("undo", "cancel",
+// "retry"; another is an error from ParseAction). It returns the control
+// task's id and whether the request was a duplicate.
+func (n NamedController) Request(ctx context.Context, runID, action string) (taskID string, duplicate bool, err error) {
+	a, err := ParseAction(action)
+	if err != nil {
+		return "", false, err
+	}
+	req, err := n.c.Request(ctx, runID, a)
+	return req.TaskID, req.Duplicate, err
+}
+
+// controlPayload is the payload of a control task (msgpack).
+type controlPayload struct {
+	RunID  string `msgpack:"run"`
+	Action Action `msgpack:"action"`
+	// Version is the run's version when the request was made: it names the
+	// request in the task id.
+	Version int64 `msgpack:"v"`
+}
+
+func (p controlPayload) taskID() string {
+	return "ctl:" + p.RunID + ":" + string(p.Action) + ":" + strconv.FormatInt(p.Version, 10)
+}
+
+// errMalformedControl marks a control payload no retry can fix.
+var errMalformedControl = errors.New("worker: malformed control payload")
+
+func decodeControl(b []byte) (controlPayload, error) {
+	var p controlPayload
+	if err := codec.Unmarshal(b, &p); err != nil {
+		return p, fmt.Errorf("%w: %v", errMalformedControl, err)
+	}
+	if err := keys.ValidateID(p.RunID); err != nil {
+		return p, fmt.Errorf("%w: run id: %v", errMalformedControl, err)
+	}
+	if _, err := p.Action.op(); err != nil {
+		return p, fmt.Errorf("%w: %v", errMalformedControl, err)
+	}
+	return p, nil
+}
+
+// handleControl carries out a control request with the engine's own call.
+// A request that no longer applies (the run finished or was undone since,
+// or is gone) is archived with the engine's reason: retrying cannot make it
+// apply. A run locked by another process snoozes the request.
+func (w *Worker) handleControl(ctx context.Context, t *asynq.Task) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("worker: panic handling %s: %v\n%s", t.Type(), r, debug.Stack())
+		}
+	}()
+	p, err := decodeControl(t.Payload())
+	if err != nil {
+		w.log.Error("archiving undecodable task", "event", "worker.task.malformed", "type", t.Type(), "error", err)
+		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
+	}
+	attrs := []any{"run", p.RunID, "action", string(p.Action), "requested_at_version", p.Version}
+	var res *reactor.Result
+	switch p.Action {
+	case ActionUndo:
+		res, err = w.engine.Undo(ctx, p.RunID)
+	case ActionCancel:
+		err = w.engine.Cancel(ctx, p.RunID)
+	case ActionRetry:
+		res, err = w.engine.Retry(ctx, p.RunID)
+		if res != nil {
+			attrs = append(attrs, "retry", res.RunID)
+		}
+	}
+	var se *reactor.StatusError
+	switch {
+	case err == nil:
+		if res != nil {
+			attrs = append(attrs, "status", res.Status)
+		}
+		w.log.InfoContext(ctx, "control request carried out", append([]any{"event", "worker.control.done"}, attrs...)...)
+		return nil
+	case errors.Is(err, reactor.ErrRunLocked), errors.Is(err, reactor.ErrLockLost):
+		return &SnoozeError{RunID: p.RunID, Base: w.cfg.Snooze}
+	case errors.As(err, &se), errors.Is(err, reactor.ErrNotFound):
+		w.log.InfoContext(ctx, "control request no longer applies; archived", append([]any{"event", "worker.control.refused", "reason", err.Error()}, attrs...)...)
+		return fmt.Errorf("worker: %s of run %s no longer applies: %w: %w", p.Action, p.RunID, err, asynq.SkipRetry)
+	case errors.Is(err, reactor.ErrUnknownReactor):
+		w.unknownReactor(ctx, "", "control request", p.RunID)
+	}
+	return err
+}
