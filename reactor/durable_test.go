@@ -656,3 +656,48 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 		return nil
 	}
 }
+
+// A cancel requested while the run is in its last step (no checkpoint
+// follows it) is honoured by the terminal write: the run rolls back and
+// ends cancelled instead of completing with the request lost.
+func TestCancelDuringTheLastStep(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	tr := env.trail
+	ctx := ctxTimeout(t)
+	inB := make(chan struct{})
+	cancelled := make(chan struct{})
+	def := reactor.MustDefine("cancel-last",
+		simple(tr, "a", nil),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"a"},
+			Run: func(context.Context, reactor.Args) (int, error) {
+				tr.add("run:b")
+				close(inB)
+				<-cancelled
+				return 1, nil
+			},
+			Undo: func(context.Context, reactor.Args, int) error { tr.add("undo:b"); return nil },
+		}),
+	)
+	done := make(chan *reactor.Result)
+	go func() {
+		res, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("cancel-last-1"))
+		if err != nil {
+			t.Error(err)
+		}
+		done <- res
+	}()
+	<-inB
+	require.NoError(t, env.engine.Cancel(ctx, "cancel-last-1"), "a held run is asked to cancel")
+	close(cancelled)
+	res := <-done
+	require.Equal(t, reactor.StatusCancelled, res.Status)
+	require.Equal(t, []string{"run:a", "run:b", "undo:b", "undo:a"}, tr.all(), "the last step completed, then everything was undone")
+	run, err := env.engine.Get(ctx, "cancel-last-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, run.Status)
+	n, err := env.rdb.Exists(ctx, env.prefix+":{run:cancel-last-1}:cancel").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "the request is consumed by the cancelled run's terminal write")
+}

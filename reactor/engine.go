@@ -631,9 +631,9 @@ func (e *Engine) undoElement(ctx context.Context, id string, wait time.Duration)
 
 // Cancel stops a run that has not finished and rolls back what it completed;
 // the run ends cancelled. A run executing in another process is asked to
-// cancel and does so at its next checkpoint (before its next step, or an
-// inline map's next element; a cancel that arrives during the last step is
-// too late, and the run completes: Undo it). A finished run is refused with
+// cancel and does so at its next checkpoint: before its next step, an
+// inline map's next element, or its terminal write (a cancel that arrives
+// during the last step rolls back that step too). A finished run is refused with
 // ErrAlreadyFinished (use Undo), a rolling-back one with
 // ErrRollbackInProgress.
 func (e *Engine) Cancel(ctx context.Context, id string) error {

@@ -152,7 +152,10 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	}
 	opts := store.WriteOptions{}
 	if terminal {
-		opts = store.WriteOptions{Retention: x.e.cfg.Retention, Release: x.element}
+		// A run that would finish with its effects kept (completed,
+		// halted) while a cancel is pending rolls back instead.
+		guard := !x.element && (x.st.Status == StatusCompleted || x.st.Status == StatusHalted)
+		opts = store.WriteOptions{Retention: x.e.cfg.Retention, Release: x.element, UnlessCancelled: guard}
 		if x.element {
 			// An element run expires with its owner's tree, never on its
 			// own clock: a rollback of the map may still need it.
@@ -181,6 +184,10 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		x.revive = false
 	}
 	res, err := x.e.store.Write(ctx, x.target, x.lease.Token(), x.version, data, opts)
+	if errors.Is(err, store.ErrCancelPending) {
+		x.cancel = true
+		return errCancelPending
+	}
 	var conflict *store.VersionConflictError
 	if errors.Is(err, store.ErrLockNotHeld) || errors.As(err, &conflict) {
 		return fmt.Errorf("%w: %v", ErrLockLost, err)
@@ -341,10 +348,22 @@ func (x *execution) handOff(ctx context.Context, step, where string) error {
 	return &errHandOff{step: step}
 }
 
-// finish ends a frame in its current (terminal) status.
+// errCancelPending: the terminal write of a completed or halted run found
+// a cancel request (it came in during the last step).
+var errCancelPending = errors.New("reactor: a cancel was requested before the run finished")
+
+// finish ends a frame in its current (terminal) status. A root run that
+// completed or halted while a cancel request came in (during its last
+// step, which no checkpoint followed) honours the request: it rolls back
+// and ends cancelled instead.
 func (x *execution) finish(ctx context.Context, f *frame, ev EventKind) (*frameResult, error) {
 	if f.root {
-		if err := x.save(context.WithoutCancel(ctx), true); err != nil {
+		err := x.save(context.WithoutCancel(ctx), true)
+		if errors.Is(err, errCancelPending) {
+			f.st.Status, f.st.Value, f.st.Reason = StatusRunning, nil, ""
+			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
+		}
+		if err != nil {
 			return nil, err
 		}
 	}

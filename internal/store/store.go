@@ -141,7 +141,15 @@ type WriteOptions struct {
 	Retention time.Duration
 	// Release deletes the lock in the same script, after the write.
 	Release bool
+	// UnlessCancelled refuses the write with ErrCancelPending while a
+	// cancel is requested: a run that completed or halted while a cancel
+	// came in rolls back instead of finishing.
+	UnlessCancelled bool
 }
+
+// ErrCancelPending is returned by a write with UnlessCancelled while a
+// cancel request is pending.
+var ErrCancelPending = errors.New("store: a cancel is requested")
 
 // WriteResult is what a fenced write reports back.
 type WriteResult struct {
@@ -152,9 +160,12 @@ type WriteResult struct {
 // Write stores data if token holds t's lock and version is the stored
 // version. It returns ErrLockNotHeld or a *VersionConflictError otherwise.
 func (s *Store) Write(ctx context.Context, t Target, token string, version int64, data []byte, o WriteOptions) (WriteResult, error) {
-	release := "0"
+	release, unlessCancelled := "0", "0"
 	if o.Release {
 		release = "1"
+	}
+	if o.UnlessCancelled {
+		unlessCancelled = "1"
 	}
 	// One nonce per call: go-redis resends the same arguments after a lost
 	// reply, and only that resend may find its own write already done.
@@ -162,7 +173,7 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 	_, _ = rand.Read(nb[:])
 	nonce := hex.EncodeToString(nb[:])
 	res, err := writeScript.Run(ctx, s.rdb, []string{t.State, t.Lock, t.Cancel},
-		token, version, data, o.Retention.Milliseconds(), release, nonce, t.Done).Slice()
+		token, version, data, o.Retention.Milliseconds(), release, nonce, t.Done, unlessCancelled).Slice()
 	if err != nil {
 		return WriteResult{}, fmt.Errorf("store: write: %w", err)
 	}
@@ -171,6 +182,8 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 		return WriteResult{}, ErrLockNotHeld
 	case -2:
 		return WriteResult{}, &VersionConflictError{Expected: version, Stored: res[1].(int64)}
+	case -3:
+		return WriteResult{}, ErrCancelPending
 	default:
 		return WriteResult{Version: code, CancelRequested: res[1].(int64) == 1}, nil
 	}

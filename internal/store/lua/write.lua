@@ -13,11 +13,15 @@
 -- ARGV[7] shard channel announcing a terminal write, P:{run:<id>}:done ('' : none).
 --         Not a key (nothing is stored), but it carries the run's hash tag:
 --         a script may SPUBLISH only to a shard channel of its keys' slot.
+-- ARGV[8] 1 to refuse the write while a cancel is requested (the terminal write
+--         of a run that completed or halted: the request arrived during its last
+--         step, and the run must roll back instead of finishing), else 0
 -- Fields written: d (data), v (version), n (nonce), at (server time of the write, ms).
 -- A terminal write (ARGV[4] > 0) with a channel SPUBLISHes the new version on
 -- it, so that Waits listening there load the run at once instead of polling.
 -- Returns {-1}                 lock not held by the caller (lost or never held)
 --         {-2, version}        version mismatch: the stored version
+--         {-3}                 refused: ARGV[8] is 1 and a cancel is requested
 --         {version, cancel}    written; the new version and 1 if a cancel was requested
 -- A write whose reply was lost and that the client sends again finds its own
 -- nonce stored and succeeds again without writing, instead of reporting the
@@ -32,6 +36,9 @@ end
 local cur = tonumber(last[2] or '0')
 if cur ~= tonumber(ARGV[2]) then
   return {-2, cur}
+end
+if ARGV[8] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
+  return {-3}
 end
 local nextv = cur + 1
 -- at: the Redis server's time of the write (ms), the one clock every
