@@ -86,21 +86,42 @@
     return Math.floor(h / 24) + 'd ' + (h % 24) + 'h';
   };
 
+  // fmtAgo is a coarse age: "just now", "42s ago", "7m ago", "3h 05m ago".
   GR.fmtAgo = function (iso) {
     if (!iso) return '';
     var t = Date.parse(iso);
     if (isNaN(t)) return '';
-    var d = Date.now() - t;
-    if (d < 5000) return 'just now';
-    return GR.fmtDur(d).replace(/\.\d+ s$/, ' s').replace(/ ms$/, ' ms') + ' ago';
+    var s = Math.floor((Date.now() - t) / 1000);
+    if (s < 5) return 'just now';
+    if (s < 60) return s + 's ago';
+    var m = Math.floor(s / 60);
+    if (m < 60) return m + 'm ago';
+    var h = Math.floor(m / 60);
+    if (h < 48) return h + 'h ' + pad(m % 60) + 'm ago';
+    return Math.floor(h / 24) + 'd ago';
+  };
+
+  // fmtShort is a time for a list: the clock for today, the day otherwise.
+  GR.fmtShort = function (iso) {
+    if (!iso) return '';
+    var d = new Date(iso);
+    if (isNaN(d)) return String(iso);
+    var now = new Date();
+    var clock = pad(d.getHours()) + ':' + pad(d.getMinutes()) + ':' + pad(d.getSeconds());
+    if (d.toDateString() === now.toDateString()) return clock;
+    var day = pad(d.getMonth() + 1) + '-' + pad(d.getDate()) + ' ' + clock.slice(0, 5);
+    return d.getFullYear() === now.getFullYear() ? day : d.getFullYear() + '-' + day;
   };
 
   GR.fmtNum = function (n) { return (n === null || n === undefined) ? '' : Number(n).toLocaleString('en-US'); };
 
   // timeCell shows a time with its age on hover (and the exact UTC time).
-  GR.timeEl = function (iso, relative) {
+  // timeEl shows a time as mode 'full' (date and clock), 'short' (for a
+  // list) or 'ago', with the exact UTC time and the age on hover.
+  GR.timeEl = function (iso, mode) {
     if (!iso) return GR.h('span', { class: 'muted' }, '—');
-    return GR.h('time', { datetime: iso, title: iso + (relative ? '' : ' · ' + GR.fmtAgo(iso)) }, relative ? GR.fmtAgo(iso) : GR.fmtTime(iso));
+    var text = mode === 'ago' ? GR.fmtAgo(iso) : mode === 'short' ? GR.fmtShort(iso) : GR.fmtTime(iso);
+    return GR.h('time', { datetime: iso, title: iso + ' · ' + GR.fmtAgo(iso) }, text);
   };
 
   // valueEl renders any JSON value: short scalars inline, the rest as

@@ -185,8 +185,8 @@
         h('td', { class: 'id-cell' }, GR.runLink(r.id, 'run-link')),
         h('td', { class: 'reactor-cell', title: r.reactor }, r.reactor),
         h('td', null, GR.badge(r.status)),
-        h('td', { class: 'time-cell' }, GR.timeEl(r.created_at)),
-        h('td', { class: 'time-cell' }, GR.timeEl(r.updated_at, true)),
+        h('td', { class: 'time-cell' }, GR.timeEl(r.created_at, 'short')),
+        h('td', { class: 'time-cell' }, GR.timeEl(r.updated_at, 'ago')),
         h('td', { class: 'num' }, GR.fmtDur(r.elapsed_ms)),
         h('td', { class: 'failure-cell', title: f ? f.step + ': ' + f.message : '' },
           f ? [h('span', { class: 'fail-step' }, f.step), ' ', h('span', { class: 'fail-msg' }, f.message)] : '')));

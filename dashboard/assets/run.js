@@ -133,8 +133,12 @@
         b.style.width = Math.max(0.4, (d / span) * 100) + '%';
         track.appendChild(b);
       }
+      var hasResult = s.result !== null && s.result !== undefined;
+      var name = hasResult
+        ? h('button', { type: 'button', class: 'tl-name tl-toggle mono' + (openDetails[s.name] ? ' open' : ''), title: 'Show the result of ' + s.name, 'aria-expanded': openDetails[s.name] ? 'true' : 'false' }, s.name)
+        : h('div', { class: 'tl-name mono', title: s.name }, s.name);
       var row = h('div', { class: 'tl-row', dataset: { step: s.name, status: s.status } },
-        h('div', { class: 'tl-name mono', title: s.name }, s.name),
+        name,
         h('div', { class: 'tl-status' }, GR.badge(s.status)),
         h('div', { class: 'tl-att num' }, s.attempts ? String(s.attempts) : ''),
         h('div', { class: 'tl-dur num' }, s.started_at ? GR.fmtDur(s.finished_at ? s.duration_ms : (s.status === 'running' ? now - Date.parse(s.started_at) : s.duration_ms)) : ''),
@@ -142,13 +146,22 @@
       box.appendChild(row);
       var extra = [];
       if (s.error) extra.push(h('div', { class: 'tl-error' }, s.error));
-      if (s.result !== null && s.result !== undefined) {
-        var det = h('details', { class: 'tl-result' }, h('summary', null, 'result'), GR.valueEl(s.result));
-        det.open = !!openDetails[s.name];
-        det.addEventListener('toggle', function () { openDetails[s.name] = det.open; });
-        extra.push(det);
+      var result = null;
+      if (hasResult) {
+        result = h('div', { class: 'tl-result' }, h('span', { class: 'muted small' }, 'result '), GR.valueEl(s.result));
+        result.hidden = !openDetails[s.name];
+        extra.push(result);
+        name.addEventListener('click', function () {
+          openDetails[s.name] = !openDetails[s.name];
+          result.hidden = !openDetails[s.name];
+          name.classList.toggle('open', !!openDetails[s.name]);
+          name.setAttribute('aria-expanded', openDetails[s.name] ? 'true' : 'false');
+          ext.hidden = !s.error && !openDetails[s.name];
+        });
       }
-      if (extra.length) box.appendChild(h('div', { class: 'tl-extra' }, extra));
+      var ext = h('div', { class: 'tl-extra' }, extra);
+      ext.hidden = !s.error && !openDetails[s.name];
+      if (extra.length) box.appendChild(ext);
     });
   }
 
@@ -314,13 +327,12 @@
     show('children-panel', list.length > 0);
     var box = GR.clear($('children'));
     if (!list.length) return;
-    box.appendChild(h('table', { class: 'table compact' },
-      h('thead', null, h('tr', null, h('th', null, 'step'), h('th', null, 'run'), h('th', null, 'status'))),
-      h('tbody', null, list.map(function (c) {
-        return h('tr', null, h('td', { class: 'mono' }, c.step),
-          h('td', null, GR.runLink(c.run_id), h('div', { class: 'muted small' }, c.reactor)),
-          h('td', null, GR.badge(c.status)));
-      }))));
+    box.appendChild(h('ul', { class: 'children' }, list.map(function (c) {
+      return h('li', { class: 'child' },
+        h('div', { class: 'child-top' }, h('span', { class: 'mono strong' }, c.step), GR.badge(c.status)),
+        h('div', { class: 'child-run' }, GR.runLink(c.run_id, 'child-link')),
+        h('div', { class: 'muted small' }, c.reactor));
+    })));
   }
 
   function renderRollbacks(list) {
