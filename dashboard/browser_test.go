@@ -32,6 +32,7 @@ import (
 type browserStory struct {
 	Token       string // the bearer token the dashboard was started with
 	RollingBack string // a run that is rolling back with a fan-out map
+	Pages       bool   // the run list has more than one page
 	MapStep     string // that map's step
 	Refusal     string // a substring of the 409 reason for cancelling RollingBack
 	// Advance moves RollingBack's rollback forward (more elements undone), so
@@ -97,6 +98,7 @@ func TestBrowserDashboardStory(t *testing.T) {
 		Token:       api.token,
 		RollingBack: fakeRollingBackID,
 		MapStep:     "ship_items",
+		Pages:       true,
 		Refusal:     "rollback already in progress",
 		Advance:     func(*testing.T) { api.advanceRollback(450) },
 		ShotDir:     shots,
@@ -174,6 +176,23 @@ func runBrowserStory(t *testing.T, ctx context.Context, base string, s browserSt
 	poll("the queue table is filled", `document.querySelectorAll('#queues tr').length > 0`)
 	shot("overview.png")
 	cspClean("overview")
+	if s.Pages {
+		first := eval("count the rows", `String(document.querySelectorAll('#runs tr').length)`)
+		do("load more", chromedp.Click(chromedp.ID("load-more")))
+		poll("the next page is appended", `document.querySelectorAll('#runs tr').length > `+first+` &&
+			new Set([...document.querySelectorAll('#runs tr')].map(r => r.dataset.id)).size === document.querySelectorAll('#runs tr').length`)
+	}
+	// A reactor's row filters the list to it.
+	poll("the reactors table is filled", `document.querySelectorAll('#reactors tr[data-reactor]').length > 0`)
+	do("filter by a reactor", chromedp.Evaluate[chromedp.Void](`document.querySelector('#reactors tr[data-reactor] .reactor-name a').click()`))
+	poll("only that reactor's runs are listed", `(() => {
+		const name = document.querySelector('#reactors tr.active')?.dataset.reactor;
+		const rows = [...document.querySelectorAll('#runs tr')];
+		return name && document.getElementById('filter-reactor').value === name &&
+			document.getElementById('runs').dataset.loading === 'false' && rows.length > 0 &&
+			rows.every(r => r.querySelector('.reactor-cell').textContent === name);
+	})()`)
+	do("clear the filters", chromedp.Click(chromedp.ID("clear-filters")))
 	require.Equal(t, "undefined", eval("no injected script ran", `typeof window.__xss`))
 
 	// 2. Failed runs, one click away.
@@ -220,6 +239,9 @@ func runBrowserStory(t *testing.T, ctx context.Context, base string, s browserSt
 			+`+mapSel+`.querySelector('.grid').dataset.undone > `+strconv.Itoa(undone)+` &&
 			+document.querySelector('.bar-run-rollback').dataset.settled > 0`)
 	}
+	// A cell of the grid opens its elements.
+	do("click the last cell", chromedp.Evaluate[chromedp.Void](mapSel+`.querySelector('.grid .cell:last-child').click()`))
+	poll("the cell's elements are listed", mapSel+`.querySelectorAll('.elements tbody tr').length > 0`)
 	require.Equal(t, "undefined", eval("no injected script ran", `typeof window.__xss`))
 	require.Equal(t, "0", eval("inputs are text", `String(document.querySelectorAll('#inputs script, #inputs img, #failure img').length)`))
 	do("scroll to the top", chromedp.Evaluate[chromedp.Void](`window.scrollTo(0, 0)`))
@@ -253,7 +275,11 @@ func runBrowserStory(t *testing.T, ctx context.Context, base string, s browserSt
 	do("clear the selection", chromedp.Evaluate[chromedp.Void](`getSelection().removeAllRanges()`))
 	poll("live again", `document.getElementById('live').dataset.state === 'live'`)
 
-	// 7. Batch: select every failed run and retry them.
+	// 7. An unknown run says so.
+	do("open an unknown run", chromedp.Navigate(base+"/runs/no-such-run-"+strconv.FormatInt(time.Now().UnixNano(), 36)))
+	poll("the page says the run is unknown", `!document.getElementById('run-missing').hidden && document.getElementById('run-missing').textContent.length > 0`)
+
+	// 8. Batch: select every failed run and retry them.
 	do("back to the failed runs", chromedp.Navigate(base+"/?status=failed"), chromedp.WaitVisible(chromedp.CSS("#runs tr")))
 	poll("the failed runs are listed", `document.getElementById('runs').dataset.loading === 'false' && [...document.querySelectorAll('#runs tr')].every(r => r.dataset.status === 'failed')`)
 	n := eval("count the failed runs", `String(document.querySelectorAll('#runs tr').length)`)
@@ -297,8 +323,9 @@ func watchConsole(t *testing.T, ctx context.Context) *consoleWatch {
 			if m.Type != chromedp.ConsoleError && m.Type != chromedp.ConsoleException {
 				continue
 			}
-			// The 401 and 409 are the story's; the browser logs them.
-			if m.Source == "network" && (strings.Contains(m.Text, "status of 401") || strings.Contains(m.Text, "status of 409")) {
+			// The API's 401, 404 and 409 are the story's; the browser logs them.
+			if m.Source == "network" && strings.Contains(m.URL, "/api/") && (strings.Contains(m.Text, "status of 401") ||
+				strings.Contains(m.Text, "status of 404") || strings.Contains(m.Text, "status of 409")) {
 				continue
 			}
 			w.mu.Lock()

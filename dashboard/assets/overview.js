@@ -38,6 +38,7 @@
     syncInputs();
     writeURL();
     renderTiles();
+    renderReactors();
     reload();
   }
 
@@ -154,9 +155,32 @@
   }
 
   function renderReactors() {
+    var by = (stats && stats.by_reactor) || {};
+    var names = Object.keys(by).sort();
     var dl = GR.clear($('reactor-names'));
-    Object.keys((stats && stats.by_reactor) || {}).sort().forEach(function (name) {
-      dl.appendChild(h('option', { value: name }));
+    names.forEach(function (name) { dl.appendChild(h('option', { value: name })); });
+    var tb = GR.clear($('reactors'));
+    if (!names.length) {
+      tb.appendChild(h('tr', null, h('td', { colspan: '5', class: 'muted' }, 'no runs yet')));
+      return;
+    }
+    names.forEach(function (name) {
+      var c = by[name] || {}, total = 0;
+      Object.keys(c).forEach(function (k) { total += c[k] || 0; });
+      var active = (c.pending || 0) + (c.running || 0) + (c.paused || 0);
+      var pick = function (status) {
+        return function (e) { e.preventDefault(); setFilters({ reactor: name, status: status }); };
+      };
+      var cell = function (n, status, cls) {
+        if (!n) return h('td', { class: 'num zero' }, '0');
+        return h('td', { class: 'num' }, h('a', { href: GR.base + '/' + GR.query({ reactor: name, status: status }), class: cls || '', onclick: pick(status), title: 'Show ' + (status ? status.replace(/_/g, ' ') + ' ' : '') + 'runs of ' + name }, GR.fmtNum(n)));
+      };
+      tb.appendChild(h('tr', { class: filters.reactor === name ? 'active' : '', dataset: { reactor: name } },
+        h('td', { class: 'reactor-name' }, h('a', { href: GR.base + '/' + GR.query({ reactor: name }), onclick: pick(''), title: 'Show the runs of ' + name }, name)),
+        cell(total, ''),
+        h('td', { class: 'num' + (active ? '' : ' zero') }, GR.fmtNum(active)),
+        cell(c.rolling_back, 'rolling_back', 'warn'),
+        cell(c.failed, 'failed', 'bad')));
     });
   }
 
