@@ -33,6 +33,7 @@ type browserStory struct {
 	Token       string // the bearer token the dashboard was started with
 	RollingBack string // a run that is rolling back with a fan-out map
 	Pages       bool   // the run list has more than one page
+	Markup      string // a reactor name of a failed run that holds markup, if any
 	MapStep     string // that map's step
 	Refusal     string // a substring of the 409 reason for cancelling RollingBack
 	// Advance moves RollingBack's rollback forward (more elements undone), so
@@ -99,6 +100,7 @@ func TestBrowserDashboardStory(t *testing.T) {
 		RollingBack: fakeRollingBackID,
 		MapStep:     "ship_items",
 		Pages:       true,
+		Markup:      fakeMarkupReactor,
 		Refusal:     "rollback already in progress",
 		Advance:     func(*testing.T) { api.advanceRollback(450) },
 		ShotDir:     shots,
@@ -205,7 +207,10 @@ func runBrowserStory(t *testing.T, ctx context.Context, base string, s browserSt
 	shot("failed.png")
 	// A reactor name or an error holding markup is shown as text.
 	require.Equal(t, "undefined", eval("no injected script ran", `typeof window.__xss`))
-	require.Equal(t, "0", eval("no injected element", `String(document.querySelectorAll('#runs img, #runs script').length)`))
+	require.Equal(t, "0", eval("no injected element", `String(document.querySelectorAll('#runs img, #runs script, #runs b').length)`))
+	if s.Markup != "" {
+		require.Equal(t, "true", eval("the markup is shown as text", `String([...document.querySelectorAll('#runs td')].some(c => c.textContent === `+jsString(s.Markup)+`))`))
+	}
 
 	// 3. The rolling-back run, from its status tile.
 	do("filter to rolling back runs", chromedp.Click(chromedp.CSS("#status-tiles .tile-rolling_back")))
@@ -354,7 +359,10 @@ func (w *consoleWatch) check(t *testing.T) {
 
 // ---- the test-only backend ----------------------------------------------
 
-const fakeRollingBackID = "ord-20261201-0042"
+const (
+	fakeRollingBackID = "ord-20261201-0042"
+	fakeMarkupReactor = `<script>window.__xss='reactor'</script>`
+)
 
 // fakeAPI answers the dashboard's JSON API from Go values that the test
 // changes between polls. Its shapes are the documented contract; the real
@@ -543,7 +551,7 @@ func newFakeAPI(token string) *fakeAPI {
 		&fakeFailure{Step: "charge_card", Message: "card declined: insufficient funds",
 			RollbackFailures: []fakeRollbackFailure{{Step: "reserve_stock", Kind: "undo", Message: "inventory service timed out after 5s"}}})
 	add("imp-7781", "import-catalog", "running", 8*time.Minute, 8*time.Minute, nil)
-	add("xss-probe-1", `<script>window.__xss='reactor'</script>`, "failed", 9*time.Minute, 1200*time.Millisecond,
+	add("xss-probe-1", fakeMarkupReactor, "failed", 9*time.Minute, 1200*time.Millisecond,
 		&fakeFailure{Step: "<b>parse</b>", Message: `<img src=x onerror="window.__xss='failure'">`})
 	add("ord-20261201-0039", "checkout", "completed", 11*time.Minute, 41*time.Second, nil)
 	add("imp-7780", "import-catalog", "failed", 14*time.Minute, 3*time.Minute+12*time.Second,

@@ -286,7 +286,12 @@
       st.key = key;
       st.summary = (res.data && res.data.summary) || null;
       if (res.data && res.data.total !== undefined) st.total = res.data.total;
+      st.scale.classList.remove('bad-text');
       renderGrid(m, st);
+    }, function (err) {
+      // One map's picture failing must not stop the rest of the page.
+      st.scale.textContent = 'element grid unavailable: ' + err.message;
+      st.scale.classList.add('bad-text');
     });
   }
 
