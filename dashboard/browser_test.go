@@ -120,7 +120,7 @@ func TestBrowserDashboardStory(t *testing.T) {
 	require.Equal(t, "retry", calls[2].Action)
 	require.ElementsMatch(t, api.idsWithStatus("failed"), calls[2].IDs)
 
-	for _, name := range []string{"overview.png", "failed.png", "run.png", "refused.png", "batch.png"} {
+	for _, name := range []string{"overview.png", "failed.png", "run.png", "elements.png", "refused.png", "batch.png"} {
 		st, err := os.Stat(filepath.Join(shots, name))
 		require.NoError(t, err, name)
 		require.Greater(t, st.Size(), int64(10_000), name)
@@ -245,8 +245,10 @@ func runBrowserStory(t *testing.T, ctx context.Context, base string, s browserSt
 			+document.querySelector('.bar-run-rollback').dataset.settled > 0`)
 	}
 	// A cell of the grid opens its elements.
-	do("click the last cell", chromedp.Evaluate[chromedp.Void](mapSel+`.querySelector('.grid .cell:last-child').click()`))
+	do("click a cell that needs a look", chromedp.Evaluate[chromedp.Void](`(`+mapSel+`.querySelector('.grid .cell.cs-undo_failed') ||
+		`+mapSel+`.querySelector('.grid .cell.cs-failed') || `+mapSel+`.querySelector('.grid .cell:last-child')).click()`))
 	poll("the cell's elements are listed", mapSel+`.querySelectorAll('.elements tbody tr').length > 0`)
+	shot("elements.png")
 	require.Equal(t, "undefined", eval("no injected script ran", `typeof window.__xss`))
 	require.Equal(t, "0", eval("inputs are text", `String(document.querySelectorAll('#inputs script, #inputs img, #failure img').length)`))
 	do("scroll to the top", chromedp.Evaluate[chromedp.Void](`window.scrollTo(0, 0)`))
