@@ -34,6 +34,7 @@ type browserStory struct {
 	RollingBack string // a run that is rolling back with a fan-out map
 	Pages       bool   // the run list has more than one page
 	Markup      string // a reactor name of a failed run that holds markup, if any
+	RetryOf     string // the run RollingBack is a retry of, if any
 	MapStep     string // that map's step
 	Refusal     string // a substring of the 409 reason for cancelling RollingBack
 	// Advance moves RollingBack's rollback forward (more elements undone), so
@@ -101,6 +102,7 @@ func TestBrowserDashboardStory(t *testing.T) {
 		MapStep:     "ship_items",
 		Pages:       true,
 		Markup:      fakeMarkupReactor,
+		RetryOf:     "ord-20261201-0038",
 		Refusal:     "rollback already in progress",
 		Advance:     func(*testing.T) { api.advanceRollback(450) },
 		ShotDir:     shots,
@@ -243,6 +245,11 @@ func runBrowserStory(t *testing.T, ctx context.Context, base string, s browserSt
 			`+`+mapSel+`.querySelector('.bar-map-rollback').dataset.settled > `+strconv.Itoa(settled)+` &&
 			+`+mapSel+`.querySelector('.grid').dataset.undone > `+strconv.Itoa(undone)+` &&
 			+document.querySelector('.bar-run-rollback').dataset.settled > 0`)
+	}
+	// Each cell names its elements and their counts by state.
+	require.Regexp(t, `^elements? \d+(–\d+)?: [a-z ]+ \d+`, eval("a cell's tooltip", mapSel+`.querySelector('.grid .cell').title`))
+	if s.RetryOf != "" {
+		require.Equal(t, s.RetryOf, eval("the retry link", `document.querySelector('#run-facts a.retry-of')?.textContent ?? ''`))
 	}
 	// A cell of the grid opens its elements.
 	do("click a cell that needs a look", chromedp.Evaluate[chromedp.Void](`(`+mapSel+`.querySelector('.grid .cell.cs-undo_failed') ||
@@ -558,7 +565,8 @@ func newFakeAPI(token string) *fakeAPI {
 	add("ord-20261201-0039", "checkout", "completed", 11*time.Minute, 41*time.Second, nil)
 	add("imp-7780", "import-catalog", "failed", 14*time.Minute, 3*time.Minute+12*time.Second,
 		&fakeFailure{Step: "load_rows", Message: "row 88123: duplicate key value violates unique constraint \"sku\""})
-	add("ord-20261201-0038", "checkout", "cancelled", 16*time.Minute, 22*time.Second, nil)
+	add("ord-20261201-0038", "checkout", "cancelled", 16*time.Minute, 22*time.Second, nil).RetriedBy = []string{fakeRollingBackID}
+	rb.RetryOf = "ord-20261201-0038"
 	add("rpt-daily-1201", "daily-report", "halted", 21*time.Minute, 3*time.Second, nil)
 	add("ord-20261201-0037", "checkout", "pending", 22*time.Minute, 0, nil)
 	add("sync-erp-552", "erp-sync", "aborted", 25*time.Minute, 14*time.Second, nil)

@@ -198,6 +198,11 @@
   }
 
   function renderRuns() {
+    // A run that left the list (another filter, a new status) is no longer
+    // selected: an action only ever applies to rows the user can see.
+    var shown = {};
+    runs.forEach(function (r) { shown[r.id] = true; });
+    Object.keys(selected).forEach(function (id) { if (!shown[id]) delete selected[id]; });
     var tb = GR.clear($('runs'));
     runs.forEach(function (r) {
       var box = h('input', { type: 'checkbox', class: 'row-check', title: 'Select ' + r.id });

@@ -193,9 +193,9 @@
       var rng = cellRange(cells, i, st.total);
       var counts = GR.cellStates.filter(function (k) { return c[k]; }).map(function (k) { return k.replace(/_/g, ' ') + ' ' + c[k]; });
       var label = (rng.from === rng.last ? 'element ' + rng.from : 'elements ' + rng.from + '–' + rng.last) + (counts.length ? ': ' + counts.join(', ') : '');
-      var cell = h('button', { type: 'button', class: 'cell cs-' + d + (st.picked === i ? ' picked' : ''), title: label, 'aria-label': label, dataset: { state: d, index: String(i) } });
-      cell.addEventListener('click', function () { st.picked = i; pickCell(m, st, i); renderGrid(m, st); });
-      grid.appendChild(cell);
+      // Cells are plain boxes (a thousand tab stops would trap a keyboard
+      // user); one listener on the grid opens a cell's elements.
+      grid.appendChild(h('div', { class: 'cell cs-' + d + (st.picked === i ? ' picked' : ''), title: label, dataset: { state: d, index: String(i) } }));
       tally[d]++;
     });
     grid.dataset.cells = String(cells.length);
@@ -230,7 +230,14 @@
     var st = maps[m.step];
     if (!st) {
       st = maps[m.step] = { picked: -1, polls: 0, key: '' };
-      st.grid = h('div', { class: 'grid', dataset: { step: m.step } });
+      st.grid = h('div', { class: 'grid', role: 'img', 'aria-label': 'element grid of map ' + m.step, dataset: { step: m.step } });
+      st.grid.addEventListener('click', function (e) {
+        var cell = e.target.closest('.cell');
+        if (!cell || !st.summary) return;
+        st.picked = Number(cell.dataset.index);
+        pickCell(st.map, st, st.picked);
+        renderGrid(st.map, st);
+      });
       st.scale = h('span', { class: 'muted grid-scale' });
       st.elements = h('div', { class: 'elements-box' });
       st.head = h('div', { class: 'map-head' });
@@ -239,6 +246,7 @@
         h('div', { class: 'grid-wrap' }, st.grid, h('div', { class: 'grid-foot' }, legend(), st.scale)), st.elements);
     }
     st.total = m.total;
+    st.map = m;
     return st;
   }
 
