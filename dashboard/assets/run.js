@@ -195,7 +195,10 @@
       var label = (rng.from === rng.last ? 'element ' + rng.from : 'elements ' + rng.from + '–' + rng.last) + (counts.length ? ': ' + counts.join(', ') : '');
       // Cells are plain boxes (a thousand tab stops would trap a keyboard
       // user); one listener on the grid opens a cell's elements.
-      grid.appendChild(h('div', { class: 'cell cs-' + d + (st.picked === i ? ' picked' : ''), title: label, dataset: { state: d, index: String(i) } }));
+      // A failure never hides behind a majority: a cell holding one is
+      // ringed even when most of its elements are fine.
+      var flag = d !== 'undo_failed' && c.undo_failed ? ' has-undo_failed' : (d !== 'failed' && d !== 'undo_failed' && c.failed ? ' has-failed' : '');
+      grid.appendChild(h('div', { class: 'cell cs-' + d + flag + (st.picked === i ? ' picked' : ''), title: label, dataset: { state: d, index: String(i) } }));
       tally[d]++;
     });
     grid.dataset.cells = String(cells.length);
@@ -296,6 +299,7 @@
       if (res.data && res.data.total !== undefined) st.total = res.data.total;
       st.scale.classList.remove('bad-text');
       renderGrid(m, st);
+      if (st.picked >= 0 && st.summary && st.picked < st.summary.cells.length) pickCell(m, st, st.picked); // keep the open cell live
     }, function (err) {
       // One map's picture failing must not stop the rest of the page.
       st.scale.textContent = 'element grid unavailable: ' + err.message;
