@@ -816,7 +816,7 @@ func (a *fakeAPI) elements(w http.ResponseWriter, r *http.Request, id, step stri
 	bucket := (total + 999) / 1000
 	cells := []map[string]int{}
 	for lo := 0; lo < total; lo += bucket {
-		c := map[string]int{"from": lo, "to": min(lo+bucket, total)}
+		c := map[string]int{"from": lo, "to": min(lo+bucket, total) - 1} // inclusive, as the real API
 		for _, s := range []string{"pending", "running", "completed", "failed", "undone", "undo_failed", "unavailable"} {
 			c[s] = 0
 		}
