@@ -35,8 +35,13 @@ type browserStory struct {
 	Pages       bool   // the run list has more than one page
 	Markup      string // a reactor name of a failed run that holds markup, if any
 	RetryOf     string // the run RollingBack is a retry of, if any
-	MapStep     string // that map's step
-	Refusal     string // a substring of the 409 reason for cancelling RollingBack
+	// Running, if set, is a run whose fan-out map RunningStep is under way;
+	// AdvanceRunning settles more of its elements.
+	Running        string
+	RunningStep    string
+	AdvanceRunning func(t *testing.T)
+	MapStep        string // that map's step
+	Refusal        string // a substring of the 409 reason for cancelling RollingBack
 	// Advance moves RollingBack's rollback forward (more elements undone), so
 	// that the next poll shows a changed grid and progress bar.
 	Advance func(t *testing.T)
@@ -97,15 +102,18 @@ func TestBrowserDashboardStory(t *testing.T) {
 		shots = dir
 	}
 	story := browserStory{
-		Token:       api.token,
-		RollingBack: fakeRollingBackID,
-		MapStep:     "ship_items",
-		Pages:       true,
-		Markup:      fakeMarkupReactor,
-		RetryOf:     "ord-20261201-0038",
-		Refusal:     "rollback already in progress",
-		Advance:     func(*testing.T) { api.advanceRollback(450) },
-		ShotDir:     shots,
+		Token:          api.token,
+		RollingBack:    fakeRollingBackID,
+		MapStep:        "ship_items",
+		Pages:          true,
+		Markup:         fakeMarkupReactor,
+		RetryOf:        "ord-20261201-0038",
+		Running:        fakeRunningID,
+		RunningStep:    "load_rows",
+		AdvanceRunning: func(*testing.T) { api.advanceForward(60) },
+		Refusal:        "rollback already in progress",
+		Advance:        func(*testing.T) { api.advanceRollback(450) },
+		ShotDir:        shots,
 	}
 	if os.Getenv("GOREACTOR_UPDATE_SCREENSHOT") == "1" {
 		story.RunShot = filepath.Join("..", "docs", "dashboard-run.png")
@@ -122,7 +130,7 @@ func TestBrowserDashboardStory(t *testing.T) {
 	require.Equal(t, "retry", calls[2].Action)
 	require.ElementsMatch(t, api.idsWithStatus("failed"), calls[2].IDs)
 
-	for _, name := range []string{"overview.png", "failed.png", "run.png", "elements.png", "refused.png", "batch.png"} {
+	for _, name := range []string{"overview.png", "failed.png", "run.png", "elements.png", "running.png", "refused.png", "batch.png"} {
 		st, err := os.Stat(filepath.Join(shots, name))
 		require.NoError(t, err, name)
 		require.Greater(t, st.Size(), int64(10_000), name)
@@ -254,13 +262,32 @@ func runBrowserStory(t *testing.T, ctx context.Context, base string, s browserSt
 	// A cell of the grid opens its elements.
 	do("click a cell that needs a look", chromedp.Evaluate[chromedp.Void](`(`+mapSel+`.querySelector('.grid .cell.cs-undo_failed') ||
 		`+mapSel+`.querySelector('.grid .cell.cs-failed') || `+mapSel+`.querySelector('.grid .cell:last-child')).click()`))
-	poll("the cell's elements are listed", mapSel+`.querySelectorAll('.elements tbody tr').length > 0`)
+	poll("the cell's elements are listed, from its first", `(() => {
+		const m = `+mapSel+`, cell = m.querySelector('.grid .cell.picked'), first = m.querySelector('.elements tbody tr td a');
+		return cell && first && first.textContent === cell.title.match(/^elements? (\d+)/)[1];
+	})()`)
 	shot("elements.png")
 	require.Equal(t, "undefined", eval("no injected script ran", `typeof window.__xss`))
 	require.Equal(t, "0", eval("inputs are text", `String(document.querySelectorAll('#inputs script, #inputs img, #failure img').length)`))
 	do("scroll to the top", chromedp.Evaluate[chromedp.Void](`window.scrollTo(0, 0)`))
 	shot("run.png", s.RunShot)
 	cspClean("run detail")
+
+	// 4b. A running map's grid fills in as its elements complete.
+	if s.Running != "" {
+		do("open the running run", chromedp.Navigate(base+"/runs/"+url.PathEscape(s.Running)))
+		runSel := `document.querySelector('.map[data-step=` + jsString(s.RunningStep) + `]')`
+		poll("the running map is drawn", runSel+` && `+runSel+`.querySelectorAll('.grid .cell').length > 0`)
+		before := eval("read the forward progress", `JSON.stringify([+`+runSel+`.querySelector('.bar-map').dataset.settled, +`+runSel+`.querySelector('.grid').dataset.completed])`)
+		var pair [2]int
+		require.NoError(t, json.Unmarshal([]byte(before), &pair))
+		s.AdvanceRunning(t)
+		poll("the forward bar and the grid move", `+`+runSel+`.querySelector('.bar-map').dataset.settled > `+strconv.Itoa(pair[0])+` &&
+			+`+runSel+`.querySelector('.grid').dataset.completed > `+strconv.Itoa(pair[1]))
+		shot("running.png")
+		do("back to the rolling back run", chromedp.Navigate(base+"/runs/"+url.PathEscape(s.RollingBack)))
+		poll("the rolling back run is shown again", `document.getElementById('run').dataset.status === 'rolling_back'`)
+	}
 
 	// 5. Cancel: a confirmation naming what happens, a token prompt, a wrong
 	// token refused with 401, the right one, and the engine's 409 reason.
@@ -371,6 +398,7 @@ func (w *consoleWatch) check(t *testing.T) {
 const (
 	fakeRollingBackID = "ord-20261201-0042"
 	fakeMarkupReactor = `<script>window.__xss='reactor'</script>`
+	fakeRunningID     = "imp-7781"
 )
 
 // fakeAPI answers the dashboard's JSON API from Go values that the test
@@ -559,7 +587,26 @@ func newFakeAPI(token string) *fakeAPI {
 	add("ord-20261201-0041", "checkout", "failed", 7*time.Minute, 9*time.Second+400*time.Millisecond,
 		&fakeFailure{Step: "charge_card", Message: "card declined: insufficient funds",
 			RollbackFailures: []fakeRollbackFailure{{Step: "reserve_stock", Kind: "undo", Message: "inventory service timed out after 5s"}}})
-	add("imp-7781", "import-catalog", "running", 8*time.Minute, 8*time.Minute, nil)
+	imp := add(fakeRunningID, "import-catalog", "running", 8*time.Minute, 8*time.Minute, nil)
+	impAt := func(d time.Duration) string { return fakeTime(now.Add(-8*time.Minute + d)) }
+	imp.Inputs = map[string]any{"feed": "s3://catalog/2026-12-01.ndjson", "rows": 600}
+	imp.Steps = []fakeStep{
+		{Name: "fetch_feed", Status: "completed", Attempts: 1, StartedAt: impAt(0), FinishedAt: impAt(3 * time.Second), DurationMS: 3000, Result: map[string]any{"bytes": 48_213_004}},
+		{Name: "load_rows", Status: "running", Attempts: 1, StartedAt: impAt(3 * time.Second)},
+		{Name: "reindex", Status: "pending"},
+	}
+	lm := &fakeMap{id: fakeRunningID + "~load_rows", mode: "fanout", states: make([]string, 600), errors: map[int]string{}, outcomes: map[int]string{}}
+	for i := range lm.states {
+		switch {
+		case i < 200:
+			lm.states[i] = "completed"
+		case i < 240:
+			lm.states[i] = "running"
+		default:
+			lm.states[i] = "pending"
+		}
+	}
+	imp.maps["load_rows"] = lm
 	add("xss-probe-1", fakeMarkupReactor, "failed", 9*time.Minute, 1200*time.Millisecond,
 		&fakeFailure{Step: "<b>parse</b>", Message: `<img src=x onerror="window.__xss='failure'">`})
 	add("ord-20261201-0039", "checkout", "completed", 11*time.Minute, 41*time.Second, nil)
@@ -575,6 +622,27 @@ func newFakeAPI(token string) *fakeAPI {
 	}
 	a.sync()
 	return a
+}
+
+// advanceForward settles the running elements of the running run's map and
+// dispatches the next n.
+func (a *fakeAPI) advanceForward(n int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r := a.find(fakeRunningID)
+	m := r.maps["load_rows"]
+	for i, s := range m.states {
+		switch {
+		case s == "running":
+			m.states[i] = "completed"
+		case s == "pending" && n > 0:
+			m.states[i] = "running"
+			n--
+		}
+	}
+	a.clock = a.clock.Add(2 * time.Second)
+	r.UpdatedAt = fakeTime(a.clock)
+	a.sync()
 }
 
 // advanceRollback undoes n more elements of the rolling-back run's map,
