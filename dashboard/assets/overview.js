@@ -77,6 +77,13 @@
       }
       $('runs').dataset.loading = 'false';
       renderRuns();
+    }, function (err) {
+      if (gen === generation && !runs.length) {
+        var empty = $('runs-empty');
+        empty.textContent = 'Could not load the runs: ' + err.message;
+        empty.hidden = false;
+      }
+      throw err;
     });
   }
 
@@ -220,6 +227,7 @@
         h('td', { class: 'failure-cell', title: f ? f.step + ': ' + f.message : '' },
           f ? [h('span', { class: 'fail-step' }, f.step), ' ', h('span', { class: 'fail-msg' }, f.message)] : '')));
     });
+    $('runs-empty').textContent = 'No runs match these filters.';
     $('runs-empty').hidden = runs.length !== 0;
     $('load-more').hidden = !nextCursor;
     $('runs-shown').textContent = runs.length ? runs.length + ' shown' + (nextCursor ? ', more below' : '') : '';

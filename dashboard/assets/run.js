@@ -399,6 +399,7 @@
   document.addEventListener('DOMContentLoaded', function () {
     runID = $('run').dataset.runId;
     Array.prototype.forEach.call(document.querySelectorAll('[data-action]'), function (b) {
+      b.title = GR.actions[b.dataset.action].one(runID);
       b.addEventListener('click', function () { GR.runAction(runID, b.dataset.action); });
     });
     GR.poller.start(refresh);
