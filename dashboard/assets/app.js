@@ -130,7 +130,24 @@
     if (v === null || v === undefined) return GR.h('span', { class: 'muted' }, 'null');
     if (typeof v === 'string' && v.length <= 120 && v.indexOf('\n') < 0) return GR.h('span', { class: 'val-str' }, v);
     if (typeof v === 'number' || typeof v === 'boolean') return GR.h('span', { class: 'val-num' }, String(v));
-    return GR.h('pre', { class: 'json' }, typeof v === 'string' ? v : JSON.stringify(v, null, 2));
+    return GR.h('pre', { class: 'json' }, typeof v === 'string' ? v : GR.jsonText(v, ''));
+  };
+
+  // jsonText indents objects like JSON.stringify(v, null, 2) but keeps an
+  // array of scalars on one (wrapping) line, so a list of ids stays short.
+  GR.jsonText = function (v, indent) {
+    if (v === null || typeof v !== 'object') return JSON.stringify(v === undefined ? null : v);
+    var inner = indent + '  ';
+    if (Array.isArray(v)) {
+      if (!v.length) return '[]';
+      if (v.every(function (x) { return x === null || typeof x !== 'object'; })) {
+        return '[' + v.map(function (x) { return JSON.stringify(x); }).join(', ') + ']';
+      }
+      return '[\n' + v.map(function (x) { return inner + GR.jsonText(x, inner); }).join(',\n') + '\n' + indent + ']';
+    }
+    var keys = Object.keys(v);
+    if (!keys.length) return '{}';
+    return '{\n' + keys.map(function (k) { return inner + JSON.stringify(k) + ': ' + GR.jsonText(v[k], inner); }).join(',\n') + '\n' + indent + '}';
   };
 
   // ---- API -----------------------------------------------------------------
