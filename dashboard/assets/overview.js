@@ -1,0 +1,279 @@
+// goreactor dashboard: the overview (counts, queues, the run list).
+(function () {
+  'use strict';
+  if (document.body.dataset.page !== 'overview') return;
+  var GR = window.GR, h = GR.h, $ = GR.$;
+  var pageSize = 50;
+
+  var filters = { status: '', reactor: '', q: '' };
+  var runs = [];          // rows shown, newest first
+  var nextCursor = '';    // cursor after the last loaded page
+  var pagesLoaded = 0;
+  var selected = {};      // run id -> true
+  var generation = 0;     // bumped when the filters change, drops stale answers
+  var lastStats = '';
+
+  function readURL() {
+    var p = new URLSearchParams(location.search);
+    filters.status = p.get('status') || '';
+    filters.reactor = p.get('reactor') || '';
+    filters.q = p.get('q') || '';
+  }
+
+  function writeURL() {
+    var q = GR.query(filters);
+    history.replaceState(null, '', location.pathname + q);
+  }
+
+  function syncInputs() {
+    $('filter-status').value = filters.status;
+    if ($('filter-reactor').value !== filters.reactor) $('filter-reactor').value = filters.reactor;
+    if ($('filter-q').value !== filters.q) $('filter-q').value = filters.q;
+    $('only-failed').classList.toggle('active', filters.status === 'failed');
+  }
+
+  function setFilters(patch) {
+    Object.keys(patch).forEach(function (k) { filters[k] = patch[k]; });
+    selected = {}; // never act on runs the new filter hides
+    syncInputs();
+    writeURL();
+    renderTiles();
+    renderReactors();
+    reload();
+  }
+
+  function listPath(cursor) {
+    return '/api/runs' + GR.query({ status: filters.status, reactor: filters.reactor, q: filters.q, limit: pageSize, cursor: cursor });
+  }
+
+  // reload starts the list again from its first page (filters changed).
+  function reload() {
+    generation++;
+    runs = [];
+    nextCursor = '';
+    pagesLoaded = 0;
+    $('runs').dataset.loading = 'true';
+    return refreshList();
+  }
+
+  // refreshList fetches the first page and merges it in: rows of the fresh
+  // page replace what was shown down to the page's oldest row; the older
+  // rows that "load more" brought in stay.
+  function refreshList() {
+    var gen = generation;
+    return GR.api(listPath('')).then(function (res) {
+      if (gen !== generation) return;
+      var fresh = (res.data && res.data.runs) || [];
+      if (pagesLoaded <= 1) {
+        runs = fresh;
+        nextCursor = res.data.next_cursor || '';
+        pagesLoaded = 1;
+      } else {
+        var seen = {};
+        fresh.forEach(function (r) { seen[r.id] = true; });
+        var last = fresh.length ? fresh[fresh.length - 1].created_at : '';
+        var tail = runs.filter(function (r) { return !seen[r.id] && last && r.created_at <= last; });
+        runs = fresh.concat(tail);
+      }
+      $('runs').dataset.loading = 'false';
+      renderRuns();
+    }, function (err) {
+      if (gen === generation && !runs.length) {
+        var empty = $('runs-empty');
+        empty.textContent = 'Could not load the runs: ' + err.message;
+        empty.hidden = false;
+      }
+      throw err;
+    });
+  }
+
+  function loadMore() {
+    if (!nextCursor) return;
+    var gen = generation;
+    var btn = $('load-more');
+    btn.disabled = true;
+    GR.api(listPath(nextCursor)).then(function (res) {
+      if (gen !== generation) return;
+      var have = {};
+      runs.forEach(function (r) { have[r.id] = true; });
+      ((res.data && res.data.runs) || []).forEach(function (r) { if (!have[r.id]) runs.push(r); });
+      nextCursor = res.data.next_cursor || '';
+      pagesLoaded++;
+      renderRuns();
+    }, function (err) {
+      GR.message('error', 'Could not load more runs', err.message);
+    }).then(function () { btn.disabled = false; });
+  }
+
+  // ---- stats ---------------------------------------------------------------
+  var stats = null;
+
+  function refreshStats() {
+    return GR.api('/api/stats').then(function (res) {
+      stats = res.data || {};
+      var key = JSON.stringify(stats);
+      if (key === lastStats) return;
+      lastStats = key;
+      renderTiles();
+      renderQueues();
+      renderReactors();
+    });
+  }
+
+  function renderTiles() {
+    if (!stats) return;
+    var by = stats.by_status || {};
+    var total = 0;
+    Object.keys(by).forEach(function (k) { total += by[k] || 0; });
+    var box = GR.clear($('status-tiles'));
+    function tile(status, label, n) {
+      var active = filters.status === status;
+      var t = h('button', {
+        type: 'button', class: 'tile' + (status ? ' tile-' + status : ' tile-all') + (active ? ' active' : '') + (n ? '' : ' zero'),
+        dataset: { status: status }, 'aria-pressed': active ? 'true' : 'false',
+        title: status ? 'Show ' + label + ' runs' : 'Show every run'
+      }, h('span', { class: 'tile-n' }, GR.fmtNum(n)), h('span', { class: 'tile-label' }, label));
+      t.addEventListener('click', function () { setFilters({ status: active && status ? '' : status }); });
+      box.appendChild(t);
+    }
+    tile('', 'all', total);
+    GR.statuses.forEach(function (s) { tile(s, s.replace(/_/g, ' '), by[s] || 0); });
+    $('total-runs').textContent = GR.fmtNum(total) + ' stored runs';
+  }
+
+  function renderQueues() {
+    var tb = GR.clear($('queues'));
+    var qs = (stats && stats.queues) || [];
+    if (!qs.length) {
+      tb.appendChild(h('tr', null, h('td', { colspan: '7', class: 'muted' }, 'no goreactor queues yet')));
+      return;
+    }
+    qs.forEach(function (q) {
+      var age = q.oldest_pending_age_ms;
+      tb.appendChild(h('tr', null,
+        h('td', { class: 'mono' }, q.queue),
+        h('td', { class: 'num' + (q.pending ? ' strong' : '') }, GR.fmtNum(q.pending)),
+        h('td', { class: 'num' }, GR.fmtNum(q.active)),
+        h('td', { class: 'num' }, GR.fmtNum(q.scheduled)),
+        h('td', { class: 'num' + (q.retry ? ' warn' : '') }, GR.fmtNum(q.retry)),
+        h('td', { class: 'num' + (q.archived ? ' bad' : '') }, GR.fmtNum(q.archived)),
+        h('td', { class: 'num' }, age ? GR.fmtDur(age) : '—')));
+    });
+  }
+
+  function renderReactors() {
+    var by = (stats && stats.by_reactor) || {};
+    var names = Object.keys(by).sort();
+    var dl = GR.clear($('reactor-names'));
+    names.forEach(function (name) { dl.appendChild(h('option', { value: name })); });
+    var tb = GR.clear($('reactors'));
+    if (!names.length) {
+      tb.appendChild(h('tr', null, h('td', { colspan: '5', class: 'muted' }, 'no runs yet')));
+      return;
+    }
+    names.forEach(function (name) {
+      var c = by[name] || {}, total = 0;
+      Object.keys(c).forEach(function (k) { total += c[k] || 0; });
+      var active = (c.pending || 0) + (c.running || 0) + (c.paused || 0);
+      var pick = function (status) {
+        return function (e) { e.preventDefault(); setFilters({ reactor: name, status: status }); };
+      };
+      var cell = function (n, status, cls) {
+        if (!n) return h('td', { class: 'num zero' }, '0');
+        return h('td', { class: 'num' }, h('a', { href: GR.base + '/' + GR.query({ reactor: name, status: status }), class: cls || '', onclick: pick(status), title: 'Show ' + (status ? status.replace(/_/g, ' ') + ' ' : '') + 'runs of ' + name }, GR.fmtNum(n)));
+      };
+      tb.appendChild(h('tr', { class: filters.reactor === name ? 'active' : '', dataset: { reactor: name } },
+        h('td', { class: 'reactor-name' }, h('a', { href: GR.base + '/' + GR.query({ reactor: name }), onclick: pick(''), title: 'Show the runs of ' + name }, name)),
+        cell(total, ''),
+        h('td', { class: 'num' + (active ? '' : ' zero') }, GR.fmtNum(active)),
+        cell(c.rolling_back, 'rolling_back', 'warn'),
+        cell(c.failed, 'failed', 'bad')));
+    });
+  }
+
+  // ---- run list ------------------------------------------------------------
+  function selectedIds() { return Object.keys(selected).filter(function (k) { return selected[k]; }); }
+
+  function renderBatch() {
+    var ids = selectedIds();
+    $('batch-bar').hidden = ids.length === 0;
+    $('batch-count').textContent = ids.length + (ids.length === 1 ? ' run selected' : ' runs selected');
+    var all = $('select-all');
+    var shown = runs.length && runs.every(function (r) { return selected[r.id]; });
+    all.checked = !!shown;
+    all.indeterminate = !shown && runs.some(function (r) { return selected[r.id]; });
+  }
+
+  function renderRuns() {
+    // A run that left the list (another filter, a new status) is no longer
+    // selected: an action only ever applies to rows the user can see.
+    var shown = {};
+    runs.forEach(function (r) { shown[r.id] = true; });
+    Object.keys(selected).forEach(function (id) { if (!shown[id]) delete selected[id]; });
+    var tb = GR.clear($('runs'));
+    runs.forEach(function (r) {
+      var box = h('input', { type: 'checkbox', class: 'row-check', title: 'Select ' + r.id });
+      box.checked = !!selected[r.id];
+      box.addEventListener('change', function () { selected[r.id] = box.checked; if (!box.checked) delete selected[r.id]; renderBatch(); });
+      var f = r.failure;
+      tb.appendChild(h('tr', { class: 'row st-row-' + r.status, dataset: { id: r.id, status: r.status } },
+        h('td', { class: 'check' }, box),
+        h('td', { class: 'id-cell' }, GR.runLink(r.id, 'run-link')),
+        h('td', { class: 'reactor-cell', title: r.reactor }, r.reactor),
+        h('td', null, GR.badge(r.status)),
+        h('td', { class: 'time-cell' }, GR.timeEl(r.created_at, 'short')),
+        h('td', { class: 'time-cell' }, GR.timeEl(r.updated_at, 'ago')),
+        h('td', { class: 'num' }, GR.fmtDur(r.elapsed_ms)),
+        h('td', { class: 'failure-cell', title: f ? f.step + ': ' + f.message : '' },
+          f ? [h('span', { class: 'fail-step' }, f.step), ' ', h('span', { class: 'fail-msg' }, f.message)] : '')));
+    });
+    $('runs-empty').textContent = 'No runs match these filters.';
+    $('runs-empty').hidden = runs.length !== 0;
+    $('load-more').hidden = !nextCursor;
+    $('runs-shown').textContent = runs.length ? runs.length + ' shown' + (nextCursor ? ', more below' : '') : '';
+    renderBatch();
+  }
+
+  function refresh() { return Promise.all([refreshStats(), refreshList()]); }
+
+  document.addEventListener('DOMContentLoaded', function () {
+    readURL();
+    var sel = $('filter-status');
+    GR.statuses.forEach(function (s) { sel.appendChild(h('option', { value: s }, s.replace(/_/g, ' '))); });
+    syncInputs();
+
+    sel.addEventListener('change', function () { setFilters({ status: sel.value }); });
+    var typing = null;
+    function typed() {
+      clearTimeout(typing);
+      typing = setTimeout(function () {
+        setFilters({ reactor: $('filter-reactor').value.trim(), q: $('filter-q').value.trim() });
+      }, 250);
+    }
+    $('filter-reactor').addEventListener('input', typed);
+    $('filter-q').addEventListener('input', typed);
+    $('filters').addEventListener('submit', function (e) { e.preventDefault(); typed(); });
+    $('only-failed').addEventListener('click', function () { setFilters({ status: filters.status === 'failed' ? '' : 'failed' }); });
+    $('clear-filters').addEventListener('click', function () { setFilters({ status: '', reactor: '', q: '' }); });
+    $('load-more').addEventListener('click', loadMore);
+    $('select-all').addEventListener('change', function (e) {
+      runs.forEach(function (r) { if (e.target.checked) selected[r.id] = true; else delete selected[r.id]; });
+      renderRuns();
+    });
+    $('batch-clear').addEventListener('click', function () { selected = {}; renderRuns(); });
+    Array.prototype.forEach.call(document.querySelectorAll('[data-batch]'), function (b) {
+      b.addEventListener('click', function () {
+        var ids = selectedIds();
+        if (!ids.length) return;
+        GR.runBatch(ids, b.dataset.batch).then(function (results) {
+          if (!results) return;
+          results.forEach(function (r) { if (r.status_code >= 200 && r.status_code < 300) delete selected[r.run_id]; });
+          renderRuns();
+        });
+      });
+    });
+
+    pagesLoaded = 0;
+    GR.poller.start(refresh);
+  });
+})();

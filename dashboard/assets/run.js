@@ -1,0 +1,407 @@
+// goreactor dashboard: one run (header, failure, rollback, step timeline,
+// maps with their element grids, inputs, children, rollback log).
+(function () {
+  'use strict';
+  if (document.body.dataset.page !== 'run') return;
+  var GR = window.GR, h = GR.h, $ = GR.$;
+
+  var runID = '';
+  var last = {};          // section -> JSON of what it last drew
+  var openDetails = {};   // step name -> result shown
+  var maps = {};          // step -> {key, summary, polls, picked, box}
+
+  function changed(section, data) {
+    var k = JSON.stringify(data);
+    if (last[section] === k) return false;
+    last[section] = k;
+    return true;
+  }
+
+  function show(id, on) { $(id).hidden = !on; }
+
+  // ---- header --------------------------------------------------------------
+  function fact(dl, label, value) {
+    if (value === null || value === undefined || value === '' || (Array.isArray(value) && !value.length)) return;
+    dl.appendChild(h('div', { class: 'fact' }, h('dt', null, label), h('dd', null, value)));
+  }
+
+  function renderHead(r) {
+    var st = GR.clear($('run-status'));
+    st.appendChild(GR.badge(r.status, 'badge-lg'));
+    $('run-reactor').textContent = r.reactor;
+    document.title = r.id + ' · ' + r.reactor + ' · goreactor';
+    var dl = GR.clear($('run-facts'));
+    fact(dl, 'created', GR.timeEl(r.created_at));
+    fact(dl, 'updated', h('span', null, GR.timeEl(r.updated_at), ' ', h('span', { class: 'muted' }, '(' + GR.fmtAgo(r.updated_at) + ')')));
+    fact(dl, 'elapsed', GR.fmtDur(r.elapsed_ms));
+    fact(dl, 'queue', r.queue ? h('span', { class: 'mono' }, r.queue) : '');
+    fact(dl, 'trace', r.trace_id ? h('span', { class: 'mono', title: r.trace_id }, r.trace_id) : '');
+    fact(dl, 'reason', r.reason);
+    fact(dl, 'retry of', r.retry_of ? GR.runLink(r.retry_of, 'retry-of') : '');
+    fact(dl, 'retried by', (r.retried_by || []).length ? h('span', { class: 'links' }, r.retried_by.map(function (id) { return GR.runLink(id, 'retried-by'); })) : '');
+  }
+
+  // ---- failure -------------------------------------------------------------
+  function renderFailure(f) {
+    show('failure-panel', !!f);
+    var box = GR.clear($('failure'));
+    if (!f) return;
+    box.appendChild(h('div', { class: 'failure-main' },
+      h('span', { class: 'fail-step' }, f.step || '(run)'),
+      h('span', { class: 'failure-msg' }, f.message)));
+    var rf = f.rollback_failures || [];
+    if (rf.length) {
+      box.appendChild(h('h3', { class: 'sub' }, 'Rollback failures (' + rf.length + ')'));
+      box.appendChild(h('table', { class: 'table compact' },
+        h('thead', null, h('tr', null, h('th', null, 'step'), h('th', null, 'kind'), h('th', null, 'message'))),
+        h('tbody', null, rf.map(function (x) {
+          return h('tr', null, h('td', { class: 'mono' }, x.step), h('td', null, x.kind), h('td', { class: 'bad-text' }, x.message));
+        }))));
+    }
+  }
+
+  // ---- progress bars -------------------------------------------------------
+  // bar draws segments [{cls, n, label}] out of total.
+  function bar(kind, total, segs, attrs) {
+    var el = h('div', Object.assign({ class: 'bar bar-' + kind, role: 'progressbar', 'aria-valuemin': '0', 'aria-valuemax': String(total) }, attrs || {}));
+    var sum = 0;
+    segs.forEach(function (s) {
+      if (!s.n || s.n < 0 || !total) return;
+      var seg = h('div', { class: 'seg ' + s.cls, title: s.label + ': ' + GR.fmtNum(s.n) });
+      seg.style.width = Math.min(100, (s.n / total) * 100) + '%';
+      el.appendChild(seg);
+      sum += s.n;
+    });
+    el.setAttribute('aria-valuenow', String(sum));
+    return el;
+  }
+
+  function rollbackBar(rb, kind) {
+    var failed = rb.failed || 0, settled = rb.settled || 0;
+    return bar(kind || 'rollback', rb.total, [
+      { cls: 'seg-undone', n: settled - failed, label: 'undone' },
+      { cls: 'seg-undo_failed', n: failed, label: 'undo failed' }
+    ], { dataset: { settled: String(settled), total: String(rb.total), failed: String(failed) } });
+  }
+
+  function pct(n, total) { return total ? Math.floor((n / total) * 100) + '%' : '0%'; }
+
+  function renderRollback(rb) {
+    show('rollback-panel', !!rb);
+    var box = GR.clear($('rollback-bar'));
+    if (!rb) return;
+    $('rollback-text').textContent = GR.fmtNum(rb.settled) + ' of ' + GR.fmtNum(rb.total) + ' undone (' + pct(rb.settled, rb.total) + ')' +
+      ' · ' + GR.fmtNum(rb.outstanding) + ' outstanding' + (rb.failed ? ' · ' + GR.fmtNum(rb.failed) + ' failed' : '');
+    box.appendChild(rollbackBar(rb, 'run-rollback'));
+  }
+
+  // ---- timeline ------------------------------------------------------------
+  function renderTimeline(r) {
+    var steps = r.steps || [];
+    var box = GR.clear($('timeline'));
+    if (!steps.length) { box.appendChild(h('p', { class: 'muted' }, 'No steps recorded yet.')); return; }
+    var now = Date.now();
+    var t0 = Infinity, t1 = -Infinity;
+    steps.forEach(function (s) {
+      if (!s.started_at) return;
+      var a = Date.parse(s.started_at);
+      var b = s.finished_at ? Date.parse(s.finished_at) : (s.status === 'running' ? now : a + (s.duration_ms || 0));
+      t0 = Math.min(t0, a); t1 = Math.max(t1, b);
+    });
+    if (!isFinite(t0)) { t0 = Date.parse(r.created_at) || now; t1 = t0 + 1; }
+    var span = Math.max(1, t1 - t0);
+    $('steps-span').textContent = steps.length + ' steps · ' + GR.fmtDur(span);
+
+    var axis = h('div', { class: 'tl-axis' });
+    [0, 0.25, 0.5, 0.75, 1].forEach(function (f) {
+      var tick = h('span', { class: 'tl-tick' }, f === 0 ? GR.fmtClock(new Date(t0).toISOString()) : '+' + GR.fmtDur(span * f));
+      tick.style.left = (f * 100) + '%';
+      axis.appendChild(tick);
+    });
+    box.appendChild(h('div', { class: 'tl-row tl-head' },
+      h('div', { class: 'tl-name' }, 'step'), h('div', { class: 'tl-status' }, 'status'),
+      h('div', { class: 'tl-att num' }, 'tries'), h('div', { class: 'tl-dur num' }, 'duration'),
+      h('div', { class: 'tl-track tl-axis-track' }, axis)));
+
+    steps.forEach(function (s) {
+      var track = h('div', { class: 'tl-track' });
+      if (s.started_at) {
+        var a = Date.parse(s.started_at);
+        var d = s.finished_at ? Date.parse(s.finished_at) - a : (s.status === 'running' ? now - a : (s.duration_ms || 0));
+        var b = h('div', { class: 'tl-bar st-bg-' + s.status, title: s.name + ' · ' + s.status + ' · ' + GR.fmtDur(s.duration_ms) + ' · started ' + s.started_at });
+        b.style.left = ((a - t0) / span) * 100 + '%';
+        b.style.width = Math.max(0.4, (d / span) * 100) + '%';
+        track.appendChild(b);
+      }
+      var hasResult = s.result !== null && s.result !== undefined;
+      var name = hasResult
+        ? h('button', { type: 'button', class: 'tl-name tl-toggle mono' + (openDetails[s.name] ? ' open' : ''), title: 'Show the result of ' + s.name, 'aria-expanded': openDetails[s.name] ? 'true' : 'false' }, s.name)
+        : h('div', { class: 'tl-name mono', title: s.name }, s.name);
+      var row = h('div', { class: 'tl-row', dataset: { step: s.name, status: s.status } },
+        name,
+        h('div', { class: 'tl-status' }, GR.badge(s.status)),
+        h('div', { class: 'tl-att num' }, s.attempts ? String(s.attempts) : ''),
+        h('div', { class: 'tl-dur num' }, s.started_at ? GR.fmtDur(s.finished_at ? s.duration_ms : (s.status === 'running' ? now - Date.parse(s.started_at) : s.duration_ms)) : ''),
+        track);
+      box.appendChild(row);
+      var extra = [];
+      if (s.error) extra.push(h('div', { class: 'tl-error' }, s.error));
+      var result = null;
+      if (hasResult) {
+        result = h('div', { class: 'tl-result' }, h('span', { class: 'muted small' }, 'result '), GR.valueEl(s.result));
+        result.hidden = !openDetails[s.name];
+        extra.push(result);
+        name.addEventListener('click', function () {
+          openDetails[s.name] = !openDetails[s.name];
+          result.hidden = !openDetails[s.name];
+          name.classList.toggle('open', !!openDetails[s.name]);
+          name.setAttribute('aria-expanded', openDetails[s.name] ? 'true' : 'false');
+          ext.hidden = !s.error && !openDetails[s.name];
+        });
+      }
+      var ext = h('div', { class: 'tl-extra' }, extra);
+      ext.hidden = !s.error && !openDetails[s.name];
+      if (extra.length) box.appendChild(ext);
+    });
+  }
+
+  // ---- maps ----------------------------------------------------------------
+  function dominant(c) {
+    // Ties go to the state an operator most needs to see.
+    var order = ['undo_failed', 'failed', 'running', 'undone', 'completed', 'unavailable', 'pending'];
+    var best = 'pending', n = -1;
+    order.forEach(function (s) { if ((c[s] || 0) > n) { best = s; n = c[s] || 0; } });
+    return best;
+  }
+
+  function cellRange(cells, i, total) {
+    // "to" may be inclusive or exclusive; adjacent cells tell which.
+    var c = cells[i];
+    var exclusive = cells.length > 1 ? cells[1].from === cells[0].to : c.to === total;
+    return { from: c.from, last: exclusive ? c.to - 1 : c.to };
+  }
+
+  function renderGrid(m, st) {
+    var s = st.summary;
+    var grid = GR.clear(st.grid);
+    if (!s || !s.cells) return;
+    var cells = s.cells;
+    var tally = {};
+    GR.cellStates.forEach(function (k) { tally[k] = 0; });
+    cells.forEach(function (c, i) {
+      var d = dominant(c);
+      var rng = cellRange(cells, i, st.total);
+      var counts = GR.cellStates.filter(function (k) { return c[k]; }).map(function (k) { return k.replace(/_/g, ' ') + ' ' + c[k]; });
+      var label = (rng.from === rng.last ? 'element ' + rng.from : 'elements ' + rng.from + '–' + rng.last) + (counts.length ? ': ' + counts.join(', ') : '');
+      // Cells are plain boxes (a thousand tab stops would trap a keyboard
+      // user); one listener on the grid opens a cell's elements.
+      // A failure never hides behind a majority: a cell holding one is
+      // ringed even when most of its elements are fine.
+      var flag = d !== 'undo_failed' && c.undo_failed ? ' has-undo_failed' : (d !== 'failed' && d !== 'undo_failed' && c.failed ? ' has-failed' : '');
+      grid.appendChild(h('div', { class: 'cell cs-' + d + flag + (st.picked === i ? ' picked' : ''), title: label, dataset: { state: d, index: String(i) } }));
+      tally[d]++;
+    });
+    grid.dataset.cells = String(cells.length);
+    GR.cellStates.forEach(function (k) { grid.dataset[k.replace(/_(\w)/g, function (_, c) { return c.toUpperCase(); })] = String(tally[k]); });
+    st.scale.textContent = cells.length + ' cells · ' + (s.bucket_size > 1 ? GR.fmtNum(s.bucket_size) + ' elements each' : 'one element each') + ' · click a cell for its elements';
+  }
+
+  function pickCell(m, st, i) {
+    var cells = st.summary.cells;
+    var rng = cellRange(cells, i, st.total);
+    var limit = Math.min(50, rng.last - rng.from + 1);
+    var path = '/api/runs/' + encodeURIComponent(runID) + '/maps/' + encodeURIComponent(m.step) + '/elements' + GR.query({ from: rng.from, limit: limit });
+    GR.api(path).then(function (res) {
+      var els = (res.data && res.data.elements) || [];
+      var box = GR.clear(st.elements);
+      box.appendChild(h('div', { class: 'el-head' },
+        h('strong', null, 'Elements ' + rng.from + (rng.last > rng.from ? '–' + Math.min(rng.last, rng.from + limit - 1) : '')),
+        h('button', { type: 'button', class: 'btn btn-link', onclick: function () { st.picked = -1; GR.clear(st.elements); renderGrid(m, st); } }, 'close')));
+      box.appendChild(h('table', { class: 'table compact elements' },
+        h('thead', null, h('tr', null, h('th', { class: 'num' }, '#'), h('th', null, 'state'), h('th', null, 'rollback'), h('th', null, 'error'))),
+        h('tbody', null, els.map(function (e) {
+          return h('tr', null,
+            h('td', { class: 'num' }, h('a', { href: GR.runURL(m.map_id + '.' + e.index), class: 'mono', title: 'element run ' + m.map_id + '.' + e.index }, String(e.index))),
+            h('td', null, GR.badge(e.state)),
+            h('td', null, e.rollback_outcome || ''),
+            h('td', { class: 'bad-text' }, e.error || ''));
+        }))));
+    }, function (err) { GR.message('error', 'Could not load the elements of map ' + m.step, err.message); });
+  }
+
+  function mapCard(m) {
+    var st = maps[m.step];
+    if (!st) {
+      st = maps[m.step] = { picked: -1, polls: 0, key: '' };
+      st.grid = h('div', { class: 'grid', role: 'img', 'aria-label': 'element grid of map ' + m.step, dataset: { step: m.step } });
+      st.grid.addEventListener('click', function (e) {
+        var cell = e.target.closest('.cell');
+        if (!cell || !st.summary) return;
+        st.picked = Number(cell.dataset.index);
+        pickCell(st.map, st, st.picked);
+        renderGrid(st.map, st);
+      });
+      st.scale = h('span', { class: 'muted grid-scale' });
+      st.elements = h('div', { class: 'elements-box' });
+      st.head = h('div', { class: 'map-head' });
+      st.bars = h('div', { class: 'map-bars' });
+      st.box = h('div', { class: 'map', dataset: { step: m.step } }, st.head, st.bars,
+        h('div', { class: 'grid-wrap' }, st.grid, h('div', { class: 'grid-foot' }, legend(), st.scale)), st.elements);
+    }
+    st.total = m.total;
+    st.map = m;
+    return st;
+  }
+
+  function legend() {
+    return h('div', { class: 'legend' }, GR.cellStates.map(function (k) {
+      return h('span', { class: 'legend-item' }, h('span', { class: 'cell-sw cs-' + k }), k.replace(/_/g, ' '));
+    }));
+  }
+
+  function renderMapHead(m, st) {
+    var head = GR.clear(st.head);
+    head.appendChild(h('div', { class: 'map-title' },
+      h('span', { class: 'mono strong' }, m.step),
+      h('span', { class: 'mode mode-' + m.mode }, m.mode),
+      h('span', { class: 'muted mono map-id', title: 'map id' }, m.map_id)));
+    head.appendChild(h('div', { class: 'map-counts' },
+      h('span', null, h('b', null, GR.fmtNum(m.settled)), ' / ' + GR.fmtNum(m.total) + ' settled (' + pct(m.settled, m.total) + ')'),
+      h('span', null, GR.fmtNum(m.dispatched) + ' dispatched'),
+      m.failed ? h('span', { class: 'bad-text' }, GR.fmtNum(m.failed) + ' failed') : null));
+    var bars = GR.clear(st.bars);
+    var inflight = Math.max(0, (m.dispatched || 0) - (m.settled || 0));
+    bars.appendChild(h('div', { class: 'bar-label' }, 'forward'));
+    bars.appendChild(bar('map', m.total, [
+      { cls: 'seg-completed', n: (m.settled || 0) - (m.failed || 0), label: 'completed' },
+      { cls: 'seg-failed', n: m.failed, label: 'failed' },
+      { cls: 'seg-running', n: inflight, label: 'in flight' }
+    ], { dataset: { settled: String(m.settled), total: String(m.total), failed: String(m.failed) } }));
+    if (m.rollback) {
+      var rb = m.rollback;
+      bars.appendChild(h('div', { class: 'bar-label' }, 'rollback #' + rb.generation));
+      bars.appendChild(rollbackBar(rb, 'map-rollback'));
+      bars.appendChild(h('div', { class: 'bar-note' }, GR.fmtNum(rb.settled) + ' / ' + GR.fmtNum(rb.total) + ' undone (' + pct(rb.settled, rb.total) + ') · ' +
+        GR.fmtNum(rb.outstanding) + ' outstanding' + (rb.failed ? ' · ' + GR.fmtNum(rb.failed) + ' failed' : '')));
+    }
+  }
+
+  function refreshMap(m, st) {
+    // Counters move whenever the grid does; refetch on a change, and every
+    // fifth poll regardless, so a missed move is never stuck on screen.
+    var key = JSON.stringify(m);
+    st.polls++;
+    if (st.summary && key === st.key && st.polls % 5 !== 0) return Promise.resolve();
+    var path = '/api/runs/' + encodeURIComponent(runID) + '/maps/' + encodeURIComponent(m.step) + '/elements' + GR.query({ from: 0, limit: 1 });
+    return GR.api(path).then(function (res) {
+      st.key = key;
+      st.summary = (res.data && res.data.summary) || null;
+      if (res.data && res.data.total !== undefined) st.total = res.data.total;
+      st.scale.classList.remove('bad-text');
+      renderGrid(m, st);
+      if (st.picked >= 0 && st.summary && st.picked < st.summary.cells.length) pickCell(m, st, st.picked); // keep the open cell live
+    }, function (err) {
+      // One map's picture failing must not stop the rest of the page.
+      st.scale.textContent = 'element grid unavailable: ' + err.message;
+      st.scale.classList.add('bad-text');
+    });
+  }
+
+  function renderMaps(list) {
+    show('maps-panel', list.length > 0);
+    var box = $('maps');
+    var want = {};
+    var jobs = [];
+    list.forEach(function (m) {
+      want[m.step] = true;
+      var st = mapCard(m);
+      if (st.box.parentNode !== box) box.appendChild(st.box);
+      renderMapHead(m, st);
+      jobs.push(refreshMap(m, st));
+    });
+    Object.keys(maps).forEach(function (k) { if (!want[k]) { maps[k].box.remove(); delete maps[k]; } });
+    return Promise.all(jobs);
+  }
+
+  // ---- side panels ---------------------------------------------------------
+  function renderInputs(inputs) {
+    var box = GR.clear($('inputs'));
+    var keys = Object.keys(inputs || {});
+    if (!keys.length) { box.appendChild(h('p', { class: 'muted' }, 'No inputs.')); return; }
+    box.appendChild(h('table', { class: 'table kv' }, h('tbody', null, keys.sort().map(function (k) {
+      return h('tr', null, h('th', { class: 'mono' }, k), h('td', null, GR.valueEl(inputs[k])));
+    }))));
+  }
+
+  function renderValue(r) {
+    var has = r.value !== null && r.value !== undefined;
+    show('value-panel', has);
+    var box = GR.clear($('value'));
+    if (has) box.appendChild(GR.valueEl(r.value));
+  }
+
+  function renderChildren(list) {
+    show('children-panel', list.length > 0);
+    var box = GR.clear($('children'));
+    if (!list.length) return;
+    box.appendChild(h('ul', { class: 'children' }, list.map(function (c) {
+      return h('li', { class: 'child' },
+        h('div', { class: 'child-top' }, h('span', { class: 'mono strong' }, c.step), GR.badge(c.status)),
+        h('div', { class: 'child-run' }, GR.runLink(c.run_id, 'child-link')),
+        h('div', { class: 'muted small' }, c.reactor));
+    })));
+  }
+
+  function renderRollbacks(list) {
+    show('rollbacks-panel', list.length > 0);
+    var box = GR.clear($('rollbacks'));
+    if (!list.length) return;
+    box.appendChild(h('ol', { class: 'audit' }, list.map(function (e) {
+      return h('li', { class: 'audit-item' },
+        h('div', { class: 'audit-top' }, h('span', { class: 'mono strong' }, e.step), ' ', h('span', { class: 'rb-status rb-' + String(e.status).replace(/[^a-z_]/g, '') }, e.status),
+          h('span', { class: 'muted audit-at', title: e.at }, GR.fmtClock(e.at))),
+        (e.kind || e.reason) ? h('div', { class: 'muted small' }, [e.kind, e.reason].filter(Boolean).join(' · ')) : null,
+        e.message ? h('div', { class: 'bad-text small' }, e.message) : null);
+    })));
+  }
+
+  // ---- refresh -------------------------------------------------------------
+  function refresh() {
+    return GR.api('/api/runs/' + encodeURIComponent(runID)).then(function (res) {
+      var r = res.data;
+      show('run-missing', false);
+      $('run').classList.remove('gone');
+      var running = (r.steps || []).some(function (s) { return s.status === 'running'; });
+      if (changed('head', [r.id, r.status, r.reactor, r.created_at, r.updated_at, r.elapsed_ms, r.queue, r.trace_id, r.reason, r.retry_of, r.retried_by, Math.floor(Date.now() / 10000)])) renderHead(r);
+      if (changed('failure', r.failure)) renderFailure(r.failure);
+      if (changed('rollback', r.rollback)) renderRollback(r.rollback);
+      if (changed('steps', r.steps) || running) renderTimeline(r);
+      if (changed('inputs', r.inputs)) renderInputs(r.inputs);
+      if (changed('value', r.value)) renderValue(r);
+      if (changed('children', r.children)) renderChildren(r.children || []);
+      if (changed('rollbacks', r.rollbacks)) renderRollbacks(r.rollbacks || []);
+      $('run').dataset.status = r.status;
+      // A finished run changes rarely: poll it slower.
+      GR.poller.setInterval(GR.terminal[r.status] ? 5000 : 2000);
+      return renderMaps(r.maps || []);
+    }, function (err) {
+      if (err.status === 404) {
+        var p = $('run-missing');
+        p.textContent = err.message || ('No run ' + runID + '.');
+        p.hidden = false;
+        $('run').classList.add('gone');
+        return;
+      }
+      throw err;
+    });
+  }
+
+  document.addEventListener('DOMContentLoaded', function () {
+    runID = $('run').dataset.runId;
+    Array.prototype.forEach.call(document.querySelectorAll('[data-action]'), function (b) {
+      b.title = GR.actions[b.dataset.action].one(runID);
+      b.addEventListener('click', function () { GR.runAction(runID, b.dataset.action); });
+    });
+    GR.poller.start(refresh);
+  });
+})();
