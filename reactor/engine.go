@@ -340,7 +340,7 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	// leave the run where the sweeper looks. Elements are found through
 	// their map instead.
 	if !element {
-		if added, err = e.store.IndexStart(ctx, id, string(StatusRunning), now); err != nil {
+		if added, err = e.store.IndexStart(ctx, id, def.name, string(StatusRunning), now); err != nil {
 			_ = lease.Release(context.WithoutCancel(ctx))
 			return nil, err
 		}
@@ -368,9 +368,9 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	refuse := func(err error) (*Result, error) {
 		if !element {
 			if existing.Status.Terminal() {
-				_ = e.store.TakeBackStart(bg, id, string(StatusRunning), added, now)
+				_ = e.store.TakeBackStart(bg, id, def.name, string(StatusRunning), added, now)
 			} else if existing.Status != StatusRunning {
-				_ = e.store.MarkStatus(bg, id, string(StatusRunning), string(existing.Status), false, now)
+				_ = e.store.MarkStatus(bg, id, def.name, string(StatusRunning), string(existing.Status), false, now)
 			}
 		}
 		_ = lease.Release(bg)
@@ -386,7 +386,7 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	}
 	if existing.Status.Terminal() {
 		if !element {
-			_ = e.store.TakeBackStart(bg, id, string(StatusRunning), added, now)
+			_ = e.store.TakeBackStart(bg, id, def.name, string(StatusRunning), added, now)
 		}
 		_ = lease.Release(bg)
 		return existing.result(), nil
@@ -396,7 +396,7 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		adoptElement(ctx, existing) // an element created before it was recorded
 	}
 	if existing.Status != StatusRunning && !element {
-		if err := e.store.MarkStatus(ctx, id, string(StatusRunning), string(existing.Status), false, now); err != nil {
+		if err := e.store.MarkStatus(ctx, id, def.name, string(StatusRunning), string(existing.Status), false, now); err != nil {
 			_ = lease.Release(context.WithoutCancel(ctx))
 			return nil, err
 		}

@@ -164,7 +164,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		// Into the active index before the write that makes the run live
 		// again (an undo of a finished run): a crash between the two must
 		// not leave a live run where the sweeper cannot see it.
-		if err := x.e.store.MarkStatus(ctx, x.st.ID, string(x.indexed), string(x.st.Status), false, now); err != nil {
+		if err := x.e.store.MarkStatus(ctx, x.st.ID, x.st.Reactor, string(x.indexed), string(x.st.Status), false, now); err != nil {
 			return err
 		}
 		x.indexed = x.st.Status
@@ -200,7 +200,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		x.e.log.Warn("run finished but the retention of its maps and elements was not set; the sweeper retries",
 			"event", "reactor.retention.pending", "run", x.st.ID, "error", err)
 	} else if reindex {
-		if err := x.e.store.MarkStatus(ctx, x.st.ID, string(x.indexed), string(x.st.Status), true, now); err != nil {
+		if err := x.e.store.MarkStatus(ctx, x.st.ID, x.st.Reactor, string(x.indexed), string(x.st.Status), true, now); err != nil {
 			x.e.log.Warn("run finished but its index entry was not updated", "event", "reactor.index.stale", "run", x.st.ID, "error", err)
 		} else {
 			x.indexed = x.st.Status
