@@ -277,14 +277,21 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 			// here instead of handing off.
 			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
 		}
+		f.st.stepStarted(s.name, x.e.now())
 		out, err := x.runStep(ctx, f, s)
 		if err != nil {
 			return nil, err
 		}
 		pending--
 		if out.kind == outOK || out.kind == outSkip {
-			// The next step's intent rides on this step's checkpoint.
+			now := x.e.now()
+			f.st.stepFinished(s.name, now)
+			// The next step's intent rides on this step's checkpoint, and
+			// so does its start (the dashboard's timeline).
 			f.st.Intent, f.notStarted = nextIntent(f), true
+			if f.st.Intent != nil {
+				f.st.stepStarted(f.st.Intent.Step, now)
+			}
 		}
 		if out.kind == outOK && s.handoff == HandOffAfter && pending > 0 && x.canHandOff() {
 			f.st.Intent = nil
