@@ -1,12 +1,10 @@
 package dashboard
 
 import (
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 
-	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/reactor"
@@ -72,21 +70,23 @@ func (h *Handler) stats(w http.ResponseWriter, r *http.Request) {
 			out.ByReactor[n] = m
 		}
 	}
+	known, err := h.inspector.Queues()
+	if err != nil {
+		h.serverError(w, r, fmt.Errorf("list the asynq queues: %w", err))
+		return
+	}
 	queues := h.cfg.Queues
 	if len(queues) == 0 {
-		if queues, err = h.inspector.Queues(); err != nil {
-			h.serverError(w, r, fmt.Errorf("list the asynq queues: %w", err))
-			return
-		}
+		queues = known
 		slices.Sort(queues)
 	}
 	for _, q := range queues {
-		info, err := h.inspector.GetQueueInfo(q)
-		if errors.Is(err, asynq.ErrQueueNotFound) {
+		if !slices.Contains(known, q) {
 			// A configured queue nothing was enqueued on yet.
 			out.Queues = append(out.Queues, queueView{Queue: q})
 			continue
 		}
+		info, err := h.inspector.GetQueueInfo(q)
 		if err != nil {
 			h.serverError(w, r, fmt.Errorf("read asynq queue %s: %w", q, err))
 			return
