@@ -25,7 +25,7 @@ var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 // env is one test's engine (with a worker on its own queue), dashboard and
 // HTTP server, on the shared Redis under a prefix of its own.
 type env struct {
-	t      *testing.T
+	t      testing.TB
 	rdb    *redis.Client
 	prefix string
 	queue  string
@@ -34,7 +34,12 @@ type env struct {
 	srv    *httptest.Server
 }
 
-func newEnv(t *testing.T, token string) *env {
+func newEnv(t *testing.T, token string) *env { return newTBEnv(t, token) }
+
+// newBenchEnv is newEnv for a benchmark (no token).
+func newBenchEnv(b *testing.B) *env { return newTBEnv(b, "") }
+
+func newTBEnv(t testing.TB, token string) *env {
 	t.Helper()
 	rdb := redistest.Client(t)
 	prefix, queue := redistest.Prefix(t), redistest.Queue(t)

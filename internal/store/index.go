@@ -36,27 +36,35 @@ func (s *Store) MarkStarted(ctx context.Context, id, reactorName, status string,
 // pipeline: a start costs no extra round trip. An empty reactorName writes
 // none of the reactor indexes.
 func (s *Store) IndexStart(ctx context.Context, id, reactorName, status string, now time.Time) (added bool, err error) {
-	ms := float64(now.UnixMilli())
 	var active *redis.IntCmd
 	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		active = p.ZAdd(ctx, s.keys.Active(), redis.Z{Score: ms, Member: id})
-		p.ZAddNX(ctx, s.keys.Runs(), redis.Z{Score: ms, Member: id})
-		p.ZAdd(ctx, s.keys.Status(status), redis.Z{Score: ms, Member: id})
-		p.ZAddNX(ctx, s.keys.IDs(), redis.Z{Score: 0, Member: id})
-		if reactorName != "" {
-			p.ZAddNX(ctx, s.keys.Reactor(reactorName), redis.Z{Score: ms, Member: id})
-			p.ZAdd(ctx, s.keys.ReactorStatus(reactorName, status), redis.Z{Score: ms, Member: id})
-			// After the reactor's entries: the trimmer drops a name
-			// only when its indexes are empty, and re-reads them after the
-			// removal (sweeper/trim.go).
-			p.SAdd(ctx, s.keys.Reactors(), reactorName)
-		}
+		active = s.QueueIndexStart(ctx, p, id, reactorName, status, now)
 		return nil
 	})
 	if err != nil {
 		return false, fmt.Errorf("store: index run: %w", err)
 	}
 	return active.Val() == 1, nil
+}
+
+// QueueIndexStart queues IndexStart's commands on pipeline p, for a caller
+// that indexes many runs in one round trip (a seeding tool, a benchmark). It
+// returns the active index's ZADD, whose value is 1 when the entry is new.
+func (s *Store) QueueIndexStart(ctx context.Context, p redis.Pipeliner, id, reactorName, status string, now time.Time) *redis.IntCmd {
+	ms := float64(now.UnixMilli())
+	active := p.ZAdd(ctx, s.keys.Active(), redis.Z{Score: ms, Member: id})
+	p.ZAddNX(ctx, s.keys.Runs(), redis.Z{Score: ms, Member: id})
+	p.ZAdd(ctx, s.keys.Status(status), redis.Z{Score: ms, Member: id})
+	p.ZAddNX(ctx, s.keys.IDs(), redis.Z{Score: 0, Member: id})
+	if reactorName != "" {
+		p.ZAddNX(ctx, s.keys.Reactor(reactorName), redis.Z{Score: ms, Member: id})
+		p.ZAdd(ctx, s.keys.ReactorStatus(reactorName, status), redis.Z{Score: ms, Member: id})
+		// After the reactor's entries: the trimmer drops a name only when
+		// its indexes are empty, and re-reads them after the removal
+		// (sweeper/trim.go).
+		p.SAdd(ctx, s.keys.Reactors(), reactorName)
+	}
+	return active
 }
 
 // TakeBackStart undoes IndexStart's speculative entries for a start that
@@ -79,29 +87,34 @@ func (s *Store) TakeBackStart(ctx context.Context, id, reactorName, status strin
 // index and gives the index entries nothing to expire: they are trimmed by
 // score.
 func (s *Store) MarkStatus(ctx context.Context, id, reactorName, from, to string, terminal bool, now time.Time) error {
-	ms := float64(now.UnixMilli())
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		if from != "" && from != to {
-			p.ZRem(ctx, s.keys.Status(from), id)
-			if reactorName != "" {
-				p.ZRem(ctx, s.keys.ReactorStatus(reactorName, from), id)
-			}
-		}
-		p.ZAdd(ctx, s.keys.Status(to), redis.Z{Score: ms, Member: id})
-		if reactorName != "" {
-			p.ZAdd(ctx, s.keys.ReactorStatus(reactorName, to), redis.Z{Score: ms, Member: id})
-		}
-		if terminal {
-			p.ZRem(ctx, s.keys.Active(), id)
-		} else {
-			p.ZAdd(ctx, s.keys.Active(), redis.Z{Score: ms, Member: id})
-		}
+		s.QueueMarkStatus(ctx, p, id, reactorName, from, to, terminal, now)
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("store: index status: %w", err)
 	}
 	return nil
+}
+
+// QueueMarkStatus queues MarkStatus's commands on pipeline p.
+func (s *Store) QueueMarkStatus(ctx context.Context, p redis.Pipeliner, id, reactorName, from, to string, terminal bool, now time.Time) {
+	ms := float64(now.UnixMilli())
+	if from != "" && from != to {
+		p.ZRem(ctx, s.keys.Status(from), id)
+		if reactorName != "" {
+			p.ZRem(ctx, s.keys.ReactorStatus(reactorName, from), id)
+		}
+	}
+	p.ZAdd(ctx, s.keys.Status(to), redis.Z{Score: ms, Member: id})
+	if reactorName != "" {
+		p.ZAdd(ctx, s.keys.ReactorStatus(reactorName, to), redis.Z{Score: ms, Member: id})
+	}
+	if terminal {
+		p.ZRem(ctx, s.keys.Active(), id)
+	} else {
+		p.ZAdd(ctx, s.keys.Active(), redis.Z{Score: ms, Member: id})
+	}
 }
 
 // Unindex takes back the speculative status entry of a start that found an
