@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/redis/go-redis/v9"
 
@@ -65,11 +66,14 @@ type Rollback struct {
 type Reader struct {
 	rdb  redis.UniversalClient
 	keys keys.Keys
+
+	mu    sync.Mutex
+	cache map[string]summaryEntry // by map id
 }
 
 // New returns a Reader.
 func New(rdb redis.UniversalClient, prefix string) *Reader {
-	return &Reader{rdb: rdb, keys: keys.New(prefix)}
+	return &Reader{rdb: rdb, keys: keys.New(prefix), cache: map[string]summaryEntry{}}
 }
 
 type mapCmds struct {
@@ -194,16 +198,24 @@ const MaxCells = 1000
 
 // Read returns map mapID's picture: the elements from..from+limit-1 and the
 // summary of every element in at most MaxCells cells. ok is false when the
-// map has no keys (never started, or expired with its run). It costs one
-// round trip; the summary reads the whole results hashes (not the element
-// runs).
+// map has no keys (never started, or expired with its run).
+//
+// The page costs one round trip (two once the map rolls back). The summary
+// reads the whole results hashes (never the element runs) only when the
+// map's counters moved since the last summary of it: a results hash only
+// grows in the scripts that bump those counters, so equal counters mean an
+// equal picture.
 func (r *Reader) Read(ctx context.Context, mapID string, from, limit int) (pic Picture, ok bool, err error) {
 	var c mapCmds
-	var results, rbResults *redis.MapStringStringCmd
+	to := from + limit - 1
+	fields := make([]string, 0, limit)
+	for i := from; i <= to; i++ {
+		fields = append(fields, strconv.Itoa(i))
+	}
+	var page *redis.SliceCmd
 	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		c = r.queue(ctx, p, mapID)
-		results = p.HGetAll(ctx, r.keys.MapResults(mapID))
-		rbResults = p.HGetAll(ctx, r.keys.MapRbResults(mapID, Generation))
+		page = p.HMGet(ctx, r.keys.MapResults(mapID), fields...)
 		return nil
 	}); pipeErr(err) != nil {
 		return pic, false, fmt.Errorf("inspect: read map %s: %w", mapID, err)
@@ -213,78 +225,51 @@ func (r *Reader) Read(ctx context.Context, mapID string, from, limit int) (pic P
 		return pic, false, nil
 	}
 	pic.Map = m
-	total := m.Total
-	fwd := make([]string, total) // state by index, before the rollback
-	for i := range fwd {
-		if i < m.Offset {
-			fwd[i] = StateRunning
-		} else {
-			fwd[i] = StatePending
+	// The page's rollback outcomes, by position (position p undoes element
+	// total-1-p).
+	rbPage := make([]any, len(fields))
+	if rb := m.Rollback; rb != nil && from < m.Total {
+		pos := make([]string, 0, len(fields))
+		for i := from; i <= min(to, m.Total-1); i++ {
+			pos = append(pos, strconv.Itoa(rb.Total-1-i))
 		}
+		vals, err := r.rdb.HMGet(ctx, r.keys.MapRbResults(mapID, Generation), pos...).Result()
+		if err != nil {
+			return pic, false, fmt.Errorf("inspect: read the rollback of map %s: %w", mapID, err)
+		}
+		copy(rbPage, vals)
 	}
-	for field, v := range results.Val() {
-		i, err := strconv.Atoi(field)
-		if err != nil || i < 0 || i >= total {
-			continue
-		}
-		var o statusOnly
-		if err := codec.Unmarshal([]byte(v), &o); err != nil {
-			return pic, false, fmt.Errorf("inspect: decode result %s[%d]: %w", mapID, i, err)
-		}
-		fwd[i] = forwardState(o.Status)
+	sum, err := r.summary(ctx, m)
+	if err != nil {
+		return pic, false, err
 	}
-	rbOut := map[int]string{}
-	rbByIndex := map[int]string{}
-	for _, v := range rbResults.Val() {
-		var o rbOutcomeOnly
-		if err := codec.Unmarshal([]byte(v), &o); err != nil {
-			return pic, false, fmt.Errorf("inspect: decode a rollback result of %s: %w", mapID, err)
-		}
-		if o.Index >= 0 && o.Index < total {
-			rbOut[o.Index] = o.Outcome
-			rbByIndex[o.Index] = v
-		}
-	}
-	state := func(i int) string {
-		switch rbOut[i] {
-		case "undone":
-			return StateUndone
-		case "failed":
-			return StateUndoFailed
-		case "context_unavailable":
-			return StateUnavailable
-		}
-		return fwd[i]
-	}
-	pic.BucketSize = max(1, (total+MaxCells-1)/MaxCells)
-	for lo := 0; lo < total; lo += pic.BucketSize {
-		hi := min(lo+pic.BucketSize, total) - 1
-		cell := Cell{From: lo, To: hi, Counts: make(map[string]int, len(States))}
-		for i := lo; i <= hi; i++ {
-			cell.Counts[state(i)]++
-		}
-		pic.Cells = append(pic.Cells, cell)
-	}
-	// The page: decode its outcomes in full for their messages.
-	for i := from; i < min(from+limit, total); i++ {
-		el := Element{Index: i, State: state(i), RollbackOutcome: rbOut[i]}
-		if v, ok := results.Val()[strconv.Itoa(i)]; ok {
+	pic.BucketSize, pic.Cells = sum.bucket, sum.cells
+	for k, i := 0, from; i <= min(to, m.Total-1); k, i = k+1, i+1 {
+		el := Element{Index: i, State: fwdState(i, m.Offset)}
+		if v, ok := page.Val()[k].(string); ok {
 			var o outcome
-			if err := codec.Unmarshal([]byte(v), &o); err == nil {
-				switch {
-				case o.Failure != nil:
-					el.Error = o.Failure.Message
-				case o.Reason != "":
-					el.Error = o.Reason
-				}
+			if err := codec.Unmarshal([]byte(v), &o); err != nil {
+				return pic, false, fmt.Errorf("inspect: decode result %s[%d]: %w", mapID, i, err)
+			}
+			el.State = forwardState(o.Status)
+			switch {
+			case o.Failure != nil:
+				el.Error = o.Failure.Message
+			case o.Reason != "":
+				el.Error = o.Reason
 			}
 		}
-		if v, ok := rbByIndex[i]; ok {
+		if v, ok := rbPage[k].(string); ok {
 			var o rbOutcome
-			if err := codec.Unmarshal([]byte(v), &o); err == nil && len(o.Failures) > 0 {
+			if err := codec.Unmarshal([]byte(v), &o); err != nil {
+				return pic, false, fmt.Errorf("inspect: decode a rollback result of %s: %w", mapID, err)
+			}
+			el.RollbackOutcome = o.Outcome
+			el.State = rollbackState(o.Outcome, el.State)
+			if len(o.Failures) > 0 {
 				msgs := make([]string, len(o.Failures))
-				for k, f := range o.Failures {
-					msgs[k] = f.Step + ": " + f.Message
+				for j, f := range o.Failures {
+					msgs[j] = f.Step + ": " + f.Message
 				}
 				if el.Error != "" {
 					el.Error += "; "
@@ -295,6 +280,144 @@ func (r *Reader) Read(ctx context.Context, mapID string, from, limit int) (pic P
 		pic.Elements = append(pic.Elements, el)
 	}
 	return pic, true, nil
+}
+
+// counters is what a summary was computed at.
+type counters struct {
+	total, offset, settled, failed int
+	rbTotal, rbOffset, rbSettled   int
+}
+
+func countersOf(m Map) counters {
+	c := counters{total: m.Total, offset: m.Offset, settled: m.Settled, failed: m.Failed}
+	if rb := m.Rollback; rb != nil {
+		c.rbTotal, c.rbOffset, c.rbSettled = rb.Total, rb.Offset, rb.Settled
+	}
+	return c
+}
+
+type summaryEntry struct {
+	at     counters
+	bucket int
+	cells  []Cell
+}
+
+// maxCached bounds the summaries kept (one per map being watched).
+const maxCached = 64
+
+// summary returns m's bucketed summary, from the cache when m's counters
+// have not moved.
+func (r *Reader) summary(ctx context.Context, m Map) (summaryEntry, error) {
+	at := countersOf(m)
+	r.mu.Lock()
+	if e, ok := r.cache[m.ID]; ok && e.at == at {
+		r.mu.Unlock()
+		return e, nil
+	}
+	r.mu.Unlock()
+	var results, rbResults *redis.MapStringStringCmd
+	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		results = p.HGetAll(ctx, r.keys.MapResults(m.ID))
+		rbResults = p.HGetAll(ctx, r.keys.MapRbResults(m.ID, Generation))
+		return nil
+	}); pipeErr(err) != nil {
+		return summaryEntry{}, fmt.Errorf("inspect: read map %s: %w", m.ID, err)
+	}
+	total := m.Total
+	state := make([]uint8, total) // index into States
+	for i := range state {
+		if i < m.Offset {
+			state[i] = 1 // running
+		}
+	}
+	stateIndex := map[string]uint8{}
+	for k, s := range States {
+		stateIndex[s] = uint8(k)
+	}
+	for field, v := range results.Val() {
+		i, err := strconv.Atoi(field)
+		if err != nil || i < 0 || i >= total {
+			continue
+		}
+		st, ok := fastStatus(v)
+		if !ok {
+			var o statusOnly
+			if err := codec.Unmarshal([]byte(v), &o); err != nil {
+				return summaryEntry{}, fmt.Errorf("inspect: decode result %s[%d]: %w", m.ID, i, err)
+			}
+			st = o.Status
+		}
+		state[i] = stateIndex[forwardState(st)]
+	}
+	for _, v := range rbResults.Val() {
+		var o rbOutcomeOnly
+		if err := codec.Unmarshal([]byte(v), &o); err != nil {
+			return summaryEntry{}, fmt.Errorf("inspect: decode a rollback result of %s: %w", m.ID, err)
+		}
+		if o.Index >= 0 && o.Index < total {
+			state[o.Index] = stateIndex[rollbackState(o.Outcome, States[state[o.Index]])]
+		}
+	}
+	e := summaryEntry{at: at, bucket: max(1, (total+MaxCells-1)/MaxCells)}
+	for lo := 0; lo < total; lo += e.bucket {
+		hi := min(lo+e.bucket, total) - 1
+		var n [7]int
+		for i := lo; i <= hi; i++ {
+			n[state[i]]++
+		}
+		cell := Cell{From: lo, To: hi, Counts: make(map[string]int, len(States))}
+		for k, s := range States {
+			cell.Counts[s] = n[k]
+		}
+		e.cells = append(e.cells, cell)
+	}
+	r.mu.Lock()
+	if len(r.cache) >= maxCached {
+		for k := range r.cache {
+			delete(r.cache, k)
+			break
+		}
+	}
+	r.cache[m.ID] = e
+	r.mu.Unlock()
+	return e, nil
+}
+
+// fastStatus reads the status of an encoded outcome without a decoder: a
+// msgpack map (fixmap) whose first key is "s" and whose value is a short
+// string, as mapstep's codec writes it. ok is false for anything else (the
+// caller decodes).
+func fastStatus(v string) (string, bool) {
+	if len(v) < 4 || v[0]&0xf0 != 0x80 || v[1] != 0xa1 || v[2] != 's' || v[3]&0xe0 != 0xa0 {
+		return "", false
+	}
+	n := int(v[3] & 0x1f)
+	if len(v) < 4+n {
+		return "", false
+	}
+	return v[4 : 4+n], true
+}
+
+// fwdState is the state of element i without an outcome.
+func fwdState(i, offset int) string {
+	if i < offset {
+		return StateRunning
+	}
+	return StatePending
+}
+
+// rollbackState is the state of an element whose rollback outcome is
+// outcome and whose forward state is fwd.
+func rollbackState(outcome, fwd string) string {
+	switch outcome {
+	case "undone":
+		return StateUndone
+	case "failed":
+		return StateUndoFailed
+	case "context_unavailable":
+		return StateUnavailable
+	}
+	return fwd // not_needed: nothing was applied to undo
 }
 
 // forwardState is the state of an element with forward outcome status s.
@@ -308,4 +431,11 @@ func forwardState(s string) string {
 	// stopped: settled without running because the map had failed or was
 	// stopped.
 	return StatePending
+}
+
+// Forget drops the cached summaries (a benchmark measures a cold read).
+func (r *Reader) Forget() {
+	r.mu.Lock()
+	clear(r.cache)
+	r.mu.Unlock()
 }
