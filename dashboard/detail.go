@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/inspect"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/reactor"
@@ -41,6 +42,14 @@ type runDetail struct {
 	RetryOf   string         `json:"retry_of"`
 	RetriedBy []string       `json:"retried_by"`
 	Deadline  string         `json:"deadline,omitempty"`
+	Element   *elementOf     `json:"element,omitempty"`
+}
+
+// elementOf says which map element a run is (element runs only).
+type elementOf struct {
+	Owner string `json:"owner"`
+	Step  string `json:"step"`
+	Index int    `json:"index"`
 }
 
 type failureDetail struct {
@@ -156,6 +165,10 @@ func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
 	}
 	ctx := r.Context()
 	run, err := h.engine.Get(ctx, id)
+	if errors.Is(err, reactor.ErrNotFound) && strings.Contains(id, ".") {
+		// A map element's run ("<mapID>.<i>"), in its own slot.
+		run, err = engineapi.Element(h.engine, ctx, id)
+	}
 	if errors.Is(err, reactor.ErrNotFound) {
 		writeError(w, http.StatusNotFound, "no run "+id+" is stored (unknown id, or its retention expired)")
 		return
@@ -181,6 +194,9 @@ func detailOf(run *reactor.Run, maps []inspect.Map, now time.Time) runDetail {
 	}
 	if !run.Deadline.IsZero() {
 		d.Deadline = stamp(run.Deadline)
+	}
+	if el := run.Element; el != nil {
+		d.Element = &elementOf{Owner: el.Owner, Step: el.Step, Index: el.Index}
 	}
 	if f := run.Failure; f != nil {
 		d.Failure = &failureDetail{Step: f.Step, Message: f.Message, RollbackFailures: []rollbackFailure{}}

@@ -117,6 +117,21 @@ func TestDetailRollingBackFanOut(t *testing.T) {
 		}
 	}
 
+	// An element's own run, found by its id.
+	var ed struct {
+		runDetail
+		Element struct {
+			Owner string `json:"owner"`
+			Step  string `json:"step"`
+			Index int    `json:"index"`
+		} `json:"element"`
+	}
+	e.get("/api/runs/"+mapstep.ElementID(m.MapID, 3), http.StatusOK, &ed)
+	require.Equal(t, "rb-elem", ed.Reactor)
+	require.Equal(t, "rb-1", ed.Element.Owner)
+	require.Equal(t, "each", ed.Element.Step)
+	require.Equal(t, 3, ed.Element.Index)
+
 	close(release)
 	res, err := e.engine.Wait(ctx, "rb-1")
 	require.NoError(t, err)
