@@ -290,7 +290,8 @@ func steps(run *reactor.Run) []stepView {
 	for _, n := range open {
 		v := stepView{Name: n, Status: stepPending, StartedAt: stamp(run.Started[n])}
 		switch {
-		case run.Failure != nil && run.Failure.Step == n:
+		case run.Failure != nil && (run.Failure.Step == n || strings.HasPrefix(run.Failure.Step, n+"/")):
+			// The step itself, or a step of the child it composes.
 			v.Status, v.Error = stepFailed, run.Failure.Message
 		case run.Status == reactor.StatusRunning:
 			v.Status = stepRunning

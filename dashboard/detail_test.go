@@ -214,3 +214,41 @@ func TestElementSummaryTenThousand(t *testing.T) {
 	e.get("/api/runs/big/maps/each/elements?limit=1001", http.StatusBadRequest, &eb)
 	e.get("/api/runs/big/maps/each/elements?from=-1", http.StatusBadRequest, &eb)
 }
+
+// A run that failed inside a composed child: its steps show what ran, what
+// the rollback undid and where it failed.
+func TestDetailFailedInChild(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	ctx := ctxTimeout(t, 20*time.Second)
+	undoable := func(name string) reactor.Part {
+		return reactor.Step(name, reactor.StepConfig[reactor.Args, string]{
+			Run:  func(context.Context, reactor.Args) (string, error) { return name + "-done", nil },
+			Undo: func(context.Context, reactor.Args, string) error { return nil },
+		})
+	}
+	child := reactor.MustDefine("fc-child", undoable("reserve"), reactor.Step("charge", reactor.StepConfig[reactor.Args, string]{
+		After: []string{"reserve"},
+		Run:   func(context.Context, reactor.Args) (string, error) { return "", reactor.Permanent(errors.New("card declined")) },
+	}))
+	parent := reactor.MustDefine("fc-parent", undoable("hold"), reactor.Compose("book", child, reactor.ComposeConfig{After: []string{"hold"}}))
+	res, err := e.engine.Run(ctx, parent, nil, reactor.WithRunID("fc-1"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+
+	var d runDetail
+	e.get("/api/runs/fc-1", http.StatusOK, &d)
+	require.Equal(t, "book/charge", d.Failure.Step)
+	byName := map[string]string{}
+	for _, s := range d.Steps {
+		byName[s.Name] = s.Status
+	}
+	require.Equal(t, map[string]string{"hold": "undone", "book": "failed"}, byName)
+	var undone []string
+	for _, rb := range d.Rollbacks {
+		undone = append(undone, rb.Step+":"+rb.Status)
+	}
+	require.Contains(t, undone, "hold:compensated")
+	require.Contains(t, undone, "book/reserve:compensated")
+	require.Nil(t, d.Rollback)
+}
