@@ -86,9 +86,15 @@ type TrimReport struct {
 // still the one the pass read (store.RemoveIfScore), so a run indexed again
 // meanwhile keeps it.
 //
+// The dashboard's indexes are trimmed the same way: idx:reactor:<name> like
+// idx:runs (an entry whose run is another reactor's goes too), and
+// idx:rs:<name>:<s> like the status indexes, for every name in
+// idx:reactors; an idx:ids entry goes with its run's idx:runs entry, and a
+// name leaves idx:reactors once its indexes are empty.
+//
 // Each pass reads at most Page entries of each index, old enough to matter:
-// idx:runs and the terminal status indexes older than Retention, the
-// non-terminal ones older than StaleAfter. The score of these indexes is the
+// idx:runs, the reactor indexes and the terminal status indexes older than
+// Retention, the non-terminal ones older than StaleAfter. The score of these indexes is the
 // listing order, so the trim never touches it; it pages with a cursor per
 // index instead, held in memory (a restarted sweeper starts from the oldest
 // again, which costs reads, never correctness), and starts over from the
