@@ -229,7 +229,9 @@ func TestDetailFailedInChild(t *testing.T) {
 	}
 	child := reactor.MustDefine("fc-child", undoable("reserve"), reactor.Step("charge", reactor.StepConfig[reactor.Args, string]{
 		After: []string{"reserve"},
-		Run:   func(context.Context, reactor.Args) (string, error) { return "", reactor.Permanent(errors.New("card declined")) },
+		Run: func(context.Context, reactor.Args) (string, error) {
+			return "", reactor.Permanent(errors.New("card declined"))
+		},
 	}))
 	parent := reactor.MustDefine("fc-parent", undoable("hold"), reactor.Compose("book", child, reactor.ComposeConfig{After: []string{"hold"}}))
 	res, err := e.engine.Run(ctx, parent, nil, reactor.WithRunID("fc-1"))
