@@ -114,7 +114,7 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 	if err != nil {
 		return nil, fmt.Errorf("reactor: encode run: %w", err)
 	}
-	added, err := e.store.IndexStart(ctx, id, string(StatusPending), now)
+	added, err := e.store.IndexStart(ctx, id, def.name, string(StatusPending), now)
 	if err != nil {
 		return nil, err
 	}
@@ -129,9 +129,9 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 		}
 		// Undo the speculative pending index entry where it is wrong.
 		if existing.Status.Terminal() {
-			_ = e.store.TakeBackStart(bg, id, string(StatusPending), added, now)
+			_ = e.store.TakeBackStart(bg, id, def.name, string(StatusPending), added, now)
 		} else if existing.Status != StatusPending {
-			_ = e.store.MarkStatus(bg, id, string(StatusPending), string(existing.Status), false, now)
+			_ = e.store.MarkStatus(bg, id, def.name, string(StatusPending), string(existing.Status), false, now)
 		}
 		if existing.Reactor != def.name {
 			// As Run does: the id belongs to another reactor's run, which

@@ -330,6 +330,9 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	}
 	// The first step's intent rides on the create.
 	st.Intent = nextIntent(&frame{def: def, st: st})
+	if st.Intent != nil {
+		st.stepStarted(st.Intent.Step, now)
+	}
 	data, err := codec.Marshal(st)
 	if err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
@@ -340,7 +343,7 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	// leave the run where the sweeper looks. Elements are found through
 	// their map instead.
 	if !element {
-		if added, err = e.store.IndexStart(ctx, id, string(StatusRunning), now); err != nil {
+		if added, err = e.store.IndexStart(ctx, id, def.name, string(StatusRunning), now); err != nil {
 			_ = lease.Release(context.WithoutCancel(ctx))
 			return nil, err
 		}
@@ -368,9 +371,9 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	refuse := func(err error) (*Result, error) {
 		if !element {
 			if existing.Status.Terminal() {
-				_ = e.store.TakeBackStart(bg, id, string(StatusRunning), added, now)
+				_ = e.store.TakeBackStart(bg, id, def.name, string(StatusRunning), added, now)
 			} else if existing.Status != StatusRunning {
-				_ = e.store.MarkStatus(bg, id, string(StatusRunning), string(existing.Status), false, now)
+				_ = e.store.MarkStatus(bg, id, def.name, string(StatusRunning), string(existing.Status), false, now)
 			}
 		}
 		_ = lease.Release(bg)
@@ -386,7 +389,7 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	}
 	if existing.Status.Terminal() {
 		if !element {
-			_ = e.store.TakeBackStart(bg, id, string(StatusRunning), added, now)
+			_ = e.store.TakeBackStart(bg, id, def.name, string(StatusRunning), added, now)
 		}
 		_ = lease.Release(bg)
 		return existing.result(), nil
@@ -396,7 +399,7 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		adoptElement(ctx, existing) // an element created before it was recorded
 	}
 	if existing.Status != StatusRunning && !element {
-		if err := e.store.MarkStatus(ctx, id, string(StatusRunning), string(existing.Status), false, now); err != nil {
+		if err := e.store.MarkStatus(ctx, id, def.name, string(StatusRunning), string(existing.Status), false, now); err != nil {
 			_ = lease.Release(context.WithoutCancel(ctx))
 			return nil, err
 		}
@@ -504,6 +507,36 @@ func (e *Engine) Get(ctx context.Context, id string) (*Run, error) {
 	}
 	d, _ := e.Definition(st.Reactor)
 	return st.view(d, version), nil
+}
+
+// runs returns the stored root runs ids in one round trip, nil where no run
+// is stored (or the id is not one).
+func (e *Engine) runs(ctx context.Context, ids []string) ([]*Run, error) {
+	ts := make([]store.Target, 0, len(ids))
+	valid := make([]int, 0, len(ids))
+	for i, id := range ids {
+		if validateRunID(id) == nil {
+			ts = append(ts, e.store.RunTarget(id))
+			valid = append(valid, i)
+		}
+	}
+	snaps, err := e.store.LoadMany(ctx, ts)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*Run, len(ids))
+	for j, snap := range snaps {
+		if snap.Data == nil {
+			continue
+		}
+		st, err := decodeState(snap.Data)
+		if err != nil {
+			return nil, fmt.Errorf("%w (run %s)", err, ids[valid[j]])
+		}
+		d, _ := e.Definition(st.Reactor)
+		out[valid[j]] = st.view(d, snap.Version)
+	}
+	return out, nil
 }
 
 func validateRunID(id string) error {

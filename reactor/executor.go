@@ -167,7 +167,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		// Into the active index before the write that makes the run live
 		// again (an undo of a finished run): a crash between the two must
 		// not leave a live run where the sweeper cannot see it.
-		if err := x.e.store.MarkStatus(ctx, x.st.ID, string(x.indexed), string(x.st.Status), false, now); err != nil {
+		if err := x.e.store.MarkStatus(ctx, x.st.ID, x.st.Reactor, string(x.indexed), string(x.st.Status), false, now); err != nil {
 			return err
 		}
 		x.indexed = x.st.Status
@@ -207,7 +207,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		x.e.log.Warn("run finished but the retention of its maps and elements was not set; the sweeper retries",
 			"event", "reactor.retention.pending", "run", x.st.ID, "error", err)
 	} else if reindex {
-		if err := x.e.store.MarkStatus(ctx, x.st.ID, string(x.indexed), string(x.st.Status), true, now); err != nil {
+		if err := x.e.store.MarkStatus(ctx, x.st.ID, x.st.Reactor, string(x.indexed), string(x.st.Status), true, now); err != nil {
 			x.e.log.Warn("run finished but its index entry was not updated", "event", "reactor.index.stale", "run", x.st.ID, "error", err)
 		} else {
 			x.indexed = x.st.Status
@@ -284,14 +284,21 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 			// here instead of handing off.
 			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
 		}
+		f.st.stepStarted(s.name, x.e.now())
 		out, err := x.runStep(ctx, f, s)
 		if err != nil {
 			return nil, err
 		}
 		pending--
 		if out.kind == outOK || out.kind == outSkip {
-			// The next step's intent rides on this step's checkpoint.
+			now := x.e.now()
+			f.st.stepFinished(s.name, now)
+			// The next step's intent rides on this step's checkpoint, and
+			// so does its start (the dashboard's timeline).
 			f.st.Intent, f.notStarted = nextIntent(f), true
+			if f.st.Intent != nil {
+				f.st.stepStarted(f.st.Intent.Step, now)
+			}
 		}
 		if out.kind == outOK && s.handoff == HandOffAfter && pending > 0 && x.canHandOff() {
 			f.st.Intent = nil

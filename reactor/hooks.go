@@ -28,6 +28,16 @@ func init() {
 		return eng(e).stopElement(ctx, reactorName, id, fn)
 	}
 	enginehook.Locked = func(e any, ctx context.Context, id string) (bool, error) { return eng(e).locked(ctx, id) }
+	enginehook.Runs = func(e any, ctx context.Context, ids []string) ([]any, error) {
+		runs, err := eng(e).runs(ctx, ids)
+		out := make([]any, len(runs))
+		for i, r := range runs {
+			if r != nil {
+				out[i] = r
+			}
+		}
+		return out, err
+	}
 	enginehook.Client = func(e any) redis.UniversalClient { return eng(e).client() }
 	enginehook.Prefix = func(e any) string { return eng(e).prefix() }
 	enginehook.Enqueuer = func(e any) any {

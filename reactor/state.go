@@ -1,6 +1,7 @@
 package reactor
 
 import (
+	"sort"
 	"time"
 )
 
@@ -25,6 +26,11 @@ type runState struct {
 	Rollback *RollbackRecord `msgpack:"rb,omitempty"`
 	// Undone records what each rollback did to each step, in order.
 	Undone []StepRollback `msgpack:"u,omitempty"`
+
+	// Starts holds when each step that started and has no record yet
+	// (running, or the step that failed) started, in Unix ms: the step's
+	// record takes it over when it completes (stepRec.StartedAt).
+	Starts map[string]int64 `msgpack:"sa,omitempty"`
 
 	// Intent is the plain step this frame runs next, saved by the checkpoint
 	// before its Run is called (the previous step's checkpoint carries it),
@@ -87,6 +93,38 @@ type stepRec struct {
 	State    stepState `msgpack:"s"`
 	Value    Raw       `msgpack:"v,omitempty"`
 	Attempts int       `msgpack:"a,omitempty"`
+	// StartedAt and FinishedAt are when the step started (its first
+	// attempt, in the first execution that reached it) and when it
+	// completed or was skipped, in Unix ms; 0 in states written before
+	// they were recorded.
+	StartedAt  int64 `msgpack:"sa,omitempty"`
+	FinishedAt int64 `msgpack:"fa,omitempty"`
+}
+
+// stepStarted records that step name starts at now, unless it started
+// before (a retried or resumed step keeps its first start).
+func (st *runState) stepStarted(name string, now time.Time) {
+	if _, ok := st.Starts[name]; ok {
+		return
+	}
+	if st.Starts == nil {
+		st.Starts = map[string]int64{}
+	}
+	st.Starts[name] = now.UnixMilli()
+}
+
+// stepFinished stamps the record of step name, which just completed or was
+// skipped, with its start and now.
+func (st *runState) stepFinished(name string, now time.Time) {
+	rec, ok := st.Steps[name]
+	if !ok {
+		return
+	}
+	rec.StartedAt, rec.FinishedAt = st.Starts[name], now.UnixMilli()
+	if rec.StartedAt == 0 {
+		rec.StartedAt = rec.FinishedAt
+	}
+	delete(st.Starts, name)
 }
 
 // LedgerEntry is one completed, undoable step on a run's undo stack.
@@ -191,8 +229,44 @@ type Run struct {
 	// RetriedBy lists the ids of the runs that retry this one, oldest
 	// first.
 	RetriedBy []string
+	// Steps are the steps with a record (completed or skipped), in
+	// definition order when the engine knows the definition, else by start
+	// time.
+	Steps []StepInfo
+	// Started holds when each step that started but has no record yet
+	// began: the step running now, or the one that failed.
+	Started map[string]time.Time
+	// Current is the plain step the run executes next or is executing, with
+	// its attempt; nil when there is none (between steps, a construct or
+	// composed child in progress, or a finished run).
+	Current *StepAttempt
+	// Children are the composed child runs in progress, by compose step;
+	// their ids are "<run id>/<step path>". A finished child leaves only its
+	// step's record.
+	Children  map[string]*Run
 	CreatedAt time.Time
 	UpdatedAt time.Time
+}
+
+// StepInfo is the record of one completed or skipped step.
+type StepInfo struct {
+	Name string
+	// Skipped is true for a step that skipped itself (reactor.Skip).
+	Skipped bool
+	// Attempts is the attempt that completed it (1 for constructs and
+	// composed children).
+	Attempts int
+	// Value is the step's result.
+	Value Raw
+	// StartedAt and FinishedAt are when the step started and when it was
+	// recorded; zero for runs stored before they were kept.
+	StartedAt, FinishedAt time.Time
+}
+
+// StepAttempt names a step and its attempt (from 1).
+type StepAttempt struct {
+	Step    string
+	Attempt int
 }
 
 // Result returns the run's result as a Result.
@@ -225,6 +299,21 @@ func (st *runState) view(d *Definition, version int64) *Run {
 		for n := range st.Steps {
 			names = append(names, n)
 		}
+		// No definition: by start, then name, so a reader gets a stable
+		// order close to the run's.
+		sort.Slice(names, func(i, j int) bool {
+			a, b := st.Steps[names[i]], st.Steps[names[j]]
+			if a.StartedAt != b.StartedAt {
+				return a.StartedAt < b.StartedAt
+			}
+			return names[i] < names[j]
+		})
+	}
+	msTime := func(ms int64) time.Time {
+		if ms == 0 {
+			return time.Time{}
+		}
+		return time.UnixMilli(ms)
 	}
 	for _, n := range names {
 		rec, ok := st.Steps[n]
@@ -236,6 +325,23 @@ func (st *runState) view(d *Definition, version int64) *Run {
 		} else {
 			r.Completed = append(r.Completed, n)
 		}
+		r.Steps = append(r.Steps, StepInfo{Name: n, Skipped: rec.State == stepSkipped, Attempts: rec.Attempts,
+			Value: rec.Value, StartedAt: msTime(rec.StartedAt), FinishedAt: msTime(rec.FinishedAt)})
+	}
+	for n, ms := range st.Starts {
+		if r.Started == nil {
+			r.Started = map[string]time.Time{}
+		}
+		r.Started[n] = msTime(ms)
+	}
+	if in := st.Intent; in != nil && !st.Status.Terminal() {
+		r.Current = &StepAttempt{Step: in.Step, Attempt: max(in.Attempt, 1)}
+	}
+	for n, c := range st.Children {
+		if r.Children == nil {
+			r.Children = map[string]*Run{}
+		}
+		r.Children[n] = c.view(nil, 0)
 	}
 	return r
 }

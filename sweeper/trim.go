@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sort"
 	"strconv"
 	"sync"
 	"time"
@@ -85,9 +86,15 @@ type TrimReport struct {
 // still the one the pass read (store.RemoveIfScore), so a run indexed again
 // meanwhile keeps it.
 //
+// The dashboard's indexes are trimmed the same way: idx:reactor:<name> like
+// idx:runs (an entry whose run is another reactor's goes too), and
+// idx:rs:<name>:<s> like the status indexes, for every name in
+// idx:reactors; an idx:ids entry goes with its run's idx:runs entry, and a
+// name leaves idx:reactors once its indexes are empty.
+//
 // Each pass reads at most Page entries of each index, old enough to matter:
-// idx:runs and the terminal status indexes older than Retention, the
-// non-terminal ones older than StaleAfter. The score of these indexes is the
+// idx:runs, the reactor indexes and the terminal status indexes older than
+// Retention, the non-terminal ones older than StaleAfter. The score of these indexes is the
 // listing order, so the trim never touches it; it pages with a cursor per
 // index instead, held in memory (a restarted sweeper starts from the oldest
 // again, which costs reads, never correctness), and starts over from the
@@ -134,35 +141,118 @@ func (t *IndexTrimmer) Trim(ctx context.Context) (TrimReport, error) {
 	}
 	retained := now.Add(-t.cfg.Retention - t.cfg.ClockMargin).UnixMilli()
 	recent := now.Add(-t.cfg.StaleAfter - t.cfg.ClockMargin).UnixMilli()
-	type index struct {
-		key    string
-		before int64
-	}
-	indexes := []index{{t.keys.Runs(), retained}}
+	indexes := []trimIndex{{key: t.keys.Runs(), before: retained, created: true}}
 	for _, s := range reactor.Statuses() {
 		before := recent
 		if s.Terminal() {
 			before = retained
 		}
-		indexes = append(indexes, index{t.keys.Status(string(s)), before})
+		indexes = append(indexes, trimIndex{key: t.keys.Status(string(s)), before: before, status: s})
+	}
+	names, err := t.rdb.SMembers(ctx, t.keys.Reactors()).Result()
+	if err != nil {
+		return rep, fmt.Errorf("sweeper: read the reactor names: %w", err)
+	}
+	sort.Strings(names)
+	for _, name := range names {
+		indexes = append(indexes, trimIndex{key: t.keys.Reactor(name), before: retained, created: true, reactor: name})
+		for _, s := range reactor.Statuses() {
+			before := recent
+			if s.Terminal() {
+				before = retained
+			}
+			indexes = append(indexes, trimIndex{key: t.keys.ReactorStatus(name, string(s)), before: before, status: s, reactor: name})
+		}
 	}
 	var errs []error
 	for _, ix := range indexes {
 		if err := ctx.Err(); err != nil {
 			return rep, errors.Join(append(errs, err)...)
 		}
-		if err := t.trimIndex(ctx, ix.key, ix.before, &rep); err != nil {
+		if err := t.trimIndex(ctx, ix, &rep); err != nil {
 			t.cfg.Logger.Error("cannot trim index", "event", "reactor.sweep.error", "index", ix.key, "error", err)
 			errs = append(errs, fmt.Errorf("sweeper: trim %s: %w", ix.key, err))
+		}
+	}
+	for _, name := range names {
+		if err := t.dropName(ctx, name); err != nil {
+			errs = append(errs, fmt.Errorf("sweeper: trim reactor name %q: %w", name, err))
 		}
 	}
 	return rep, errors.Join(errs...)
 }
 
-// trimIndex examines the next page of index key among the entries scored
-// before before (ms).
-func (t *IndexTrimmer) trimIndex(ctx context.Context, key string, before int64, rep *TrimReport) error {
-	page, err := t.page(ctx, key, before)
+// trimIndex is one listing index a pass trims.
+type trimIndex struct {
+	key string
+	// before: only entries scored before it (ms) are examined.
+	before int64
+	// created marks an index scored by creation time and written NX
+	// (idx:runs, idx:reactor:<name>): an entry whose run exists stays
+	// (unless it belongs to another reactor), and an entry removed while
+	// its id was started again goes back.
+	created bool
+	// status is the status of a status index (idx:status:<s>,
+	// idx:rs:<name>:<s>): an entry whose run is no longer in it goes.
+	status reactor.Status
+	// reactor is the reactor of a reactor index: an entry whose run is
+	// another reactor's (an id taken by another reactor) goes.
+	reactor string
+}
+
+// dropName removes reactor name from idx:reactors once every index of it is
+// empty. A start writes the reactor's entries before the name (one
+// pipeline), so the re-read after the removal sees an entry written before
+// the removal, and a name written after it is there anyway: the name goes
+// back when the re-read finds an entry. (On Redis Cluster a pipeline's
+// commands to different nodes are not ordered; the worst case there is a
+// name missing until the reactor's next start adds it again.)
+func (t *IndexTrimmer) dropName(ctx context.Context, name string) error {
+	empty := func() (bool, error) {
+		keys := []string{t.keys.Reactor(name)}
+		for _, s := range reactor.Statuses() {
+			keys = append(keys, t.keys.ReactorStatus(name, string(s)))
+		}
+		cards := make([]*redis.IntCmd, len(keys))
+		if _, err := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, k := range keys {
+				cards[i] = p.ZCard(ctx, k)
+			}
+			return nil
+		}); err != nil {
+			return false, err
+		}
+		for _, c := range cards {
+			if c.Val() > 0 {
+				return false, nil
+			}
+		}
+		return true, nil
+	}
+	ok, err := empty()
+	if err != nil || !ok {
+		return err
+	}
+	if err := t.rdb.SRem(ctx, t.keys.Reactors(), name).Err(); err != nil {
+		return err
+	}
+	ok, err = empty()
+	if err == nil && ok {
+		return nil
+	}
+	// An entry came (or the re-read failed): the name goes back rather
+	// than leave an index the trimmer cannot find.
+	if aerr := t.rdb.SAdd(ctx, t.keys.Reactors(), name).Err(); aerr != nil {
+		return errors.Join(err, aerr)
+	}
+	return err
+}
+
+// trimIndex examines the next page of index ix among the entries scored
+// before ix.before (ms).
+func (t *IndexTrimmer) trimIndex(ctx context.Context, ix trimIndex, rep *TrimReport) error {
+	key := ix.key
+	page, err := t.page(ctx, key, ix.before)
 	if err != nil || len(page) == 0 {
 		return err
 	}
@@ -178,7 +268,6 @@ func (t *IndexTrimmer) trimIndex(ctx context.Context, key string, before int64, 
 	}); err != nil {
 		return fmt.Errorf("read the runs of a page: %w", err)
 	}
-	status, isStatus := t.statusOf(key)
 	for i, z := range page {
 		rep.Examined++
 		id, _ := z.Member.(string)
@@ -189,12 +278,17 @@ func (t *IndexTrimmer) trimIndex(ctx context.Context, key string, before int64, 
 			// Retained or live: its entry stays, unless this is a status
 			// index the run is no longer in (an id reused after its
 			// retention leaves the old run's status entry; a crash between
-			// a terminal write and its index update leaves the old one).
-			if !isStatus {
+			// a terminal write and its index update leaves the old one), or
+			// a reactor index of another reactor's run (an id another
+			// reactor's run holds).
+			if ix.status == "" && ix.reactor == "" {
 				continue
 			}
 			run, err := t.cfg.Engine.Get(ctx, id)
-			if err != nil || run.Status == status {
+			if err != nil {
+				continue
+			}
+			if (ix.status == "" || run.Status == ix.status) && (ix.reactor == "" || run.Reactor == ix.reactor) {
 				continue
 			}
 		}
@@ -208,9 +302,17 @@ func (t *IndexTrimmer) trimIndex(ctx context.Context, key string, before int64, 
 		if !removed {
 			continue
 		}
-		if key != t.keys.Runs() {
+		if !ix.created || states[i].Val() == 1 {
 			rep.Trimmed++
 			continue
+		}
+		runs := key == t.keys.Runs()
+		if runs {
+			// The id index has no score to page by: its entry goes with
+			// idx:runs' entry, and comes back with it below.
+			if err := t.rdb.ZRem(ctx, t.keys.IDs(), id).Err(); err != nil {
+				return fmt.Errorf("remove run %s from the id index: %w", id, err)
+			}
 		}
 		// A run started under the id between the check and the removal
 		// (an id reused after its retention) holds its lock from before its
@@ -226,21 +328,16 @@ func (t *IndexTrimmer) trimIndex(ctx context.Context, key string, before int64, 
 			if err := t.rdb.ZAddNX(ctx, key, redis.Z{Score: z.Score, Member: id}).Err(); err != nil {
 				return fmt.Errorf("restore the entry of run %s: %w", id, err)
 			}
+			if runs {
+				if err := t.rdb.ZAddNX(ctx, t.keys.IDs(), redis.Z{Member: id}).Err(); err != nil {
+					return fmt.Errorf("restore the id entry of run %s: %w", id, err)
+				}
+			}
 			continue
 		}
 		rep.Trimmed++
 	}
 	return nil
-}
-
-// statusOf returns the status whose index key is, if it is a status index.
-func (t *IndexTrimmer) statusOf(key string) (reactor.Status, bool) {
-	for _, s := range reactor.Statuses() {
-		if t.keys.Status(string(s)) == key {
-			return s, true
-		}
-	}
-	return "", false
 }
 
 // page returns the next at most Page entries of index key scored before

@@ -60,6 +60,20 @@ func Locked(e *reactor.Engine, ctx context.Context, id string) (bool, error) {
 	return enginehook.Locked(e, ctx, id)
 }
 
+// Runs returns the stored root runs ids in one round trip, nil where none is
+// stored (the dashboard's listings).
+func Runs(e *reactor.Engine, ctx context.Context, ids []string) ([]*reactor.Run, error) {
+	rs, err := enginehook.Runs(e, ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]*reactor.Run, len(rs))
+	for i, r := range rs {
+		out[i], _ = r.(*reactor.Run)
+	}
+	return out, nil
+}
+
 // Client is the engine's Redis client.
 func Client(e *reactor.Engine) redis.UniversalClient { return enginehook.Client(e) }
 

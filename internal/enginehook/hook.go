@@ -26,6 +26,7 @@ var (
 	UndoElement    func(e any, ctx context.Context, id string, wait time.Duration) (any, error)
 	StopElement    func(e any, ctx context.Context, reactorName, id string, fn func(ctx context.Context) error) error
 	Locked         func(e any, ctx context.Context, id string) (bool, error)
+	Runs           func(e any, ctx context.Context, ids []string) ([]any, error)
 	Client         func(e any) redis.UniversalClient
 	Prefix         func(e any) string
 	Enqueuer       func(e any) any

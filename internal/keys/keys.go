@@ -151,3 +151,20 @@ func (k Keys) MapRbHandedOff(id string, gen int) string { return k.rbKey(id, gen
 
 // MapRbSignalled is claimed (SET NX) by whoever resumes the owner.
 func (k Keys) MapRbSignalled(id string, gen int) string { return k.rbKey(id, gen, "signalled") }
+
+// Reactors is the set of reactor names that have runs in the reactor
+// indexes, so the index trimmer can find those indexes without a scan.
+func (k Keys) Reactors() string { return k.prefix + ":idx:reactors" }
+
+// Reactor is the index of reactor name's root runs scored by creation time
+// (ms): the dashboard's reactor filter.
+func (k Keys) Reactor(name string) string { return k.prefix + ":idx:reactor:" + name }
+
+// ReactorStatus is the index of reactor name's root runs currently in status
+// s, scored by the time they entered it (ms): the dashboard's reactor x
+// status filter.
+func (k Keys) ReactorStatus(name, s string) string { return k.prefix + ":idx:rs:" + name + ":" + s }
+
+// IDs is the index of every root run id, all scored 0, so that ZRANGEBYLEX
+// finds the ids that start with a prefix (the dashboard's id search).
+func (k Keys) IDs() string { return k.prefix + ":idx:ids" }

@@ -31,6 +31,10 @@ func TestRunKeysShareOneSlot(t *testing.T) {
 	require.Equal(t, map[string]bool{"run:order-42": true}, tags)
 	require.Equal(t, "p:{run:order-42}:ctx", k.RunState(id))
 	require.Equal(t, "p:idx:status:running", k.Status("running"))
+	require.Equal(t, "p:idx:reactor:checkout", k.Reactor("checkout"))
+	require.Equal(t, "p:idx:rs:checkout:failed", k.ReactorStatus("checkout", "failed"))
+	require.Equal(t, "p:idx:reactors", k.Reactors())
+	require.Equal(t, "p:idx:ids", k.IDs())
 	_ = redis.Nil
 }
 

@@ -16,9 +16,10 @@ import (
 // write. A crash between the two leaves a finished run in the active index,
 // which the sweeper tolerates; the reverse could hide a live run.
 
-// MarkStarted adds run id to the active index and the listing indexes.
-func (s *Store) MarkStarted(ctx context.Context, id, status string, now time.Time) error {
-	_, err := s.IndexStart(ctx, id, status, now)
+// MarkStarted adds run id of reactor reactorName to the active index and the
+// listing indexes.
+func (s *Store) MarkStarted(ctx context.Context, id, reactorName, status string, now time.Time) error {
+	_, err := s.IndexStart(ctx, id, reactorName, status, now)
 	return err
 }
 
@@ -27,13 +28,17 @@ func (s *Store) MarkStarted(ctx context.Context, id, status string, now time.Tim
 // added (RemoveIfScore with now), and leaves one that was there before (a
 // finished run whose process died before its tree's retention was set, for
 // the sweeper to complete).
-func (s *Store) IndexStart(ctx context.Context, id, status string, now time.Time) (added bool, err error) {
-	ms := float64(now.UnixMilli())
+//
+// Besides idx:active, idx:runs and idx:status:<s> it writes the dashboard's
+// indexes: idx:ids (lexicographic, for id search), idx:reactor:<name> and
+// idx:rs:<name>:<s> (the reactor filters), and the reactor's name in
+// idx:reactors so that the index trimmer finds them. They ride in the same
+// pipeline: a start costs no extra round trip. An empty reactorName writes
+// none of the reactor indexes.
+func (s *Store) IndexStart(ctx context.Context, id, reactorName, status string, now time.Time) (added bool, err error) {
 	var active *redis.IntCmd
 	_, err = s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		active = p.ZAdd(ctx, s.keys.Active(), redis.Z{Score: ms, Member: id})
-		p.ZAddNX(ctx, s.keys.Runs(), redis.Z{Score: ms, Member: id})
-		p.ZAdd(ctx, s.keys.Status(status), redis.Z{Score: ms, Member: id})
+		active = s.QueueIndexStart(ctx, p, id, reactorName, status, now)
 		return nil
 	})
 	if err != nil {
@@ -42,11 +47,31 @@ func (s *Store) IndexStart(ctx context.Context, id, status string, now time.Time
 	return active.Val() == 1, nil
 }
 
+// QueueIndexStart queues IndexStart's commands on pipeline p, for a caller
+// that indexes many runs in one round trip (a seeding tool, a benchmark). It
+// returns the active index's ZADD, whose value is 1 when the entry is new.
+func (s *Store) QueueIndexStart(ctx context.Context, p redis.Pipeliner, id, reactorName, status string, now time.Time) *redis.IntCmd {
+	ms := float64(now.UnixMilli())
+	active := p.ZAdd(ctx, s.keys.Active(), redis.Z{Score: ms, Member: id})
+	p.ZAddNX(ctx, s.keys.Runs(), redis.Z{Score: ms, Member: id})
+	p.ZAdd(ctx, s.keys.Status(status), redis.Z{Score: ms, Member: id})
+	p.ZAddNX(ctx, s.keys.IDs(), redis.Z{Score: 0, Member: id})
+	if reactorName != "" {
+		p.ZAddNX(ctx, s.keys.Reactor(reactorName), redis.Z{Score: ms, Member: id})
+		p.ZAdd(ctx, s.keys.ReactorStatus(reactorName, status), redis.Z{Score: ms, Member: id})
+		// After the reactor's entries: the trimmer drops a name only when
+		// its indexes are empty, and re-reads them after the removal
+		// (sweeper/trim.go).
+		p.SAdd(ctx, s.keys.Reactors(), reactorName)
+	}
+	return active
+}
+
 // TakeBackStart undoes IndexStart's speculative entries for a start that
 // found a finished run: its status entry, and its active entry if it added
 // it and nobody re-indexed it since.
-func (s *Store) TakeBackStart(ctx context.Context, id, status string, added bool, now time.Time) error {
-	if err := s.Unindex(ctx, id, status); err != nil {
+func (s *Store) TakeBackStart(ctx context.Context, id, reactorName, status string, added bool, now time.Time) error {
+	if err := s.Unindex(ctx, id, reactorName, status); err != nil {
 		return err
 	}
 	if !added {
@@ -56,21 +81,14 @@ func (s *Store) TakeBackStart(ctx context.Context, id, status string, added bool
 	return err
 }
 
-// MarkStatus moves run id from status from to status to in the listing
-// indexes. A terminal status also removes it from the active index and gives
-// the index entries nothing to expire: they are trimmed by score.
-func (s *Store) MarkStatus(ctx context.Context, id, from, to string, terminal bool, now time.Time) error {
-	ms := float64(now.UnixMilli())
+// MarkStatus moves run id of reactor reactorName from status from to status
+// to in the listing indexes (the reactor x status ones too, unless
+// reactorName is empty). A terminal status also removes it from the active
+// index and gives the index entries nothing to expire: they are trimmed by
+// score.
+func (s *Store) MarkStatus(ctx context.Context, id, reactorName, from, to string, terminal bool, now time.Time) error {
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		if from != "" && from != to {
-			p.ZRem(ctx, s.keys.Status(from), id)
-		}
-		p.ZAdd(ctx, s.keys.Status(to), redis.Z{Score: ms, Member: id})
-		if terminal {
-			p.ZRem(ctx, s.keys.Active(), id)
-		} else {
-			p.ZAdd(ctx, s.keys.Active(), redis.Z{Score: ms, Member: id})
-		}
+		s.QueueMarkStatus(ctx, p, id, reactorName, from, to, terminal, now)
 		return nil
 	})
 	if err != nil {
@@ -79,16 +97,44 @@ func (s *Store) MarkStatus(ctx context.Context, id, from, to string, terminal bo
 	return nil
 }
 
+// QueueMarkStatus queues MarkStatus's commands on pipeline p.
+func (s *Store) QueueMarkStatus(ctx context.Context, p redis.Pipeliner, id, reactorName, from, to string, terminal bool, now time.Time) {
+	ms := float64(now.UnixMilli())
+	if from != "" && from != to {
+		p.ZRem(ctx, s.keys.Status(from), id)
+		if reactorName != "" {
+			p.ZRem(ctx, s.keys.ReactorStatus(reactorName, from), id)
+		}
+	}
+	p.ZAdd(ctx, s.keys.Status(to), redis.Z{Score: ms, Member: id})
+	if reactorName != "" {
+		p.ZAdd(ctx, s.keys.ReactorStatus(reactorName, to), redis.Z{Score: ms, Member: id})
+	}
+	if terminal {
+		p.ZRem(ctx, s.keys.Active(), id)
+	} else {
+		p.ZAdd(ctx, s.keys.Active(), redis.Z{Score: ms, Member: id})
+	}
+}
+
 // Unindex takes back the speculative status entry of a start that found an
 // existing finished run. The active entry the start added is left for the
 // run sweeper, which drops it after making sure the finished run's tree
 // carries its retention: the run may be a finished run whose process died
 // before that, and removing its entry here would hide it for good.
-func (s *Store) Unindex(ctx context.Context, id, status string) error {
+func (s *Store) Unindex(ctx context.Context, id, reactorName, status string) error {
 	if status == "" {
 		return nil
 	}
-	return s.rdb.ZRem(ctx, s.keys.Status(status), id).Err()
+	if reactorName == "" {
+		return s.rdb.ZRem(ctx, s.keys.Status(status), id).Err()
+	}
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRem(ctx, s.keys.Status(status), id)
+		p.ZRem(ctx, s.keys.ReactorStatus(reactorName, status), id)
+		return nil
+	})
+	return err
 }
 
 // RemoveIfScore removes member from index key only if its score is still

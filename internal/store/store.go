@@ -133,6 +133,33 @@ func (s *Store) Load(ctx context.Context, t Target) (Snapshot, error) {
 	return Snapshot{Data: []byte(vals[1].(string)), Version: v}, nil
 }
 
+// LoadMany reads the states of ts in one pipelined round trip. A target
+// with no state has a Snapshot with nil Data.
+func (s *Store) LoadMany(ctx context.Context, ts []Target) ([]Snapshot, error) {
+	cmds := make([]*redis.SliceCmd, len(ts))
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, t := range ts {
+			cmds[i] = p.HMGet(ctx, t.State, "v", "d")
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("store: load: %w", err)
+	}
+	out := make([]Snapshot, len(ts))
+	for i, c := range cmds {
+		vals := c.Val()
+		if len(vals) != 2 || vals[0] == nil || vals[1] == nil {
+			continue
+		}
+		var v int64
+		if _, err := fmt.Sscan(vals[0].(string), &v); err != nil {
+			return nil, fmt.Errorf("store: load: bad version %q", vals[0])
+		}
+		out[i] = Snapshot{Data: []byte(vals[1].(string)), Version: v}
+	}
+	return out, nil
+}
+
 // WriteOptions qualify a fenced write.
 type WriteOptions struct {
 	// Retention, when positive, marks the write terminal: the state expires

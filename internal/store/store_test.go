@@ -512,27 +512,27 @@ func TestIndexLifecycle(t *testing.T) {
 	t0 := time.UnixMilli(1_700_000_000_000)
 	t1, t2, t3 := t0.Add(time.Second), t0.Add(2*time.Second), t0.Add(3*time.Second)
 
-	require.NoError(t, f.st.MarkStarted(f.ctx, "r1", "running", t0))
-	require.NoError(t, f.st.MarkStarted(f.ctx, "bystander", "running", t0))
+	require.NoError(t, f.st.MarkStarted(f.ctx, "r1", "", "running", t0))
+	require.NoError(t, f.st.MarkStarted(f.ctx, "bystander", "", "running", t0))
 	f.requireScore(t, k.Active(), "r1", t0)
 	f.requireScore(t, k.Runs(), "r1", t0)
 	f.requireScore(t, k.Status("running"), "r1", t0)
 
 	// Indexing again (a retried start) touches active but keeps the creation time.
-	require.NoError(t, f.st.MarkStarted(f.ctx, "r1", "running", t1))
+	require.NoError(t, f.st.MarkStarted(f.ctx, "r1", "", "running", t1))
 	f.requireScore(t, k.Active(), "r1", t1)
 	f.requireScore(t, k.Runs(), "r1", t0)
 	f.requireScore(t, k.Status("running"), "r1", t1)
 
 	// A non-terminal move: out of the old status, into the new one, still active.
-	require.NoError(t, f.st.MarkStatus(f.ctx, "r1", "running", "compensating", false, t2))
+	require.NoError(t, f.st.MarkStatus(f.ctx, "r1", "", "running", "compensating", false, t2))
 	f.requireAbsent(t, k.Status("running"), "r1")
 	f.requireScore(t, k.Status("compensating"), "r1", t2)
 	f.requireScore(t, k.Active(), "r1", t2)
 	f.requireScore(t, k.Runs(), "r1", t0)
 
 	// A terminal move leaves the active index.
-	require.NoError(t, f.st.MarkStatus(f.ctx, "r1", "compensating", "failed", true, t3))
+	require.NoError(t, f.st.MarkStatus(f.ctx, "r1", "", "compensating", "failed", true, t3))
 	f.requireAbsent(t, k.Status("compensating"), "r1")
 	f.requireAbsent(t, k.Active(), "r1")
 	f.requireScore(t, k.Status("failed"), "r1", t3)
@@ -555,13 +555,13 @@ func TestMarkStatusSameOrNoPreviousStatus(t *testing.T) {
 	t1 := t0.Add(time.Second)
 
 	// from == to refreshes the score and keeps the entry.
-	require.NoError(t, f.st.MarkStarted(f.ctx, "r1", "running", t0))
-	require.NoError(t, f.st.MarkStatus(f.ctx, "r1", "running", "running", false, t1))
+	require.NoError(t, f.st.MarkStarted(f.ctx, "r1", "", "running", t0))
+	require.NoError(t, f.st.MarkStatus(f.ctx, "r1", "", "running", "running", false, t1))
 	f.requireScore(t, k.Status("running"), "r1", t1)
 	f.requireScore(t, k.Active(), "r1", t1)
 
 	// from == "" only adds.
-	require.NoError(t, f.st.MarkStatus(f.ctx, "r2", "", "completed", true, t1))
+	require.NoError(t, f.st.MarkStatus(f.ctx, "r2", "", "", "completed", true, t1))
 	f.requireScore(t, k.Status("completed"), "r2", t1)
 	f.requireAbsent(t, k.Active(), "r2")
 	f.requireAbsent(t, k.Runs(), "r2")
@@ -573,17 +573,17 @@ func TestUnindex(t *testing.T) {
 	k := f.k
 	t0 := time.UnixMilli(1_700_000_000_000)
 
-	require.NoError(t, f.st.MarkStarted(f.ctx, "r1", "running", t0))
-	require.NoError(t, f.st.MarkStarted(f.ctx, "r2", "running", t0))
+	require.NoError(t, f.st.MarkStarted(f.ctx, "r1", "", "running", t0))
+	require.NoError(t, f.st.MarkStarted(f.ctx, "r2", "", "running", t0))
 
 	// The speculative status entry goes; the active entry stays for the
 	// sweeper, which completes a finished run's retention before dropping it.
-	require.NoError(t, f.st.Unindex(f.ctx, "r1", "running"))
+	require.NoError(t, f.st.Unindex(f.ctx, "r1", "", "running"))
 	f.requireScore(t, k.Active(), "r1", t0)
 	f.requireAbsent(t, k.Status("running"), "r1")
 	f.requireScore(t, k.Runs(), "r1", t0)
 
-	require.NoError(t, f.st.Unindex(f.ctx, "r2", ""))
+	require.NoError(t, f.st.Unindex(f.ctx, "r2", "", ""))
 	f.requireScore(t, k.Active(), "r2", t0)
 	f.requireScore(t, k.Status("running"), "r2", t0)
 	f.requireScore(t, k.Runs(), "r2", t0)
@@ -740,7 +740,7 @@ func TestCluster(t *testing.T) {
 
 		lease, err := locker.TryAcquire(ctx, target.Lock)
 		require.NoError(t, err)
-		require.NoError(t, st.MarkStarted(ctx, id, "running", now))
+		require.NoError(t, st.MarkStarted(ctx, id, "", "running", now))
 		snap, created, err := st.Create(ctx, target, lease.Token(), data1)
 		require.NoError(t, err)
 		require.True(t, created)
@@ -757,7 +757,7 @@ func TestCluster(t *testing.T) {
 		res, err = st.Write(ctx, target, lease.Token(), 2, data3, store.WriteOptions{Retention: time.Hour, Release: true})
 		require.NoError(t, err)
 		require.Equal(t, store.WriteResult{Version: 3}, res)
-		require.NoError(t, st.MarkStatus(ctx, id, "running", "completed", true, now))
+		require.NoError(t, st.MarkStatus(ctx, id, "", "running", "completed", true, now))
 		lease.Stop()
 
 		snap, err = st.Load(ctx, target)
@@ -833,12 +833,12 @@ func TestRemoveIfScoreKeepsAReindexedEntry(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	t0 := time.UnixMilli(1_700_000_000_123)
-	require.NoError(t, f.st.MarkStarted(f.ctx, "r1", "running", t0))
+	require.NoError(t, f.st.MarkStarted(f.ctx, "r1", "", "running", t0))
 	score, err := f.rdb.ZScore(f.ctx, f.k.Active(), "r1").Result()
 	require.NoError(t, err)
 
 	// A writer re-indexes the run after the read.
-	require.NoError(t, f.st.MarkStatus(f.ctx, "r1", "running", "rolling_back", false, t0.Add(time.Millisecond)))
+	require.NoError(t, f.st.MarkStatus(f.ctx, "r1", "", "running", "rolling_back", false, t0.Add(time.Millisecond)))
 	removed, err := f.st.RemoveIfScore(f.ctx, f.k.Active(), "r1", score)
 	require.NoError(t, err)
 	require.False(t, removed, "a re-indexed entry must stay")
@@ -852,4 +852,42 @@ func TestRemoveIfScoreKeepsAReindexedEntry(t *testing.T) {
 	removed, err = f.st.RemoveIfScore(f.ctx, f.k.Active(), "r1", n)
 	require.NoError(t, err)
 	require.False(t, removed, "a missing entry is not an error")
+}
+
+func TestReactorAndIDIndexes(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	k := f.k
+	t0 := time.UnixMilli(1_700_000_000_000)
+	t1, t2 := t0.Add(time.Second), t0.Add(2*time.Second)
+
+	require.NoError(t, f.st.MarkStarted(f.ctx, "order-1", "checkout", "running", t0))
+	f.requireScore(t, k.Reactor("checkout"), "order-1", t0)
+	f.requireScore(t, k.ReactorStatus("checkout", "running"), "order-1", t0)
+	f.requireScore(t, k.IDs(), "order-1", time.UnixMilli(0))
+	names, err := f.rdb.SMembers(f.ctx, k.Reactors()).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{"checkout"}, names)
+
+	// A retried start keeps the creation time in the reactor index.
+	require.NoError(t, f.st.MarkStarted(f.ctx, "order-1", "checkout", "running", t1))
+	f.requireScore(t, k.Reactor("checkout"), "order-1", t0)
+
+	require.NoError(t, f.st.MarkStatus(f.ctx, "order-1", "checkout", "running", "failed", true, t2))
+	f.requireAbsent(t, k.ReactorStatus("checkout", "running"), "order-1")
+	f.requireScore(t, k.ReactorStatus("checkout", "failed"), "order-1", t2)
+	f.requireScore(t, k.Reactor("checkout"), "order-1", t0)
+
+	// A taken-back start removes its speculative reactor x status entry.
+	require.NoError(t, f.st.MarkStarted(f.ctx, "order-1", "checkout", "pending", t2))
+	require.NoError(t, f.st.TakeBackStart(f.ctx, "order-1", "checkout", "pending", false, t2))
+	f.requireAbsent(t, k.ReactorStatus("checkout", "pending"), "order-1")
+	f.requireScore(t, k.ReactorStatus("checkout", "failed"), "order-1", t2)
+
+	// Without a reactor name, no reactor index is written.
+	require.NoError(t, f.st.MarkStarted(f.ctx, "anon", "", "running", t0))
+	n, err := f.rdb.SCard(f.ctx, k.Reactors()).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n)
+	f.requireScore(t, k.IDs(), "anon", time.UnixMilli(0))
 }

@@ -1,0 +1,165 @@
+// Command dashboard serves goreactor's dashboard: the JSON API over the run
+// indexes and the maps (docs/dashboard-api.md) and /metrics. It needs no
+// reactor definitions: it reads Redis, and its actions (undo, cancel,
+// retry) are carried out by the workers.
+//
+//	dashboard -redis redis://localhost:6379/0 -addr 127.0.0.1:8080
+//
+// Every flag falls back to an environment variable, then to its default:
+//
+//	-addr       GOREACTOR_DASHBOARD_ADDR  127.0.0.1:8080 (loopback: put a proxy in front to expose it)
+//	-redis      REDIS_URL                 redis://localhost:6379/0
+//	-prefix     GOREACTOR_PREFIX          goreactor
+//	-queues     GOREACTOR_QUEUES          "" (every asynq queue in the Redis; else a comma-separated list)
+//	-log-level  GOREACTOR_LOG_LEVEL       info
+//
+// The actions need a token, read only from the environment so that it never
+// shows in a process list: GOREACTOR_DASHBOARD_TOKEN. Without it they are
+// refused (403) with a message saying how to enable them; with it a request
+// must carry "Authorization: Bearer <token>".
+//
+// SIGTERM or SIGINT stops accepting connections and lets the requests in
+// progress finish (up to 10 s). Exit status: 0, 1 when Redis does not answer
+// at startup or the address cannot be listened on, 2 for a bad command line.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/goreactor/goreactor/dashboard"
+	"github.com/goreactor/goreactor/internal/envflag"
+	"github.com/goreactor/goreactor/internal/redisurl"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stderr))
+}
+
+const (
+	pingTimeout     = 5 * time.Second
+	shutdownTimeout = 10 * time.Second
+)
+
+type config struct {
+	addr     string
+	redisURL string
+	prefix   string
+	queues   []string
+	token    string
+	logLevel slog.Level
+}
+
+func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
+	var (
+		cfg           config
+		level, queues string
+	)
+	env := envflag.New(getenv)
+	fs := flag.NewFlagSet("dashboard", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&cfg.addr, "addr", env.String("GOREACTOR_DASHBOARD_ADDR", "127.0.0.1:8080"),
+		"host:port to serve on (loopback by default); env GOREACTOR_DASHBOARD_ADDR")
+	envflag.Connection(fs, env, &cfg.redisURL, &cfg.prefix)
+	fs.StringVar(&queues, "queues", env.String("GOREACTOR_QUEUES", ""),
+		"comma-separated asynq queues /api/stats reports; empty: every queue in the Redis; env GOREACTOR_QUEUES")
+	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"), "debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
+	if err := env.Err(); err != nil {
+		return cfg, err
+	}
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	if err := cfg.logLevel.UnmarshalText([]byte(level)); err != nil {
+		return cfg, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
+	}
+	for _, q := range strings.Split(queues, ",") {
+		if q = strings.TrimSpace(q); q != "" {
+			cfg.queues = append(cfg.queues, q)
+		}
+	}
+	if _, _, err := net.SplitHostPort(cfg.addr); err != nil {
+		return cfg, fmt.Errorf("-addr %q: want host:port (like 127.0.0.1:8080): %v", cfg.addr, err)
+	}
+	if cfg.prefix == "" {
+		return cfg, errors.New("-prefix: must not be empty")
+	}
+	cfg.token = getenv("GOREACTOR_DASHBOARD_TOKEN")
+	return cfg, nil
+}
+
+func run(args []string, getenv func(string) string, stderr io.Writer) int {
+	cfg, err := parseConfig(args, getenv, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "dashboard: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	slog.SetDefault(log)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := serve(ctx, cfg, log, nil); err != nil {
+		log.Error(err.Error(), "event", "dashboard.exit")
+		return 1
+	}
+	return 0
+}
+
+// serve serves the dashboard until ctx ends, then shuts the server down
+// gracefully. ready, if set, receives the address listened on.
+func serve(ctx context.Context, cfg config, log *slog.Logger, ready chan<- string) error {
+	rdb, opts, err := redisurl.Dial(ctx, cfg.redisURL, "-redis/REDIS_URL", pingTimeout)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	h, err := dashboard.New(dashboard.Config{Client: rdb, Prefix: cfg.prefix, Token: cfg.token, Queues: cfg.queues, Logger: log})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		return fmt.Errorf("-addr: %w", err)
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute}
+	log.Info("dashboard started", "event", "dashboard.started", "addr", ln.Addr().String(), "redis", opts.Addr, "db", opts.DB,
+		"prefix", cfg.prefix, "actions", cfg.token != "")
+	if cfg.token == "" {
+		log.Info("dashboard actions are disabled: set GOREACTOR_DASHBOARD_TOKEN to enable undo, cancel and retry", "event", "dashboard.actions_disabled")
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(sctx); err != nil {
+		return fmt.Errorf("shut down: %w", err)
+	}
+	log.Info("dashboard stopped", "event", "dashboard.stopped")
+	return nil
+}

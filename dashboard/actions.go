@@ -1,0 +1,155 @@
+package dashboard
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// The actions an operator can request.
+var actions = []string{"undo", "cancel", "retry"}
+
+// maxBatch bounds the ids of one batch action.
+const maxBatch = 500
+
+func isAction(s string) bool {
+	for _, a := range actions {
+		if s == a {
+			return true
+		}
+	}
+	return false
+}
+
+// actionAccepted is the 202 answer to an action.
+type actionAccepted struct {
+	RunID     string `json:"run_id"`
+	Action    string `json:"action"`
+	TaskID    string `json:"task_id"`
+	Duplicate bool   `json:"duplicate"`
+}
+
+type batchRequest struct {
+	Action string   `json:"action"`
+	IDs    []string `json:"ids"`
+}
+
+type batchResult struct {
+	RunID      string `json:"run_id"`
+	StatusCode int    `json:"status_code"`
+	TaskID     string `json:"task_id"`
+	Duplicate  bool   `json:"duplicate"`
+	Error      string `json:"error"`
+}
+
+type batchResponse struct {
+	Results []batchResult `json:"results"`
+}
+
+// tokenHelp is the 403 answer while no token is configured.
+const tokenHelp = "dashboard actions are disabled: set GOREACTOR_DASHBOARD_TOKEN (or dashboard.Config.Token) " +
+	"and send it as \"Authorization: Bearer <token>\" to enable undo, cancel and retry"
+
+// authorized answers 403 or 401 unless r carries the configured token. The
+// comparison takes the same time whatever the token's first wrong byte.
+func (h *Handler) authorized(w http.ResponseWriter, r *http.Request) bool {
+	if h.cfg.Token == "" {
+		writeError(w, http.StatusForbidden, tokenHelp)
+		return false
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(h.cfg.Token)) != 1 {
+		w.Header().Set("WWW-Authenticate", `Bearer realm="goreactor dashboard"`)
+		writeError(w, http.StatusUnauthorized, "missing or wrong bearer token: send \"Authorization: Bearer <token>\" with the dashboard's GOREACTOR_DASHBOARD_TOKEN")
+		return false
+	}
+	return true
+}
+
+// request asks for action on run id and maps the outcome to an answer: its
+// status code, and for a 409 the run's status.
+func (h *Handler) request(r *http.Request, id, action string) (batchResult, reactor.Status) {
+	res := batchResult{RunID: id}
+	if err := keys.ValidateID(id); err != nil {
+		res.StatusCode, res.Error = http.StatusBadRequest, "run id: "+err.Error()
+		return res, ""
+	}
+	if h.requester == nil {
+		res.StatusCode, res.Error = http.StatusNotImplemented, "dashboard actions are not wired in this binary: it has no worker controller to enqueue them"
+		return res, ""
+	}
+	task, dup, err := h.requester.Request(r.Context(), id, action)
+	var se *reactor.StatusError
+	switch {
+	case err == nil:
+		res.StatusCode, res.TaskID, res.Duplicate = http.StatusAccepted, task, dup
+	case errors.Is(err, reactor.ErrNotFound):
+		res.StatusCode, res.Error = http.StatusNotFound, err.Error()
+	case errors.As(err, &se):
+		res.StatusCode, res.Error = http.StatusConflict, err.Error()
+		return res, se.Status
+	default:
+		h.log.Error("dashboard action failed", "event", "reactor.dashboard.error", "run", id, "action", action, "error", err)
+		res.StatusCode, res.Error = http.StatusInternalServerError, fmt.Sprintf("%s of run %s could not be requested: %v", action, id, err)
+	}
+	return res, ""
+}
+
+// action serves POST /api/runs/{id}/{undo,cancel,retry}.
+func (h *Handler) action(w http.ResponseWriter, r *http.Request, id, action string) {
+	if !h.authorized(w, r) {
+		return
+	}
+	res, status := h.request(r, id, action)
+	switch res.StatusCode {
+	case http.StatusAccepted:
+		writeJSON(w, res.StatusCode, actionAccepted{RunID: id, Action: action, TaskID: res.TaskID, Duplicate: res.Duplicate})
+	case http.StatusConflict:
+		writeJSON(w, res.StatusCode, errorBody{Error: res.Error, Status: string(status)})
+	default:
+		writeError(w, res.StatusCode, res.Error)
+	}
+}
+
+// batchAction serves POST /api/runs/actions: one action on up to maxBatch
+// runs, each answered in order with the code its own request would get.
+func (h *Handler) batchAction(w http.ResponseWriter, r *http.Request) {
+	if !h.authorized(w, r) {
+		return
+	}
+	var req batchRequest
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over %d bytes", maxBody))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "body must be JSON {\"action\": \"undo|cancel|retry\", \"ids\": [...]}: "+err.Error())
+		return
+	}
+	switch {
+	case !isAction(req.Action):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("action %q is not one of %s", req.Action, strings.Join(actions, ", ")))
+		return
+	case len(req.IDs) == 0:
+		writeError(w, http.StatusBadRequest, "ids is empty: name the runs to act on")
+		return
+	case len(req.IDs) > maxBatch:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%d ids is over the maximum of %d per request; split the selection", len(req.IDs), maxBatch))
+		return
+	}
+	out := batchResponse{Results: make([]batchResult, 0, len(req.IDs))}
+	for _, id := range req.IDs {
+		res, _ := h.request(r, id, req.Action)
+		out.Results = append(out.Results, res)
+	}
+	writeJSON(w, http.StatusOK, out)
+}

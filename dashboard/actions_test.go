@@ -1,0 +1,173 @@
+package dashboard_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/dashboard"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// storedRequester validates an action against the stored run (Engine.Get)
+// the way the workers' controller does, and names a task per request: a
+// repeated request is a duplicate. It enqueues nothing.
+type storedRequester struct {
+	engine *reactor.Engine
+	mu     sync.Mutex
+	seen   map[string]bool
+}
+
+func (r *storedRequester) Request(ctx context.Context, runID, action string) (string, bool, error) {
+	run, err := r.engine.Get(ctx, runID)
+	if err != nil {
+		return "", false, err
+	}
+	refuse := func(sentinel error) (string, bool, error) {
+		return "", false, &reactor.StatusError{RunID: runID, Status: run.Status, Op: action, Err: sentinel}
+	}
+	switch action {
+	case "undo":
+		switch run.Status {
+		case reactor.StatusCompleted, reactor.StatusHalted, reactor.StatusAborted:
+		case reactor.StatusRollingBack:
+			return refuse(reactor.ErrRollbackInProgress)
+		default:
+			return refuse(reactor.ErrNotUndoable)
+		}
+	case "cancel":
+		if run.Status.Terminal() {
+			return refuse(reactor.ErrAlreadyFinished)
+		}
+	case "retry":
+		if run.Status != reactor.StatusFailed {
+			return refuse(errors.New("reactor: only a failed run can be retried"))
+		}
+	}
+	task := fmt.Sprintf("ctl:%s:%s:%d", runID, action, run.Version)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	dup := r.seen[task]
+	r.seen[task] = true
+	return task, dup, nil
+}
+
+type accepted struct {
+	RunID     string `json:"run_id"`
+	Action    string `json:"action"`
+	TaskID    string `json:"task_id"`
+	Duplicate bool   `json:"duplicate"`
+}
+
+type errBody struct {
+	Error  string `json:"error"`
+	Status string `json:"status"`
+}
+
+func decodeInto(t *testing.T, res response, code int, out any) {
+	t.Helper()
+	require.Equal(t, code, res.code, "%s", res.body)
+	require.Equal(t, "application/json", res.header.Get("Content-Type"))
+	require.NoError(t, json.Unmarshal(res.body, out), "%s", res.body)
+}
+
+// The token rules, the body limits, and each action's answers (202, a
+// duplicate, 404, 409 with the engine's reason and the run's status), single
+// and in a batch.
+func TestActions(t *testing.T) {
+	t.Parallel()
+	const token = "s3cret-token"
+	e := newEnv(t, token)
+	ctx := ctxTimeout(t, 30*time.Second)
+	ok, bad := echo("act-ok"), failing("act-bad")
+	e.startWorker(ok, bad)
+	e.enqueueAll(ctx, ok, []string{"done-1"}, map[string]any{"note": "x"})
+	e.enqueueAll(ctx, bad, []string{"failed-1"}, nil)
+	dashboard.SetRequester(e.dash, &storedRequester{engine: e.engine, seen: map[string]bool{}})
+
+	var eb errBody
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/done-1/undo", "", ""), http.StatusUnauthorized, &eb)
+	require.Contains(t, eb.Error, "bearer token")
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/done-1/undo", "wrong", ""), http.StatusUnauthorized, &eb)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/done-1/undo", token+"x", ""), http.StatusUnauthorized, &eb)
+	res := e.do(http.MethodGet, "/api/runs/done-1/undo", token, "")
+	require.Equal(t, http.StatusMethodNotAllowed, res.code, "no mutation by GET")
+	require.Equal(t, "POST", res.header.Get("Allow"))
+
+	var a accepted
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/done-1/undo", token, ""), http.StatusAccepted, &a)
+	require.Equal(t, accepted{RunID: "done-1", Action: "undo", TaskID: a.TaskID}, a)
+	require.NotEmpty(t, a.TaskID)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/done-1/undo", token, ""), http.StatusAccepted, &a)
+	require.True(t, a.Duplicate, "a double click queues one action")
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/failed-1/retry", token, ""), http.StatusAccepted, &a)
+	require.Equal(t, "retry", a.Action)
+
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/nope/cancel", token, ""), http.StatusNotFound, &eb)
+	require.Contains(t, eb.Error, "not found")
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/done-1/cancel", token, ""), http.StatusConflict, &eb)
+	require.Equal(t, "completed", eb.Status)
+	require.Contains(t, eb.Error, reactor.ErrAlreadyFinished.Error())
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/failed-1/undo", token, ""), http.StatusConflict, &eb)
+	require.Equal(t, "failed", eb.Status)
+	require.Contains(t, eb.Error, reactor.ErrNotUndoable.Error())
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/a%7Bb/undo", token, ""), http.StatusBadRequest, &eb)
+
+	// The batch form: one answer per id, in order.
+	var br struct {
+		Results []struct {
+			RunID      string `json:"run_id"`
+			StatusCode int    `json:"status_code"`
+			TaskID     string `json:"task_id"`
+			Duplicate  bool   `json:"duplicate"`
+			Error      string `json:"error"`
+		} `json:"results"`
+	}
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, `{"action":"cancel","ids":["done-1","nope","failed-1"]}`), http.StatusOK, &br)
+	require.Len(t, br.Results, 3)
+	require.Equal(t, []int{409, 404, 409}, []int{br.Results[0].StatusCode, br.Results[1].StatusCode, br.Results[2].StatusCode})
+	require.Equal(t, "nope", br.Results[1].RunID)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, `{"action":"undo","ids":["done-1"]}`), http.StatusOK, &br)
+	require.Equal(t, http.StatusAccepted, br.Results[0].StatusCode)
+	require.True(t, br.Results[0].Duplicate)
+
+	many := make([]string, 501)
+	for i := range many {
+		many[i] = fmt.Sprintf("%q", fmt.Sprint("r", i))
+	}
+	for _, body := range []string{
+		`{"action":"explode","ids":["done-1"]}`,
+		`{"action":"undo","ids":[]}`,
+		`{"action":"undo","ids":[` + strings.Join(many, ",") + `]}`,
+		`{"action":"undo","ids":["done-1"],"extra":1}`,
+		`not json`,
+	} {
+		decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, body), http.StatusBadRequest, &eb)
+		require.NotEmpty(t, eb.Error)
+	}
+	huge := `{"action":"undo","ids":["` + strings.Repeat("x", 70<<10) + `"]}`
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, huge), http.StatusRequestEntityTooLarge, &eb)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", "", `{"action":"undo","ids":["done-1"]}`), http.StatusUnauthorized, &eb)
+}
+
+// With no token configured every action is refused with how to enable
+// them; a binary that wires no requester answers 501.
+func TestActionsDisabled(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	var eb errBody
+	for _, path := range []string{"/api/runs/x/undo", "/api/runs/x/cancel", "/api/runs/x/retry", "/api/runs/actions"} {
+		decodeInto(t, e.do(http.MethodPost, path, "anything", `{"action":"undo","ids":["x"]}`), http.StatusForbidden, &eb)
+		require.Contains(t, eb.Error, "dashboard actions are disabled: set GOREACTOR_DASHBOARD_TOKEN")
+	}
+	wired := newEnv(t, "t")
+	decodeInto(t, wired.do(http.MethodPost, "/api/runs/x/undo", "t", ""), http.StatusNotImplemented, &eb)
+}

@@ -1,0 +1,338 @@
+package dashboard
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/inspect"
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// Step statuses of the run detail.
+const (
+	stepPending    = "pending"
+	stepRunning    = "running"
+	stepCompleted  = "completed"
+	stepSkipped    = "skipped"
+	stepFailed     = "failed"
+	stepUndone     = "undone"
+	stepUndoFailed = "undo_failed"
+)
+
+type runDetail struct {
+	runSummary
+	Inputs    map[string]any `json:"inputs"`
+	Value     any            `json:"value"`
+	Reason    string         `json:"reason"`
+	TraceID   string         `json:"trace_id"`
+	Queue     string         `json:"queue"`
+	Failure   *failureDetail `json:"failure"`
+	Steps     []stepView     `json:"steps"`
+	Children  []childView    `json:"children"`
+	Maps      []mapView      `json:"maps"`
+	Rollback  *progress      `json:"rollback"`
+	Rollbacks []rollbackView `json:"rollbacks"`
+	RetryOf   string         `json:"retry_of"`
+	RetriedBy []string       `json:"retried_by"`
+	Deadline  string         `json:"deadline,omitempty"`
+	Element   *elementOf     `json:"element,omitempty"`
+}
+
+// elementOf says which map element a run is (element runs only).
+type elementOf struct {
+	Owner string `json:"owner"`
+	Step  string `json:"step"`
+	Index int    `json:"index"`
+}
+
+type failureDetail struct {
+	Step             string            `json:"step"`
+	Message          string            `json:"message"`
+	RollbackFailures []rollbackFailure `json:"rollback_failures"`
+}
+
+type rollbackFailure struct {
+	Step    string `json:"step"`
+	Kind    string `json:"kind"`
+	Message string `json:"message"`
+}
+
+type stepView struct {
+	Name       string `json:"name"`
+	Status     string `json:"status"`
+	Attempts   int    `json:"attempts"`
+	StartedAt  string `json:"started_at"`
+	FinishedAt string `json:"finished_at"`
+	DurationMS int64  `json:"duration_ms"`
+	Result     any    `json:"result"`
+	Error      string `json:"error"`
+}
+
+type childView struct {
+	Step    string         `json:"step"`
+	RunID   string         `json:"run_id"`
+	Reactor string         `json:"reactor"`
+	Status  reactor.Status `json:"status"`
+}
+
+type mapView struct {
+	Step       string       `json:"step"`
+	MapID      string       `json:"map_id"`
+	Mode       string       `json:"mode"`
+	Total      int          `json:"total"`
+	Dispatched int          `json:"dispatched"`
+	Settled    int          `json:"settled"`
+	Failed     int          `json:"failed"`
+	Rollback   *mapRollback `json:"rollback"`
+}
+
+type mapRollback struct {
+	Generation int `json:"generation"`
+	progress
+}
+
+type progress struct {
+	Total       int `json:"total"`
+	Settled     int `json:"settled"`
+	Outstanding int `json:"outstanding"`
+	Failed      int `json:"failed"`
+}
+
+type rollbackView struct {
+	Step    string `json:"step"`
+	Status  string `json:"status"`
+	Kind    string `json:"kind"`
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+	At      string `json:"at"`
+}
+
+// decode turns a stored msgpack value into what encoding/json writes.
+func decode(raw codec.Raw) any {
+	if len(raw) == 0 {
+		return nil
+	}
+	var v any
+	if err := codec.Unmarshal(raw, &v); err != nil {
+		return map[string]string{"undecodable": err.Error()}
+	}
+	return jsonable(v)
+}
+
+// jsonable converts what msgpack decodes into values encoding/json accepts
+// (maps with non-string keys become string-keyed).
+func jsonable(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			x[k] = jsonable(e)
+		}
+		return x
+	case map[any]any:
+		m := make(map[string]any, len(x))
+		for k, e := range x {
+			m[toString(k)] = jsonable(e)
+		}
+		return m
+	case []any:
+		for i, e := range x {
+			x[i] = jsonable(e)
+		}
+		return x
+	}
+	return v
+}
+
+func toString(k any) string {
+	if s, ok := k.(string); ok {
+		return s
+	}
+	return fmt.Sprint(k)
+}
+
+// runDetail serves GET /api/runs/{id}.
+func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
+	if err := keys.ValidateID(id); err != nil {
+		writeError(w, http.StatusBadRequest, "run id: "+err.Error())
+		return
+	}
+	ctx := r.Context()
+	run, err := h.engine.Get(ctx, id)
+	if errors.Is(err, reactor.ErrNotFound) && strings.Contains(id, ".") {
+		// A map element's run ("<mapID>.<i>"), in its own slot.
+		run, err = engineapi.Element(h.engine, ctx, id)
+	}
+	if errors.Is(err, reactor.ErrNotFound) {
+		writeError(w, http.StatusNotFound, "no run "+id+" is stored (unknown id, or its retention expired)")
+		return
+	}
+	if err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	maps, err := h.maps.RunMaps(ctx, id)
+	if err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, detailOf(run, maps, time.Now()))
+}
+
+func detailOf(run *reactor.Run, maps []inspect.Map, now time.Time) runDetail {
+	d := runDetail{runSummary: summarize(run, now), Inputs: map[string]any{}, Value: decode(run.Value),
+		Reason: run.Reason, TraceID: run.TraceID, Queue: run.Queue, Steps: steps(run), Children: []childView{},
+		Maps: []mapView{}, Rollbacks: []rollbackView{}, RetriedBy: []string{}}
+	for k, v := range run.Inputs {
+		d.Inputs[k] = decode(v)
+	}
+	if !run.Deadline.IsZero() {
+		d.Deadline = stamp(run.Deadline)
+	}
+	if el := run.Element; el != nil {
+		d.Element = &elementOf{Owner: el.Owner, Step: el.Step, Index: el.Index}
+	}
+	if f := run.Failure; f != nil {
+		d.Failure = &failureDetail{Step: f.Step, Message: f.Message, RollbackFailures: []rollbackFailure{}}
+		for _, rf := range f.RollbackFailures {
+			d.Failure.RollbackFailures = append(d.Failure.RollbackFailures, rollbackFailure{Step: rf.Step, Kind: string(rf.Kind), Message: rf.Message})
+		}
+	}
+	for _, step := range sortedKeys(run.Children) {
+		c := run.Children[step]
+		d.Children = append(d.Children, childView{Step: step, RunID: c.ID, Reactor: c.Reactor, Status: c.Status})
+	}
+	byStep := map[string]inspect.Map{}
+	for _, m := range maps {
+		mv := mapView{Step: m.Step, MapID: m.ID, Mode: "inline", Total: m.Total, Dispatched: m.Offset, Settled: m.Settled, Failed: m.Failed}
+		if m.FanOut {
+			mv.Mode = "fanout"
+		}
+		if rb := m.Rollback; rb != nil {
+			mv.Rollback = &mapRollback{Generation: rb.Generation, progress: progress{Total: rb.Total, Settled: rb.Settled,
+				Outstanding: max(0, rb.Total-rb.Settled), Failed: rb.Bad}}
+		}
+		d.Maps = append(d.Maps, mv)
+		byStep[m.Step] = m
+	}
+	for _, rb := range run.Rollbacks {
+		d.Rollbacks = append(d.Rollbacks, rollbackView{Step: rb.Step, Status: string(rb.Status), Kind: string(rb.Kind),
+			Reason: rb.Reason, Message: rb.Message, At: stamp(time.UnixMilli(rb.At))})
+	}
+	if run.Status == reactor.StatusRollingBack {
+		d.Rollback = rollbackProgress(run, byStep)
+	}
+	return d
+}
+
+// rollbackProgress is where a rolling-back run's rollback stands: each
+// ledger entry (a step to undo) counts one, except a map step's entry, which
+// counts its elements from the map's rollback counters.
+func rollbackProgress(run *reactor.Run, maps map[string]inspect.Map) *progress {
+	var p progress
+	for _, e := range run.Ledger {
+		if m, ok := maps[e.Step]; ok && m.Rollback != nil {
+			p.Total += m.Rollback.Total
+			p.Settled += min(m.Rollback.Settled, m.Rollback.Total)
+			p.Failed += m.Rollback.Bad
+			continue
+		}
+		if m, ok := maps[e.Step]; ok {
+			// A map whose rollback has not started: its elements are all
+			// outstanding.
+			p.Total += m.Offset
+			continue
+		}
+		p.Total++
+		switch e.Status {
+		case reactor.RollbackPending, reactor.RollbackCompensating:
+		case reactor.RollbackFailed:
+			p.Settled++
+			p.Failed++
+		default:
+			p.Settled++
+		}
+	}
+	p.Outstanding = p.Total - p.Settled
+	return &p
+}
+
+// steps is the run's step list: the recorded steps, the one running or
+// failed, with what the rollback did to each.
+func steps(run *reactor.Run) []stepView {
+	out := []stepView{}
+	idx := map[string]int{}
+	for _, s := range run.Steps {
+		v := stepView{Name: s.Name, Status: stepCompleted, Attempts: s.Attempts, StartedAt: stamp(s.StartedAt),
+			FinishedAt: stamp(s.FinishedAt), Result: decode(s.Value)}
+		if s.Skipped {
+			v.Status = stepSkipped
+		}
+		if !s.StartedAt.IsZero() && !s.FinishedAt.IsZero() {
+			v.DurationMS = s.FinishedAt.Sub(s.StartedAt).Milliseconds()
+		}
+		idx[s.Name] = len(out)
+		out = append(out, v)
+	}
+	var open []string
+	for n := range run.Started {
+		if _, ok := idx[n]; !ok {
+			open = append(open, n)
+		}
+	}
+	sort.Slice(open, func(i, j int) bool { return run.Started[open[i]].Before(run.Started[open[j]]) })
+	for _, n := range open {
+		v := stepView{Name: n, Status: stepPending, StartedAt: stamp(run.Started[n])}
+		switch {
+		case run.Failure != nil && (run.Failure.Step == n || strings.HasPrefix(run.Failure.Step, n+"/")):
+			// The step itself, or a step of the child it composes.
+			v.Status, v.Error = stepFailed, run.Failure.Message
+		case run.Status == reactor.StatusRunning:
+			v.Status = stepRunning
+		}
+		if c := run.Current; c != nil && c.Step == n {
+			v.Attempts = c.Attempt
+		}
+		idx[n] = len(out)
+		out = append(out, v)
+	}
+	if f := run.Failure; f != nil && f.Step != "" {
+		if _, ok := idx[f.Step]; !ok && !strings.Contains(f.Step, "/") {
+			idx[f.Step] = len(out)
+			out = append(out, stepView{Name: f.Step, Status: stepFailed, Error: f.Message})
+		}
+	}
+	for _, rb := range run.Rollbacks {
+		i, ok := idx[rb.Step]
+		if !ok {
+			continue
+		}
+		switch rb.Status {
+		case reactor.RollbackCompensated:
+			if out[i].Status != stepFailed {
+				out[i].Status = stepUndone
+			}
+		case reactor.RollbackFailed:
+			out[i].Status = stepUndoFailed
+			if out[i].Error == "" {
+				out[i].Error = rb.Message
+			}
+		}
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}

@@ -1,0 +1,17 @@
+// Package dashboard is goreactor's operator dashboard as an http.Handler any
+// binary can mount (cmd/dashboard serves it): a JSON API over the run
+// indexes and the maps' own keys, the Prometheus collector at /metrics, and
+// the actions (undo, cancel, retry) validated here and carried out by
+// workers.
+//
+// It holds no reactor definitions. Every listing is an index read, newest
+// first with a cursor, never a keyspace scan (DESIGN 8.1); a map's element
+// picture comes from the map's result hashes, never from its element runs.
+// docs/dashboard-api.md is the API reference.
+//
+// Mount it with:
+//
+//	h, err := dashboard.New(dashboard.Config{Client: rdb, Token: os.Getenv("GOREACTOR_DASHBOARD_TOKEN")})
+//	if err != nil { ... }
+//	http.ListenAndServe("127.0.0.1:8080", h)
+package dashboard

@@ -1,0 +1,183 @@
+package dashboard
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/inspect"
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/metrics"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// maxBody bounds every request body.
+const maxBody = 64 << 10
+
+// Handler serves the dashboard's JSON API and /metrics. Build it with New;
+// it is safe for concurrent use.
+type Handler struct {
+	cfg       Config
+	rdb       redis.UniversalClient
+	keys      keys.Keys
+	engine    *reactor.Engine // reads runs; it holds no definitions
+	maps      *inspect.Reader
+	inspector *asynq.Inspector
+	metrics   http.Handler
+	log       *slog.Logger
+	// requester carries out the actions; nil until a binary wires one.
+	requester requester
+}
+
+// requester asks workers to carry out action ("undo", "cancel", "retry")
+// on run runID, after validating it against the stored run: the error is
+// one wrapping reactor.ErrNotFound (unknown run) or a *reactor.StatusError
+// (wrong status, with the engine's reason). taskID names the control task;
+// duplicate is true when the same request was already queued.
+type requester interface {
+	Request(ctx context.Context, runID, action string) (taskID string, duplicate bool, err error)
+}
+
+// New returns the dashboard's handler. It reads the engines' runs through
+// cfg.Client and loads the scripts it needs, so an unreachable Redis fails
+// here.
+func New(cfg Config) (*Handler, error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.WithDefaults()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: cfg.Client, Prefix: cfg.Prefix, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	if err := pageScript.Load(ctx, cfg.Client).Err(); err != nil {
+		return nil, fmt.Errorf("dashboard: load script: %w", err)
+	}
+	g := cfg.Gatherer
+	if g == nil {
+		g = metrics.NewRegistry(metrics.New(metrics.Options{Client: cfg.Client, Prefix: cfg.Prefix, Logger: cfg.Logger}))
+	}
+	return &Handler{cfg: cfg, rdb: cfg.Client, keys: keys.New(cfg.Prefix), engine: eng,
+		maps: inspect.New(cfg.Client, cfg.Prefix), inspector: asynq.NewInspectorFromRedisClient(cfg.Client),
+		metrics: promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
+		log:     cfg.Logger}, nil
+}
+
+// ServeHTTP routes a request: /api/... to the JSON API, /metrics to the
+// collector; anything else is 404 (the HTML view mounts there).
+func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/metrics" {
+		if !allow(w, r, http.MethodGet, http.MethodHead) {
+			return
+		}
+		h.metrics.ServeHTTP(w, r)
+		return
+	}
+	if r.URL.Path != "/api" && !strings.HasPrefix(r.URL.Path, "/api/") {
+		http.NotFound(w, r)
+		return
+	}
+	hd := w.Header()
+	hd.Set("Content-Security-Policy", "default-src 'none'; frame-ancestors 'none'")
+	hd.Set("X-Content-Type-Options", "nosniff")
+	hd.Set("Cache-Control", "no-store")
+	hd.Set("Referrer-Policy", "no-referrer")
+	if r.Body != nil {
+		r.Body = http.MaxBytesReader(w, r.Body, maxBody)
+	}
+	h.route(w, r)
+}
+
+// route dispatches an /api/ request by its path segments.
+func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
+	seg := strings.Split(strings.TrimPrefix(r.URL.EscapedPath(), "/api/"), "/")
+	for i, s := range seg {
+		u, err := url.PathUnescape(s)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, "the path is not valid URL encoding")
+			return
+		}
+		seg[i] = u
+	}
+	get := func(f func(http.ResponseWriter, *http.Request)) {
+		if allow(w, r, http.MethodGet, http.MethodHead) {
+			f(w, r)
+		}
+	}
+	post := func(f func(http.ResponseWriter, *http.Request)) {
+		if allow(w, r, http.MethodPost) {
+			f(w, r)
+		}
+	}
+	switch {
+	case len(seg) == 1 && seg[0] == "runs":
+		get(h.listRuns)
+	case len(seg) == 1 && seg[0] == "stats":
+		get(h.stats)
+	case len(seg) == 2 && seg[0] == "runs" && seg[1] == "actions":
+		post(h.batchAction)
+	case len(seg) == 2 && seg[0] == "runs" && seg[1] != "":
+		get(func(w http.ResponseWriter, r *http.Request) { h.runDetail(w, r, seg[1]) })
+	case len(seg) == 3 && seg[0] == "runs" && isAction(seg[2]):
+		post(func(w http.ResponseWriter, r *http.Request) { h.action(w, r, seg[1], seg[2]) })
+	case len(seg) >= 5 && seg[0] == "runs" && seg[2] == "maps" && seg[len(seg)-1] == "elements":
+		// The step is a path: "items", or "book/items" for a map in a
+		// composed child (its slash escaped or not).
+		step := strings.Join(seg[3:len(seg)-1], "/")
+		get(func(w http.ResponseWriter, r *http.Request) { h.mapElements(w, r, seg[1], step) })
+	default:
+		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see docs/dashboard-api.md)")
+	}
+}
+
+// allow answers 405 with an Allow header unless r's method is one of
+// methods. A mutation is never carried out by GET.
+func allow(w http.ResponseWriter, r *http.Request, methods ...string) bool {
+	for _, m := range methods {
+		if r.Method == m {
+			return true
+		}
+	}
+	w.Header().Set("Allow", strings.Join(methods, ", "))
+	writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed here; use %s", r.Method, strings.Join(methods, " or ")))
+	return false
+}
+
+// writeJSON writes v as the response with status code. Go's encoder
+// escapes <, > and & in strings, so a value can never be read as markup.
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	_ = enc.Encode(v)
+}
+
+type errorBody struct {
+	Error  string `json:"error"`
+	Status string `json:"status,omitempty"`
+}
+
+func writeError(w http.ResponseWriter, code int, msg string) {
+	writeJSON(w, code, errorBody{Error: msg})
+}
+
+// serverError logs err and answers 500.
+func (h *Handler) serverError(w http.ResponseWriter, r *http.Request, err error) {
+	if errors.Is(err, context.Canceled) {
+		return // the client went away
+	}
+	h.log.Error("dashboard request failed", "event", "reactor.dashboard.error", "path", r.URL.Path, "error", err)
+	writeError(w, http.StatusInternalServerError, "the dashboard could not read Redis: "+err.Error())
+}

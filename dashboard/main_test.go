@@ -1,0 +1,9 @@
+package dashboard_test
+
+import (
+	"testing"
+
+	"github.com/goreactor/goreactor/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
