@@ -80,10 +80,6 @@ func (h *Handler) request(r *http.Request, id, action string) (batchResult, reac
 		res.StatusCode, res.Error = http.StatusBadRequest, "run id: "+err.Error()
 		return res, ""
 	}
-	if h.requester == nil {
-		res.StatusCode, res.Error = http.StatusNotImplemented, "dashboard actions are not wired in this binary: it has no worker controller to enqueue them"
-		return res, ""
-	}
 	task, dup, err := h.requester.Request(r.Context(), id, action)
 	var se *reactor.StatusError
 	switch {

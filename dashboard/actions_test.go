@@ -1,64 +1,17 @@
 package dashboard_test
 
 import (
-	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/dashboard"
 	"github.com/goreactor/goreactor/reactor"
 )
-
-// storedRequester validates an action against the stored run (Engine.Get)
-// the way the workers' controller does, and names a task per request: a
-// repeated request is a duplicate. It enqueues nothing.
-type storedRequester struct {
-	engine *reactor.Engine
-	mu     sync.Mutex
-	seen   map[string]bool
-}
-
-func (r *storedRequester) Request(ctx context.Context, runID, action string) (string, bool, error) {
-	run, err := r.engine.Get(ctx, runID)
-	if err != nil {
-		return "", false, err
-	}
-	refuse := func(sentinel error) (string, bool, error) {
-		return "", false, &reactor.StatusError{RunID: runID, Status: run.Status, Op: action, Err: sentinel}
-	}
-	switch action {
-	case "undo":
-		switch run.Status {
-		case reactor.StatusCompleted, reactor.StatusHalted, reactor.StatusAborted:
-		case reactor.StatusRollingBack:
-			return refuse(reactor.ErrRollbackInProgress)
-		default:
-			return refuse(reactor.ErrNotUndoable)
-		}
-	case "cancel":
-		if run.Status.Terminal() {
-			return refuse(reactor.ErrAlreadyFinished)
-		}
-	case "retry":
-		if run.Status != reactor.StatusFailed {
-			return refuse(errors.New("reactor: only a failed run can be retried"))
-		}
-	}
-	task := fmt.Sprintf("ctl:%s:%s:%d", runID, action, run.Version)
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	dup := r.seen[task]
-	r.seen[task] = true
-	return task, dup, nil
-}
 
 type accepted struct {
 	RunID     string `json:"run_id"`
@@ -91,7 +44,8 @@ func TestActions(t *testing.T) {
 	e.startWorker(ok, bad)
 	e.enqueueAll(ctx, ok, []string{"done-1"}, map[string]any{"note": "x"})
 	e.enqueueAll(ctx, bad, []string{"failed-1"}, nil)
-	dashboard.SetRequester(e.dash, &storedRequester{engine: e.engine, seen: map[string]bool{}})
+	// The control queue is not served here: the runs stay as they are, so
+	// a repeated request is a duplicate (TestActionsAreCarriedOut serves it).
 
 	var eb errBody
 	decodeInto(t, e.do(http.MethodPost, "/api/runs/done-1/undo", "", ""), http.StatusUnauthorized, &eb)
@@ -159,7 +113,7 @@ func TestActions(t *testing.T) {
 }
 
 // With no token configured every action is refused with how to enable
-// them; a binary that wires no requester answers 501.
+// them.
 func TestActionsDisabled(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "")
@@ -168,6 +122,4 @@ func TestActionsDisabled(t *testing.T) {
 		decodeInto(t, e.do(http.MethodPost, path, "anything", `{"action":"undo","ids":["x"]}`), http.StatusForbidden, &eb)
 		require.Contains(t, eb.Error, "dashboard actions are disabled: set GOREACTOR_DASHBOARD_TOKEN")
 	}
-	wired := newEnv(t, "t")
-	decodeInto(t, wired.do(http.MethodPost, "/api/runs/x/undo", "t", ""), http.StatusNotImplemented, &eb)
 }

@@ -22,6 +22,11 @@ type Config struct {
 	// "Authorization: Bearer <Token>". Default "": actions are refused with
 	// 403 and a message saying how to enable them.
 	Token string
+	// ControlQueue is the asynq queue the actions' control tasks go to for
+	// runs enqueued without reactor.WithQueue (a run with a queue of its
+	// own gets them there): one your workers serve. Default
+	// worker.DefaultQueue.
+	ControlQueue string
 	// Queues are the asynq queues /api/stats reports. Default: every queue
 	// asynq knows in Client's Redis (the queues goreactor's workers serve,
 	// worker.Config.Queues, are among them once a task was enqueued).

@@ -188,7 +188,8 @@ func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
 func detailOf(run *reactor.Run, maps []inspect.Map, now time.Time) runDetail {
 	d := runDetail{runSummary: summarize(run, now), Inputs: map[string]any{}, Value: decode(run.Value),
 		Reason: run.Reason, TraceID: run.TraceID, Queue: run.Queue, Steps: steps(run), Children: []childView{},
-		Maps: []mapView{}, Rollbacks: []rollbackView{}, RetriedBy: []string{}}
+		Maps: []mapView{}, Rollbacks: []rollbackView{}, RetryOf: run.RetryOf, RetriedBy: []string{}}
+	d.RetriedBy = append(d.RetriedBy, run.RetriedBy...)
 	for k, v := range run.Inputs {
 		d.Inputs[k] = decode(v)
 	}

@@ -1,15 +1,5 @@
 package dashboard
 
-import "context"
-
-// SetRequester wires the handler's actions to r (the merger wires
-// worker.Controller; the tests a requester of their own).
-func SetRequester(h *Handler, r interface {
-	Request(ctx context.Context, runID, action string) (string, bool, error)
-}) {
-	h.requester = r
-}
-
 // Cursor is the next_cursor of a page whose last entry has score and member:
 // a benchmark starts deep in a listing without paging there.
 func Cursor(score float64, member string) string {

@@ -19,6 +19,7 @@ import (
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/metrics"
 	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/worker"
 )
 
 // maxBody bounds every request body.
@@ -35,8 +36,9 @@ type Handler struct {
 	inspector *asynq.Inspector
 	metrics   http.Handler
 	log       *slog.Logger
-	// requester carries out the actions; nil until a binary wires one.
+	// requester queues the actions for workers (a worker.Controller).
 	requester requester
+	ui        http.Handler
 }
 
 // requester asks workers to carry out action ("undo", "cancel", "retry")
@@ -69,14 +71,34 @@ func New(cfg Config) (*Handler, error) {
 	if g == nil {
 		g = metrics.NewRegistry(metrics.New(metrics.Options{Client: cfg.Client, Prefix: cfg.Prefix, Logger: cfg.Logger}))
 	}
+	ctl, err := worker.NewController(ctx, worker.ControllerConfig{Client: cfg.Client, Prefix: cfg.Prefix,
+		Queue: cfg.ControlQueue, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
 	return &Handler{cfg: cfg, rdb: cfg.Client, keys: keys.New(cfg.Prefix), engine: eng,
 		maps: inspect.New(cfg.Client, cfg.Prefix), inspector: asynq.NewInspectorFromRedisClient(cfg.Client),
-		metrics: promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
-		log:     cfg.Logger}, nil
+		metrics:   promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
+		log:       cfg.Logger,
+		requester: controller{ctl},
+		ui:        newUI()}, nil
+}
+
+// controller is a worker.Controller with the action by name, as the
+// routes carry it.
+type controller struct{ c *worker.Controller }
+
+func (c controller) Request(ctx context.Context, runID, action string) (string, bool, error) {
+	a, err := worker.ParseAction(action)
+	if err != nil {
+		return "", false, err
+	}
+	req, err := c.c.Request(ctx, runID, a)
+	return req.TaskID, req.Duplicate, err
 }
 
 // ServeHTTP routes a request: /api/... to the JSON API, /metrics to the
-// collector; anything else is 404 (the HTML view mounts there).
+// collector, anything else to the HTML status view.
 func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if r.URL.Path == "/metrics" {
 		if !allow(w, r, http.MethodGet, http.MethodHead) {
@@ -86,7 +108,7 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if r.URL.Path != "/api" && !strings.HasPrefix(r.URL.Path, "/api/") {
-		http.NotFound(w, r)
+		h.ui.ServeHTTP(w, r)
 		return
 	}
 	hd := w.Header()

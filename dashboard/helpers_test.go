@@ -46,7 +46,10 @@ func newTBEnv(t testing.TB, token string) *env {
 	engine, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix,
 		Enqueuer: worker.NewClient(rdb, queue), Logger: discard})
 	require.NoError(t, err)
-	dash, err := dashboard.New(dashboard.Config{Client: rdb, Prefix: prefix, Token: token, Queues: []string{queue}, Logger: discard})
+	// The actions' control tasks go to a queue of their own, which only a
+	// test that wants them carried out serves (startControlWorker).
+	dash, err := dashboard.New(dashboard.Config{Client: rdb, Prefix: prefix, Token: token, Queues: []string{queue},
+		ControlQueue: queue + "-ctl", Logger: discard})
 	require.NoError(t, err)
 	srv := httptest.NewServer(dash)
 	t.Cleanup(srv.Close)
@@ -56,8 +59,20 @@ func newTBEnv(t testing.TB, token string) *env {
 // startWorker runs a worker for the env's engine until the test ends.
 func (e *env) startWorker(defs ...*reactor.Definition) {
 	e.t.Helper()
+	e.serve(map[string]int{e.queue: 1}, defs...)
+}
+
+// startControlWorker is startWorker serving the dashboard's control queue
+// too: the actions are carried out.
+func (e *env) startControlWorker(defs ...*reactor.Definition) {
+	e.t.Helper()
+	e.serve(map[string]int{e.queue: 1, e.queue + "-ctl": 1}, defs...)
+}
+
+func (e *env) serve(queues map[string]int, defs ...*reactor.Definition) {
+	e.t.Helper()
 	require.NoError(e.t, e.engine.Register(defs...))
-	w := worker.New(e.engine, e.rdb, worker.Config{Queues: map[string]int{e.queue: 1}, ShutdownTimeout: 5 * time.Second,
+	w := worker.New(e.engine, e.rdb, worker.Config{Queues: queues, ShutdownTimeout: 5 * time.Second,
 		Logger: discard, Concurrency: 4})
 	require.NoError(e.t, w.Start(context.Background()))
 	e.t.Cleanup(func() {

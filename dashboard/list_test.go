@@ -154,7 +154,10 @@ func TestListFiltersAndSearch(t *testing.T) {
 	require.Contains(t, eb.Error, "nope")
 	e.get("/api/runs/a-00/maps/none/elements", http.StatusNotFound, &eb)
 	e.get("/api/nothing", http.StatusNotFound, &eb)
-	require.Equal(t, http.StatusNotFound, e.do(http.MethodGet, "/", "", "").code, "the UI's space, not mounted here")
+	home := e.do(http.MethodGet, "/", "", "")
+	require.Equal(t, http.StatusOK, home.code, "the handler serves the HTML view outside /api/")
+	require.Contains(t, home.header.Get("Content-Type"), "text/html")
+	require.Equal(t, http.StatusNotFound, e.do(http.MethodGet, "/no/such/page", "", "").code)
 	for _, q := range []string{"limit=501", "limit=0", "limit=x", "status=bogus", "cursor=%21%21", "q=" + url.QueryEscape("a{b}")} {
 		e.get("/api/runs?"+q, http.StatusBadRequest, &eb)
 		require.NotEmpty(t, eb.Error, q)

@@ -72,8 +72,10 @@ type ControllerConfig struct {
 	// Prefix is the runs' key prefix, as the workers' engines have it.
 	// Default "goreactor".
 	Prefix string
-	// Queue is the asynq queue the control tasks go to: one the workers
-	// serve. Default DefaultQueue, the workers' default.
+	// Queue is the asynq queue the control tasks go to, one the workers
+	// serve, for runs enqueued without reactor.WithQueue (a run with a
+	// queue of its own gets its control tasks there). Default
+	// DefaultQueue, the workers' default.
 	Queue string
 	// Retention keeps a carried-out request recorded this long, so that the
 	// same request made again (a double click) is still recognised as a
@@ -169,7 +171,13 @@ func (c *Controller) Request(ctx context.Context, runID string, action Action) (
 	if err != nil {
 		return Request{}, err
 	}
-	_, err = c.client.EnqueueContext(ctx, asynq.NewTask(TypeControl, body), asynq.TaskID(req.TaskID), asynq.Queue(c.cfg.Queue),
+	// A run enqueued on a queue of its own (reactor.WithQueue) is served
+	// by the workers that hold its definition: its control task goes there.
+	queue := c.cfg.Queue
+	if run.Queue != "" {
+		queue = run.Queue
+	}
+	_, err = c.client.EnqueueContext(ctx, asynq.NewTask(TypeControl, body), asynq.TaskID(req.TaskID), asynq.Queue(queue),
 		asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout), asynq.Retention(c.cfg.Retention))
 	switch {
 	case errors.Is(err, asynq.ErrTaskIDConflict):
@@ -180,25 +188,6 @@ func (c *Controller) Request(ctx context.Context, runID string, action Action) (
 	c.cfg.Logger.InfoContext(ctx, "control request queued", "event", "worker.control.requested", "run", runID,
 		"action", string(action), "task", req.TaskID, "duplicate", req.Duplicate)
 	return req, nil
-}
-
-// Named returns c for callers that name actions by string (an HTTP
-// handler): see NamedController.
-func (c *Controller) Named() NamedController { return NamedController{c: c} }
-
-// NamedController is a Controller whose Request takes the action by name.
-type NamedController struct{ c *Controller }
-
-// Request is Controller.Request with the action by name ("undo", "cancel",
-// "retry"; another is an error from ParseAction). It returns the control
-// task's id and whether the request was a duplicate.
-func (n NamedController) Request(ctx context.Context, runID, action string) (taskID string, duplicate bool, err error) {
-	a, err := ParseAction(action)
-	if err != nil {
-		return "", false, err
-	}
-	req, err := n.c.Request(ctx, runID, a)
-	return req.TaskID, req.Duplicate, err
 }
 
 // controlPayload is the payload of a control task (msgpack).

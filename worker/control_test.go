@@ -213,10 +213,10 @@ func TestControlRetryRunsAgainLinkedBothWays(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusFailed, failed.Status)
 
-	taskID, dup, err := f.controller().Named().Request(ctx, res.RunID, "retry")
+	req, err := f.controller().Request(ctx, res.RunID, worker.ActionRetry)
 	require.NoError(t, err)
-	require.False(t, dup)
-	f.awaitTaskState(taskID, asynq.TaskStateCompleted)
+	require.False(t, req.Duplicate)
+	f.awaitTaskState(req.TaskID, asynq.TaskStateCompleted)
 	orig, err := api.Get(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Len(t, orig.RetriedBy, 1)
@@ -309,8 +309,6 @@ func TestControlRequestValidation(t *testing.T) {
 		_, err := c.Request(ctx, "no-such-run", a)
 		require.ErrorIs(t, err, reactor.ErrNotFound, a)
 	}
-	_, _, err = c.Named().Request(ctx, "no-such-run", "undo")
-	require.ErrorIs(t, err, reactor.ErrNotFound)
 
 	cases := []struct {
 		run    string
@@ -330,7 +328,7 @@ func TestControlRequestValidation(t *testing.T) {
 		require.ErrorIs(t, err, tc.want)
 		require.EqualError(t, err, tc.engine().Error(), "the engine's own reason")
 	}
-	_, _, err = c.Named().Request(ctx, done.RunID, "resolve")
+	_, err = worker.ParseAction("resolve")
 	require.ErrorContains(t, err, `unknown action "resolve"`)
 	pending, err := f.inspector.ListPendingTasks(f.queue)
 	if !errors.Is(err, asynq.ErrQueueNotFound) {

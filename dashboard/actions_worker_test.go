@@ -1,0 +1,158 @@
+package dashboard_test
+
+import (
+	"context"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// effects is the outside world of the booking reactor: what each run has
+// booked and not undone, and which runs reached their notify step.
+type effects struct {
+	mu       sync.Mutex
+	booked   map[string]bool
+	notified map[string]bool
+}
+
+func (f *effects) set(m map[string]bool, id string, v bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	m[id] = v
+}
+
+func (f *effects) get(m map[string]bool, id string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return m[id]
+}
+
+type holdIn struct {
+	Hold bool `json:"hold"`
+}
+
+// booking books, then waits (a run with input hold waits for release and
+// says so on holding), then notifies. Its booking has an Undo.
+func booking(fx *effects, holding chan<- string, release <-chan struct{}) *reactor.Definition {
+	return reactor.MustDefine("dash-booking",
+		reactor.Input[bool]("hold"),
+		reactor.Step("book", reactor.StepConfig[reactor.Args, string]{
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				id := runID(ctx)
+				fx.set(fx.booked, id, true)
+				return id, nil
+			},
+			Undo: func(_ context.Context, _ reactor.Args, id string) error {
+				fx.set(fx.booked, id, false)
+				return nil
+			},
+		}),
+		reactor.Step("wait", reactor.StepConfig[holdIn, bool]{
+			After: []string{"book"},
+			Args:  reactor.Bindings{"hold": reactor.FromInput("hold")},
+			Run: func(ctx context.Context, in holdIn) (bool, error) {
+				if in.Hold {
+					holding <- runID(ctx)
+					<-release
+				}
+				return true, nil
+			},
+		}),
+		reactor.Step("notify", reactor.StepConfig[reactor.Args, bool]{
+			After: []string{"wait"},
+			Run: func(ctx context.Context, _ reactor.Args) (bool, error) {
+				fx.set(fx.notified, runID(ctx), true)
+				return true, nil
+			},
+		}),
+	)
+}
+
+// The actions are carried out by a worker: undo undoes a completed run's
+// effects, cancel stops a long run at its next checkpoint (its later steps
+// never run, what it did is undone), and a batch retry runs a failed run
+// again under a new id linked both ways, all through the HTTP API.
+func TestActionsAreCarriedOut(t *testing.T) {
+	t.Parallel()
+	const token = "carry-out"
+	e := newEnv(t, token)
+	ctx := ctxTimeout(t, 60*time.Second)
+	fx := &effects{booked: map[string]bool{}, notified: map[string]bool{}}
+	holding, release := make(chan string, 1), make(chan struct{})
+	book, bad := booking(fx, holding, release), failing("dash-declined")
+	e.startControlWorker(book, bad)
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	done := func(task string) {
+		t.Helper()
+		require.Eventually(t, func() bool {
+			info, err := insp.GetTaskInfo(e.queue+"-ctl", task)
+			return err == nil && info.State == asynq.TaskStateCompleted
+		}, 20*time.Second, 10*time.Millisecond, "control task %s carried out", task)
+	}
+
+	e.enqueueAll(ctx, book, []string{"undo-me"}, map[string]any{"hold": false})
+	e.enqueueAll(ctx, bad, []string{"retry-me"}, nil)
+	require.True(t, fx.get(fx.booked, "undo-me"))
+
+	// Undo: the completed run's booking is undone and it ends cancelled.
+	var a accepted
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/undo-me/undo", token, ""), http.StatusAccepted, &a)
+	done(a.TaskID)
+	run, err := e.engine.Get(ctx, "undo-me")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, run.Status)
+	require.False(t, fx.get(fx.booked, "undo-me"), "the booking was undone")
+
+	// Cancel: a run held in its wait step is asked to cancel; the request
+	// is carried out while the step runs, and honoured when it returns.
+	_, err = e.engine.Enqueue(ctx, book, map[string]any{"hold": true}, reactor.WithRunID("cancel-me"))
+	require.NoError(t, err)
+	require.Equal(t, "cancel-me", <-holding)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/cancel-me/cancel", token, ""), http.StatusAccepted, &a)
+	done(a.TaskID)
+	close(release)
+	res, err := e.engine.Wait(ctx, "cancel-me")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, res.Status)
+	require.False(t, fx.get(fx.notified, "cancel-me"), "the step after the cancel never ran")
+	require.False(t, fx.get(fx.booked, "cancel-me"), "what the run did was undone")
+
+	// Retry, in the batch form: the failed run runs again, linked both ways.
+	var br struct {
+		Results []struct {
+			RunID      string `json:"run_id"`
+			StatusCode int    `json:"status_code"`
+			TaskID     string `json:"task_id"`
+		} `json:"results"`
+	}
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, `{"action":"retry","ids":["retry-me"]}`), http.StatusOK, &br)
+	require.Len(t, br.Results, 1)
+	require.Equal(t, http.StatusAccepted, br.Results[0].StatusCode)
+	done(br.Results[0].TaskID)
+	var orig struct {
+		RetriedBy []string `json:"retried_by"`
+	}
+	e.get("/api/runs/retry-me", http.StatusOK, &orig)
+	require.Len(t, orig.RetriedBy, 1)
+	again, err := e.engine.Wait(ctx, orig.RetriedBy[0])
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, again.Status, "it ran again (and was declined again)")
+	var retry struct {
+		RetryOf string `json:"retry_of"`
+		Reactor string `json:"reactor"`
+	}
+	e.get("/api/runs/"+orig.RetriedBy[0], http.StatusOK, &retry)
+	require.Equal(t, "retry-me", retry.RetryOf)
+	require.Equal(t, "dash-declined", retry.Reactor)
+}
+
+func runID(ctx context.Context) string {
+	info, _ := reactor.RunInfoFrom(ctx)
+	return info.RunID
+}

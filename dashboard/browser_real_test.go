@@ -1,0 +1,113 @@
+package dashboard
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/internal/redistest"
+	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/worker"
+)
+
+type realItem struct {
+	Item int `json:"item"`
+}
+
+// The acceptance story against the real stack: dashboard.New (with its
+// worker controller) over real Redis, a real worker running a 200-element
+// fan-out map that rolls back as fast as the test releases its undos, and
+// a run that failed. The cancel of the rolling-back run is refused with the
+// engine's reason.
+func TestBrowserStoryAgainstTheRealStack(t *testing.T) {
+	t.Parallel()
+	ctx := newBrowser(t)
+	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rdb := redistest.Client(t)
+	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
+	engine, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix,
+		Enqueuer: worker.NewClient(rdb, queue), Logger: discard})
+	require.NoError(t, err)
+	const token = "real-token"
+	// Control tasks go to a queue no worker serves here: the batch retry
+	// is requested, not carried out (TestActionsAreCarriedOut covers that).
+	dash, err := New(Config{Client: rdb, Prefix: prefix, Token: token, Queues: []string{queue},
+		ControlQueue: queue + "-ctl", Logger: discard})
+	require.NoError(t, err)
+	srv := httptest.NewServer(dash)
+	t.Cleanup(srv.Close)
+
+	release := make(chan struct{}, 1000)
+	elem := reactor.MustDefine("rb-elem", reactor.Input[int]("item"), reactor.Step("reserve", reactor.StepConfig[realItem, int]{
+		Args: reactor.Bindings{"item": reactor.FromInput("item")},
+		Run:  func(_ context.Context, in realItem) (int, error) { return in.Item, nil },
+		Undo: func(ctx context.Context, _ realItem, out int) error {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			return nil
+		},
+	}))
+	owner := reactor.MustDefine("checkout", reactor.Input[[]int]("items"),
+		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: true, BatchSize: 10}),
+		reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
+			After: []string{"each"},
+			Run: func(context.Context, reactor.Args) (string, error) {
+				return "", reactor.Permanent(errors.New("card declined"))
+			},
+		}))
+	quick := reactor.MustDefine("quick-fail", reactor.Input[int]("n"), reactor.Step("boom", reactor.StepConfig[reactor.Args, string]{
+		Run: func(context.Context, reactor.Args) (string, error) {
+			return "", reactor.Permanent(errors.New("<b>boom</b>"))
+		},
+	}))
+	require.NoError(t, engine.Register(owner, elem, quick))
+	w := worker.New(engine, rdb, worker.Config{Queues: map[string]int{queue: 1}, ShutdownTimeout: 5 * time.Second, Logger: discard, Concurrency: 4})
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = w.Stop(c)
+	})
+	t.Cleanup(func() { close(release) })
+
+	bg, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	_, err = engine.Enqueue(bg, quick, map[string]any{"n": 1}, reactor.WithRunID("qf-1"))
+	require.NoError(t, err)
+	_, err = engine.Wait(bg, "qf-1")
+	require.NoError(t, err)
+	items := make([]int, 200)
+	for i := range items {
+		items[i] = i
+	}
+	_, err = engine.Enqueue(bg, owner, map[string]any{"items": items}, reactor.WithRunID("rb-1"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		run, err := engine.Get(bg, "rb-1")
+		return err == nil && run.Status == reactor.StatusRollingBack
+	}, 60*time.Second, 10*time.Millisecond, "rb-1 rolls back")
+	dir := t.TempDir()
+	if d := os.Getenv("GOREACTOR_SCREENSHOT_DIR"); d != "" {
+		dir = d
+	}
+	runBrowserStory(t, ctx, srv.URL, browserStory{
+		Token: token, RollingBack: "rb-1", MapStep: "each", Refusal: "rollback already in progress",
+		Advance: func(*testing.T) {
+			for range 30 {
+				release <- struct{}{}
+			}
+		},
+		ShotDir: dir,
+	})
+}
