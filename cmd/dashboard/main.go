@@ -1,5 +1,6 @@
-// Command dashboard serves goreactor's dashboard: the JSON API over the run
-// indexes and the maps (docs/dashboard-api.md) and /metrics. It needs no
+// Command dashboard serves goreactor's dashboard: the HTML status view, the
+// JSON API over the run indexes and the maps (docs/dashboard-api.md) and
+// /metrics. It needs no
 // reactor definitions: it reads Redis, and its actions (undo, cancel,
 // retry) are carried out by the workers.
 //
@@ -11,6 +12,8 @@
 //	-redis      REDIS_URL                 redis://localhost:6379/0
 //	-prefix     GOREACTOR_PREFIX          goreactor
 //	-queues     GOREACTOR_QUEUES          "" (every asynq queue in the Redis; else a comma-separated list)
+//	-control-queue GOREACTOR_CONTROL_QUEUE goreactor (where actions on runs without a queue of their own go:
+//	                                          a queue your workers serve)
 //	-log-level  GOREACTOR_LOG_LEVEL       info
 //
 // The actions need a token, read only from the environment so that it never
@@ -41,6 +44,7 @@ import (
 	"github.com/goreactor/goreactor/dashboard"
 	"github.com/goreactor/goreactor/internal/envflag"
 	"github.com/goreactor/goreactor/internal/redisurl"
+	"github.com/goreactor/goreactor/worker"
 )
 
 func main() {
@@ -57,6 +61,7 @@ type config struct {
 	redisURL string
 	prefix   string
 	queues   []string
+	control  string
 	token    string
 	logLevel slog.Level
 }
@@ -74,6 +79,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	envflag.Connection(fs, env, &cfg.redisURL, &cfg.prefix)
 	fs.StringVar(&queues, "queues", env.String("GOREACTOR_QUEUES", ""),
 		"comma-separated asynq queues /api/stats reports; empty: every queue in the Redis; env GOREACTOR_QUEUES")
+	fs.StringVar(&cfg.control, "control-queue", env.String("GOREACTOR_CONTROL_QUEUE", worker.DefaultQueue),
+		"asynq queue of the actions' control tasks for runs enqueued without a queue of their own (one the workers serve); env GOREACTOR_CONTROL_QUEUE")
 	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"), "debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
 	if err := env.Err(); err != nil {
 		return cfg, err
@@ -130,7 +137,8 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, ready chan<- strin
 		return err
 	}
 	defer rdb.Close()
-	h, err := dashboard.New(dashboard.Config{Client: rdb, Prefix: cfg.prefix, Token: cfg.token, Queues: cfg.queues, Logger: log})
+	h, err := dashboard.New(dashboard.Config{Client: rdb, Prefix: cfg.prefix, Token: cfg.token, Queues: cfg.queues,
+		ControlQueue: cfg.control, Logger: log})
 	if err != nil {
 		return err
 	}
