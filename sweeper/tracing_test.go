@@ -77,12 +77,16 @@ func TestSweeperPassSpanAndRecoveryJoinTheRunsTrace(t *testing.T) {
 	res, err := engine.Wait(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCompleted, res.Status)
+	// The execution's span ends when its handler returns, a moment after
+	// the terminal write Wait saw.
 	var resumed sdktrace.ReadOnlySpan
-	for _, s := range rec.Ended() {
-		if s.Name() == "reactor.run" && s.Parent().SpanID() == recovery.SpanContext().SpanID() {
-			resumed = s
+	require.Eventually(t, func() bool {
+		for _, s := range rec.Ended() {
+			if s.Name() == "reactor.run" && s.Parent().SpanID() == recovery.SpanContext().SpanID() {
+				resumed = s
+			}
 		}
-	}
-	require.NotNil(t, resumed, "the execution the wake-up started is the recovery span's child")
+		return resumed != nil
+	}, 10*time.Second, 5*time.Millisecond, "the execution the wake-up started is the recovery span's child")
 	require.Equal(t, run.TraceID, resumed.SpanContext().TraceID().String())
 }
