@@ -92,7 +92,8 @@ func (h *Handler) request(r *http.Request, id, action string) (batchResult, reac
 		return res, se.Status
 	default:
 		h.log.Error("dashboard action failed", "event", "reactor.dashboard.error", "run", id, "action", action, "error", err)
-		res.StatusCode, res.Error = http.StatusInternalServerError, fmt.Sprintf("%s of run %s could not be requested: %v", action, id, err)
+		res.StatusCode, res.Error = http.StatusInternalServerError,
+			fmt.Sprintf("%s of run %s could not be requested; the dashboard's log has the cause (event reactor.dashboard.error)", action, id)
 	}
 	return res, ""
 }

@@ -201,5 +201,7 @@ func (h *Handler) serverError(w http.ResponseWriter, r *http.Request, err error)
 		return // the client went away
 	}
 	h.log.Error("dashboard request failed", "event", "reactor.dashboard.error", "path", r.URL.Path, "error", err)
-	writeError(w, http.StatusInternalServerError, "the dashboard could not read Redis: "+err.Error())
+	// The cause (addresses, server replies) goes to the operator's log,
+	// not to whoever can reach the page.
+	writeError(w, http.StatusInternalServerError, "the dashboard could not read Redis; its log has the cause (event reactor.dashboard.error)")
 }

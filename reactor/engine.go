@@ -531,7 +531,11 @@ func (e *Engine) runs(ctx context.Context, ids []string) ([]*Run, error) {
 		}
 		st, err := decodeState(snap.Data)
 		if err != nil {
-			return nil, fmt.Errorf("%w (run %s)", err, ids[valid[j]])
+			// One unreadable state must not hide the others (a listing
+			// page): it is left out, and reported.
+			e.log.WarnContext(ctx, "a stored run state cannot be decoded; left out of a batch read",
+				"event", "reactor.state.undecodable", "run", ids[valid[j]], "error", err)
+			continue
 		}
 		d, _ := e.Definition(st.Reactor)
 		out[valid[j]] = st.view(d, snap.Version)

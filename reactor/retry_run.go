@@ -76,7 +76,8 @@ func (e *Engine) Retry(ctx context.Context, id string) (*Result, error) {
 	// Inputs the definition no longer accepts (a deploy changed them) are
 	// refused before anything is recorded.
 	if _, err := def.checkInputs(st.Inputs); err != nil {
-		return nil, fmt.Errorf("reactor: retry of run %s: %w", id, err)
+		return nil, &StatusError{RunID: id, Status: st.Status, Op: string(OpRetry),
+			Err: fmt.Errorf("%w: its inputs no longer fit reactor %q: %w", ErrNotRetryable, st.Reactor, err)}
 	}
 	if record {
 		// Decide, save, then act: the attempt is on the original before
@@ -135,6 +136,19 @@ func (e *Engine) retryPlan(ctx context.Context, st *runState) (string, bool, err
 	default:
 		return refuse(ErrNotRetryable)
 	}
+	if f := st.Failure; f != nil {
+		if n := len(f.RollbackFailures) + f.RollbackFailuresOmitted; n > 0 {
+			// Its rollback left effects in place: running it again would
+			// repeat them on top of what still stands.
+			return refuse(fmt.Errorf("%w: its rollback left %d effect(s) in place (see its rollback failures); "+
+				"retrying would repeat them", ErrNotRetryable, n))
+		}
+	}
+	if st.RetryOf != "" {
+		// One retry chain has one live copy at most: it grows from the
+		// original, never from a retry.
+		return refuse(fmt.Errorf("%w: it is a retry of %s; retry %s instead", ErrNotRetryable, st.RetryOf, st.RetryOf))
+	}
 	if n := len(st.RetriedBy); n > 0 {
 		latest := st.RetriedBy[n-1]
 		lst, _, err := e.load(ctx, latest)
@@ -149,12 +163,31 @@ func (e *Engine) retryPlan(ctx context.Context, st *runState) (string, bool, err
 			return refuse(fmt.Errorf("%w as %s, which completed", ErrAlreadyRetried, latest))
 		}
 	}
-	id := retryID(st.ID, len(st.RetriedBy)+1)
-	if err := validateRunID(id); err != nil {
-		return "", false, fmt.Errorf("reactor: retry of run %s: %w", st.ID, err)
+	// The next free retry id: one held by a run that is not this run's
+	// retry (an earlier run under this id, since expired and reused, left
+	// its retries behind) is passed over.
+	for n := len(st.RetriedBy) + 1; n <= len(st.RetriedBy)+maxRetryIDProbes; n++ {
+		id := retryID(st.ID, n)
+		if err := validateRunID(id); err != nil {
+			return refuse(fmt.Errorf("%w: its retry id would be invalid: %w", ErrNotRetryable, err))
+		}
+		old, _, err := e.load(ctx, id)
+		switch {
+		case errors.Is(err, ErrNotFound):
+			return id, true, nil
+		case err != nil:
+			return "", false, err
+		case old.RetryOf == st.ID && old.CreatedAt >= st.CreatedAt:
+			// Ours, yet not recorded: impossible (recorded first), but
+			// never create a second copy of it.
+			return id, false, nil
+		}
 	}
-	return id, true, nil
+	return refuse(fmt.Errorf("%w: the next %d retry ids are held by other runs", ErrNotRetryable, maxRetryIDProbes))
 }
+
+// maxRetryIDProbes bounds the retry ids Retry looks at past those recorded.
+const maxRetryIDProbes = 8
 
 // recordRetry adds newID to st's RetriedBy with a fenced write that keeps
 // the finished run's expiry as it is: a retry neither shortens nor extends

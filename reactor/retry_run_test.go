@@ -279,3 +279,65 @@ func TestCheckSharesUndoAndCancelRules(t *testing.T) {
 	_, err = reader.Check(ctx, done.RunID, reactor.Op("resolve"))
 	require.ErrorContains(t, err, `unknown operation "resolve"`)
 }
+
+// Retries never repeat what still stands, never fork a chain, and never
+// adopt a stranger: a run whose rollback left an effect in place is
+// refused, a retry is retried through its original only, and a retry id
+// held by an unrelated run (an earlier run under the original's id left it
+// behind) is passed over.
+func TestRetrySafetyRules(t *testing.T) {
+	t.Parallel()
+	q := &wakeLog{}
+	env := newEnv(t, func(c *reactor.Config) { c.Enqueuer = q })
+	ctx := ctxTimeout(t)
+	var charges atomic.Int32
+	leaky := reactor.MustDefine("retry_leaky",
+		reactor.Step("charge", reactor.StepConfig[reactor.Args, string]{
+			Run: func(context.Context, reactor.Args) (string, error) { charges.Add(1); return "ch-1", nil },
+			Undo: func(context.Context, reactor.Args, string) error {
+				return reactor.Permanent(errors.New("refund failed"))
+			},
+		}),
+		simple(env.trail, "ship", reactor.Permanent(errors.New("no courier")), "charge"),
+	)
+	res, err := env.engine.Run(ctx, leaky, nil, reactor.WithRunID("leaky-1"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	_, err = env.engine.Retry(ctx, "leaky-1")
+	var se *reactor.StatusError
+	require.ErrorAs(t, err, &se)
+	require.ErrorIs(t, err, reactor.ErrNotRetryable)
+	require.ErrorContains(t, err, "left 1 effect(s) in place")
+	_, cerr := env.engine.Check(ctx, "leaky-1", reactor.OpRetry)
+	require.EqualError(t, cerr, err.Error(), "Check says the same")
+	require.Equal(t, int32(1), charges.Load(), "nothing was charged again")
+
+	var fail atomic.Bool
+	var seen []int
+	var mu sync.Mutex
+	fail.Store(true)
+	def := flaky("retry_chain", &fail, &seen, &mu)
+	res, err = env.engine.Run(ctx, def, map[string]any{"n": 1}, reactor.WithRunID("chain"))
+	require.NoError(t, err)
+	first, err := env.engine.Retry(ctx, "chain")
+	require.NoError(t, err)
+	failed, err := env.engine.Resume(ctx, first.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, failed.Status)
+	_, err = env.engine.Retry(ctx, first.RunID)
+	require.ErrorIs(t, err, reactor.ErrNotRetryable)
+	require.ErrorContains(t, err, "it is a retry of chain; retry chain instead")
+
+	// A stranger holds chain-retry-2 (as if left by an earlier "chain").
+	_, err = env.engine.Run(ctx, def, map[string]any{"n": 7}, reactor.WithRunID("chain-retry-2"))
+	require.NoError(t, err)
+	second, err := env.engine.Retry(ctx, "chain")
+	require.NoError(t, err)
+	require.Equal(t, "chain-retry-3", second.RunID, "the held id is passed over")
+	nr, err := env.engine.Get(ctx, second.RunID)
+	require.NoError(t, err)
+	require.Equal(t, "chain", nr.RetryOf)
+	orig, err := env.engine.Get(ctx, "chain")
+	require.NoError(t, err)
+	require.Equal(t, []string{first.RunID, "chain-retry-3"}, orig.RetriedBy)
+}

@@ -119,6 +119,7 @@ type Controller struct {
 	cfg    ControllerConfig
 	engine *reactor.Engine // reads runs only: no definitions, no Enqueuer
 	client *asynq.Client
+	insp   *asynq.Inspector
 }
 
 // NewController returns a Controller. It loads the engine's Lua scripts, so
@@ -132,7 +133,8 @@ func NewController(ctx context.Context, cfg ControllerConfig) (*Controller, erro
 	if err != nil {
 		return nil, err
 	}
-	return &Controller{cfg: cfg, engine: e, client: asynq.NewClientFromRedisClient(cfg.Client)}, nil
+	return &Controller{cfg: cfg, engine: e, client: asynq.NewClientFromRedisClient(cfg.Client),
+		insp: asynq.NewInspectorFromRedisClient(cfg.Client)}, nil
 }
 
 // Request is a control request as it was queued.
@@ -143,7 +145,9 @@ type Request struct {
 	// the run's version when the request was made.
 	TaskID string
 	// Duplicate is true when the same request was already queued (or was
-	// carried out within the retention): nothing new was queued.
+	// carried out within the retention): nothing new was queued. A request
+	// whose earlier task was archived (it failed for good) is queued again
+	// and is not a duplicate.
 	Duplicate bool
 }
 
@@ -177,8 +181,23 @@ func (c *Controller) Request(ctx context.Context, runID string, action Action) (
 	if run.Queue != "" {
 		queue = run.Queue
 	}
-	_, err = c.client.EnqueueContext(ctx, asynq.NewTask(TypeControl, body), asynq.TaskID(req.TaskID), asynq.Queue(queue),
-		asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout), asynq.Retention(c.cfg.Retention))
+	task := asynq.NewTask(TypeControl, body)
+	topts := []asynq.Option{asynq.TaskID(req.TaskID), asynq.Queue(queue), asynq.MaxRetry(DefaultMaxRetry),
+		asynq.Timeout(DefaultTaskTimeout), asynq.Retention(c.cfg.Retention)}
+	_, err = c.client.EnqueueContext(ctx, task, topts...)
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		// The same request is queued, running, or carried out: a
+		// duplicate. One that was archived (it failed for good, say on
+		// workers without the run's definition) is not: the request is
+		// made again, or it could never be.
+		info, ierr := c.insp.GetTaskInfo(queue, req.TaskID)
+		if ierr == nil && info.State == asynq.TaskStateArchived {
+			if derr := c.insp.DeleteTask(queue, req.TaskID); derr != nil && !errors.Is(derr, asynq.ErrTaskNotFound) {
+				return Request{}, fmt.Errorf("worker: replace archived %s: %w", req.TaskID, derr)
+			}
+			_, err = c.client.EnqueueContext(ctx, task, topts...)
+		}
+	}
 	switch {
 	case errors.Is(err, asynq.ErrTaskIDConflict):
 		req.Duplicate = true

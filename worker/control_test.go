@@ -406,3 +406,37 @@ func TestControlRequestOnALockedRunSnoozes(t *testing.T) {
 	require.Equal(t, reactor.StatusCancelled, run.Status)
 	require.Equal(t, []string{"run:a", "undo:a"}, tr.all())
 }
+
+// A request whose earlier task was archived (it failed for good, say on
+// workers without the run's definition) is queued again when it is made
+// again: not reported as a duplicate of a task that will never run.
+func TestControlRequestAfterAnArchivedOneIsQueuedAgain(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	api, wk := f.engine("api"), f.engine("worker")
+	tr := &trail{}
+	def := reactor.MustDefine("ctl_rearm", step(tr, "a", nil))
+	require.NoError(t, wk.Register(def))
+	ctx := ctxTimeout(t)
+	done, err := api.Run(ctx, def, nil)
+	require.NoError(t, err)
+	c := f.controller()
+	first, err := c.Request(ctx, done.RunID, worker.ActionUndo)
+	require.NoError(t, err)
+	require.NoError(t, f.inspector.ArchiveTask(f.queue, first.TaskID))
+
+	again, err := c.Request(ctx, done.RunID, worker.ActionUndo)
+	require.NoError(t, err)
+	require.False(t, again.Duplicate, "the archived request does not swallow this one")
+	require.Equal(t, first.TaskID, again.TaskID)
+	info, err := f.inspector.GetTaskInfo(f.queue, again.TaskID)
+	require.NoError(t, err)
+	require.Equal(t, asynq.TaskStatePending, info.State)
+	dup, err := c.Request(ctx, done.RunID, worker.ActionUndo)
+	require.NoError(t, err)
+	require.True(t, dup.Duplicate, "a pending request is a duplicate")
+
+	f.startWorker(wk)
+	f.awaitTaskState(again.TaskID, asynq.TaskStateCompleted)
+	require.Equal(t, []string{"run:a", "undo:a"}, tr.all(), "undone once")
+}

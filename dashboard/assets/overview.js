@@ -71,8 +71,13 @@
       } else {
         var seen = {};
         fresh.forEach(function (r) { seen[r.id] = true; });
-        var last = fresh.length ? fresh[fresh.length - 1].created_at : '';
-        var tail = runs.filter(function (r) { return !seen[r.id] && last && r.created_at <= last; });
+        // The rows shown after the fresh page's last row, in the list's
+        // own order (by creation, by entry into a status, or by id: only
+        // the index knows, so positions decide, never a timestamp).
+        var lastID = fresh.length ? fresh[fresh.length - 1].id : '';
+        var at = -1;
+        runs.forEach(function (r, i) { if (r.id === lastID) at = i; });
+        var tail = (at >= 0 ? runs.slice(at + 1) : runs).filter(function (r) { return !seen[r.id]; });
         runs = fresh.concat(tail);
       }
       $('runs').dataset.loading = 'false';

@@ -347,7 +347,9 @@
     box.appendChild(h('ul', { class: 'children' }, list.map(function (c) {
       return h('li', { class: 'child' },
         h('div', { class: 'child-top' }, h('span', { class: 'mono strong' }, c.step), GR.badge(c.status)),
-        h('div', { class: 'child-run' }, GR.runLink(c.run_id, 'child-link')),
+        // A composed child lives inside this run's state (it has no page
+        // of its own): its id is shown, not linked.
+        h('div', { class: 'child-run' }, h('span', { class: 'mono child-link', title: c.run_id }, c.run_id)),
         h('div', { class: 'muted small' }, c.reactor));
     })));
   }
