@@ -127,11 +127,17 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 		if err != nil {
 			return nil, err
 		}
-		// Undo the speculative pending index entry where it is wrong.
+		// Undo the speculative pending index entry where it is wrong (and
+		// this reactor's entries, when the run is another reactor's).
+		owner := def.name
+		if existing.Reactor != def.name {
+			_ = e.store.UnindexReactor(bg, id, def.name, string(StatusPending))
+			owner = existing.Reactor
+		}
 		if existing.Status.Terminal() {
-			_ = e.store.TakeBackStart(bg, id, def.name, string(StatusPending), added, now)
+			_ = e.store.TakeBackStart(bg, id, owner, string(StatusPending), added, now)
 		} else if existing.Status != StatusPending {
-			_ = e.store.MarkStatus(bg, id, def.name, string(StatusPending), string(existing.Status), false, now)
+			_ = e.store.MarkStatus(bg, id, owner, string(StatusPending), string(existing.Status), false, now)
 		}
 		if existing.Reactor != def.name {
 			// As Run does: the id belongs to another reactor's run, which

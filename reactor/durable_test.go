@@ -701,3 +701,58 @@ func TestCancelDuringTheLastStep(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "the request is consumed by the cancelled run's terminal write")
 }
+
+// A start under an id another reactor's run holds is refused and leaves
+// no entry in the starting reactor's indexes (the dashboard's counts by
+// reactor), live or finished, while the holder's own entries stay.
+func TestRefusedStartOfAnotherReactorLeavesNoReactorEntries(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	held := make(chan struct{})
+	release := make(chan struct{})
+	owner := reactor.MustDefine("holder", reactor.Step("wait", reactor.StepConfig[reactor.Args, int]{
+		Run: func(context.Context, reactor.Args) (int, error) { close(held); <-release; return 1, nil },
+	}))
+	other := reactor.MustDefine("intruder", simple(env.trail, "a", nil))
+	done := make(chan error, 1)
+	go func() {
+		_, err := env.engine.Run(ctx, owner, nil, reactor.WithRunID("shared-id"))
+		done <- err
+	}()
+	<-held
+	check := func(what string) {
+		t.Helper()
+		for _, key := range []string{env.prefix + ":idx:reactor:intruder", env.prefix + ":idx:rs:intruder:running"} {
+			_, err := env.rdb.ZScore(ctx, key, "shared-id").Result()
+			require.ErrorIs(t, err, redis.Nil, "%s: %s holds no entry", what, key)
+		}
+		_, err := env.rdb.ZScore(ctx, env.prefix+":idx:reactor:holder", "shared-id").Result()
+		require.NoError(t, err, "%s: the holder keeps its entry", what)
+	}
+	_, err := env.engine.Run(ctx, other, nil, reactor.WithRunID("shared-id"))
+	require.Error(t, err)
+	check("live holder")
+	close(release)
+	require.NoError(t, <-done)
+	_, err = env.engine.Run(ctx, other, nil, reactor.WithRunID("shared-id"))
+	require.Error(t, err)
+	check("finished holder")
+
+	// The same through Enqueue (the pending entries of a queued start).
+	queued := newEnv(t, func(c *reactor.Config) { c.Enqueuer = &wakeLog{} })
+	_, err = queued.engine.Run(ctx, owner2(), nil, reactor.WithRunID("shared-q"))
+	require.NoError(t, err)
+	_, err = queued.engine.Enqueue(ctx, other, nil, reactor.WithRunID("shared-q"))
+	require.Error(t, err)
+	for _, key := range []string{queued.prefix + ":idx:reactor:intruder", queued.prefix + ":idx:rs:intruder:pending"} {
+		_, err := queued.rdb.ZScore(ctx, key, "shared-q").Result()
+		require.ErrorIs(t, err, redis.Nil, "enqueue: %s holds no entry", key)
+	}
+}
+
+func owner2() *reactor.Definition {
+	return reactor.MustDefine("holder2", reactor.Step("one", reactor.StepConfig[reactor.Args, int]{
+		Run: func(context.Context, reactor.Args) (int, error) { return 1, nil },
+	}))
+}

@@ -370,10 +370,18 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	bg := context.WithoutCancel(ctx)
 	refuse := func(err error) (*Result, error) {
 		if !element {
+			owner := def.name
+			if existing.Reactor != def.name {
+				// A run of another reactor: this start's reactor entries
+				// name the wrong reactor (the dashboard's counts by
+				// reactor would include it); the run's own are untouched.
+				_ = e.store.UnindexReactor(bg, id, def.name, string(StatusRunning))
+				owner = existing.Reactor
+			}
 			if existing.Status.Terminal() {
-				_ = e.store.TakeBackStart(bg, id, def.name, string(StatusRunning), added, now)
+				_ = e.store.TakeBackStart(bg, id, owner, string(StatusRunning), added, now)
 			} else if existing.Status != StatusRunning {
-				_ = e.store.MarkStatus(bg, id, def.name, string(StatusRunning), string(existing.Status), false, now)
+				_ = e.store.MarkStatus(bg, id, owner, string(StatusRunning), string(existing.Status), false, now)
 			}
 		}
 		_ = lease.Release(bg)

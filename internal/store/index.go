@@ -122,6 +122,18 @@ func (s *Store) QueueMarkStatus(ctx context.Context, p redis.Pipeliner, id, reac
 // run sweeper, which drops it after making sure the finished run's tree
 // carries its retention: the run may be a finished run whose process died
 // before that, and removing its entry here would hide it for good.
+// UnindexReactor takes back the reactor entries a start of reactorName
+// added for id (its reactor index and its reactor x status entry) when the
+// id turned out to be a run of another reactor.
+func (s *Store) UnindexReactor(ctx context.Context, id, reactorName, status string) error {
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.ZRem(ctx, s.keys.Reactor(reactorName), id)
+		p.ZRem(ctx, s.keys.ReactorStatus(reactorName, status), id)
+		return nil
+	})
+	return err
+}
+
 func (s *Store) Unindex(ctx context.Context, id, reactorName, status string) error {
 	if status == "" {
 		return nil
