@@ -24,6 +24,8 @@ var (
 	ExecuteElement func(e any, ctx context.Context, def any, id string, inputs map[string]codec.Raw) (any, error)
 	Element        func(e any, ctx context.Context, id string) (any, error)
 	UndoElement    func(e any, ctx context.Context, id string, wait time.Duration) (any, error)
+	// RetryElementRollback is set by reactor/retrigger.go.
+	RetryElementRollback func(e any, ctx context.Context, id string, gen int, wait time.Duration) (any, error)
 	StopElement    func(e any, ctx context.Context, reactorName, id string, fn func(ctx context.Context) error) error
 	Locked         func(e any, ctx context.Context, id string) (bool, error)
 	Runs           func(e any, ctx context.Context, ids []string) ([]any, error)
