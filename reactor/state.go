@@ -214,9 +214,9 @@ type Run struct {
 	// RollbackGeneration is the generation of the run's latest rollback: 1
 	// for its first, one more for each RetryRollback.
 	RollbackGeneration int
-	Value     Raw
-	Failure   *Failure
-	Reason    string
+	Value              Raw
+	Failure            *Failure
+	Reason             string
 	// Wake is the id of the last wake-up task enqueued for the run.
 	Wake string
 	// Queue is the asynq queue of the run's wake-ups (WithQueue); "" for
