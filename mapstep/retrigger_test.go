@@ -14,6 +14,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/inspect"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
@@ -162,6 +163,23 @@ func TestRetriggerFanOutMapStartsASecondGeneration(t *testing.T) {
 	_, err = h.engine.RetryRollback(ctx, owner)
 	require.ErrorIs(t, err, reactor.ErrNothingToRetry)
 
+	// A generation-2 job delivered again, and a stale generation-1 job,
+	// undo nothing more.
+	q, adapted := maptask.Adapt(h.client)
+	require.True(t, adapted)
+	for _, task := range []maptask.RollbackTask{
+		{MapID: mapID, Gen: 2, Pos: 0, Index: failed[len(failed)-1], Redelivery: "r1"},
+		{MapID: mapID, Gen: 1, Pos: 0, Index: n - 1, Redelivery: "r1"},
+	} {
+		require.NoError(t, q.EnqueueRollback(ctx, task))
+		h.rec.awaitOK(t, ctx, task.TaskID())
+	}
+	want := map[int][3]int{}
+	for _, i := range failed {
+		want[i] = [3]int{1, 2, 1}
+	}
+	c.requireUndos(t, n, want)
+
 	// Every key of the tree, both generations', expires with the run.
 	keys := rtRunKeys(t, h, owner)
 	require.Contains(t, keys, h.keys.MapRbWork(mapID, 2))
@@ -293,6 +311,13 @@ func TestRetriggerFanOutMapThirdGeneration(t *testing.T) {
 	res, err = h.engine.Wait(ctx, owner)
 	require.NoError(t, err)
 	requireRollbackFailures(t, res, 4)
+	// Generation 2's job for element 4 (work list 7, 4) delivered again retries nothing:
+	// the element is at generation 2 already.
+	q, _ := maptask.Adapt(h.client)
+	again := maptask.RollbackTask{MapID: mapID, Gen: 2, Pos: 1, Index: 4, Redelivery: "r1"}
+	require.NoError(t, q.EnqueueRollback(ctx, again))
+	h.rec.awaitOK(t, ctx, again.TaskID())
+	require.Equal(t, [3]int{1, 2, 1}, c.undos(4))
 	finished = h.done(owner)
 	_, err = h.engine.RetryRollback(ctx, owner, reactor.FromGeneration(2))
 	require.NoError(t, err)
