@@ -227,8 +227,8 @@ const resumeRetention = time.Hour
 
 func fwdResumeID(owner, mapID string) string { return "resume:" + owner + ":fwd:" + mapID }
 
-func rbResumeID(owner, mapID string) string {
-	return fmt.Sprintf("resume:%s:rb:%s:%d", owner, mapID, rbGen)
+func rbResumeID(owner, mapID string, gen int) string {
+	return fmt.Sprintf("resume:%s:rb:%s:%d", owner, mapID, gen)
 }
 
 // failpoints are test-only hooks at the narrow windows of the protocol.

@@ -28,6 +28,11 @@
 //   - A map rolls back the way it ran: inline in the owner's process, or one
 //     rollback job per element, newest first, in batches, each saving after
 //     every undone entry; inline and fan-out maps end with the same Failure.
+//   - A re-triggered rollback (reactor.Engine.RetryRollback) starts a new
+//     rollback generation over the elements the previous one could not undo
+//     (outcome failed, element_in_flight or context_unavailable), with fresh
+//     keys and task ids; each of those elements retries only its own failed
+//     entries, and the earlier generations' outcomes stay readable.
 //   - Every element run has the id "<mapID>.<i>" (MapID, ElementID) and its
 //     own state and lock in its own Redis Cluster slot; a redelivered element
 //     resumes its one run. The owner stores only the map's id, whatever its

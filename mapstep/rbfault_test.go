@@ -156,6 +156,8 @@ type rbfOptions struct {
 	wrap func(asynq.Handler) asynq.Handler
 	// logger is the engine's logger. Default rbfLogger (discards).
 	logger *slog.Logger
+	// retention is the engine's Retention. Default the engine's.
+	retention time.Duration
 }
 
 type rbfHarness struct {
@@ -223,7 +225,7 @@ func newRBFHarness(t testing.TB, o rbfOptions) *rbfHarness {
 		logger = o.logger
 	}
 	e, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix,
-		Enqueuer: h.client, Logger: logger, Hooks: append([]reactor.Hook{hook}, o.hooks...), UndoLockWait: o.undoLockWait, LockExpiry: o.lockExpiry})
+		Enqueuer: h.client, Logger: logger, Hooks: append([]reactor.Hook{hook}, o.hooks...), UndoLockWait: o.undoLockWait, LockExpiry: o.lockExpiry, Retention: o.retention})
 	require.NoError(t, err)
 	h.engine = e
 	h.insp = asynq.NewInspectorFromRedisClient(rdb)

@@ -139,7 +139,7 @@ type RollbackProgress struct {
 // RollbackProgressOf reads the progress of map mapID's rollback. ok is
 // false when the map has no rollback (yet).
 func RollbackProgressOf(ctx context.Context, e *reactor.Engine, mapID string) (p RollbackProgress, ok bool, err error) {
-	rb, err := storeOf(e).readRb(ctx, mapID)
+	rb, err := storeOf(e).currentRb(ctx, mapID)
 	if err != nil || !rb.exists {
 		return p, false, err
 	}

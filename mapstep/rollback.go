@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sort"
 	"strconv"
 	"time"
@@ -36,10 +37,26 @@ const (
 	rbContextUnavailable = "context_unavailable"
 )
 
-// rbGen is the rollback generation. A map is rolled back once per run
-// today; the keys carry the generation so that a re-triggered rollback can
-// get fresh keys and task ids without colliding with the first.
-const rbGen = 1
+// Rollback generations. A map's first rollback is generation 1 (its work
+// list: the claimed forward positions, newest first). A re-triggered
+// rollback of the owner (reactor.Engine.RetryRollback) reaches the map with
+// a higher ConstructContext.RollbackGeneration: the map then starts that
+// generation over the elements the previous one could not undo (outcome
+// failed, element_in_flight or context_unavailable), listed in the new
+// generation's work list, with fresh keys (P:{map:<id>}:rb:<gen>:*) and task
+// ids (rb:<mapID>:<gen>:<pos>), through the same protocol. The map meta's
+// rbgen field names the current generation, so that jobs, sweepers,
+// readers and the retention walk agree; earlier generations stay readable.
+
+// rbRetryable reports whether an element's rollback outcome leaves it to a
+// re-triggered generation.
+func rbRetryable(outcome string) bool {
+	return outcome == rbFailed || outcome == rbContextUnavailable || outcome == rbElementInFlight
+}
+
+// rbElementInFlight is the outcome of an element whose lock stayed held
+// (recorded by earlier versions; the rollback now waits instead).
+const rbElementInFlight = "element_in_flight"
 
 // rollbackLockWait is how long a map's rollback position may find its
 // element locked before the rollback warns an operator: the engine's
@@ -71,24 +88,61 @@ type rbOutcome struct {
 // rbMeta is a rollback's metadata.
 type rbMeta struct {
 	exists                   bool
+	Gen                      int
 	Total, BatchSize, Offset int
 	Settled, Failed          int
+	// Work: the positions come from the generation's work list.
+	Work bool
 }
 
 func (m rbMeta) settled() bool { return m.exists && m.Settled >= m.Offset && m.Offset >= m.Total }
 
-func (s mapStore) readRb(ctx context.Context, mapID string) (rbMeta, error) {
-	var h *redis.MapStringStringCmd
-	var off *redis.StringCmd
+// rbCmds are the queued reads of one rollback generation.
+type rbCmds struct {
+	meta *redis.MapStringStringCmd
+	off  *redis.StringCmd
+}
+
+func (s mapStore) queueRb(ctx context.Context, p redis.Pipeliner, mapID string, gen int) rbCmds {
+	return rbCmds{meta: p.HGetAll(ctx, s.keys.MapRbMeta(mapID, gen)), off: p.Get(ctx, s.keys.MapRbOffset(mapID, gen))}
+}
+
+func (c rbCmds) parse(gen int) rbMeta {
+	m := parseRb(c.meta.Val(), c.off.Val())
+	m.Gen = gen
+	return m
+}
+
+// readRb reads generation gen of map mapID's rollback.
+func (s mapStore) readRb(ctx context.Context, mapID string, gen int) (rbMeta, error) {
+	var c rbCmds
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		h = p.HGetAll(ctx, s.keys.MapRbMeta(mapID, rbGen))
-		off = p.Get(ctx, s.keys.MapRbOffset(mapID, rbGen))
+		c = s.queueRb(ctx, p, mapID, gen)
 		return nil
 	})
 	if err != nil && err != redis.Nil {
 		return rbMeta{}, fmt.Errorf("mapstep: read rollback of %s: %w", mapID, err)
 	}
-	return parseRb(h.Val(), off.Val()), nil
+	return c.parse(gen), nil
+}
+
+// currentRb reads the map's current rollback generation: one round trip,
+// and a second only for a re-triggered one.
+func (s mapStore) currentRb(ctx context.Context, mapID string) (rbMeta, error) {
+	var g *redis.StringCmd
+	var c rbCmds
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		g = p.HGet(ctx, s.keys.MapMeta(mapID), "rbgen")
+		c = s.queueRb(ctx, p, mapID, 1)
+		return nil
+	})
+	if err != nil && err != redis.Nil {
+		return rbMeta{}, fmt.Errorf("mapstep: read rollback of %s: %w", mapID, err)
+	}
+	if gen, _ := strconv.Atoi(g.Val()); gen > 1 {
+		return s.readRb(ctx, mapID, gen)
+	}
+	return c.parse(1), nil
 }
 
 func parseRb(f map[string]string, offset string) rbMeta {
@@ -96,28 +150,35 @@ func parseRb(f map[string]string, offset string) rbMeta {
 		return rbMeta{}
 	}
 	atoi := func(k string) int { n, _ := strconv.Atoi(f[k]); return n }
-	m := rbMeta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Settled: atoi("settled"), Failed: atoi("failed")}
+	m := rbMeta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Settled: atoi("settled"), Failed: atoi("failed"),
+		Work: f["work"] == "1"}
 	m.Offset, _ = strconv.Atoi(offset)
 	return m
 }
 
-func (s mapStore) rbKeys(mapID string) []string {
+func (s mapStore) rbKeys(mapID string, gen int) []string {
 	k := s.keys
-	return []string{k.MapRbMeta(mapID, rbGen), k.MapRbOffset(mapID, rbGen), k.MapRbResults(mapID, rbGen),
-		k.MapRbHandedOff(mapID, rbGen), k.MapRbSignalled(mapID, rbGen)}
+	return []string{k.MapRbMeta(mapID, gen), k.MapRbOffset(mapID, gen), k.MapRbResults(mapID, gen),
+		k.MapRbHandedOff(mapID, gen), k.MapRbSignalled(mapID, gen)}
 }
 
-func (s mapStore) rbStart(ctx context.Context, mapID string, total, batch int) (created bool, offset int, err error) {
+// rbStart creates generation gen of the map's rollback (once) and makes it
+// the current one; work says its positions come from its work list.
+func (s mapStore) rbStart(ctx context.Context, mapID string, gen, total, batch int, work bool) (created bool, offset int, err error) {
 	k := s.keys
-	res, err := rbStartScript.Run(ctx, s.rdb, []string{k.MapRbMeta(mapID, rbGen), k.MapRbOffset(mapID, rbGen)},
-		total, batch, time.Now().UnixMilli()).Slice()
+	w := "0"
+	if work {
+		w = "1"
+	}
+	res, err := rbStartScript.Run(ctx, s.rdb, []string{k.MapRbMeta(mapID, gen), k.MapRbOffset(mapID, gen), k.MapMeta(mapID)},
+		total, batch, time.Now().UnixMilli(), gen, w).Slice()
 	if err != nil {
 		return false, 0, fmt.Errorf("mapstep: start rollback of %s: %w", mapID, err)
 	}
 	return res[0].(int64) == 1, int(res[1].(int64)), nil
 }
 
-func (s mapStore) rbSettle(ctx context.Context, mapID string, pos int, o rbOutcome) (settleResult, error) {
+func (s mapStore) rbSettle(ctx context.Context, mapID string, gen, pos int, o rbOutcome) (settleResult, error) {
 	enc, err := codec.Marshal(o)
 	if err != nil {
 		return settleResult{}, err
@@ -126,17 +187,17 @@ func (s mapStore) rbSettle(ctx context.Context, mapID string, pos int, o rbOutco
 	if len(o.Failures) > 0 {
 		failure = "1"
 	}
-	res, err := rbSettleScript.Run(ctx, s.rdb, s.rbKeys(mapID), pos, enc, o.Outcome, failure).Slice()
+	res, err := rbSettleScript.Run(ctx, s.rdb, s.rbKeys(mapID, gen), pos, enc, o.Outcome, failure).Slice()
 	if err != nil {
 		return settleResult{}, fmt.Errorf("mapstep: settle rollback %s[%d]: %w", mapID, pos, err)
 	}
 	return settleResult{Stored: res[0].(int64) == 1, From: int(res[1].(int64)), To: int(res[2].(int64)), Signal: res[3].(int64) == 1}, nil
 }
 
-func (s mapStore) rbHandOff(ctx context.Context, mapID string) (bool, error) {
+func (s mapStore) rbHandOff(ctx context.Context, mapID string, gen int) (bool, error) {
 	k := s.keys
-	n, err := rbHandOffScript.Run(ctx, s.rdb, []string{k.MapRbHandedOff(mapID, rbGen), k.MapRbMeta(mapID, rbGen),
-		k.MapRbOffset(mapID, rbGen), k.MapRbSignalled(mapID, rbGen)}).Int()
+	n, err := rbHandOffScript.Run(ctx, s.rdb, []string{k.MapRbHandedOff(mapID, gen), k.MapRbMeta(mapID, gen),
+		k.MapRbOffset(mapID, gen), k.MapRbSignalled(mapID, gen)}).Int()
 	if err != nil {
 		return false, fmt.Errorf("mapstep: hand off rollback of %s: %w", mapID, err)
 	}
@@ -144,42 +205,54 @@ func (s mapStore) rbHandOff(ctx context.Context, mapID string) (bool, error) {
 }
 
 // readJob reads what a rollback job needs in one round trip: the map's
-// metadata, its rollback's, and element i's forward outcome.
-func (s mapStore) readJob(ctx context.Context, mapID string, i int) (meta, rbMeta, *outcome, error) {
+// metadata, its rollback's (the task's generation), element i's forward
+// outcome and, for a re-triggered generation, the element its position
+// names (-1 for none).
+func (s mapStore) readJob(ctx context.Context, t maptask.RollbackTask) (meta, rbMeta, *outcome, int, error) {
 	k := s.keys
-	var mh, rh *redis.MapStringStringCmd
-	var off, failed, roff, res *redis.StringCmd
+	mapID, i := t.MapID, t.Index
+	var mh *redis.MapStringStringCmd
+	var off, failed, res, work *redis.StringCmd
+	var rc rbCmds
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		mh = p.HGetAll(ctx, k.MapMeta(mapID))
 		off = p.Get(ctx, k.MapOffset(mapID))
 		failed = p.Get(ctx, k.MapFailed(mapID))
-		rh = p.HGetAll(ctx, k.MapRbMeta(mapID, rbGen))
-		roff = p.Get(ctx, k.MapRbOffset(mapID, rbGen))
+		rc = s.queueRb(ctx, p, mapID, t.Gen)
 		res = p.HGet(ctx, k.MapResults(mapID), strconv.Itoa(i))
+		if t.Gen > 1 {
+			work = p.LIndex(ctx, k.MapRbWork(mapID, t.Gen), int64(t.Pos))
+		}
 		return nil
 	})
 	if err != nil && err != redis.Nil {
-		return meta{}, rbMeta{}, nil, fmt.Errorf("mapstep: read rollback job of %s: %w", mapID, err)
+		return meta{}, rbMeta{}, nil, -1, fmt.Errorf("mapstep: read rollback job of %s: %w", mapID, err)
 	}
 	md := parseMeta(mh.Val(), off.Val(), failed)
-	rb := parseRb(rh.Val(), roff.Val())
+	rb := rc.parse(t.Gen)
+	listed := -1
+	if work != nil {
+		if n, err := strconv.Atoi(work.Val()); err == nil {
+			listed = n
+		}
+	}
 	var o *outcome
 	if raw, err := res.Result(); err == nil {
 		o = &outcome{}
 		if err := codec.Unmarshal([]byte(raw), o); err != nil {
-			return md, rb, nil, fmt.Errorf("mapstep: decode result %s[%d]: %w", mapID, i, err)
+			return md, rb, nil, listed, fmt.Errorf("mapstep: decode result %s[%d]: %w", mapID, i, err)
 		}
 	}
-	return md, rb, o, nil
+	return md, rb, o, listed, nil
 }
 
 // rbDone reads which positions of [from, to] already have an outcome.
-func (s mapStore) rbDone(ctx context.Context, mapID string, from, to int) ([]bool, error) {
+func (s mapStore) rbDone(ctx context.Context, mapID string, gen, from, to int) ([]bool, error) {
 	fields := make([]string, 0, to-from+1)
 	for p := from; p <= to; p++ {
 		fields = append(fields, strconv.Itoa(p))
 	}
-	vals, err := s.rdb.HMGet(ctx, s.keys.MapRbResults(mapID, rbGen), fields...).Result()
+	vals, err := s.rdb.HMGet(ctx, s.keys.MapRbResults(mapID, gen), fields...).Result()
 	if err != nil {
 		return nil, err
 	}
@@ -188,6 +261,89 @@ func (s mapStore) rbDone(ctx context.Context, mapID string, from, to int) ([]boo
 		out[i] = v != nil
 	}
 	return out, nil
+}
+
+// indexes returns the element indexes of rollback positions [from, to].
+func (s mapStore) indexes(ctx context.Context, mapID string, rb rbMeta, from, to int) ([]int, error) {
+	out := make([]int, 0, to-from+1)
+	if !rb.Work {
+		for p := from; p <= to; p++ {
+			out = append(out, rb.Total-1-p)
+		}
+		return out, nil
+	}
+	vals, err := s.rdb.LRange(ctx, s.keys.MapRbWork(mapID, rb.Gen), int64(from), int64(to)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("mapstep: read the rollback work list of %s: %w", mapID, err)
+	}
+	if len(vals) != to-from+1 {
+		return nil, fmt.Errorf("mapstep: the rollback work list of %s (generation %d) has no positions [%d, %d]", mapID, rb.Gen, from, to)
+	}
+	for _, v := range vals {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return nil, fmt.Errorf("mapstep: the rollback work list of %s holds %q: %w", mapID, v, err)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+// retryable lists the elements generation gen could not undo, newest
+// first, reading its outcomes with HSCAN a chunk at a time.
+func (s mapStore) retryable(ctx context.Context, mapID string, gen int) ([]int, error) {
+	var out []int
+	var cursor uint64
+	for {
+		kv, next, err := s.rdb.HScan(ctx, s.keys.MapRbResults(mapID, gen), cursor, "", 100).Result()
+		if err != nil {
+			return nil, fmt.Errorf("mapstep: scan rollback of %s: %w", mapID, err)
+		}
+		for j := 1; j < len(kv); j += 2 {
+			var o rbOutcome
+			if err := codec.Unmarshal([]byte(kv[j]), &o); err != nil {
+				return nil, fmt.Errorf("mapstep: decode rollback outcome of %s: %w", mapID, err)
+			}
+			if rbRetryable(o.Outcome) {
+				out = append(out, o.Index)
+			}
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	sort.Sort(sort.Reverse(sort.IntSlice(out)))
+	return slices.Compact(out), nil
+}
+
+// regenerate starts rollback generation gen over what generation prev
+// (settled) could not undo: its work list is written first (again, after a
+// crash, until the start script has run), then the start script creates the
+// generation and makes it current, once.
+func (s mapStore) regenerate(ctx context.Context, md meta, mapID string, fanOut bool, prev, gen int) (created bool, offset int, err error) {
+	idx, err := s.retryable(ctx, mapID, prev)
+	if err != nil {
+		return false, 0, err
+	}
+	work := s.keys.MapRbWork(mapID, gen)
+	if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Del(ctx, work)
+		for i := 0; i < len(idx); i += 1000 {
+			vals := make([]any, 0, 1000)
+			for _, n := range idx[i:min(i+1000, len(idx))] {
+				vals = append(vals, n)
+			}
+			p.RPush(ctx, work, vals...)
+		}
+		return nil
+	}); err != nil {
+		return false, 0, fmt.Errorf("mapstep: write the rollback work list of %s: %w", mapID, err)
+	}
+	batch := md.BatchSize
+	if !fanOut {
+		batch = max(len(idx), 1)
+	}
+	return s.rbStart(ctx, mapID, gen, len(idx), batch, true)
 }
 
 // Undo rolls back a completed map: every completed element, newest first.
@@ -240,53 +396,69 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 			return &reactor.RollbackHandedOff{}
 		}
 	}
-	rb, err := ms.readRb(ctx, st.MapID)
+	// The generation to roll back in: the current one, or a new one over
+	// what it could not undo when the owner's rollback was re-triggered.
+	want := c.RollbackGeneration()
+	gen := md.rbGen()
+	rb, err := ms.readRb(ctx, st.MapID, gen)
 	if err != nil {
 		return err
 	}
 	log := engineapi.Logger(e).With("reactor", c.OwnerReactor, "run", c.OwnerID, "map_step", c.Step, "map", st.MapID)
-	if !rb.exists {
-		// The work list: the claimed forward positions, newest first,
-		// anchored at the claim offset fixed now.
-		total := min(md.Offset, md.Total)
-		batch := md.BatchSize
-		if !st.FanOut {
-			batch = max(total, 1)
-		} else if err := ms.index(ctx, st.MapID, c.OwnerID); err != nil {
+	if !rb.exists || (gen < want && rb.settled()) {
+		if st.FanOut {
 			// Indexed before the rollback exists, like the forward map, so
 			// the map sweeper can find a rollback with outstanding work.
-			return err
-		}
-		created, offset, err := ms.rbStart(ctx, st.MapID, total, batch)
-		if err != nil {
-			return err
-		}
-		if created {
-			log.Info("map rollback started", "event", "reactor.map.rollback.started", "total", total, "batch_size", batch)
-		}
-		if created && st.FanOut && offset > 0 {
-			claimedBatch(ctx, e, md, reactor.EventMapRollbackBatchClaimed)
-			if err := dispatchRollback(ctx, e, st.MapID, total, 0, offset-1); err != nil {
+			if err := ms.index(ctx, st.MapID, c.OwnerID); err != nil {
 				return err
 			}
 		}
-		if rb, err = ms.readRb(ctx, st.MapID); err != nil {
+		var created bool
+		var offset int
+		if !rb.exists {
+			// The work list: the claimed forward positions, newest first,
+			// anchored at the claim offset fixed now.
+			total := min(md.Offset, md.Total)
+			batch := md.BatchSize
+			if !st.FanOut {
+				batch = max(total, 1)
+			}
+			gen = max(want, 1)
+			created, offset, err = ms.rbStart(ctx, st.MapID, gen, total, batch, false)
+		} else {
+			prev := gen
+			gen = want
+			created, offset, err = ms.regenerate(ctx, md, st.MapID, st.FanOut, prev, gen)
+		}
+		if err != nil {
 			return err
+		}
+		if rb, err = ms.readRb(ctx, st.MapID, gen); err != nil {
+			return err
+		}
+		if created {
+			log.Info("map rollback started", "event", "reactor.map.rollback.started", "total", rb.Total, "batch_size", rb.BatchSize, "generation", gen)
+		}
+		if created && st.FanOut && offset > 0 {
+			claimedBatch(ctx, e, md, reactor.EventMapRollbackBatchClaimed)
+			if err := dispatchRollback(ctx, e, ms, st.MapID, rb, 0, offset-1); err != nil {
+				return err
+			}
 		}
 	} else if st.FanOut && rb.Settled == 0 && rb.Offset > 0 {
 		// Nothing settled yet: the first batch may never have gone out (the
 		// enqueue after the start script failed, or the owner died there).
 		// Enqueue it again: at most one batch, and task ids dedupe the jobs
 		// still queued.
-		if err := dispatchRollback(ctx, e, st.MapID, rb.Total, 0, min(rb.Offset, rb.BatchSize)-1); err != nil {
+		if err := dispatchRollback(ctx, e, ms, st.MapID, rb, 0, min(rb.Offset, rb.BatchSize)-1); err != nil {
 			return err
 		}
 	}
 	if !st.FanOut && !rb.settled() {
-		if err := m.rollbackInline(ctx, c, ms, md, st.MapID, rb.Total); err != nil {
+		if err := m.rollbackInline(ctx, c, ms, md, st.MapID, rb); err != nil {
 			return err
 		}
-		if rb, err = ms.readRb(ctx, st.MapID); err != nil {
+		if rb, err = ms.readRb(ctx, st.MapID, gen); err != nil {
 			return err
 		}
 	}
@@ -300,7 +472,7 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 					return err
 				}
 			}
-			resume, err := ms.rbHandOff(ctx, mapID)
+			resume, err := ms.rbHandOff(ctx, mapID, gen)
 			if err != nil || !resume {
 				return err
 			}
@@ -309,17 +481,17 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 					return err
 				}
 			}
-			return resumeOwnerRollback(ctx, e, owner, reactorName, mapID)
+			return resumeOwnerRollback(ctx, e, owner, reactorName, mapID, gen)
 		}}
 	}
-	failures, omitted, err := m.aggregate(ctx, ms, st.MapID)
+	failures, omitted, err := m.aggregate(ctx, ms, st.MapID, gen)
 	if err != nil {
 		return err
 	}
 	if st.FanOut {
 		ms.unindex(ctx, st.MapID, c.OwnerID)
 	}
-	log.Info("map rollback completed", "event", "reactor.map.rollback.completed", "total", rb.Total, "failed", rb.Failed)
+	log.Info("map rollback completed", "event", "reactor.map.rollback.completed", "total", rb.Total, "failed", rb.Failed, "generation", gen)
 	if len(failures) == 0 && omitted == 0 {
 		return nil
 	}
@@ -328,23 +500,29 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 
 // rollbackInline undoes the positions without an outcome, newest first, a
 // chunk of 100 at a time, through the same code as the rollback jobs.
-func (m *construct) rollbackInline(ctx context.Context, c *reactor.ConstructContext, ms mapStore, md meta, mapID string, total int) error {
+func (m *construct) rollbackInline(ctx context.Context, c *reactor.ConstructContext, ms mapStore, md meta, mapID string, rb rbMeta) error {
 	const chunk = 100
-	for from := 0; from < total; from += chunk {
-		to := min(from+chunk, total) - 1
-		done, err := ms.rbDone(ctx, mapID, from, to)
+	for from := 0; from < rb.Total; from += chunk {
+		to := min(from+chunk, rb.Total) - 1
+		done, err := ms.rbDone(ctx, mapID, rb.Gen, from, to)
 		if err != nil {
 			return err
 		}
+		var idx []int // read for a chunk with work left
 		for p := from; p <= to; p++ {
 			if done[p-from] {
 				continue
 			}
-			o, err := rollbackInlineElement(ctx, c.Engine, ms, md, mapID, total, p)
+			if idx == nil {
+				if idx, err = ms.indexes(ctx, mapID, rb, from, to); err != nil {
+					return err
+				}
+			}
+			o, err := rollbackInlineElement(ctx, c.Engine, ms, md, mapID, rb, p, idx[p-from])
 			if err != nil {
 				return err
 			}
-			if _, err := ms.rbSettle(ctx, mapID, p, o); err != nil {
+			if _, err := ms.rbSettle(ctx, mapID, rb.Gen, p, o); err != nil {
 				return err
 			}
 			logElement(engineapi.Logger(c.Engine), md, mapID, o)
@@ -353,15 +531,15 @@ func (m *construct) rollbackInline(ctx context.Context, c *reactor.ConstructCont
 	return nil
 }
 
-// rollbackInlineElement rolls back the element at position p, waiting
+// rollbackInlineElement rolls back element i at position p, waiting
 // while another process holds its lock, the way a rollback job does
 // (heldElement) but polling in this process instead of snoozing.
-func rollbackInlineElement(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, mapID string, total, p int) (rbOutcome, error) {
+func rollbackInlineElement(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, mapID string, rb rbMeta, p, i int) (rbOutcome, error) {
 	delay := 10 * time.Millisecond
 	for {
-		o, err := rollbackElement(ctx, e, ms, md, mapID, total, p, 0)
+		o, err := rollbackElement(ctx, e, ms, md, mapID, rb, i, 0)
 		if errors.Is(err, reactor.ErrRunLocked) {
-			o, err = ms.heldElement(ctx, e, md, mapID, p, total-1-p, err)
+			o, err = ms.heldElement(ctx, e, md, mapID, rb.Gen, p, i, err)
 		}
 		if !errors.Is(err, reactor.ErrRunLocked) {
 			return o, err
@@ -382,9 +560,9 @@ func rollbackInlineElement(ctx context.Context, e *reactor.Engine, ms mapStore, 
 // job by snoozing) for as long as the lock is held, and once the position has
 // waited rollbackLockWait it warns, once, naming the element. Both rollback
 // modes decide here, so they wait alike and report alike.
-func (s mapStore) heldElement(ctx context.Context, e *reactor.Engine, md meta, mapID string, p, i int, lockErr error) (rbOutcome, error) {
+func (s mapStore) heldElement(ctx context.Context, e *reactor.Engine, md meta, mapID string, gen, p, i int, lockErr error) (rbOutcome, error) {
 	wait := rollbackLockWait(e)
-	res, err := rbLockedScript.Run(ctx, s.rdb, []string{s.keys.MapRbMeta(mapID, rbGen)}, p, wait.Milliseconds()).Int64Slice()
+	res, err := rbLockedScript.Run(ctx, s.rdb, []string{s.keys.MapRbMeta(mapID, gen)}, p, wait.Milliseconds()).Int64Slice()
 	if err != nil {
 		return rbOutcome{Index: i}, fmt.Errorf("mapstep: note held element %s[%d]: %w", mapID, i, err)
 	}
@@ -396,15 +574,53 @@ func (s mapStore) heldElement(ctx context.Context, e *reactor.Engine, md meta, m
 	return rbOutcome{Index: i}, lockErr
 }
 
-// rollbackElement rolls back the element at rollback position p: the one
-// code path of inline rollbacks and rollback jobs.
-func rollbackElement(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, mapID string, total, p int, wait time.Duration) (rbOutcome, error) {
-	i := total - 1 - p
+// rollbackElement rolls back element i of rollback generation rb: the
+// one code path of inline rollbacks and rollback jobs.
+func rollbackElement(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, mapID string, rb rbMeta, i int, wait time.Duration) (rbOutcome, error) {
+	if rb.Work {
+		return retryElement(ctx, e, md, mapID, i, rb.Gen, wait)
+	}
 	fwd, err := ms.results(ctx, mapID, i, i)
 	if err != nil {
 		return rbOutcome{Index: i}, err
 	}
 	return rollbackElementWith(ctx, e, md, mapID, i, fwd[0], wait)
+}
+
+// retryElement brings element i, which an earlier generation could not
+// undo, to generation gen: the element retries its own failed entries (only
+// those), or is undone if it never was.
+func retryElement(ctx context.Context, e *reactor.Engine, md meta, mapID string, i, gen int, wait time.Duration) (rbOutcome, error) {
+	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace})
+	res, err := engineapi.RetryElementRollback(e, ctx, ElementID(mapID, i), gen, wait)
+	switch {
+	case errors.Is(err, reactor.ErrNotFound):
+		return unavailable(md, i), nil
+	case err != nil:
+		return rbOutcome{Index: i}, err
+	}
+	return undoneOutcome(md, i, res), nil
+}
+
+func unavailable(md meta, i int) rbOutcome {
+	return rbOutcome{Index: i, Outcome: rbContextUnavailable, Failures: []reactor.RollbackFailure{{Step: elementPath(md.Step, i), Kind: reactor.KindUndo, Reason: rbContextUnavailable,
+		Message: fmt.Sprintf("element %d completed but its run is gone (expired?); its steps were not undone", i)}}}
+}
+
+// undoneOutcome is the outcome of element i whose rollback ended with res:
+// undone, or failed with its rollback failures.
+func undoneOutcome(md meta, i int, res *reactor.Result) rbOutcome {
+	o := rbOutcome{Index: i, Outcome: rbUndone}
+	if res.Failure != nil {
+		for _, f := range res.Failure.RollbackFailures {
+			f.Step = elementPath(md.Step, i) + "/" + f.Step
+			o.Failures = append(o.Failures, f)
+		}
+		if len(o.Failures) > 0 {
+			o.Outcome = rbFailed
+		}
+	}
+	return o
 }
 
 // rollbackElementWith rolls back element i given its forward outcome.
@@ -429,10 +645,7 @@ func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID 
 		o.Outcome = rbNotNeeded
 		return o, nil
 	case errors.Is(err, reactor.ErrNotFound):
-		o.Outcome = rbContextUnavailable
-		o.Failures = []reactor.RollbackFailure{{Step: elementPath(md.Step, i), Kind: reactor.KindUndo, Reason: rbContextUnavailable,
-			Message: fmt.Sprintf("element %d completed but its run is gone (expired?); its steps were not undone", i)}}
-		return o, nil
+		return unavailable(md, i), nil
 	case err != nil:
 		return o, err
 	case elementStopped(res):
@@ -440,17 +653,7 @@ func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID 
 		o.Outcome = rbNotNeeded
 		return o, nil
 	}
-	o.Outcome = rbUndone
-	if res.Failure != nil {
-		for _, f := range res.Failure.RollbackFailures {
-			f.Step = elementPath(md.Step, i) + "/" + f.Step
-			o.Failures = append(o.Failures, f)
-		}
-		if len(o.Failures) > 0 {
-			o.Outcome = rbFailed
-		}
-	}
-	return o, nil
+	return undoneOutcome(md, i, res), nil
 }
 
 func elementPath(step string, i int) string { return fmt.Sprintf("%s[%d]", step, i) }
@@ -466,7 +669,7 @@ func logElement(log *slog.Logger, md meta, mapID string, o rbOutcome) {
 // aggregate reads the rollback's outcomes with HSCAN, a chunk at a time,
 // keeping only failures: the first maxKeptFailures (newest element first)
 // and a count of the rest. It never loads every outcome at once.
-func (m *construct) aggregate(ctx context.Context, ms mapStore, mapID string) ([]reactor.RollbackFailure, int, error) {
+func (m *construct) aggregate(ctx context.Context, ms mapStore, mapID string, gen int) ([]reactor.RollbackFailure, int, error) {
 	type indexed struct {
 		i int
 		f reactor.RollbackFailure
@@ -475,7 +678,7 @@ func (m *construct) aggregate(ctx context.Context, ms mapStore, mapID string) ([
 	omitted := 0
 	var cursor uint64
 	for {
-		kv, next, err := ms.rdb.HScan(ctx, ms.keys.MapRbResults(mapID, rbGen), cursor, "", 100).Result()
+		kv, next, err := ms.rdb.HScan(ctx, ms.keys.MapRbResults(mapID, gen), cursor, "", 100).Result()
 		if err != nil {
 			return nil, 0, fmt.Errorf("mapstep: scan rollback of %s: %w", mapID, err)
 		}
@@ -505,11 +708,16 @@ func (m *construct) aggregate(ctx context.Context, ms mapStore, mapID string) ([
 	return out, omitted, nil
 }
 
-// dispatchRollback enqueues the rollback jobs of positions [from, to].
-func dispatchRollback(ctx context.Context, e *reactor.Engine, mapID string, total, from, to int) error {
+// dispatchRollback enqueues the rollback jobs of positions [from, to] of
+// generation rb.
+func dispatchRollback(ctx context.Context, e *reactor.Engine, ms mapStore, mapID string, rb rbMeta, from, to int) error {
 	q, ok := maptask.Adapt(engineapi.Enqueuer(e))
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
+	}
+	idx, err := ms.indexes(ctx, mapID, rb, from, to)
+	if err != nil {
+		return err
 	}
 	for p := from; p <= to; p++ {
 		if hook := failpoints.rbBeforeEnqueue; hook != nil {
@@ -517,7 +725,7 @@ func dispatchRollback(ctx context.Context, e *reactor.Engine, mapID string, tota
 				return err
 			}
 		}
-		if err := q.EnqueueRollback(ctx, maptask.RollbackTask{MapID: mapID, Gen: rbGen, Pos: p, Index: total - 1 - p}); err != nil {
+		if err := q.EnqueueRollback(ctx, maptask.RollbackTask{MapID: mapID, Gen: rb.Gen, Pos: p, Index: idx[p-from]}); err != nil {
 			return err
 		}
 	}
@@ -532,9 +740,9 @@ func dispatchRollbackTask(ctx context.Context, e *reactor.Engine, t maptask.Roll
 	return q.EnqueueRollback(ctx, t)
 }
 
-func resumeOwnerRollback(ctx context.Context, e *reactor.Engine, owner, reactorName, mapID string) error {
+func resumeOwnerRollback(ctx context.Context, e *reactor.Engine, owner, reactorName, mapID string, gen int) error {
 	return engineapi.Enqueuer(e).Enqueue(ctx, reactor.Wake{
-		ID:    rbResumeID(owner, mapID),
+		ID:    rbResumeID(owner, mapID, gen),
 		RunID: owner, Reactor: reactorName, Retain: resumeRetention,
 	})
 }
@@ -543,19 +751,20 @@ func resumeOwnerRollback(ctx context.Context, e *reactor.Engine, owner, reactorN
 // element (checkpointed after every undone entry), store its outcome (first
 // writer wins), claim the next batch on trigger, and resume the owner when
 // the rollback has settled and the owner has handed off. A held element
-// lock returns reactor.ErrRunLocked (the worker snoozes) until the
-// position has waited rollbackLockWait, then reports element_in_flight.
+// lock returns reactor.ErrRunLocked (the worker snoozes) for as long as it
+// is held. A job of a generation that a newer one superseded has nothing to
+// do: its generation had settled before the newer one started.
 func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackTask) error {
-	if t.Gen != rbGen {
-		return fmt.Errorf("%w: rollback generation %d of map %s", maptask.ErrMapGone, t.Gen, t.MapID)
-	}
 	ms := storeOf(e)
-	md, rb, fwd, err := ms.readJob(ctx, t.MapID, t.Index)
+	md, rb, fwd, listed, err := ms.readJob(ctx, t)
 	if err != nil {
 		return err
 	}
 	if !md.exists || !rb.exists {
-		return maptask.ErrMapGone
+		return fmt.Errorf("%w: rollback generation %d of map %s", maptask.ErrMapGone, t.Gen, t.MapID)
+	}
+	if t.Gen < md.rbGen() {
+		return nil
 	}
 	// Only claimed positions are undone (newest first, a batch at a
 	// time) and only they settle: a task for any other position would undo
@@ -563,18 +772,27 @@ func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackT
 	if t.Pos < 0 || t.Pos >= rb.Offset {
 		return fmt.Errorf("%w: rollback task %s names position %d; the rollback of map %s has claimed %d of %d", maptask.ErrBadTask, t.TaskID(), t.Pos, t.MapID, rb.Offset, rb.Total)
 	}
-	if t.Index != rb.Total-1-t.Pos {
-		return fmt.Errorf("%w: rollback task %s names element %d, position %d of %d is element %d", maptask.ErrBadTask, t.TaskID(), t.Index, t.Pos, rb.Total, rb.Total-1-t.Pos)
+	want := rb.Total - 1 - t.Pos
+	if rb.Work {
+		want = listed
 	}
-	o, err := rollbackElementWith(ctx, e, md, t.MapID, t.Index, fwd, 0)
+	if t.Index != want {
+		return fmt.Errorf("%w: rollback task %s names element %d, position %d of %d is element %d", maptask.ErrBadTask, t.TaskID(), t.Index, t.Pos, rb.Total, want)
+	}
+	var o rbOutcome
+	if rb.Work {
+		o, err = retryElement(ctx, e, md, t.MapID, t.Index, t.Gen, 0)
+	} else {
+		o, err = rollbackElementWith(ctx, e, md, t.MapID, t.Index, fwd, 0)
+	}
 	if errors.Is(err, reactor.ErrRunLocked) {
-		// Snooze (the position stays outstanding) until the wait is spent.
-		o, err = ms.heldElement(ctx, e, md, t.MapID, t.Pos, t.Index, err)
+		// Snooze (the position stays outstanding) while the lock is held.
+		o, err = ms.heldElement(ctx, e, md, t.MapID, t.Gen, t.Pos, t.Index, err)
 	}
 	if err != nil {
 		return err
 	}
-	sr, err := ms.rbSettle(ctx, t.MapID, t.Pos, o)
+	sr, err := ms.rbSettle(ctx, t.MapID, t.Gen, t.Pos, o)
 	if err != nil {
 		return err
 	}
@@ -589,7 +807,7 @@ func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackT
 	}
 	if sr.From >= 0 {
 		claimedBatch(ctx, e, md, reactor.EventMapRollbackBatchClaimed)
-		if err := dispatchRollback(ctx, e, t.MapID, rb.Total, sr.From, sr.To); err != nil {
+		if err := dispatchRollback(ctx, e, ms, t.MapID, rb, sr.From, sr.To); err != nil {
 			return err
 		}
 	}
@@ -599,7 +817,7 @@ func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackT
 				return err
 			}
 		}
-		return resumeOwnerRollback(ctx, e, md.Owner, md.OwnerReact, t.MapID)
+		return resumeOwnerRollback(ctx, e, md.Owner, md.OwnerReact, t.MapID, t.Gen)
 	}
 	return nil
 }

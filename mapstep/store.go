@@ -61,8 +61,11 @@ type meta struct {
 	Offset            int
 	Failed            bool
 	FailedIndex       int
-	exists            bool
-	ownerDone         bool // the owner finished: the map's keys carry its retention
+	// RbGen is the map's current rollback generation (rb_start.lua's
+	// rbgen; 0 before its first rollback).
+	RbGen     int
+	exists    bool
+	ownerDone bool // the owner finished: the map's keys carry its retention
 }
 
 func (s mapStore) readMeta(ctx context.Context, mapID string) (meta, error) {
@@ -95,7 +98,8 @@ func parseMeta(f map[string]string, offset string, failed *redis.StringCmd) meta
 	atoi := func(k string) int { n, _ := strconv.Atoi(f[k]); return n }
 	m = meta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Atomic: f["atomic"] == "1",
 		FanOut: f["fanout"] == "1", Paged: f["paged"] == "1", Owner: f["owner"], OwnerReact: f["owner_reactor"], Element: f["element"],
-		Step: f["step"], Input: f["input"], With: codec.Raw(f["with"]), Trace: f["trace"], Settled: atoi("settled"), Failures: atoi("failures")}
+		Step: f["step"], Input: f["input"], With: codec.Raw(f["with"]), Trace: f["trace"], Settled: atoi("settled"), Failures: atoi("failures"),
+		RbGen: atoi("rbgen")}
 	m.Offset, _ = strconv.Atoi(offset)
 	if fi, err := failed.Result(); err == nil {
 		m.Failed = true
@@ -103,6 +107,9 @@ func parseMeta(f map[string]string, offset string, failed *redis.StringCmd) meta
 	}
 	return m
 }
+
+// rbGen is the generation of the map's current (or first) rollback.
+func (m meta) rbGen() int { return max(m.RbGen, 1) }
 
 func (m meta) settled() bool {
 	return m.Settled >= m.Offset && (m.Offset >= m.Total || m.Failed)

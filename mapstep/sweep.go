@@ -58,30 +58,55 @@ type sweepView struct {
 
 func (s mapStore) readSweep(ctx context.Context, mapID string) (sweepView, error) {
 	k := s.keys
-	var mh, rh *redis.MapStringStringCmd
-	var off, failed, roff *redis.StringCmd
-	var sig, ho, rsig *redis.IntCmd
+	var mh *redis.MapStringStringCmd
+	var off, failed *redis.StringCmd
+	var sig *redis.IntCmd
+	var rb rbSweepCmds
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		mh = p.HGetAll(ctx, k.MapMeta(mapID))
 		off = p.Get(ctx, k.MapOffset(mapID))
 		failed = p.Get(ctx, k.MapFailed(mapID))
 		sig = p.Exists(ctx, k.MapSignalled(mapID))
-		rh = p.HGetAll(ctx, k.MapRbMeta(mapID, rbGen))
-		roff = p.Get(ctx, k.MapRbOffset(mapID, rbGen))
-		ho = p.Exists(ctx, k.MapRbHandedOff(mapID, rbGen))
-		rsig = p.Exists(ctx, k.MapRbSignalled(mapID, rbGen))
+		rb = s.queueRbSweep(ctx, p, mapID, 1)
 		return nil
 	})
 	if err != nil && err != redis.Nil {
 		return sweepView{}, fmt.Errorf("mapstep: read map %s for the sweeper: %w", mapID, err)
 	}
-	v := sweepView{md: parseMeta(mh.Val(), off.Val(), failed), signalled: sig.Val() == 1,
-		rb: parseRb(rh.Val(), roff.Val()), handedOff: ho.Val() == 1, rbSignal: rsig.Val() == 1}
+	v := sweepView{md: parseMeta(mh.Val(), off.Val(), failed), signalled: sig.Val() == 1}
+	if gen := v.md.rbGen(); gen > 1 {
+		// A re-triggered rollback: its current generation's keys.
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			rb = s.queueRbSweep(ctx, p, mapID, gen)
+			return nil
+		})
+		if err != nil && err != redis.Nil {
+			return sweepView{}, fmt.Errorf("mapstep: read map %s for the sweeper: %w", mapID, err)
+		}
+	}
+	rb.into(&v)
 	v.touched, _ = strconv.ParseInt(mh.Val()["touched"], 10, 64)
 	v.lwm, _ = strconv.Atoi(mh.Val()["swept"])
-	v.rbTouched, _ = strconv.ParseInt(rh.Val()["touched"], 10, 64)
-	v.rbLwm, _ = strconv.Atoi(rh.Val()["swept"])
 	return v, nil
+}
+
+// rbSweepCmds are the queued sweeper reads of one rollback generation.
+type rbSweepCmds struct {
+	gen      int
+	rb       rbCmds
+	ho, rsig *redis.IntCmd
+}
+
+func (s mapStore) queueRbSweep(ctx context.Context, p redis.Pipeliner, mapID string, gen int) rbSweepCmds {
+	return rbSweepCmds{gen: gen, rb: s.queueRb(ctx, p, mapID, gen),
+		ho: p.Exists(ctx, s.keys.MapRbHandedOff(mapID, gen)), rsig: p.Exists(ctx, s.keys.MapRbSignalled(mapID, gen))}
+}
+
+func (c rbSweepCmds) into(v *sweepView) {
+	v.rb = c.rb.parse(c.gen)
+	v.handedOff, v.rbSignal = c.ho.Val() == 1, c.rsig.Val() == 1
+	v.rbTouched, _ = strconv.ParseInt(c.rb.meta.Val()["touched"], 10, 64)
+	v.rbLwm, _ = strconv.Atoi(c.rb.meta.Val()["swept"])
 }
 
 // recoverMap re-dispatches the lost work of one fan-out map, forward or
@@ -177,6 +202,7 @@ func (sw *mapSweep) forward(ctx context.Context) (maptask.Recovery, error) {
 
 func (sw *mapSweep) rollback(ctx context.Context) (maptask.Recovery, error) {
 	rb, md := sw.v.rb, sw.v.md
+	gen := rb.Gen
 	if sw.v.rbTouched > sw.opt.StaleBefore {
 		sw.rec.Live = true
 		return sw.rec, nil
@@ -184,49 +210,65 @@ func (sw *mapSweep) rollback(ctx context.Context) (maptask.Recovery, error) {
 	if rb.settled() {
 		switch {
 		case sw.v.handedOff && sw.v.rbSignal:
-			return sw.rec, sw.resumeOwner(ctx, rbResumeID(md.Owner, sw.mapID))
+			return sw.rec, sw.resumeOwner(ctx, rbResumeID(md.Owner, sw.mapID, gen))
 		case sw.v.handedOff:
 			// Cannot happen through the handshake scripts (whichever of the
 			// two runs second sees both halves), but the sweeper completes
 			// the job's half rather than leave the owner waiting.
-			ok, err := sw.ms.rdb.SetNX(ctx, sw.ms.keys.MapRbSignalled(sw.mapID, rbGen), "1", 0).Result()
+			ok, err := sw.ms.rdb.SetNX(ctx, sw.ms.keys.MapRbSignalled(sw.mapID, gen), "1", 0).Result()
 			if err != nil {
 				return sw.rec, fmt.Errorf("mapstep: claim the rollback signal of %s: %w", sw.mapID, err)
 			}
 			if !ok {
 				return sw.rec, nil // claimed meanwhile: its claimer resumes
 			}
-			return sw.rec, sw.resumeOwner(ctx, rbResumeID(md.Owner, sw.mapID))
+			return sw.rec, sw.resumeOwner(ctx, rbResumeID(md.Owner, sw.mapID, gen))
 		}
 		// Not handed off: the owner has not saved its hand-off yet, or died
 		// before; the run sweeper wakes it and it adopts the rollback.
 		return sw.rec, nil
 	}
+	// The element of each claimed position (a re-triggered generation's
+	// come from its work list, at most its claimed length).
+	index := func(p int) int { return rb.Total - 1 - p }
+	if rb.Work && rb.Offset > 0 {
+		idx, err := sw.ms.indexes(ctx, sw.mapID, rb, 0, min(rb.Offset, rb.Total)-1)
+		if err != nil {
+			return sw.rec, err
+		}
+		index = func(p int) int { return idx[p] }
+	}
 	enqueue := func(ctx context.Context, p int, fresh string) error {
-		err := dispatchRollbackTask(ctx, sw.e, maptask.RollbackTask{MapID: sw.mapID, Gen: rbGen, Pos: p, Index: rb.Total - 1 - p, Redelivery: fresh})
+		err := dispatchRollbackTask(ctx, sw.e, maptask.RollbackTask{MapID: sw.mapID, Gen: gen, Pos: p, Index: index(p), Redelivery: fresh})
 		if err == nil {
 			sw.rec.Rollbacks++
 		}
 		return err
 	}
 	if rb.Settled >= rb.Offset && rb.Offset < rb.Total {
-		res, err := rbClaimScript.Run(ctx, sw.ms.rdb, []string{sw.ms.keys.MapRbMeta(sw.mapID, rbGen), sw.ms.keys.MapRbOffset(sw.mapID, rbGen)}, rb.Offset).Int64Slice()
+		res, err := rbClaimScript.Run(ctx, sw.ms.rdb, []string{sw.ms.keys.MapRbMeta(sw.mapID, gen), sw.ms.keys.MapRbOffset(sw.mapID, gen)}, rb.Offset).Int64Slice()
 		if err != nil {
 			return sw.rec, fmt.Errorf("mapstep: claim the next rollback batch of %s: %w", sw.mapID, err)
 		}
 		if res[0] >= 0 {
 			sw.rec.Claims++
-			for p := int(res[0]); p <= int(res[1]); p++ {
-				if err := enqueue(ctx, p, ""); err != nil {
+			from, to := int(res[0]), int(res[1])
+			idx, err := sw.ms.indexes(ctx, sw.mapID, rb, from, to)
+			if err != nil {
+				return sw.rec, err
+			}
+			for p := from; p <= to; p++ {
+				if err := dispatchRollbackTask(ctx, sw.e, maptask.RollbackTask{MapID: sw.mapID, Gen: gen, Pos: p, Index: idx[p-from]}); err != nil {
 					return sw.rec, err
 				}
+				sw.rec.Rollbacks++
 			}
 			return sw.rec, nil
 		}
 	}
-	err := sw.outstanding(ctx, sw.ms.keys.MapRbResults(sw.mapID, rbGen), sw.ms.keys.MapRbMeta(sw.mapID, rbGen), sw.v.rbLwm, min(rb.Offset, rb.Total), rb.BatchSize,
+	err := sw.outstanding(ctx, sw.ms.keys.MapRbResults(sw.mapID, gen), sw.ms.keys.MapRbMeta(sw.mapID, gen), sw.v.rbLwm, min(rb.Offset, rb.Total), rb.BatchSize,
 		func(p int) (string, string) {
-			return ElementID(sw.mapID, rb.Total-1-p), maptask.RollbackTask{MapID: sw.mapID, Gen: rbGen, Pos: p}.TaskID()
+			return ElementID(sw.mapID, index(p)), maptask.RollbackTask{MapID: sw.mapID, Gen: gen, Pos: p}.TaskID()
 		}, enqueue)
 	return sw.rec, err
 }
@@ -442,7 +484,7 @@ func awaiting(ctx context.Context, e *reactor.Engine, runID string) (waiting boo
 		case v.rb.exists && !v.rb.settled():
 			return true, nil, nil
 		case v.rb.exists && v.rbSignal:
-			resumes = append(resumes, rbResumeID(runID, id))
+			resumes = append(resumes, rbResumeID(runID, id, v.rb.Gen))
 		case v.rb.exists:
 		case !v.md.settled():
 			return true, nil, nil

@@ -55,6 +55,7 @@ type ConstructContext struct {
 	TraceID string
 
 	state Raw
+	gen   int // the rollback generation (RollbackGeneration)
 	save  func(ctx context.Context, state Raw) error
 	// cancel asks whether a cancel was requested (control.go); nil outside Run.
 	cancel func(ctx context.Context) (bool, error)
@@ -146,7 +147,7 @@ func (x *execution) constructContext(f *frame, s *stepDef, args Raw) *ConstructC
 	return &ConstructContext{
 		Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
 		Step: f.path + s.name, Args: args, Nested: x.element, TraceID: x.st.Trace,
-		state: f.st.Constructs[s.name],
+		state: f.st.Constructs[s.name], gen: x.rollbackGen(),
 	}
 }
 

@@ -18,6 +18,9 @@ const (
 	OpCancel Op = "cancel"
 	// OpRetry is Engine.Retry.
 	OpRetry Op = "retry"
+	// OpRollback is Engine.RetryRollback: re-trigger the rollback of a
+	// failed or cancelled run that left entries applied.
+	OpRollback Op = "rollback"
 )
 
 // Check tells whether op may be applied to stored run id now, by the same
@@ -43,8 +46,10 @@ func (e *Engine) Check(ctx context.Context, id string, op Op) (*Run, error) {
 		err = cancelable(st)
 	case OpRetry:
 		_, _, err = e.retryPlan(ctx, st)
+	case OpRollback:
+		err = retriable(st)
 	default:
-		err = fmt.Errorf("reactor: Check: unknown operation %q (want %s, %s or %s)", op, OpUndo, OpCancel, OpRetry)
+		err = fmt.Errorf("reactor: Check: unknown operation %q (want %s, %s, %s or %s)", op, OpUndo, OpCancel, OpRetry, OpRollback)
 	}
 	return run, err
 }

@@ -156,6 +156,7 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 	if err != nil {
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
 		rb.CompensationError = err.Error()
+		x.keepFailedCompensate(f, s, args) // retrigger.go
 		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: KindCompensate, Reason: rec.Reason, Message: rec.Message})
 		x.emit(ctx, Event{Kind: EventCompensateFail, RunID: x.st.ID, Reactor: f.def.name, Step: path, Err: err, Duration: time.Since(began)})
 	} else {
@@ -201,7 +202,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		err = x.call(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
 				cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
-					Step: path, Nested: x.element, TraceID: x.st.Trace, state: e.Args}
+					Step: path, Nested: x.element, TraceID: x.st.Trace, state: e.Args, gen: x.rollbackGen()}
 				return s.construct.Undo(cctx, cc)
 			}
 			return s.undo(cctx, e.Args, e.Result)
@@ -238,6 +239,7 @@ func (x *execution) recordEntry(ctx context.Context, f *frame, d *Definition, e 
 		}
 		e.Status = RollbackFailed
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, reason, err.Error()
+		x.keepFailed(rec.Step, e) // retrigger.go
 		x.addRollbackFailures(f.st.Rollback, err, RollbackFailure{Step: rec.Step, Kind: rec.Kind, Reason: rec.Reason, Message: rec.Message})
 		x.emit(ctx, Event{Kind: failed, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Err: err, Duration: took})
 	} else {

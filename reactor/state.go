@@ -26,6 +26,9 @@ type runState struct {
 	Rollback *RollbackRecord `msgpack:"rb,omitempty"`
 	// Undone records what each rollback did to each step, in order.
 	Undone []StepRollback `msgpack:"u,omitempty"`
+	// Retry is the rollback generation and the entries the latest
+	// rollback could not undo, for RetryRollback (retrigger.go).
+	Retry *rollbackRetry `msgpack:"rt,omitempty"`
 
 	// Starts holds when each step that started and has no record yet
 	// (running, or the step that failed) started, in Unix ms: the step's
@@ -208,9 +211,12 @@ type Run struct {
 	Rollback *RollbackRecord
 	// Rollbacks is the per-step rollback report, in the order it happened.
 	Rollbacks []StepRollback
-	Value     Raw
-	Failure   *Failure
-	Reason    string
+	// RollbackGeneration is the generation of the run's latest rollback: 1
+	// for its first, one more for each RetryRollback.
+	RollbackGeneration int
+	Value              Raw
+	Failure            *Failure
+	Reason             string
 	// Wake is the id of the last wake-up task enqueued for the run.
 	Wake string
 	// Queue is the asynq queue of the run's wake-ups (WithQueue); "" for
@@ -282,7 +288,7 @@ func (st *runState) view(d *Definition, version int64) *Run {
 	r := &Run{ID: st.ID, Reactor: st.Reactor, Status: st.Status, Version: version, Inputs: st.Inputs,
 		Ledger: st.Ledger, Rollback: st.Rollback, Rollbacks: st.Undone, Value: st.Value,
 		Failure: st.Failure, Reason: st.Reason, Wake: st.Wake, Queue: st.Queue, TraceID: st.Trace,
-		RetryOf: st.RetryOf, RetriedBy: st.RetriedBy,
+		RetryOf: st.RetryOf, RetriedBy: st.RetriedBy, RollbackGeneration: st.rollbackGen(),
 		CreatedAt: time.UnixMilli(st.CreatedAt), UpdatedAt: time.UnixMilli(st.UpdatedAt)}
 	if st.Deadline != 0 {
 		r.Deadline = time.UnixMilli(st.Deadline)

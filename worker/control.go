@@ -18,7 +18,7 @@ import (
 )
 
 // TypeControl carries out an operator's request on a stored run (undo,
-// cancel, retry), enqueued by a Controller.
+// cancel, retry, rollback), enqueued by a Controller.
 const TypeControl = "goreactor:control"
 
 // Action is what a control request asks of a stored run.
@@ -36,15 +36,21 @@ const (
 	// ActionRetry runs a failed or cancelled run again under a new id
 	// (reactor.Engine.Retry).
 	ActionRetry Action = "retry"
+	// ActionRollback re-triggers the rollback of a failed or cancelled run
+	// that left entries applied, retrying only those
+	// (reactor.Engine.RetryRollback). The request names the rollback
+	// generation it saw, so it runs once however often it is delivered.
+	ActionRollback Action = "rollback"
 )
 
-// ParseAction returns the Action named s ("undo", "cancel", "retry").
+// ParseAction returns the Action named s ("undo", "cancel", "retry",
+// "rollback").
 func ParseAction(s string) (Action, error) {
 	switch a := Action(s); a {
-	case ActionUndo, ActionCancel, ActionRetry:
+	case ActionUndo, ActionCancel, ActionRetry, ActionRollback:
 		return a, nil
 	}
-	return "", fmt.Errorf("worker: unknown action %q: want %q, %q or %q", s, ActionUndo, ActionCancel, ActionRetry)
+	return "", fmt.Errorf("worker: unknown action %q: want %q, %q, %q or %q", s, ActionUndo, ActionCancel, ActionRetry, ActionRollback)
 }
 
 func (a Action) op() (reactor.Op, error) {
@@ -55,6 +61,8 @@ func (a Action) op() (reactor.Op, error) {
 		return reactor.OpCancel, nil
 	case ActionRetry:
 		return reactor.OpRetry, nil
+	case ActionRollback:
+		return reactor.OpRollback, nil
 	}
 	_, err := ParseAction(string(a))
 	return "", err
@@ -111,7 +119,7 @@ func (c ControllerConfig) validate() error {
 }
 
 // Controller turns an operator's request on a stored run (undo, cancel,
-// retry) into a control task that a worker carries out. It holds no reactor
+// retry, rollback) into a control task that a worker carries out. It holds no reactor
 // definitions, so a process without them (a dashboard) can use it: it
 // validates the request against the stored run by the engine's own rules,
 // then enqueues. It is safe for concurrent use.
@@ -170,6 +178,9 @@ func (c *Controller) Request(ctx context.Context, runID string, action Action) (
 		return Request{}, err
 	}
 	p := controlPayload{RunID: runID, Action: action, Version: run.Version}
+	if action == ActionRollback {
+		p.Gen = run.RollbackGeneration
+	}
 	req := Request{RunID: runID, Action: action, TaskID: p.taskID()}
 	body, err := codec.Marshal(p)
 	if err != nil {
@@ -216,6 +227,9 @@ type controlPayload struct {
 	// Version is the run's version when the request was made: it names the
 	// request in the task id.
 	Version int64 `msgpack:"v"`
+	// Gen is the rollback generation a rollback request retries
+	// (reactor.FromGeneration); 0 for the other actions.
+	Gen int `msgpack:"g,omitempty"`
 }
 
 func (p controlPayload) taskID() string {
@@ -266,6 +280,13 @@ func (w *Worker) handleControl(ctx context.Context, t *asynq.Task) (err error) {
 		if res != nil {
 			attrs = append(attrs, "retry", res.RunID)
 		}
+	case ActionRollback:
+		var opts []reactor.RollbackOption
+		if p.Gen > 0 {
+			opts = append(opts, reactor.FromGeneration(p.Gen))
+		}
+		res, err = w.engine.RetryRollback(ctx, p.RunID, opts...)
+		attrs = append(attrs, "generation", p.Gen+1)
 	}
 	var se *reactor.StatusError
 	switch {

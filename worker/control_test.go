@@ -305,7 +305,7 @@ func TestControlRequestValidation(t *testing.T) {
 	require.NoError(t, err)
 	c := f.controller()
 
-	for _, a := range []worker.Action{worker.ActionUndo, worker.ActionCancel, worker.ActionRetry} {
+	for _, a := range []worker.Action{worker.ActionUndo, worker.ActionCancel, worker.ActionRetry, worker.ActionRollback} {
 		_, err := c.Request(ctx, "no-such-run", a)
 		require.ErrorIs(t, err, reactor.ErrNotFound, a)
 	}
@@ -320,6 +320,8 @@ func TestControlRequestValidation(t *testing.T) {
 		{done.RunID, worker.ActionRetry, func() error { _, err := api.Retry(ctx, done.RunID); return err }, reactor.ErrNotRetryable},
 		{failed.RunID, worker.ActionUndo, func() error { _, err := api.Undo(ctx, failed.RunID); return err }, reactor.ErrNotUndoable},
 		{failed.RunID, worker.ActionCancel, func() error { return api.Cancel(ctx, failed.RunID) }, reactor.ErrAlreadyFinished},
+		{done.RunID, worker.ActionRollback, func() error { _, err := api.RetryRollback(ctx, done.RunID); return err }, reactor.ErrNoRollbackToRetry},
+		{failed.RunID, worker.ActionRollback, func() error { _, err := api.RetryRollback(ctx, failed.RunID); return err }, reactor.ErrNothingToRetry},
 	}
 	for _, tc := range cases {
 		_, err := c.Request(ctx, tc.run, tc.action)

@@ -49,6 +49,14 @@ func UndoElement(e *reactor.Engine, ctx context.Context, id string, wait time.Du
 	return result(enginehook.UndoElement(e, ctx, id, wait))
 }
 
+// RetryElementRollback brings a construct element run to rollback
+// generation gen (a re-triggered map rollback): it retries the entries an
+// older generation left failed, undoes an element never rolled back, and
+// otherwise returns the stored result. It waits up to wait for the lock.
+func RetryElementRollback(e *reactor.Engine, ctx context.Context, id string, gen int, wait time.Duration) (*reactor.Result, error) {
+	return result(enginehook.RetryElementRollback(e, ctx, id, gen, wait))
+}
+
 // StopElement runs fn under element run id's lock after sealing a missing
 // element run finished.
 func StopElement(e *reactor.Engine, ctx context.Context, reactorName, id string, fn func(ctx context.Context) error) error {

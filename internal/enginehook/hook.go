@@ -24,17 +24,19 @@ var (
 	ExecuteElement func(e any, ctx context.Context, def any, id string, inputs map[string]codec.Raw) (any, error)
 	Element        func(e any, ctx context.Context, id string) (any, error)
 	UndoElement    func(e any, ctx context.Context, id string, wait time.Duration) (any, error)
-	StopElement    func(e any, ctx context.Context, reactorName, id string, fn func(ctx context.Context) error) error
-	Locked         func(e any, ctx context.Context, id string) (bool, error)
-	Runs           func(e any, ctx context.Context, ids []string) ([]any, error)
-	Client         func(e any) redis.UniversalClient
-	Prefix         func(e any) string
-	Enqueuer       func(e any) any
-	Logger         func(e any) *slog.Logger
-	Tracer         func(e any) trace.Tracer
-	Emit           func(e any, ctx context.Context, ev any)
-	LockExpiry     func(e any) time.Duration
-	Retention      func(e any) time.Duration
-	EngineFrom     func(ctx context.Context) any
-	ConstructAt    func(def any, path string) (any, bool)
+	// RetryElementRollback is set by reactor/retrigger.go.
+	RetryElementRollback func(e any, ctx context.Context, id string, gen int, wait time.Duration) (any, error)
+	StopElement          func(e any, ctx context.Context, reactorName, id string, fn func(ctx context.Context) error) error
+	Locked               func(e any, ctx context.Context, id string) (bool, error)
+	Runs                 func(e any, ctx context.Context, ids []string) ([]any, error)
+	Client               func(e any) redis.UniversalClient
+	Prefix               func(e any) string
+	Enqueuer             func(e any) any
+	Logger               func(e any) *slog.Logger
+	Tracer               func(e any) trace.Tracer
+	Emit                 func(e any, ctx context.Context, ev any)
+	LockExpiry           func(e any) time.Duration
+	Retention            func(e any) time.Duration
+	EngineFrom           func(ctx context.Context) any
+	ConstructAt          func(def any, path string) (any, bool)
 )

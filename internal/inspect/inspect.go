@@ -24,9 +24,13 @@ import (
 	"github.com/goreactor/goreactor/reactor"
 )
 
-// Generation is the rollback generation the reader looks at: mapstep rolls
-// a map back once per run today (its rbGen).
-const Generation = 1
+// A map's rollback may have several generations (mapstep: a re-triggered
+// rollback starts one over the elements the previous one could not undo);
+// the map meta's rbgen field names the current one. The reader reports the
+// current generation's counters, and an element's rollback outcome is its
+// newest: the first generation's by position (position p undoes element
+// total-1-p), overlaid by each later generation's outcomes, which name their
+// element.
 
 // Element states, the closed set the dashboard draws.
 const (
@@ -52,8 +56,11 @@ type Map struct {
 	Offset  int // dispatched (fan-out) or due to run (inline)
 	Settled int
 	Failed  int
-	// Rollback is set once the map's rollback started.
+	// Rollback is set once the map's rollback started: its current
+	// generation.
 	Rollback *Rollback
+
+	firstRbTotal int // the first generation's total (its positions map to elements)
 }
 
 // Rollback is a map rollback's counters.
@@ -85,25 +92,73 @@ func (r *Reader) queue(ctx context.Context, p redis.Pipeliner, id string) mapCmd
 	return mapCmds{
 		meta:   p.HGetAll(ctx, r.keys.MapMeta(id)),
 		offset: p.Get(ctx, r.keys.MapOffset(id)),
-		rbMeta: p.HGetAll(ctx, r.keys.MapRbMeta(id, Generation)),
-		rbOff:  p.Get(ctx, r.keys.MapRbOffset(id, Generation)),
+		rbMeta: p.HGetAll(ctx, r.keys.MapRbMeta(id, 1)),
+		rbOff:  p.Get(ctx, r.keys.MapRbOffset(id, 1)),
 	}
 }
 
-func (c mapCmds) parse(id string) (Map, bool) {
+func atoi(m map[string]string, k string) int { n, _ := strconv.Atoi(m[k]); return n }
+
+func rollbackOf(gen int, rb map[string]string, offset string) *Rollback {
+	if len(rb) == 0 {
+		return nil
+	}
+	out := &Rollback{Generation: gen, Total: atoi(rb, "total"), Settled: atoi(rb, "settled"), Bad: atoi(rb, "failed")}
+	out.Offset, _ = strconv.Atoi(offset)
+	return out
+}
+
+// parse returns the map and its current rollback generation (when it is
+// not the first, m.Rollback is the first's until current reads it).
+func (c mapCmds) parse(id string) (Map, int, bool) {
 	f := c.meta.Val()
 	if len(f) == 0 {
-		return Map{}, false
+		return Map{}, 0, false
 	}
-	atoi := func(m map[string]string, k string) int { n, _ := strconv.Atoi(m[k]); return n }
 	m := Map{ID: id, Step: f["step"], Owner: f["owner"], FanOut: f["fanout"] == "1", Total: atoi(f, "total"),
 		Settled: atoi(f, "settled"), Failed: atoi(f, "failures")}
 	m.Offset, _ = strconv.Atoi(c.offset.Val())
-	if rb := c.rbMeta.Val(); len(rb) > 0 {
-		m.Rollback = &Rollback{Generation: Generation, Total: atoi(rb, "total"), Settled: atoi(rb, "settled"), Bad: atoi(rb, "failed")}
-		m.Rollback.Offset, _ = strconv.Atoi(c.rbOff.Val())
+	m.Rollback = rollbackOf(1, c.rbMeta.Val(), c.rbOff.Val())
+	if m.Rollback != nil {
+		m.firstRbTotal = m.Rollback.Total
 	}
-	return m, true
+	return m, max(atoi(f, "rbgen"), 1), true
+}
+
+// current reads the counters of the current rollback generation of the
+// maps whose current generation is not the first (gens[i] for ms[i]), in
+// one round trip (none when there are none).
+func (r *Reader) current(ctx context.Context, ms []*Map, gens []int) error {
+	type later struct {
+		m      *Map
+		gen    int
+		meta   *redis.MapStringStringCmd
+		offset *redis.StringCmd
+	}
+	var ls []later
+	for i, m := range ms {
+		if gens[i] > 1 {
+			ls = append(ls, later{m: m, gen: gens[i]})
+		}
+	}
+	if len(ls) == 0 {
+		return nil
+	}
+	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range ls {
+			ls[i].meta = p.HGetAll(ctx, r.keys.MapRbMeta(ls[i].m.ID, ls[i].gen))
+			ls[i].offset = p.Get(ctx, r.keys.MapRbOffset(ls[i].m.ID, ls[i].gen))
+		}
+		return nil
+	}); pipeErr(err) != nil {
+		return fmt.Errorf("inspect: read the rollbacks of maps: %w", err)
+	}
+	for _, l := range ls {
+		if rb := rollbackOf(l.gen, l.meta.Val(), l.offset.Val()); rb != nil {
+			l.m.Rollback = rb
+		}
+	}
+	return nil
 }
 
 func pipeErr(err error) error {
@@ -134,10 +189,19 @@ func (r *Reader) RunMaps(ctx context.Context, id string) ([]Map, error) {
 		return nil, fmt.Errorf("inspect: read the maps of run %s: %w", id, err)
 	}
 	out := make([]Map, 0, len(ids))
+	var gens []int
 	for i, mid := range ids {
-		if m, ok := cmds[i].parse(mid); ok {
+		if m, gen, ok := cmds[i].parse(mid); ok {
 			out = append(out, m)
+			gens = append(gens, gen)
 		}
+	}
+	ptrs := make([]*Map, len(out))
+	for i := range out {
+		ptrs[i] = &out[i]
+	}
+	if err := r.current(ctx, ptrs, gens); err != nil {
+		return nil, err
 	}
 	return out, nil
 }
@@ -220,26 +284,48 @@ func (r *Reader) Read(ctx context.Context, mapID string, from, limit int) (pic P
 	}); pipeErr(err) != nil {
 		return pic, false, fmt.Errorf("inspect: read map %s: %w", mapID, err)
 	}
-	m, ok := c.parse(mapID)
+	m, gen, ok := c.parse(mapID)
 	if !ok {
 		return pic, false, nil
 	}
+	if err := r.current(ctx, []*Map{&m}, []int{gen}); err != nil {
+		return pic, false, err
+	}
 	pic.Map = m
-	// The page's rollback outcomes, by position (position p undoes element
-	// total-1-p).
+	// The page's rollback outcomes: the first generation's by position
+	// (position p undoes element total-1-p), then each later generation's
+	// (only the elements an earlier one could not undo) over them.
 	rbPage := make([]any, len(fields))
-	if rb := m.Rollback; rb != nil && from < m.Total {
+	if m.Rollback != nil && from < m.Total {
 		pos := make([]string, 0, len(fields))
 		for i := from; i <= min(to, m.Total-1); i++ {
-			pos = append(pos, strconv.Itoa(rb.Total-1-i))
+			pos = append(pos, strconv.Itoa(m.firstRbTotal-1-i))
 		}
-		vals, err := r.rdb.HMGet(ctx, r.keys.MapRbResults(mapID, Generation), pos...).Result()
-		if err != nil {
+		var first *redis.SliceCmd
+		var later []*redis.MapStringStringCmd
+		if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			first = p.HMGet(ctx, r.keys.MapRbResults(mapID, 1), pos...)
+			for g := 2; g <= gen; g++ {
+				later = append(later, p.HGetAll(ctx, r.keys.MapRbResults(mapID, g)))
+			}
+			return nil
+		}); pipeErr(err) != nil {
 			return pic, false, fmt.Errorf("inspect: read the rollback of map %s: %w", mapID, err)
 		}
-		copy(rbPage, vals)
+		copy(rbPage, first.Val())
+		for _, l := range later {
+			for _, v := range l.Val() {
+				var o rbOutcomeOnly
+				if err := codec.Unmarshal([]byte(v), &o); err != nil {
+					return pic, false, fmt.Errorf("inspect: decode a rollback result of %s: %w", mapID, err)
+				}
+				if o.Index >= from && o.Index <= to && o.Index < m.Total {
+					rbPage[o.Index-from] = v
+				}
+			}
+		}
 	}
-	sum, err := r.summary(ctx, m)
+	sum, err := r.summary(ctx, m, gen)
 	if err != nil {
 		return pic, false, err
 	}
@@ -284,14 +370,14 @@ func (r *Reader) Read(ctx context.Context, mapID string, from, limit int) (pic P
 
 // counters is what a summary was computed at.
 type counters struct {
-	total, offset, settled, failed int
-	rbTotal, rbOffset, rbSettled   int
+	total, offset, settled, failed      int
+	rbGen, rbTotal, rbOffset, rbSettled int
 }
 
 func countersOf(m Map) counters {
 	c := counters{total: m.Total, offset: m.Offset, settled: m.Settled, failed: m.Failed}
 	if rb := m.Rollback; rb != nil {
-		c.rbTotal, c.rbOffset, c.rbSettled = rb.Total, rb.Offset, rb.Settled
+		c.rbGen, c.rbTotal, c.rbOffset, c.rbSettled = rb.Generation, rb.Total, rb.Offset, rb.Settled
 	}
 	return c
 }
@@ -307,7 +393,7 @@ const maxCached = 64
 
 // summary returns m's bucketed summary, from the cache when m's counters
 // have not moved.
-func (r *Reader) summary(ctx context.Context, m Map) (summaryEntry, error) {
+func (r *Reader) summary(ctx context.Context, m Map, gens int) (summaryEntry, error) {
 	at := countersOf(m)
 	r.mu.Lock()
 	if e, ok := r.cache[m.ID]; ok && e.at == at {
@@ -315,10 +401,13 @@ func (r *Reader) summary(ctx context.Context, m Map) (summaryEntry, error) {
 		return e, nil
 	}
 	r.mu.Unlock()
-	var results, rbResults *redis.MapStringStringCmd
+	var results *redis.MapStringStringCmd
+	var rbResults []*redis.MapStringStringCmd // by generation, oldest first
 	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		results = p.HGetAll(ctx, r.keys.MapResults(m.ID))
-		rbResults = p.HGetAll(ctx, r.keys.MapRbResults(m.ID, Generation))
+		for g := 1; g <= gens && m.Rollback != nil; g++ {
+			rbResults = append(rbResults, p.HGetAll(ctx, r.keys.MapRbResults(m.ID, g)))
+		}
 		return nil
 	}); pipeErr(err) != nil {
 		return summaryEntry{}, fmt.Errorf("inspect: read map %s: %w", m.ID, err)
@@ -349,13 +438,16 @@ func (r *Reader) summary(ctx context.Context, m Map) (summaryEntry, error) {
 		}
 		state[i] = stateIndex[forwardState(st)]
 	}
-	for _, v := range rbResults.Val() {
-		var o rbOutcomeOnly
-		if err := codec.Unmarshal([]byte(v), &o); err != nil {
-			return summaryEntry{}, fmt.Errorf("inspect: decode a rollback result of %s: %w", m.ID, err)
-		}
-		if o.Index >= 0 && o.Index < total {
-			state[o.Index] = stateIndex[rollbackState(o.Outcome, States[state[o.Index]])]
+	fwd := slices.Clone(state) // an element's state before any rollback
+	for _, gen := range rbResults {
+		for _, v := range gen.Val() {
+			var o rbOutcomeOnly
+			if err := codec.Unmarshal([]byte(v), &o); err != nil {
+				return summaryEntry{}, fmt.Errorf("inspect: decode a rollback result of %s: %w", m.ID, err)
+			}
+			if o.Index >= 0 && o.Index < total {
+				state[o.Index] = stateIndex[rollbackState(o.Outcome, States[fwd[o.Index]])]
+			}
 		}
 	}
 	e := summaryEntry{at: at, bucket: max(1, (total+MaxCells-1)/MaxCells)}

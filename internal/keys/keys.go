@@ -149,6 +149,11 @@ func (k Keys) MapRbResults(id string, gen int) string { return k.rbKey(id, gen, 
 // MapRbHandedOff is set by the owner after its hand-off save.
 func (k Keys) MapRbHandedOff(id string, gen int) string { return k.rbKey(id, gen, "handed_off") }
 
+// MapRbWork is a re-triggered map rollback's work list: the element index
+// of each of its positions, newest first (a first rollback's position p is
+// element total-1-p and needs none).
+func (k Keys) MapRbWork(id string, gen int) string { return k.rbKey(id, gen, "work") }
+
 // MapRbSignalled is claimed (SET NX) by whoever resumes the owner.
 func (k Keys) MapRbSignalled(id string, gen int) string { return k.rbKey(id, gen, "signalled") }
 

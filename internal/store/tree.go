@@ -64,10 +64,10 @@ func (s *Store) retainMaps(ctx context.Context, maps []string, ttl time.Duration
 		return nil
 	}
 	k := s.keys
-	totals := make([]*redis.StringCmd, len(maps))
+	totals := make([]*redis.SliceCmd, len(maps))
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, m := range maps {
-			totals[j] = p.HGet(ctx, k.MapMeta(m), "total")
+			totals[j] = p.HMGet(ctx, k.MapMeta(m), "total", "rbgen")
 		}
 		return nil
 	})
@@ -75,14 +75,14 @@ func (s *Store) retainMaps(ctx context.Context, maps []string, ttl time.Duration
 		return fmt.Errorf("store: read map sizes: %w", err)
 	}
 	for j, m := range maps {
-		total, _ := strconv.Atoi(totals[j].Val())
+		total, gens := mapShape(totals[j].Val())
 		if err := s.retainElements(ctx, m, total, ttl); err != nil {
 			return err
 		}
 		// The map's own keys after its elements: an interrupted walk still
 		// finds the map's size on the next try.
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for _, key := range mapKeys(k, m) {
+			for _, key := range mapKeys(k, m, gens) {
 				expire(ctx, p, key, ttl)
 			}
 			return nil
@@ -125,12 +125,28 @@ func (s *Store) retainElements(ctx context.Context, m string, total int, ttl tim
 	return nil
 }
 
-// mapKeys lists every key of map m: forward, and rollback of each
-// generation in use (one today).
-func mapKeys(k keys.Keys, m string) []string {
-	const gen = 1
-	return []string{k.MapMeta(m), k.MapSource(m), k.MapOffset(m), k.MapResults(m), k.MapFailed(m), k.MapSignalled(m),
-		k.MapRbMeta(m, gen), k.MapRbOffset(m, gen), k.MapRbResults(m, gen), k.MapRbHandedOff(m, gen), k.MapRbSignalled(m, gen)}
+// mapShape reads a map's size and rollback generations from its meta's
+// total and rbgen fields: every generation from 1 to rbgen (the current
+// one, written by mapstep's rb_start.lua) has keys.
+func mapShape(vals []any) (total, gens int) {
+	if len(vals) == 2 {
+		s, _ := vals[0].(string)
+		total, _ = strconv.Atoi(s)
+		g, _ := vals[1].(string)
+		gens, _ = strconv.Atoi(g)
+	}
+	return total, max(gens, 1)
+}
+
+// mapKeys lists every key of map m: forward, and rollback of each of its
+// generations 1..gens (a re-triggered rollback adds one).
+func mapKeys(k keys.Keys, m string, gens int) []string {
+	out := []string{k.MapMeta(m), k.MapSource(m), k.MapOffset(m), k.MapResults(m), k.MapFailed(m), k.MapSignalled(m)}
+	for gen := 1; gen <= gens; gen++ {
+		out = append(out, k.MapRbMeta(m, gen), k.MapRbOffset(m, gen), k.MapRbResults(m, gen), k.MapRbHandedOff(m, gen),
+			k.MapRbSignalled(m, gen), k.MapRbWork(m, gen))
+	}
+	return out
 }
 
 func expire(ctx context.Context, p redis.Pipeliner, key string, ttl time.Duration) {

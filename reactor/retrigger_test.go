@@ -1,0 +1,244 @@
+package reactor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// undoCounter counts the undo (and compensate) calls per step; the steps named
+// in failOnce fail their first call.
+type undoCounter struct {
+	mu       sync.Mutex
+	calls    map[string]int
+	failOnce map[string]bool
+}
+
+func newUndoCounter(failOnce ...string) *undoCounter {
+	f := &undoCounter{calls: map[string]int{}, failOnce: map[string]bool{}}
+	for _, s := range failOnce {
+		f.failOnce[s] = true
+	}
+	return f
+}
+
+func (f *undoCounter) call(name string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls[name]++
+	if f.failOnce[name] && f.calls[name] == 1 {
+		return fmt.Errorf("%s: the service was down", name)
+	}
+	return nil
+}
+
+func (f *undoCounter) count(name string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[name]
+}
+
+func (f *undoCounter) step(name string, fail bool, after ...string) reactor.Part {
+	return reactor.Step(name, reactor.StepConfig[reactor.Args, string]{
+		After: after,
+		Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+			if fail {
+				return "", reactor.Permanent(errors.New(name + " failed"))
+			}
+			return name + "-done", nil
+		},
+		Undo: func(ctx context.Context, _ reactor.Args, out string) error {
+			if out != name+"-done" {
+				return errors.New("undo saw the wrong result: " + out)
+			}
+			return f.call("undo:" + name)
+		},
+		Compensate: func(ctx context.Context, _ reactor.Args, cause error) error {
+			if cause == nil {
+				return errors.New("compensate without a cause")
+			}
+			return f.call("compensate:" + name)
+		},
+	})
+}
+
+func rollbackSteps(f *reactor.Failure) []string {
+	var out []string
+	for _, rf := range f.RollbackFailures {
+		out = append(out, string(rf.Kind)+":"+rf.Step)
+	}
+	return out
+}
+
+// A rollback that left a failed entry is re-triggered: only that entry is
+// undone again (the compensated ones are not called again), the run ends
+// failed with a clean rollback in generation 2, and the same call again is
+// refused with ErrNothingToRetry.
+func TestRetryRollbackRetriesOnlyTheFailedEntry(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	fl := newUndoCounter("undo:b")
+	def := reactor.MustDefine("retry-only-failed",
+		fl.step("a", false), fl.step("b", false, "a"), fl.step("c", false, "b"), fl.step("d", true, "c"))
+	res, err := env.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, []string{"undo:b"}, rollbackSteps(res.Failure))
+	run, err := env.engine.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, 1, run.RollbackGeneration)
+	_, err = env.engine.Check(ctx, res.RunID, reactor.OpRollback)
+	require.NoError(t, err)
+
+	again, err := env.engine.RetryRollback(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, again.Status)
+	require.Empty(t, again.Failure.RollbackFailures, "the retry undid everything")
+	require.Equal(t, "d failed", again.Failure.Message, "the run keeps its failure")
+	for name, n := range map[string]int{"undo:a": 1, "undo:b": 2, "undo:c": 1, "compensate:d": 1} {
+		require.Equal(t, n, fl.count(name), name)
+	}
+	run, err = env.engine.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, 2, run.RollbackGeneration)
+	last := run.Rollbacks[len(run.Rollbacks)-1]
+	require.Equal(t, "b", last.Step)
+	require.Equal(t, reactor.RollbackCompensated, last.Status)
+
+	_, err = env.engine.RetryRollback(ctx, res.RunID)
+	var se *reactor.StatusError
+	require.ErrorAs(t, err, &se)
+	require.ErrorIs(t, err, reactor.ErrNothingToRetry)
+	require.Equal(t, string(reactor.OpRollback), se.Op)
+	_, err = env.engine.Check(ctx, res.RunID, reactor.OpRollback)
+	require.ErrorIs(t, err, reactor.ErrNothingToRetry)
+	require.Equal(t, 2, fl.count("undo:b"))
+}
+
+// Concurrent re-triggers run the retry once; FromGeneration refuses a
+// request for a generation already retried.
+func TestRetryRollbackConcurrentRunsOnce(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	fl := newUndoCounter("undo:a", "undo:b")
+	def := reactor.MustDefine("retry-concurrent", fl.step("a", false), fl.step("b", false, "a"), fl.step("c", true, "b"))
+	res, err := env.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	require.Len(t, res.Failure.RollbackFailures, 2)
+
+	var ok, refused atomic.Int32
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := env.engine.RetryRollback(ctx, res.RunID, reactor.FromGeneration(1))
+			switch {
+			case err == nil:
+				ok.Add(1)
+			case errors.Is(err, reactor.ErrRollbackRetried), errors.Is(err, reactor.ErrRunLocked):
+				refused.Add(1)
+			default:
+				t.Errorf("unexpected error: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	require.EqualValues(t, 1, ok.Load())
+	require.EqualValues(t, 3, refused.Load())
+	require.Equal(t, 2, fl.count("undo:a"))
+	require.Equal(t, 2, fl.count("undo:b"))
+}
+
+// Refusals name the reason: a completed run has no rollback to retry.
+func TestRetryRollbackRefusesAWrongStatus(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	fl := newUndoCounter()
+	def := reactor.MustDefine("retry-refused", fl.step("a", false))
+	res, err := env.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	_, err = env.engine.RetryRollback(ctx, res.RunID)
+	var se *reactor.StatusError
+	require.ErrorAs(t, err, &se)
+	require.ErrorIs(t, err, reactor.ErrNoRollbackToRetry)
+	require.Equal(t, reactor.StatusCompleted, se.Status)
+	_, err = env.engine.RetryRollback(ctx, "no-such-run")
+	require.ErrorIs(t, err, reactor.ErrNotFound)
+}
+
+// The failing step's own Compensate that failed is retried with the run's
+// failure as its cause; a composed child's failed entry is retried inside
+// its compose entry; an entry that fails again can be retried again.
+func TestRetryRollbackCompensateAndComposedChild(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	fl := newUndoCounter("compensate:z", "undo:k1")
+	fl.failOnce["undo:k1"] = true
+	child := reactor.MustDefine("retry-child", fl.step("k1", false), fl.step("k2", false, "k1"))
+	def := reactor.MustDefine("retry-parent",
+		fl.step("a", false),
+		reactor.Compose("kid", child, reactor.ComposeConfig{After: []string{"a"}}),
+		fl.step("z", true, "kid"))
+	res, err := env.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	require.ElementsMatch(t, []string{"compensate:z", "undo:kid/k1"}, rollbackSteps(res.Failure))
+
+	again, err := env.engine.RetryRollback(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Empty(t, again.Failure.RollbackFailures)
+	for name, n := range map[string]int{"undo:a": 1, "undo:k1": 2, "undo:k2": 1, "compensate:z": 2} {
+		require.Equal(t, n, fl.count(name), name)
+	}
+}
+
+// A cancelled run (Undo) whose rollback failed ends cancelled again after
+// the retry; an entry that fails on the retry too stays retriable.
+func TestRetryRollbackOfAnUndoneRunFailsAgainThenSucceeds(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	var calls atomic.Int32
+	def := reactor.MustDefine("retry-undo",
+		reactor.Step("a", reactor.StepConfig[reactor.Args, string]{
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) { return "ok", nil },
+			Undo: func(ctx context.Context, _ reactor.Args, _ string) error {
+				if calls.Add(1) <= 2 {
+					return errors.New("still down")
+				}
+				return nil
+			},
+		}))
+	res, err := env.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	res, err = env.engine.Undo(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, res.Status)
+	require.Len(t, res.Failure.RollbackFailures, 1)
+
+	res, err = env.engine.RetryRollback(ctx, res.RunID, reactor.FromGeneration(1))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, res.Status)
+	require.Len(t, res.Failure.RollbackFailures, 1, "failed again")
+	_, err = env.engine.RetryRollback(ctx, res.RunID, reactor.FromGeneration(1))
+	require.ErrorIs(t, err, reactor.ErrRollbackRetried)
+
+	res, err = env.engine.RetryRollback(ctx, res.RunID, reactor.FromGeneration(2))
+	require.NoError(t, err)
+	require.Empty(t, res.Failure.RollbackFailures)
+	require.EqualValues(t, 3, calls.Load())
+	run, err := env.engine.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, 3, run.RollbackGeneration)
+}
