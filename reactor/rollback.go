@@ -34,14 +34,28 @@ func (x *execution) startRollback(ctx context.Context, f *frame, trigger Rollbac
 		f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: name, Args: f.st.Constructs[name], Status: RollbackPending})
 		delete(f.st.Constructs, name)
 	}
+	// The first generation; a re-triggered rollback numbers its own.
+	const gen = 1
 	// A step whose Run may have been called without its result being
 	// recorded is the newest thing the run did: it goes on top.
 	if f.notStarted {
+		if in := f.st.Intent; in != nil {
+			x.audit(auditRec{kind: AuditDiscarded, step: f.path + in.Step, attempt: in.Attempt, generation: gen})
+		}
 		f.st.Intent = nil
 	}
 	pushInterrupted(f.def, f.st)
 	f.st.Status = StatusRollingBack
-	f.st.Rollback = &RollbackRecord{Trigger: trigger, Step: step, Failure: failure}
+	f.st.Rollback = &RollbackRecord{Trigger: trigger, Step: step, Failure: failure, Generation: gen}
+	f.st.RbGen = gen
+	// Audited after the entries pushed above (save audits them first as
+	// eligible): the rollback starts over the whole stack.
+	x.auditEligible(f.st, f.path)
+	started := auditRec{kind: AuditRollbackStarted, trigger: trigger, generation: gen}
+	if step != "" {
+		started.step = f.path + step
+	}
+	x.audit(started)
 	if err := x.checkpoint(ctx); err != nil {
 		return nil, err
 	}
@@ -91,6 +105,9 @@ func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frame
 			return nil, ErrLockLost
 		}
 		e := f.st.Ledger[len(f.st.Ledger)-1]
+		// Completed steps without an Undo newer than e come first: they
+		// are reported kept (no_compensation_registered), in their turn.
+		x.reportKept(f, e.Step)
 		if err := x.undoEntry(ctx, f, f.def, e, f.path); err != nil {
 			return nil, err
 		}
@@ -102,8 +119,11 @@ func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frame
 			}
 		}
 	}
+	x.reportKept(f, "")
 	f.st.Failure = rb.Failure
 	f.st.Rollback = nil
+	x.audit(auditRec{kind: AuditRollbackCompleted, generation: rb.generation(),
+		outcome: SummarizeRollback(x.generationEntries(f.st, rb.generation())).Outcome})
 	ev := EventRunFailed
 	f.st.Status = StatusFailed
 	if rb.Trigger == TriggerUndo {
@@ -122,7 +142,9 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		return false, nil
 	}
 	if s.compensate == nil && s.kind != kindConstruct {
-		f.st.Undone = append(f.st.Undone, StepRollback{Step: path, Kind: KindCompensate, Status: RollbackNoCompensation, At: x.e.now().UnixMilli()})
+		f.st.Undone = append(f.st.Undone, StepRollback{Step: path, Kind: KindCompensate, Status: RollbackNoCompensation,
+			At: x.e.now().UnixMilli(), Generation: rb.generation()})
+		x.audit(auditRec{kind: AuditNoCompensation, step: path, status: RollbackNoCompensation, action: ActionNone, generation: rb.generation()})
 		return false, nil
 	}
 	if cause == nil { // resumed: rebuild the cause from the saved failure
@@ -133,6 +155,7 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 	}
 	args, err := resolveArgs(f.def, s, f.st)
 	began := time.Now()
+	startedAt := x.e.now().UnixMilli()
 	if err == nil {
 		err = x.call(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: f.def.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
@@ -152,7 +175,9 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		// their verdict: stop at the checkpoint; the rollback resumes.
 		return false, fmt.Errorf("reactor: compensate %q: %w", path, err)
 	}
-	rec := StepRollback{Step: path, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
+	rec := StepRollback{Step: path, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
+		StartedAt: startedAt, Attempt: x.attemptOf(f.st, path, KindCompensate), Generation: rb.generation()}
+	x.auditCompensating(rec, 0)
 	if err != nil {
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
 		rb.CompensationError = err.Error()
@@ -161,6 +186,7 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 	} else {
 		x.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: f.def.name, Step: path, Duration: time.Since(began)})
 	}
+	x.auditOutcome(rec, 0)
 	f.st.Undone = append(f.st.Undone, rec)
 	return true, nil
 }
@@ -194,9 +220,16 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 	}
 	var err error
 	began := time.Now()
+	startedAt := x.e.now().UnixMilli()
+	called := false
 	if s == nil || (s.undo == nil && s.kind != kindConstruct) {
 		err = fmt.Errorf("reactor: step %q is no longer undoable in definition %q", e.Step, d.name)
 	} else {
+		called = true
+		if e.Status != RollbackCompensating { // not a construct adopting its hand-off
+			x.auditCompensating(StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo,
+				Attempt: x.attemptOf(f.st, path, KindUndo), Generation: f.st.Rollback.generation()}, e.Ordinal)
+		}
 		e.Status = RollbackCompensating
 		err = x.call(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
@@ -222,7 +255,11 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 			return fmt.Errorf("reactor: undo %q: %w", path, err)
 		}
 	}
-	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
+	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
+		Generation: f.st.Rollback.generation()}
+	if called {
+		rec.StartedAt, rec.Attempt = startedAt, x.attemptOf(f.st, path, KindUndo)
+	}
 	x.recordEntry(ctx, f, d, e, rec, err, "", time.Since(began), EventStepUndone, EventStepUndoFailed)
 	return nil
 }
@@ -244,7 +281,56 @@ func (x *execution) recordEntry(ctx context.Context, f *frame, d *Definition, e 
 		e.Status = RollbackCompensated
 		x.emit(ctx, Event{Kind: done, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Duration: took})
 	}
+	x.auditOutcome(rec, e.Ordinal)
 	f.st.Undone = append(f.st.Undone, rec)
+}
+
+// reportKept records, as kept (no_compensation_registered), the completed
+// plain steps of f without an Undo that completed after step newer (every
+// remaining one when newer is ""), newest first, once per rollback
+// generation. Steps run one at a time in definition order, so that order is
+// their completion order: such steps need no ledger entry on the forward
+// path, their step records say all there is. A newer step no longer in the
+// definition reports nothing.
+func (x *execution) reportKept(f *frame, newer string) {
+	order := f.def.order
+	from := 0
+	if newer != "" {
+		from = slices.IndexFunc(order, func(s *stepDef) bool { return s.name == newer })
+		if from < 0 {
+			return
+		}
+		from++
+	}
+	gen := f.st.Rollback.generation()
+	for i := len(order) - 1; i >= from; i-- {
+		s := order[i]
+		rec := f.st.Steps[s.name]
+		if s.kind != kindPlain || s.undo != nil || rec == nil || rec.State != stepDone {
+			continue
+		}
+		path := f.path + s.name
+		if slices.ContainsFunc(f.st.Undone, func(u StepRollback) bool {
+			return u.Step == path && u.Status == RollbackNoCompensation && max(u.Generation, 1) == gen
+		}) {
+			continue
+		}
+		u := StepRollback{Step: path, Kind: KindUndo, Status: RollbackNoCompensation, At: x.e.now().UnixMilli(), Generation: gen}
+		x.auditOutcome(u, 0)
+		f.st.Undone = append(f.st.Undone, u)
+	}
+}
+
+// attemptOf is the attempt number of the next call of kind for step path:
+// one more than the calls recorded by the run's rollbacks so far.
+func (x *execution) attemptOf(st *runState, path string, kind RollbackFailureKind) int {
+	n := 1
+	for _, u := range st.Undone {
+		if u.Step == path && u.Kind == kind && u.Attempt > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // ErrStepInterrupted is the cause a step's Compensate receives when the
@@ -264,17 +350,21 @@ const reasonInterrupted = "reactor.step_interrupted"
 // interruption is reported as a rollback failure; a step with neither has
 // nothing to reverse.
 func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Definition, s *stepDef, e *LedgerEntry, path string) error {
-	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
+	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
+		Generation: f.st.Rollback.generation()}
 	var err error
 	began := time.Now()
 	switch {
 	case s == nil:
 		err = fmt.Errorf("reactor: step %q was interrupted and is no longer in definition %q; whatever it did was not undone", e.Step, d.name)
 	case s.compensate != nil:
+		rec.StartedAt, rec.Attempt = x.e.now().UnixMilli(), x.attemptOf(f.st, path, KindCompensate)
+		x.auditCompensating(rec, e.Ordinal)
 		e.Status = RollbackCompensating
 		err = x.call(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			return s.compensate(cctx, e.Args, ErrStepInterrupted)
 		})
+		rec.At = x.e.now().UnixMilli()
 		if ierr := rollbackInterrupted(ctx); ierr != nil {
 			e.Status = RollbackPending
 			return ierr
@@ -283,6 +373,7 @@ func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Defi
 		err = &interruptedError{step: path}
 	default:
 		e.Status, rec.Status = RollbackNoCompensation, RollbackNoCompensation
+		x.auditOutcome(rec, e.Ordinal)
 		f.st.Undone = append(f.st.Undone, rec)
 		return nil
 	}
