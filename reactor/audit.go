@@ -114,6 +114,11 @@ type AuditEntry struct {
 	At time.Time `json:"at"`
 }
 
+// ReasonUnregistered is the audit's reason code for a failure whose error
+// has no registered code (RegisterError, RegisterSentinel): every
+// compensation_failed entry has a code, even when the run's record has none.
+const ReasonUnregistered = "reactor.unregistered_error"
+
 // auditRec is an audit entry before it is stored.
 type auditRec struct {
 	kind       AuditKind
@@ -190,6 +195,9 @@ func (x *execution) auditOutcome(rec StepRollback, ordinal int) {
 	default:
 		r.kind = AuditCompensationFailed
 		r.reason, r.message = rec.Reason, rec.Message
+		if r.reason == "" {
+			r.reason = ReasonUnregistered
+		}
 	}
 	x.audit(r)
 }
