@@ -80,8 +80,9 @@ type AuditEntry struct {
 	// Kind is what the entry records.
 	Kind AuditKind `json:"kind"`
 	// Step is the step's path ("book/reserve" inside a composed child);
-	// for rollback_started the failing step, if any; "" for
-	// rollback_completed.
+	// for rollback_started the failing step, if any; for
+	// rollback_completed "" (a composed child's rollback: its compose
+	// step).
 	Step string `json:"step,omitempty"`
 	// Ordinal is the ledger entry's ordinal within its run or composed
 	// child (0 for entries not on the ledger: the failing step, steps

@@ -36,8 +36,10 @@ func auditSaga(tr *trail) *reactor.Definition {
 			Undo:  func(context.Context, reactor.Args, int) error { tr.add("undo:c"); return errors.New(secret) },
 		}),
 		reactor.Step("d", reactor.StepConfig[reactor.Args, int]{
-			After:      []string{"c"},
-			Run:        func(context.Context, reactor.Args) (int, error) { return 0, reactor.Permanent(errors.New("card declined")) },
+			After: []string{"c"},
+			Run: func(context.Context, reactor.Args) (int, error) {
+				return 0, reactor.Permanent(errors.New("card declined"))
+			},
 			Compensate: func(context.Context, reactor.Args, error) error { tr.add("compensate:d"); return nil },
 		}),
 	)

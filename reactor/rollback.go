@@ -122,7 +122,7 @@ func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frame
 	x.reportKept(f, "")
 	f.st.Failure = rb.Failure
 	f.st.Rollback = nil
-	x.audit(auditRec{kind: AuditRollbackCompleted, generation: rb.generation(),
+	x.audit(auditRec{kind: AuditRollbackCompleted, step: trimPath(f.path), generation: rb.generation(),
 		outcome: SummarizeRollback(x.generationEntries(f.st, rb.generation())).Outcome})
 	ev := EventRunFailed
 	f.st.Status = StatusFailed

@@ -118,3 +118,57 @@ func TestAuditOfAFanOutMapRollback(t *testing.T) {
 	}
 	t.Logf("%d completed elements undone by rollback jobs", undone)
 }
+
+// TestAuditOfAFanOutMapUndoneAfterIt: a step after a completed fan-out map
+// fails; the map's undo hands off to rollback jobs and the owner's audit
+// records its compensating entry once, at the hand-off, and its outcome
+// when the owner adopts the settled rollback.
+func TestAuditOfAFanOutMapUndoneAfterIt(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	element := reactor.MustDefine("audit-el2",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("reserve", reactor.StepConfig[reactor.Args, int]{
+			Run:  func(context.Context, reactor.Args) (int, error) { return 1, nil },
+			Undo: func(context.Context, reactor.Args, int) error { return nil },
+		}),
+	)
+	owner := reactor.MustDefine("audit-owner2",
+		reactor.Input[[]int]("items", reactor.Required()),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, BatchSize: 2}),
+		reactor.Step("after", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"each"},
+			Run:   func(context.Context, reactor.Args) (int, error) { return 0, reactor.Permanent(fmt.Errorf("no")) },
+		}),
+	)
+	e := f.engine("worker")
+	require.NoError(t, e.Register(owner))
+	f.startWorker(e)
+	ctx := ctxTimeout(t)
+	_, err := e.Enqueue(ctx, owner, map[string]any{"items": []int{0, 1, 2, 3, 4}}, reactor.WithRunID("fan-after"))
+	require.NoError(t, err)
+	res, err := e.Wait(ctx, "fan-after")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	audit, err := e.Audit(ctx, "fan-after")
+	require.NoError(t, err)
+	var lines []string
+	for _, a := range audit {
+		lines = append(lines, fmt.Sprintf("%s:%s:%s", a.Kind, a.Step, a.Status))
+	}
+	require.Equal(t, []string{
+		"eligible:each:pending",
+		"rollback_started:after:",
+		"no_compensation:after:no_compensation_registered",
+		"compensating:each:compensating",
+		"compensated:each:compensated",
+		"rollback_completed::",
+	}, lines)
+	mapID := mapstep.MapID("fan-after", "each")
+	for i := range 5 {
+		el, err := e.Audit(ctx, mapstep.ElementID(mapID, i))
+		require.NoError(t, err)
+		require.Len(t, el, 5, "element %d: eligible, rollback_started, compensating, compensated, rollback_completed", i)
+		require.Equal(t, reactor.AuditCompensated, el[3].Kind)
+	}
+}
