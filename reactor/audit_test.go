@@ -392,3 +392,86 @@ func TestRollbackStatusesAreAClosedSet(t *testing.T) {
 	require.Equal(t, before.Version+1, after.Version)
 	require.Equal(t, reactor.RollbackCompensating, after.Ledger[0].Status)
 }
+
+// TestRollbackStatusWhileRollingBack: during a rollback the report lists the
+// entries still on the stack, newest first, unsettled.
+func TestRollbackStatusWhileRollingBack(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	def := reactor.MustDefine("audit-live",
+		simple(env.trail, "a", nil),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{After: []string{"a"},
+			Run: func(context.Context, reactor.Args) (int, error) { return 1, nil },
+			Undo: func(context.Context, reactor.Args, int) error {
+				close(entered)
+				<-release
+				return nil
+			}}),
+		simple(env.trail, "c", reactor.Permanent(errors.New("boom")), "b"),
+	)
+	ctx := ctxTimeout(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("live"))
+		done <- err
+	}()
+	<-entered
+	rep, err := env.engine.RollbackStatus(ctx, "live")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusRollingBack, rep.Status)
+	require.Equal(t, reactor.TriggerFailure, rep.Trigger)
+	var got []string
+	for _, e := range rep.Entries {
+		got = append(got, fmt.Sprintf("%d:%s:%s", e.Order, e.Step, e.Status))
+	}
+	require.Equal(t, []string{"1:b:pending", "2:a:pending"}, got, "the stored stack, newest first")
+	require.False(t, rep.Summary.Settled)
+	require.Equal(t, 2, rep.Summary.Outstanding)
+	close(release)
+	require.NoError(t, <-done)
+	rep, err = env.engine.RollbackStatus(ctx, "live")
+	require.NoError(t, err)
+	require.True(t, rep.Summary.Settled)
+	require.Equal(t, reactor.RollbackReverted, rep.Summary.Outcome)
+	require.Empty(t, rep.Trigger)
+}
+
+// TestAuditDiscardsAnIntentNeverRun: a cancel seen at a step's checkpoint
+// rolls back before the next step's Run is called; that step's recorded
+// intent is dropped, and the audit says so.
+func TestAuditDiscardsAnIntentNeverRun(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	def := reactor.MustDefine("audit-discard",
+		reactor.Step("a", reactor.StepConfig[reactor.Args, int]{
+			Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+				info, _ := reactor.RunInfoFrom(ctx)
+				// The run's lock is held here: the request waits for its
+				// next checkpoint.
+				return 1, env.engine.Cancel(ctx, info.RunID)
+			},
+			Undo: func(context.Context, reactor.Args, int) error { return nil },
+		}),
+		simple(env.trail, "b", nil, "a"),
+	)
+	ctx := ctxTimeout(t)
+	res, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("discard"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, res.Status)
+	require.Empty(t, env.trail.all(), "b never ran")
+	audit, err := env.engine.Audit(ctx, "discard")
+	require.NoError(t, err)
+	var lines []string
+	for _, a := range audit {
+		lines = append(lines, auditLine(a))
+	}
+	require.Equal(t, []string{
+		"eligible:a:pending",
+		"discarded:b:",
+		"rollback_started::",
+		"compensating:a:compensating",
+		"compensated:a:compensated",
+		"rollback_completed::",
+	}, lines)
+}
