@@ -189,11 +189,21 @@ func TestUndoTimeoutFailsTheEntry(t *testing.T) {
 			},
 		})
 	}
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // lets the abandoned call end (goleak)
 	def := reactor.MustDefine("audit-hang",
 		simple(env.trail, "a", nil),
 		hang("engine_default", 0, "a"),
 		hang("own", 20*time.Millisecond, "engine_default"),
-		simple(env.trail, "boom", reactor.Permanent(errors.New("boom")), "own"),
+		reactor.Step("deaf", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"own"}, UndoTimeout: 20 * time.Millisecond,
+			Run: func(context.Context, reactor.Args) (int, error) { return 1, nil },
+			Undo: func(context.Context, reactor.Args, int) error {
+				<-release // ignores its context
+				return nil
+			},
+		}),
+		simple(env.trail, "boom", reactor.Permanent(errors.New("boom")), "deaf"),
 	)
 	ctx := ctxTimeout(t)
 	began := time.Now()
@@ -211,6 +221,9 @@ func TestUndoTimeoutFailsTheEntry(t *testing.T) {
 		require.Equal(t, reactor.RollbackFailed, byStep[s].Status, s)
 		require.Equal(t, "reactor.deadline_exceeded", byStep[s].Reason, s)
 	}
+	require.Equal(t, reactor.RollbackFailed, byStep["deaf"].Status, "an undo deaf to its context is abandoned")
+	require.Equal(t, "reactor.timeout", byStep["deaf"].Reason)
+	require.Contains(t, byStep["deaf"].Message, "did not return after its context ended")
 	own := byStep["own"].FinishedAt.Sub(byStep["own"].StartedAt)
 	def30 := byStep["engine_default"].FinishedAt.Sub(byStep["engine_default"].StartedAt)
 	require.Less(t, own, 100*time.Millisecond, "the step's own UndoTimeout wins")

@@ -157,7 +157,7 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 	began := time.Now()
 	startedAt := x.e.now().UnixMilli()
 	if err == nil {
-		err = x.call(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: f.def.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+		err = x.callUndo(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: f.def.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
 				return s.construct.Compensate(cctx, x.constructContext(f, s, args), cause)
 			}
@@ -231,7 +231,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 				Attempt: x.attemptOf(f.st, path, KindUndo), Generation: f.st.Rollback.generation()}, e.Ordinal)
 		}
 		e.Status = RollbackCompensating
-		err = x.call(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+		err = x.callUndo(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
 				cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
 					Step: path, Nested: x.element, TraceID: x.st.Trace, state: e.Args}
@@ -361,7 +361,7 @@ func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Defi
 		rec.StartedAt, rec.Attempt = x.e.now().UnixMilli(), x.attemptOf(f.st, path, KindCompensate)
 		x.auditCompensating(rec, e.Ordinal)
 		e.Status = RollbackCompensating
-		err = x.call(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+		err = x.callUndo(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			return s.compensate(cctx, e.Args, ErrStepInterrupted)
 		})
 		rec.At = x.e.now().UnixMilli()
@@ -401,6 +401,38 @@ func rollbackInterrupted(ctx context.Context) error {
 		return fmt.Errorf("reactor: rollback interrupted; Resume the run (a worker's run sweeper does) to carry on from the last undone step: %w", context.Cause(ctx))
 	}
 	return nil
+}
+
+// callUndo calls an Undo or Compensate bounded by timeout (0: unbounded).
+// The call's context ends at the timeout; one that ignores its context and
+// does not return within a grace after it is abandoned (left to return on
+// its own, its result ignored) and fails with a *TimeoutError, so a hung
+// undo is compensation_failed instead of a rollback stuck for ever. An
+// abandoned call may still finish its effect later: a retried rollback
+// calls it again, as it would after a crash (undos run at least once).
+func (x *execution) callUndo(ctx context.Context, c Call, timeout time.Duration, fn func(context.Context) error) error {
+	if timeout <= 0 {
+		return x.call(ctx, c, 0, fn)
+	}
+	done := make(chan error, 1)
+	go func() { done <- x.call(ctx, c, timeout, fn) }()
+	t := time.NewTimer(timeout + undoGrace(timeout))
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		x.e.log.Warn("an undo ignored its context past its timeout and was abandoned; it may still finish later",
+			"event", "reactor.step.undo_abandoned", "run", c.RunID, "step", c.Step, "kind", string(c.Kind), "timeout", timeout.String())
+		return fmt.Errorf("%w: %s did not return after its context ended: %w",
+			&TimeoutError{Step: c.Step, Timeout: timeout.String()}, c.Kind, context.DeadlineExceeded)
+	}
+}
+
+// undoGrace is how long an Undo may take to return after its timeout ended
+// its context before it is abandoned.
+func undoGrace(timeout time.Duration) time.Duration {
+	return min(max(timeout/10, 50*time.Millisecond), 5*time.Second)
 }
 
 func (x *execution) undoTimeout(s *stepDef) time.Duration {
