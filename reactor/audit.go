@@ -99,7 +99,8 @@ type AuditEntry struct {
 	// TraceID is the run's trace id (RunInfo.TraceID: the OpenTelemetry
 	// trace id when the run started under a span, else a generated one).
 	TraceID string `json:"trace_id"`
-	// Generation is the rollback generation (1 for a run's first).
+	// Generation is the rollback generation (1 for a run's first); 0 on
+	// eligible entries, written before any rollback.
 	Generation int `json:"generation,omitempty"`
 	// Trigger is what started the rollback (rollback_started).
 	Trigger RollbackTrigger `json:"trigger,omitempty"`

@@ -257,6 +257,8 @@ func TestUndoOfACompletedRunReportsKeptEffects(t *testing.T) {
 	require.Equal(t, []string{"a", "b"}, onLedger, "a step without Undo is not on the ledger")
 	_, err = env.engine.RollbackStatus(ctx, "kept")
 	require.ErrorIs(t, err, reactor.ErrNoRollback)
+	_, err = env.engine.RollbackStatus(ctx, "no-such-run")
+	require.ErrorIs(t, err, reactor.ErrNotFound)
 
 	_, err = env.engine.Undo(ctx, "kept")
 	require.NoError(t, err)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/goreactor/goreactor/internal/store"
 )
 
 // RollbackOutcome is a rollback's summary: one of three, never "partial".
@@ -135,11 +137,22 @@ type RollbackReport struct {
 var ErrNoRollback = errors.New("reactor: the run has not rolled back")
 
 // RollbackStatus reports run id's latest rollback, entry by entry, with its
-// summary. It reads the stored run only (no definitions needed), so any
-// process can call it, a dashboard included. A run that never rolled back
-// returns ErrNoRollback; an unknown one ErrNotFound.
+// summary. id may be a root run's or a map element run's ("<mapID>.<i>").
+// It reads the stored run only (no definitions needed), so any process can
+// call it, a dashboard included. A run that never rolled back returns
+// ErrNoRollback; an unknown one ErrNotFound.
 func (e *Engine) RollbackStatus(ctx context.Context, id string) (*RollbackReport, error) {
 	st, _, err := e.load(ctx, id)
+	if errors.Is(err, ErrNotFound) {
+		snap, lerr := e.store.Load(ctx, e.store.ElemTarget(id))
+		switch {
+		case errors.Is(lerr, store.ErrNotFound):
+			return nil, err // neither a run nor an element
+		case lerr != nil:
+			return nil, lerr
+		}
+		st, err = decodeState(snap.Data)
+	}
 	if err != nil {
 		return nil, err
 	}

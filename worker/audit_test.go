@@ -93,6 +93,11 @@ func TestAuditOfAFanOutMapRollback(t *testing.T) {
 			require.Equal(t, run.TraceID, a.TraceID, "element %d: %s", i, line(a))
 			got = append(got, line(a))
 		}
+		if len(got) > 0 {
+			er, err := e.RollbackStatus(ctx, mapstep.ElementID(mapID, i))
+			require.NoError(t, err, "element %d", i)
+			require.Equal(t, reactor.RollbackReverted, er.Summary.Outcome, "element %d", i)
+		}
 		switch {
 		case i == 2:
 			require.Equal(t, []string{
