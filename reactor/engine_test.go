@@ -150,8 +150,9 @@ func TestFailureUndoesCompletedStepsNewestFirst(t *testing.T) {
 		statuses = append(statuses, fmt.Sprintf("%s:%s:%s", r.Kind, r.Step, r.Status))
 	}
 	require.Equal(t, []string{
-		"compensate:d:compensated", "undo:c:compensated", "undo:b:compensated", "undo:a:compensated",
-	}, statuses)
+		"compensate:d:compensated", "undo:c:compensated", "undo:no_undo:no_compensation_registered",
+		"undo:b:compensated", "undo:a:compensated",
+	}, statuses, "a step without Undo is reported kept, in its turn")
 }
 
 func TestUndoFailuresAreCollectedAndRollbackContinues(t *testing.T) {

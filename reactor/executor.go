@@ -40,6 +40,9 @@ type execution struct {
 	// retention, taken off just before the first write makes the run live
 	// again (see save).
 	revive bool
+	// pendingAudit are the audit entries of state changes not stored yet:
+	// the next fenced write appends them in its script (audit.go).
+	pendingAudit []auditRec
 }
 
 // frame is a definition executing over its state: the root run, or a
@@ -146,6 +149,14 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 func (x *execution) save(ctx context.Context, terminal bool) error {
 	now := x.e.now()
 	x.st.UpdatedAt = now.UnixMilli()
+	if err := checkStatuses(x.st, ""); err != nil {
+		return err
+	}
+	x.auditEligible(x.st, "")
+	audit, err := x.auditFields()
+	if err != nil {
+		return err
+	}
 	data, err := codec.Marshal(x.st)
 	if err != nil {
 		return fmt.Errorf("reactor: encode run: %w", err)
@@ -183,6 +194,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		}
 		x.revive = false
 	}
+	opts.Audit = audit
 	res, err := x.e.store.Write(ctx, x.target, x.lease.Token(), x.version, data, opts)
 	if errors.Is(err, store.ErrCancelPending) {
 		x.cancel = true
@@ -196,6 +208,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		return err
 	}
 	x.version = res.Version
+	x.pendingAudit = nil // stored with the write
 	x.cancel = x.cancel || res.CancelRequested
 	if !terminal || x.element {
 		return nil

@@ -212,10 +212,11 @@ func (x *execution) retryRollback(ctx context.Context, gen int) (*frameResult, e
 		failure = newCancelFailure("rolled back")
 	}
 	failure.RollbackFailures, failure.RollbackFailuresOmitted = nil, 0
-	rb := &RollbackRecord{Trigger: TriggerFailure, Compensated: true, Failure: failure}
+	rb := &RollbackRecord{Trigger: TriggerFailure, Compensated: true, Failure: failure, Generation: gen}
 	if st.Status == StatusCancelled {
 		rb.Trigger = TriggerUndo
 	}
+	st.RbGen = gen
 	for i := len(entries) - 1; i >= 0; i-- { // oldest first
 		r := entries[i]
 		if r.Compensate && r.Path == "" && rb.Trigger == TriggerFailure {
@@ -231,6 +232,11 @@ func (x *execution) retryRollback(ctx context.Context, gen int) (*frameResult, e
 	}
 	st.Status = StatusRollingBack
 	st.Rollback = rb
+	started := auditRec{kind: AuditRollbackStarted, trigger: rb.Trigger, generation: gen}
+	if rb.Step != "" {
+		started.step = rb.Step
+	}
+	x.audit(started)
 	if err := x.checkpoint(ctx); err != nil {
 		return nil, err
 	}

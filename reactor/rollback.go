@@ -34,14 +34,28 @@ func (x *execution) startRollback(ctx context.Context, f *frame, trigger Rollbac
 		f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: name, Args: f.st.Constructs[name], Status: RollbackPending})
 		delete(f.st.Constructs, name)
 	}
+	// The first generation; a re-triggered rollback numbers its own.
+	const gen = 1
 	// A step whose Run may have been called without its result being
 	// recorded is the newest thing the run did: it goes on top.
 	if f.notStarted {
+		if in := f.st.Intent; in != nil {
+			x.audit(auditRec{kind: AuditDiscarded, step: f.path + in.Step, attempt: in.Attempt, generation: gen})
+		}
 		f.st.Intent = nil
 	}
 	pushInterrupted(f.def, f.st)
 	f.st.Status = StatusRollingBack
-	f.st.Rollback = &RollbackRecord{Trigger: trigger, Step: step, Failure: failure}
+	f.st.Rollback = &RollbackRecord{Trigger: trigger, Step: step, Failure: failure, Generation: gen}
+	f.st.RbGen = gen
+	// Audited after the entries pushed above (save audits them first as
+	// eligible): the rollback starts over the whole stack.
+	x.auditEligible(f.st, f.path)
+	started := auditRec{kind: AuditRollbackStarted, trigger: trigger, generation: gen}
+	if step != "" {
+		started.step = f.path + step
+	}
+	x.audit(started)
 	if err := x.checkpoint(ctx); err != nil {
 		return nil, err
 	}
@@ -91,6 +105,9 @@ func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frame
 			return nil, ErrLockLost
 		}
 		e := f.st.Ledger[len(f.st.Ledger)-1]
+		// Completed steps without an Undo newer than e come first: they
+		// are reported kept (no_compensation_registered), in their turn.
+		x.reportKept(f, e.Step)
 		if err := x.undoEntry(ctx, f, f.def, e, f.path); err != nil {
 			return nil, err
 		}
@@ -102,8 +119,11 @@ func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frame
 			}
 		}
 	}
+	x.reportKept(f, "")
 	f.st.Failure = rb.Failure
 	f.st.Rollback = nil
+	x.audit(auditRec{kind: AuditRollbackCompleted, step: trimPath(f.path), generation: rb.generation(),
+		outcome: SummarizeRollback(x.generationEntries(f.st, rb.generation())).Outcome})
 	ev := EventRunFailed
 	f.st.Status = StatusFailed
 	if rb.Trigger == TriggerUndo {
@@ -122,7 +142,9 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		return false, nil
 	}
 	if s.compensate == nil && s.kind != kindConstruct {
-		f.st.Undone = append(f.st.Undone, StepRollback{Step: path, Kind: KindCompensate, Status: RollbackNoCompensation, At: x.e.now().UnixMilli()})
+		f.st.Undone = append(f.st.Undone, StepRollback{Step: path, Kind: KindCompensate, Status: RollbackNoCompensation,
+			At: x.e.now().UnixMilli(), Generation: rb.generation()})
+		x.audit(auditRec{kind: AuditNoCompensation, step: path, status: RollbackNoCompensation, action: ActionNone, generation: rb.generation()})
 		return false, nil
 	}
 	if cause == nil { // resumed: rebuild the cause from the saved failure
@@ -133,8 +155,9 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 	}
 	args, err := resolveArgs(f.def, s, f.st)
 	began := time.Now()
+	startedAt := x.e.now().UnixMilli()
 	if err == nil {
-		err = x.call(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: f.def.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+		err = x.callUndo(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: f.def.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
 				return s.construct.Compensate(cctx, x.constructContext(f, s, args), cause)
 			}
@@ -152,7 +175,9 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		// their verdict: stop at the checkpoint; the rollback resumes.
 		return false, fmt.Errorf("reactor: compensate %q: %w", path, err)
 	}
-	rec := StepRollback{Step: path, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
+	rec := StepRollback{Step: path, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
+		StartedAt: startedAt, Attempt: x.attemptOf(f.st, path, KindCompensate), Generation: rb.generation()}
+	x.auditCompensating(rec, 0)
 	if err != nil {
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
 		rb.CompensationError = err.Error()
@@ -162,6 +187,7 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 	} else {
 		x.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: f.def.name, Step: path, Duration: time.Since(began)})
 	}
+	x.auditOutcome(rec, 0)
 	f.st.Undone = append(f.st.Undone, rec)
 	return true, nil
 }
@@ -195,11 +221,18 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 	}
 	var err error
 	began := time.Now()
+	startedAt := x.e.now().UnixMilli()
+	called := false
 	if s == nil || (s.undo == nil && s.kind != kindConstruct) {
 		err = fmt.Errorf("reactor: step %q is no longer undoable in definition %q", e.Step, d.name)
 	} else {
+		called = true
+		if e.Status != RollbackCompensating { // not a construct adopting its hand-off
+			x.auditCompensating(StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo,
+				Attempt: x.attemptOf(f.st, path, KindUndo), Generation: f.st.Rollback.generation()}, e.Ordinal)
+		}
 		e.Status = RollbackCompensating
-		err = x.call(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+		err = x.callUndo(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
 				cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
 					Step: path, Nested: x.element, TraceID: x.st.Trace, state: e.Args, gen: x.rollbackGen()}
@@ -223,7 +256,11 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 			return fmt.Errorf("reactor: undo %q: %w", path, err)
 		}
 	}
-	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
+	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
+		Generation: f.st.Rollback.generation()}
+	if called {
+		rec.StartedAt, rec.Attempt = startedAt, x.attemptOf(f.st, path, KindUndo)
+	}
 	x.recordEntry(ctx, f, d, e, rec, err, "", time.Since(began), EventStepUndone, EventStepUndoFailed)
 	return nil
 }
@@ -246,7 +283,56 @@ func (x *execution) recordEntry(ctx context.Context, f *frame, d *Definition, e 
 		e.Status = RollbackCompensated
 		x.emit(ctx, Event{Kind: done, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Duration: took})
 	}
+	x.auditOutcome(rec, e.Ordinal)
 	f.st.Undone = append(f.st.Undone, rec)
+}
+
+// reportKept records, as kept (no_compensation_registered), the completed
+// plain steps of f without an Undo that completed after step newer (every
+// remaining one when newer is ""), newest first, once per rollback
+// generation. Steps run one at a time in definition order, so that order is
+// their completion order: such steps need no ledger entry on the forward
+// path, their step records say all there is. A newer step no longer in the
+// definition reports nothing.
+func (x *execution) reportKept(f *frame, newer string) {
+	order := f.def.order
+	from := 0
+	if newer != "" {
+		from = slices.IndexFunc(order, func(s *stepDef) bool { return s.name == newer })
+		if from < 0 {
+			return
+		}
+		from++
+	}
+	gen := f.st.Rollback.generation()
+	for i := len(order) - 1; i >= from; i-- {
+		s := order[i]
+		rec := f.st.Steps[s.name]
+		if s.kind != kindPlain || s.undo != nil || rec == nil || rec.State != stepDone {
+			continue
+		}
+		path := f.path + s.name
+		if slices.ContainsFunc(f.st.Undone, func(u StepRollback) bool {
+			return u.Step == path && u.Status == RollbackNoCompensation && max(u.Generation, 1) == gen
+		}) {
+			continue
+		}
+		u := StepRollback{Step: path, Kind: KindUndo, Status: RollbackNoCompensation, At: x.e.now().UnixMilli(), Generation: gen}
+		x.auditOutcome(u, 0)
+		f.st.Undone = append(f.st.Undone, u)
+	}
+}
+
+// attemptOf is the attempt number of the next call of kind for step path:
+// one more than the calls recorded by the run's rollbacks so far.
+func (x *execution) attemptOf(st *runState, path string, kind RollbackFailureKind) int {
+	n := 1
+	for _, u := range st.Undone {
+		if u.Step == path && u.Kind == kind && u.Attempt > 0 {
+			n++
+		}
+	}
+	return n
 }
 
 // ErrStepInterrupted is the cause a step's Compensate receives when the
@@ -266,17 +352,21 @@ const reasonInterrupted = "reactor.step_interrupted"
 // interruption is reported as a rollback failure; a step with neither has
 // nothing to reverse.
 func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Definition, s *stepDef, e *LedgerEntry, path string) error {
-	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli()}
+	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
+		Generation: f.st.Rollback.generation()}
 	var err error
 	began := time.Now()
 	switch {
 	case s == nil:
 		err = fmt.Errorf("reactor: step %q was interrupted and is no longer in definition %q; whatever it did was not undone", e.Step, d.name)
 	case s.compensate != nil:
+		rec.StartedAt, rec.Attempt = x.e.now().UnixMilli(), x.attemptOf(f.st, path, KindCompensate)
+		x.auditCompensating(rec, e.Ordinal)
 		e.Status = RollbackCompensating
-		err = x.call(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+		err = x.callUndo(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			return s.compensate(cctx, e.Args, ErrStepInterrupted)
 		})
+		rec.At = x.e.now().UnixMilli()
 		if ierr := rollbackInterrupted(ctx); ierr != nil {
 			e.Status = RollbackPending
 			return ierr
@@ -285,6 +375,7 @@ func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Defi
 		err = &interruptedError{step: path}
 	default:
 		e.Status, rec.Status = RollbackNoCompensation, RollbackNoCompensation
+		x.auditOutcome(rec, e.Ordinal)
 		f.st.Undone = append(f.st.Undone, rec)
 		return nil
 	}
@@ -312,6 +403,38 @@ func rollbackInterrupted(ctx context.Context) error {
 		return fmt.Errorf("reactor: rollback interrupted; Resume the run (a worker's run sweeper does) to carry on from the last undone step: %w", context.Cause(ctx))
 	}
 	return nil
+}
+
+// callUndo calls an Undo or Compensate bounded by timeout (0: unbounded).
+// The call's context ends at the timeout; one that ignores its context and
+// does not return within a grace after it is abandoned (left to return on
+// its own, its result ignored) and fails with a *TimeoutError, so a hung
+// undo is compensation_failed instead of a rollback stuck for ever. An
+// abandoned call may still finish its effect later: a retried rollback
+// calls it again, as it would after a crash (undos run at least once).
+func (x *execution) callUndo(ctx context.Context, c Call, timeout time.Duration, fn func(context.Context) error) error {
+	if timeout <= 0 {
+		return x.call(ctx, c, 0, fn)
+	}
+	done := make(chan error, 1)
+	go func() { done <- x.call(ctx, c, timeout, fn) }()
+	t := time.NewTimer(timeout + undoGrace(timeout))
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		x.e.log.Warn("an undo ignored its context past its timeout and was abandoned; it may still finish later",
+			"event", "reactor.step.undo_abandoned", "run", c.RunID, "step", c.Step, "kind", string(c.Kind), "timeout", timeout.String())
+		return fmt.Errorf("%w: %s did not return after its context ended: %w",
+			&TimeoutError{Step: c.Step, Timeout: timeout.String()}, c.Kind, context.DeadlineExceeded)
+	}
+}
+
+// undoGrace is how long an Undo may take to return after its timeout ended
+// its context before it is abandoned.
+func undoGrace(timeout time.Duration) time.Duration {
+	return min(max(timeout/10, 50*time.Millisecond), 5*time.Second)
 }
 
 func (x *execution) undoTimeout(s *stepDef) time.Duration {

@@ -29,6 +29,13 @@ type runState struct {
 	// Retry is the rollback generation and the entries the latest
 	// rollback could not undo, for RetryRollback (retrigger.go).
 	Retry *rollbackRetry `msgpack:"rt,omitempty"`
+	// RbGen is the generation of the run's latest rollback (0: it never
+	// rolled back); it outlives the rollback record, for the report.
+	RbGen int `msgpack:"rg,omitempty"`
+	// AuditSeq is the highest ledger ordinal whose eligible entry is on the
+	// audit stream (or pending on the next write): save audits the entries
+	// above it (audit.go).
+	AuditSeq int `msgpack:"aq,omitempty"`
 
 	// Starts holds when each step that started and has no record yet
 	// (running, or the step that failed) started, in Unix ms: the step's
@@ -179,6 +186,18 @@ type RollbackRecord struct {
 	Failure *Failure `msgpack:"failure,omitempty"`
 	// CompensationError is the failing step's compensate error, if any.
 	CompensationError string `msgpack:"compensation_error,omitempty"`
+	// Generation numbers the run's rollbacks (1 for the first; a
+	// re-triggered rollback gets the next). 0 in records written before
+	// generations were kept, which means 1.
+	Generation int `msgpack:"gen,omitempty"`
+}
+
+// generation is rb's generation, 1 for a record that predates them.
+func (rb *RollbackRecord) generation() int {
+	if rb == nil || rb.Generation < 1 {
+		return 1
+	}
+	return rb.Generation
 }
 
 // StepRollback is what a rollback did for one step: the per-step rollback
@@ -190,7 +209,19 @@ type StepRollback struct {
 	Status  RollbackStatus      `msgpack:"status"`
 	Reason  string              `msgpack:"reason,omitempty"`
 	Message string              `msgpack:"message,omitempty"`
-	At      int64               `msgpack:"at"`
+	// At is when the compensation returned (or the status was decided), in
+	// Unix ms.
+	At int64 `msgpack:"at"`
+	// StartedAt is when its Undo or Compensate was called, in Unix ms (0
+	// when none was: no compensation registered, or a record written before
+	// it was kept).
+	StartedAt int64 `msgpack:"sa,omitempty"`
+	// Attempt counts the calls of this step's Undo or Compensate across the
+	// run's rollbacks, this one included (0 when none was called).
+	Attempt int `msgpack:"a,omitempty"`
+	// Generation is the rollback generation that wrote the record (0 in
+	// records written before generations were kept, which means 1).
+	Generation int `msgpack:"g,omitempty"`
 }
 
 // Run is a stored run, as Get returns it.

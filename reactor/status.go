@@ -60,11 +60,55 @@ const (
 	RollbackFailed RollbackStatus = "compensation_failed"
 )
 
-// Valid reports whether s is one of the known rollback statuses.
-func (s RollbackStatus) Valid() bool {
-	switch s {
-	case RollbackPending, RollbackCompensating, RollbackCompensated, RollbackNoCompensation, RollbackFailed:
-		return true
-	}
-	return false
+// statusClass is what a rollback status means for the rollback's summary.
+type statusClass uint8
+
+const (
+	// classOutstanding: not settled yet (the rollback is under way).
+	classOutstanding statusClass = iota + 1
+	// classReverted: its effect was reversed.
+	classReverted
+	// classKept: nothing can reverse it (no compensation registered): an
+	// irreversible effect kept, listed, not a failure.
+	classKept
+	// classHuman: a person must look at it.
+	classHuman
+)
+
+// rollbackStatuses is the closed set of rollback statuses, in lifecycle
+// order, each with its summary class. It is the one place a status is
+// declared known: Valid, the save path's check and SummarizeRollback all
+// read it, so adding a status (the guarded-undo conflict, needs_human,
+// blocked) is one line here plus its constant.
+var rollbackStatuses = []struct {
+	status RollbackStatus
+	class  statusClass
+}{
+	{RollbackPending, classOutstanding},
+	{RollbackCompensating, classOutstanding},
+	{RollbackCompensated, classReverted},
+	{RollbackNoCompensation, classKept},
+	{RollbackFailed, classHuman},
 }
+
+// RollbackStatuses lists every rollback status, in lifecycle order.
+func RollbackStatuses() []RollbackStatus {
+	out := make([]RollbackStatus, len(rollbackStatuses))
+	for i, r := range rollbackStatuses {
+		out[i] = r.status
+	}
+	return out
+}
+
+func (s RollbackStatus) class() statusClass {
+	for _, r := range rollbackStatuses {
+		if r.status == s {
+			return r.class
+		}
+	}
+	return 0
+}
+
+// Valid reports whether s is one of the known rollback statuses
+// (RollbackStatuses). A run is never stored with any other.
+func (s RollbackStatus) Valid() bool { return s.class() != 0 }

@@ -242,6 +242,13 @@ func TestHardeningSweeperFinishesAnInterruptedRetention(t *testing.T) {
 		}
 	}
 	require.GreaterOrEqual(t, len(tree), 3+1+1, "element runs, map keys and the tree set")
+	audits := 0
+	for _, k := range tree {
+		if strings.HasSuffix(k, ":audit") {
+			audits++
+		}
+	}
+	require.Equal(t, 1+3, audits, "the run's audit stream and each element's are part of the tree")
 	require.NoError(t, e.rdb.ZAdd(ctx, e.activeKey(), redis.Z{Score: 1, Member: "walked"}).Err())
 
 	// A client retrying the start (idempotent: the finished result) must not

@@ -105,6 +105,10 @@ func (k Keys) ElemTree(id string) string { return k.elem(id, "tree") }
 // ElemCancel is an element run's cancel request.
 func (k Keys) ElemCancel(id string) string { return k.elem(id, "cancel") }
 
+// ElemAudit is an element run's audit stream, in the element's own slot so
+// that its fenced write appends to it in the same script.
+func (k Keys) ElemAudit(id string) string { return k.elem(id, "audit") }
+
 func (k Keys) mapKey(id, suffix string) string { return k.prefix + ":{map:" + id + "}:" + suffix }
 
 // MapMeta is a map's metadata hash: total, batch_size, atomic, owner, counters.

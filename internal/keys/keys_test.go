@@ -48,3 +48,12 @@ func TestValidateID(t *testing.T) {
 	require.Error(t, ValidateID("a{b}"))
 	require.Error(t, ValidateID(string(make([]byte, 300))))
 }
+
+func TestElemKeysShareOneSlot(t *testing.T) {
+	k := New("p")
+	id := "m1.7"
+	for _, key := range []string{k.ElemState(id), k.ElemLock(id), k.ElemCancel(id), k.ElemAudit(id), k.ElemTree(id)} {
+		require.Equal(t, "elem:m1.7", hashTag(key), key)
+	}
+	require.Equal(t, "p:{elem:m1.7}:audit", k.ElemAudit(id))
+}

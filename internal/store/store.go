@@ -51,9 +51,12 @@ func (e *VersionConflictError) Error() string {
 }
 
 // Target names the keys of one state record: a run or a map element run.
-// All three keys must share a hash tag.
+// All its keys must share a hash tag.
 type Target struct {
 	State, Lock, Cancel string
+	// Audit is the record's audit stream, appended to by the fenced write
+	// (WriteOptions.Audit).
+	Audit string
 	// Done is the shard channel a terminal write publishes on, in the same
 	// slot as State; empty for targets nobody waits on (map elements).
 	Done string
@@ -92,12 +95,13 @@ func (s *Store) Client() redis.UniversalClient { return s.rdb }
 // RunTarget returns the keys of run id.
 func (s *Store) RunTarget(id string) Target {
 	return Target{State: s.keys.RunState(id), Lock: s.keys.RunLock(id), Cancel: s.keys.RunCancel(id),
-		Done: s.keys.RunDone(id)}
+		Audit: s.keys.RunAudit(id), Done: s.keys.RunDone(id)}
 }
 
 // ElemTarget returns the keys of element run id.
 func (s *Store) ElemTarget(id string) Target {
-	return Target{State: s.keys.ElemState(id), Lock: s.keys.ElemLock(id), Cancel: s.keys.ElemCancel(id)}
+	return Target{State: s.keys.ElemState(id), Lock: s.keys.ElemLock(id), Cancel: s.keys.ElemCancel(id),
+		Audit: s.keys.ElemAudit(id)}
 }
 
 // Create stores data as version 1 unless a state exists. It returns the
@@ -172,7 +176,17 @@ type WriteOptions struct {
 	// cancel is requested: a run that completed or halted while a cancel
 	// came in rolls back instead of finishing.
 	UnlessCancelled bool
+	// Audit are entries appended to the target's audit stream in the same
+	// script, only if the write lands; each is a flat list of field/value
+	// pairs (the script adds ts, the server time of the write in ms).
+	Audit [][]string
 }
+
+// AuditCap is the length an audit stream is trimmed to (XADD MAXLEN ~, so
+// Redis may keep a few more): past it the oldest entries are dropped. A
+// run's stream holds the transitions of the run and its composed children;
+// each map element run has its own, so a map's size does not count here.
+const AuditCap = 10000
 
 // ErrCancelPending is returned by a write with UnlessCancelled while a
 // cancel request is pending.
@@ -199,8 +213,18 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
 	nonce := hex.EncodeToString(nb[:])
-	res, err := writeScript.Run(ctx, s.rdb, []string{t.State, t.Lock, t.Cancel},
-		token, version, data, o.Retention.Milliseconds(), release, nonce, t.Done, unlessCancelled).Slice()
+	args := []any{token, version, data, o.Retention.Milliseconds(), release, nonce, t.Done, unlessCancelled,
+		AuditCap, len(o.Audit)}
+	for _, e := range o.Audit {
+		if len(e)%2 != 0 {
+			return WriteResult{}, fmt.Errorf("store: write: audit entry %q has an odd number of fields and values", e)
+		}
+		args = append(args, len(e)/2)
+		for _, v := range e {
+			args = append(args, v)
+		}
+	}
+	res, err := writeScript.Run(ctx, s.rdb, []string{t.State, t.Lock, t.Cancel, t.Audit}, args...).Slice()
 	if err != nil {
 		return WriteResult{}, fmt.Errorf("store: write: %w", err)
 	}

@@ -105,7 +105,7 @@ func TestCreateStoresVersionOneOnce(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
 	target := f.st.RunTarget("r1")
-	require.Equal(t, store.Target{State: f.k.RunState("r1"), Lock: f.k.RunLock("r1"), Cancel: f.k.RunCancel("r1"), Done: f.k.RunDone("r1")}, target)
+	require.Equal(t, store.Target{State: f.k.RunState("r1"), Lock: f.k.RunLock("r1"), Cancel: f.k.RunCancel("r1"), Audit: f.k.RunAudit("r1"), Done: f.k.RunDone("r1")}, target)
 
 	f.create(t, target, "tok-a", data1)
 	f.requireStored(t, target, data1, 1)
@@ -754,9 +754,11 @@ func TestCluster(t *testing.T) {
 		_, err = st.Write(ctx, target, "not-the-holder", 2, data3, store.WriteOptions{})
 		require.ErrorIs(t, err, store.ErrLockNotHeld)
 
-		res, err = st.Write(ctx, target, lease.Token(), 2, data3, store.WriteOptions{Retention: time.Hour, Release: true})
+		res, err = st.Write(ctx, target, lease.Token(), 2, data3, store.WriteOptions{Retention: time.Hour, Release: true,
+			Audit: [][]string{{"k", "rollback_completed"}}})
 		require.NoError(t, err)
 		require.Equal(t, store.WriteResult{Version: 3}, res)
+		require.Equal(t, int64(1), cc.XLen(ctx, target.Audit).Val(), "the audit entry landed in the run's slot")
 		require.NoError(t, st.MarkStatus(ctx, id, "", "running", "completed", true, now))
 		lease.Stop()
 

@@ -107,6 +107,7 @@ func (s *Store) retainElements(ctx context.Context, m string, total int, ttl tim
 				nested[i-lo] = p.SMembers(ctx, k.ElemTree(id))
 				expire(ctx, p, k.ElemState(id), ttl)
 				expire(ctx, p, k.ElemCancel(id), ttl)
+				expire(ctx, p, k.ElemAudit(id), ttl)
 			}
 			return nil
 		})

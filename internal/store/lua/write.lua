@@ -4,6 +4,7 @@
 -- KEYS[1] run state hash  P:{run:<id>}:ctx
 -- KEYS[2] run lock        P:{run:<id>}:lock
 -- KEYS[3] cancel request  P:{run:<id>}:cancel
+-- KEYS[4] audit stream    P:{run:<id>}:audit (an element run's: P:{elem:<id>}:audit)
 -- ARGV[1] lock token of the caller
 -- ARGV[2] version the caller read
 -- ARGV[3] encoded state
@@ -16,6 +17,14 @@
 -- ARGV[8] 1 to refuse the write while a cancel is requested (the terminal write
 --         of a run that completed or halted: the request arrived during its last
 --         step, and the run must roll back instead of finishing), else 0
+-- ARGV[9] the audit stream's cap (XADD MAXLEN ~): the oldest entries go beyond it
+-- ARGV[10] n, the number of audit entries to append, then n entries, each as
+--         m (its number of fields) followed by m field/value pairs. Each entry
+--         is appended (XADD, id '*': the server's time) with a field ts, the
+--         server time of the write in ms, only when the write lands, so the
+--         audit records exactly the state changes that were stored.
+-- A terminal write expires the audit stream with the state; a non-terminal
+-- write that appends makes it persistent (a run made live again by an undo).
 -- Fields written: d (data), v (version), n (nonce), at (server time of the write, ms).
 -- A terminal write (ARGV[4] > 0) with a channel SPUBLISHes the new version on
 -- it, so that Waits listening there load the run at once instead of polling.
@@ -53,6 +62,27 @@ else
   -- a live run never expires: an undo of a finished run must not lose its
   -- state to the retention the terminal write set
   redis.call('PERSIST', KEYS[1])
+end
+local n = tonumber(ARGV[10] or '0')
+if n > 0 then
+  local ms = tostring(t[1] * 1000 + math.floor(t[2] / 1000))
+  local i = 11
+  for _ = 1, n do
+    local m = tonumber(ARGV[i])
+    local args = {'XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*'}
+    for j = i + 1, i + 2 * m do
+      args[#args + 1] = ARGV[j]
+    end
+    args[#args + 1] = 'ts'
+    args[#args + 1] = ms
+    redis.call(unpack(args))
+    i = i + 1 + 2 * m
+  end
+end
+if ttl > 0 then
+  redis.call('PEXPIRE', KEYS[4], ttl)
+elseif n > 0 then
+  redis.call('PERSIST', KEYS[4])
 end
 if ARGV[5] == '1' then
   redis.call('DEL', KEYS[2])

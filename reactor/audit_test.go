@@ -1,0 +1,492 @@
+package reactor_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// secret is free text a failing undo returns: personal data the audit must
+// never hold in clear.
+const secret = "refund to jane.doe@example.com failed"
+
+// auditSaga: a, a composed child book (x, z), no_undo (no Undo), c (its
+// Undo fails with secret), d (fails; its Compensate succeeds).
+func auditSaga(tr *trail) *reactor.Definition {
+	child := reactor.MustDefine("audit-book",
+		simple(tr, "x", nil),
+		simple(tr, "z", nil, "x"),
+	)
+	return reactor.MustDefine("audit-saga",
+		simple(tr, "a", nil),
+		reactor.Compose("book", child, reactor.ComposeConfig{After: []string{"a"}}),
+		reactor.Step("no_undo", reactor.StepConfig[reactor.Args, int]{After: []string{"book"},
+			Run: func(context.Context, reactor.Args) (int, error) { tr.add("run:no_undo"); return 1, nil }}),
+		reactor.Step("c", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"no_undo"},
+			Run:   func(context.Context, reactor.Args) (int, error) { return 1, nil },
+			Undo:  func(context.Context, reactor.Args, int) error { tr.add("undo:c"); return errors.New(secret) },
+		}),
+		reactor.Step("d", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"c"},
+			Run: func(context.Context, reactor.Args) (int, error) {
+				return 0, reactor.Permanent(errors.New("card declined"))
+			},
+			Compensate: func(context.Context, reactor.Args, error) error { tr.add("compensate:d"); return nil },
+		}),
+	)
+}
+
+// auditLine renders an entry as kind:step:status.
+func auditLine(a reactor.AuditEntry) string {
+	return fmt.Sprintf("%s:%s:%s", a.Kind, a.Step, a.Status)
+}
+
+// TestRollbackReportAndAuditTrail: a failed run is rolled back newest first,
+// the composed child's entries undone inside its turn, the failing undo
+// isolated (the older entries are still undone), the step without Undo
+// reported kept in its turn; the report and the audit say so, entry by
+// entry, and the audit holds the failure's message only as its sha256.
+func TestRollbackReportAndAuditTrail(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	res, err := env.engine.Run(ctx, auditSaga(env.trail), nil, reactor.WithRunID("saga-1"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, []string{"run:a", "run:x", "run:z", "run:no_undo",
+		"compensate:d", "undo:c", "undo:z", "undo:x", "undo:a"}, env.trail.all(),
+		"newest first, the child's entries inside the compose step's turn, and c's failure stops nothing")
+
+	rep, err := env.engine.RollbackStatus(ctx, "saga-1")
+	require.NoError(t, err)
+	require.Equal(t, "saga-1:rb:1", rep.RollbackID)
+	require.Equal(t, 1, rep.Generation)
+	require.Equal(t, reactor.StatusFailed, rep.Status)
+	var got []string
+	for i, e := range rep.Entries {
+		require.Equal(t, i+1, e.Order)
+		got = append(got, fmt.Sprintf("%s:%s:%s:%d", e.Step, e.Status, e.Action, e.Attempts))
+		if e.Action != reactor.ActionNone {
+			require.False(t, e.StartedAt.IsZero(), "%s has its start", e.Step)
+			require.False(t, e.FinishedAt.Before(e.StartedAt), "%s", e.Step)
+		} else {
+			require.True(t, e.StartedAt.IsZero())
+		}
+	}
+	require.Equal(t, []string{
+		"d:compensated:compensate:1",
+		"c:compensation_failed:undo:1",
+		"no_undo:no_compensation_registered:none:0",
+		"book/z:compensated:undo:1",
+		"book/x:compensated:undo:1",
+		"a:compensated:undo:1",
+	}, got)
+	require.Equal(t, secret, rep.Entries[1].Message, "the readable message stays on the run")
+	require.Equal(t, reactor.RollbackSummary{Outcome: reactor.RollbackNeedsHuman, Settled: true, Total: 6,
+		Compensated: 4, Failed: 1, Kept: []string{"no_undo"}, NeedsHuman: []string{"c"}}, rep.Summary)
+
+	run, err := env.engine.Get(ctx, "saga-1")
+	require.NoError(t, err)
+	audit, err := env.engine.Audit(ctx, "saga-1")
+	require.NoError(t, err)
+	var lines []string
+	for i, a := range audit {
+		lines = append(lines, auditLine(a))
+		require.Equal(t, run.TraceID, a.TraceID, "entry %d carries the run's trace id", i)
+		require.NotEmpty(t, a.TraceID)
+		require.False(t, a.At.IsZero())
+		if i > 0 {
+			require.Greater(t, a.ID, audit[i-1].ID, "stream order")
+			require.False(t, a.At.Before(audit[i-1].At), "server time does not go back")
+		}
+		if a.Kind != reactor.AuditEligible {
+			require.Equal(t, 1, a.Generation, "%s", auditLine(a))
+		}
+	}
+	require.Equal(t, []string{
+		"eligible:a:pending",
+		"eligible:book/x:pending",
+		"eligible:book/z:pending",
+		"eligible:book:pending",
+		"eligible:c:pending",
+		"rollback_started:d:",
+		"compensating:d:compensating",
+		"compensated:d:compensated",
+		"compensating:c:compensating",
+		"compensation_failed:c:compensation_failed",
+		"no_compensation:no_undo:no_compensation_registered",
+		"compensating:book/z:compensating",
+		"compensated:book/z:compensated",
+		"compensating:book/x:compensating",
+		"compensated:book/x:compensated",
+		"compensating:a:compensating",
+		"compensated:a:compensated",
+		"rollback_completed::",
+	}, lines)
+	require.Equal(t, reactor.TriggerFailure, audit[5].Trigger)
+	require.Equal(t, reactor.RollbackNeedsHuman, audit[len(audit)-1].Outcome)
+	require.Equal(t, 1, audit[0].Attempt, "an eligible entry names the attempt that completed the step")
+	require.Equal(t, 2, audit[2].Ordinal, "a child's ordinals are its own")
+	failed := audit[9]
+	require.Equal(t, reactor.ActionUndo, failed.Action)
+	require.Equal(t, reactor.ReasonUnregistered, failed.Reason, "a plain error has no code of its own")
+	require.Equal(t, reactor.HashMessage(secret), failed.MessageHash)
+	require.True(t, strings.HasPrefix(failed.MessageHash, "sha256:"))
+	require.Len(t, failed.MessageHash, len("sha256:")+64)
+
+	raw, err := env.rdb.XRange(ctx, keys.New(env.prefix).RunAudit("saga-1"), "-", "+").Result()
+	require.NoError(t, err)
+	require.Len(t, raw, len(audit))
+	for _, m := range raw {
+		for k, v := range m.Values {
+			require.NotContains(t, fmt.Sprint(v), "jane.doe", "field %s of %s holds the plain message", k, m.ID)
+		}
+	}
+}
+
+// TestAuditCarriesTheOTelTraceID: with a tracer provider, a run started under
+// a span takes its trace id, and every audit entry carries it.
+func TestAuditCarriesTheOTelTraceID(t *testing.T) {
+	t.Parallel()
+	tp, _ := spanTracer(t)
+	env := newEnv(t, func(c *reactor.Config) { c.TracerProvider = tp })
+	ctx, span := tp.Tracer("test").Start(ctxTimeout(t), "caller")
+	defer span.End()
+	res, err := env.engine.Run(ctx, auditSaga(env.trail), nil, reactor.WithRunID("traced"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	want := span.SpanContext().TraceID().String()
+	audit, err := env.engine.Audit(ctx, "traced")
+	require.NoError(t, err)
+	require.NotEmpty(t, audit)
+	for _, a := range audit {
+		require.Equal(t, want, a.TraceID, "%s", auditLine(a))
+	}
+}
+
+// TestUndoTimeoutFailsTheEntry: an Undo that hangs is cut off by its step's
+// UndoTimeout, or else Config.UndoTimeout, and its entry is
+// compensation_failed; the entries after it are still undone.
+func TestUndoTimeoutFailsTheEntry(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, func(c *reactor.Config) { c.UndoTimeout = 100 * time.Millisecond })
+	hang := func(name string, own time.Duration, after ...string) reactor.Part {
+		return reactor.Step(name, reactor.StepConfig[reactor.Args, int]{
+			After: after, UndoTimeout: own,
+			Run: func(context.Context, reactor.Args) (int, error) { return 1, nil },
+			Undo: func(ctx context.Context, _ reactor.Args, _ int) error {
+				<-ctx.Done()
+				return ctx.Err()
+			},
+		})
+	}
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // lets the abandoned call end (goleak)
+	def := reactor.MustDefine("audit-hang",
+		simple(env.trail, "a", nil),
+		hang("engine_default", 0, "a"),
+		hang("own", 20*time.Millisecond, "engine_default"),
+		reactor.Step("deaf", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"own"}, UndoTimeout: 20 * time.Millisecond,
+			Run: func(context.Context, reactor.Args) (int, error) { return 1, nil },
+			Undo: func(context.Context, reactor.Args, int) error {
+				<-release // ignores its context
+				return nil
+			},
+		}),
+		simple(env.trail, "boom", reactor.Permanent(errors.New("boom")), "deaf"),
+	)
+	ctx := ctxTimeout(t)
+	began := time.Now()
+	res, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("hang"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Less(t, time.Since(began), 5*time.Second)
+	rep, err := env.engine.RollbackStatus(ctx, "hang")
+	require.NoError(t, err)
+	byStep := map[string]reactor.RollbackEntry{}
+	for _, e := range rep.Entries {
+		byStep[e.Step] = e
+	}
+	for _, s := range []string{"own", "engine_default"} {
+		require.Equal(t, reactor.RollbackFailed, byStep[s].Status, s)
+		require.Equal(t, "reactor.deadline_exceeded", byStep[s].Reason, s)
+	}
+	require.Equal(t, reactor.RollbackFailed, byStep["deaf"].Status, "an undo deaf to its context is abandoned")
+	require.Equal(t, "reactor.timeout", byStep["deaf"].Reason)
+	require.Contains(t, byStep["deaf"].Message, "did not return after its context ended")
+	own := byStep["own"].FinishedAt.Sub(byStep["own"].StartedAt)
+	def30 := byStep["engine_default"].FinishedAt.Sub(byStep["engine_default"].StartedAt)
+	require.Less(t, own, 100*time.Millisecond, "the step's own UndoTimeout wins")
+	require.GreaterOrEqual(t, def30, 100*time.Millisecond, "Config.UndoTimeout bounds the others")
+	require.Equal(t, reactor.RollbackCompensated, byStep["a"].Status, "a timed-out entry stops nothing")
+	require.Equal(t, reactor.RollbackNeedsHuman, rep.Summary.Outcome)
+}
+
+// TestUndoOfACompletedRunReportsKeptEffects: steps without Undo cost nothing
+// forward (no ledger entry) and are reported kept when the run is undone;
+// the rollback is reverted, with the kept effects listed. A run whose steps
+// have no Undo at all has nothing to do.
+func TestUndoOfACompletedRunReportsKeptEffects(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	plain := func(name string, after ...string) reactor.Part {
+		return reactor.Step(name, reactor.StepConfig[reactor.Args, int]{After: after,
+			Run: func(context.Context, reactor.Args) (int, error) { return 1, nil }})
+	}
+	ctx := ctxTimeout(t)
+	def := reactor.MustDefine("audit-kept", simple(env.trail, "a", nil), plain("email", "a"), simple(env.trail, "b", nil, "email"))
+	res, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("kept"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+	run, err := env.engine.Get(ctx, "kept")
+	require.NoError(t, err)
+	var onLedger []string
+	for _, e := range run.Ledger {
+		onLedger = append(onLedger, e.Step)
+	}
+	require.Equal(t, []string{"a", "b"}, onLedger, "a step without Undo is not on the ledger")
+	_, err = env.engine.RollbackStatus(ctx, "kept")
+	require.ErrorIs(t, err, reactor.ErrNoRollback)
+	_, err = env.engine.RollbackStatus(ctx, "no-such-run")
+	require.ErrorIs(t, err, reactor.ErrNotFound)
+
+	_, err = env.engine.Undo(ctx, "kept")
+	require.NoError(t, err)
+	rep, err := env.engine.RollbackStatus(ctx, "kept")
+	require.NoError(t, err)
+	var got []string
+	for _, e := range rep.Entries {
+		got = append(got, e.Step+":"+string(e.Status))
+	}
+	require.Equal(t, []string{"b:compensated", "email:no_compensation_registered", "a:compensated"}, got)
+	require.Equal(t, reactor.RollbackReverted, rep.Summary.Outcome)
+	require.Equal(t, []string{"email"}, rep.Summary.Kept)
+	audit, err := env.engine.Audit(ctx, "kept")
+	require.NoError(t, err)
+	require.Equal(t, reactor.TriggerUndo, audit[2].Trigger, "%v", audit[2])
+	require.Equal(t, reactor.RollbackReverted, audit[len(audit)-1].Outcome)
+
+	none := reactor.MustDefine("audit-none", plain("n1"), plain("n2", "n1"),
+		reactor.Step("fail", reactor.StepConfig[reactor.Args, int]{After: []string{"n2"},
+			Run: func(context.Context, reactor.Args) (int, error) { return 0, reactor.Permanent(errors.New("no")) }}))
+	res, err = env.engine.Run(ctx, none, nil, reactor.WithRunID("none"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Empty(t, res.Failure.RollbackFailures, "kept effects do not fail the rollback")
+	rep, err = env.engine.RollbackStatus(ctx, "none")
+	require.NoError(t, err)
+	require.Equal(t, reactor.RollbackNothingToDo, rep.Summary.Outcome)
+	require.Equal(t, []string{"fail", "n2", "n1"}, rep.Summary.Kept)
+}
+
+// TestAuditExpiresWithTheRun: the terminal write gives the stream the run's
+// retention; an Undo makes it live again, and its terminal write expires it
+// again.
+func TestAuditExpiresWithTheRun(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t, func(c *reactor.Config) { c.Retention = time.Hour })
+	ctx := ctxTimeout(t)
+	key := keys.New(env.prefix).RunAudit("ttl")
+	def := reactor.MustDefine("audit-ttl", simple(env.trail, "a", nil), simple(env.trail, "b", nil, "a"))
+	_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("ttl"))
+	require.NoError(t, err)
+	requireTTL := func() {
+		t.Helper()
+		ttl, err := env.rdb.PTTL(ctx, key).Result()
+		require.NoError(t, err)
+		require.Greater(t, ttl, 50*time.Minute)
+		require.LessOrEqual(t, ttl, time.Hour)
+	}
+	requireTTL()
+	_, err = env.engine.Undo(ctx, "ttl")
+	require.NoError(t, err)
+	requireTTL()
+	n, err := env.rdb.XLen(ctx, key).Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(2+1+4+1), n, "eligible a, b; rollback_started; two undos; rollback_completed")
+}
+
+// TestSummarizeRollbackEveryCombination checks the summary against an
+// independent statement of its rule over every sequence of up to three
+// statuses (an unknown one among them).
+func TestSummarizeRollbackEveryCombination(t *testing.T) {
+	t.Parallel()
+	all := append(reactor.RollbackStatuses(), "bogus")
+	require.Len(t, all, 6, "a new status needs its expectation below")
+	var seqs [][]reactor.RollbackStatus
+	var gen func(prefix []reactor.RollbackStatus)
+	gen = func(prefix []reactor.RollbackStatus) {
+		seqs = append(seqs, prefix)
+		if len(prefix) == 3 {
+			return
+		}
+		for _, s := range all {
+			gen(append(append([]reactor.RollbackStatus(nil), prefix...), s))
+		}
+	}
+	gen(nil)
+	require.Len(t, seqs, 1+6+36+216)
+	for _, seq := range seqs {
+		entries := make([]reactor.RollbackEntry, len(seq))
+		has := map[reactor.RollbackStatus]int{}
+		var kept, human []string
+		for i, s := range seq {
+			entries[i] = reactor.RollbackEntry{Step: fmt.Sprintf("s%d", i), Status: s}
+			has[s]++
+			switch s {
+			case reactor.RollbackNoCompensation:
+				kept = append(kept, entries[i].Step)
+			case reactor.RollbackFailed, "bogus":
+				human = append(human, entries[i].Step)
+			}
+		}
+		want := reactor.RollbackNothingToDo
+		if has[reactor.RollbackCompensated] > 0 {
+			want = reactor.RollbackReverted
+		}
+		if has[reactor.RollbackFailed]+has["bogus"] > 0 {
+			want = reactor.RollbackNeedsHuman
+		}
+		got := reactor.SummarizeRollback(entries)
+		name := fmt.Sprint(seq)
+		require.Equal(t, want, got.Outcome, name)
+		require.Equal(t, has[reactor.RollbackPending]+has[reactor.RollbackCompensating] == 0, got.Settled, name)
+		require.Equal(t, len(seq), got.Total, name)
+		require.Equal(t, has[reactor.RollbackCompensated], got.Compensated, name)
+		require.Equal(t, has[reactor.RollbackPending]+has[reactor.RollbackCompensating], got.Outstanding, name)
+		require.Equal(t, len(human), got.Failed, name)
+		require.Equal(t, kept, got.Kept, name)
+		require.Equal(t, human, got.NeedsHuman, name)
+		require.NotEqual(t, reactor.RollbackOutcome("partial"), got.Outcome)
+	}
+}
+
+// TestRollbackStatusesAreAClosedSet: Valid knows exactly the listed
+// statuses, and a run holding any other is never stored.
+func TestRollbackStatusesAreAClosedSet(t *testing.T) {
+	t.Parallel()
+	for _, s := range reactor.RollbackStatuses() {
+		require.True(t, s.Valid(), s)
+	}
+	for _, s := range []reactor.RollbackStatus{"", "partial", "Compensated", "conflict"} {
+		require.False(t, s.Valid(), s)
+	}
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	def := reactor.MustDefine("audit-closed", simple(env.trail, "a", nil))
+	require.NoError(t, env.engine.Register(def))
+	_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("closed"))
+	require.NoError(t, err)
+	before, err := env.engine.Get(ctx, "closed")
+	require.NoError(t, err)
+
+	err = reactor.SaveWithLedgerStatus(ctx, env.engine, "closed", "partial")
+	var se *reactor.RollbackStatusError
+	require.ErrorAs(t, err, &se)
+	require.Equal(t, reactor.RollbackStatus("partial"), se.Status)
+	require.Equal(t, "a", se.Step)
+	require.ErrorContains(t, err, "not one of pending, compensating, compensated, no_compensation_registered, compensation_failed")
+	after, err := env.engine.Get(ctx, "closed")
+	require.NoError(t, err)
+	require.Equal(t, before.Version, after.Version, "nothing was written")
+
+	// Control: a known status is stored by the same path.
+	require.NoError(t, reactor.SaveWithLedgerStatus(ctx, env.engine, "closed", reactor.RollbackCompensating))
+	after, err = env.engine.Get(ctx, "closed")
+	require.NoError(t, err)
+	require.Equal(t, before.Version+1, after.Version)
+	require.Equal(t, reactor.RollbackCompensating, after.Ledger[0].Status)
+}
+
+// TestRollbackStatusWhileRollingBack: during a rollback the report lists the
+// entries still on the stack, newest first, unsettled.
+func TestRollbackStatusWhileRollingBack(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	entered, release := make(chan struct{}), make(chan struct{})
+	def := reactor.MustDefine("audit-live",
+		simple(env.trail, "a", nil),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{After: []string{"a"},
+			Run: func(context.Context, reactor.Args) (int, error) { return 1, nil },
+			Undo: func(context.Context, reactor.Args, int) error {
+				close(entered)
+				<-release
+				return nil
+			}}),
+		simple(env.trail, "c", reactor.Permanent(errors.New("boom")), "b"),
+	)
+	ctx := ctxTimeout(t)
+	done := make(chan error, 1)
+	go func() {
+		_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("live"))
+		done <- err
+	}()
+	<-entered
+	rep, err := env.engine.RollbackStatus(ctx, "live")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusRollingBack, rep.Status)
+	require.Equal(t, reactor.TriggerFailure, rep.Trigger)
+	var got []string
+	for _, e := range rep.Entries {
+		got = append(got, fmt.Sprintf("%d:%s:%s", e.Order, e.Step, e.Status))
+	}
+	require.Equal(t, []string{"1:b:pending", "2:a:pending"}, got, "the stored stack, newest first")
+	require.False(t, rep.Summary.Settled)
+	require.Equal(t, 2, rep.Summary.Outstanding)
+	close(release)
+	require.NoError(t, <-done)
+	rep, err = env.engine.RollbackStatus(ctx, "live")
+	require.NoError(t, err)
+	require.True(t, rep.Summary.Settled)
+	require.Equal(t, reactor.RollbackReverted, rep.Summary.Outcome)
+	require.Empty(t, rep.Trigger)
+}
+
+// TestAuditDiscardsAnIntentNeverRun: a cancel seen at a step's checkpoint
+// rolls back before the next step's Run is called; that step's recorded
+// intent is dropped, and the audit says so.
+func TestAuditDiscardsAnIntentNeverRun(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	def := reactor.MustDefine("audit-discard",
+		reactor.Step("a", reactor.StepConfig[reactor.Args, int]{
+			Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+				info, _ := reactor.RunInfoFrom(ctx)
+				// The run's lock is held here: the request waits for its
+				// next checkpoint.
+				return 1, env.engine.Cancel(ctx, info.RunID)
+			},
+			Undo: func(context.Context, reactor.Args, int) error { return nil },
+		}),
+		simple(env.trail, "b", nil, "a"),
+	)
+	ctx := ctxTimeout(t)
+	res, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("discard"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, res.Status)
+	require.Empty(t, env.trail.all(), "b never ran")
+	audit, err := env.engine.Audit(ctx, "discard")
+	require.NoError(t, err)
+	var lines []string
+	for _, a := range audit {
+		lines = append(lines, auditLine(a))
+	}
+	require.Equal(t, []string{
+		"eligible:a:pending",
+		"discarded:b:",
+		"rollback_started::",
+		"compensating:a:compensating",
+		"compensated:a:compensated",
+		"rollback_completed::",
+	}, lines)
+}
