@@ -13,7 +13,7 @@ import (
 )
 
 // The actions an operator can request.
-var actions = []string{"undo", "cancel", "retry"}
+var actions = []string{"undo", "cancel", "retry", "rollback"}
 
 // maxBatch bounds the ids of one batch action.
 const maxBatch = 500

@@ -2,7 +2,10 @@ package dashboard_test
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -155,4 +158,111 @@ func TestActionsAreCarriedOut(t *testing.T) {
 func runID(ctx context.Context) string {
 	info, _ := reactor.RunInfoFrom(ctx)
 	return info.RunID
+}
+
+// A rollback that left an effect in place shows as needs_human, entry by
+// entry, with its audit trail (the failure's text only as a hash); the
+// re-trigger action, carried out by a worker, retries that entry alone and
+// the report of generation 2 reads reverted.
+func TestRollbackStatusAuditAndReTrigger(t *testing.T) {
+	t.Parallel()
+	const token = "rb-token"
+	e := newEnv(t, token)
+	ctx := ctxTimeout(t, 60*time.Second)
+	var mu sync.Mutex
+	calls := map[string]int{}
+	undo := func(name string) func(context.Context, reactor.Args, string) error {
+		return func(context.Context, reactor.Args, string) error {
+			mu.Lock()
+			defer mu.Unlock()
+			calls[name]++
+			if name == "refund" && calls[name] == 1 {
+				return reactor.Permanent(errors.New("refund API down: secret-detail-42"))
+			}
+			return nil
+		}
+	}
+	step := func(name string, fail bool, after ...string) reactor.Part {
+		return reactor.Step(name, reactor.StepConfig[reactor.Args, string]{After: after,
+			Run: func(context.Context, reactor.Args) (string, error) {
+				if fail {
+					return "", reactor.Permanent(errors.New("declined"))
+				}
+				return name, nil
+			},
+			Undo: undo(name)})
+	}
+	def := reactor.MustDefine("dash-rb", step("reserve", false), step("refund", false, "reserve"), step("ship", true, "refund"))
+	e.startControlWorker(def)
+	e.enqueueAll(ctx, def, []string{"rb-run"}, nil)
+
+	type entry struct {
+		Step   string `json:"step"`
+		Status string `json:"status"`
+		Action string `json:"action"`
+		Reason string `json:"reason"`
+	}
+	var rep struct {
+		RollbackID string `json:"rollback_id"`
+		Generation int    `json:"generation"`
+		Summary    struct {
+			Outcome    string   `json:"outcome"`
+			NeedsHuman []string `json:"needs_human"`
+		} `json:"summary"`
+		Entries []entry `json:"entries"`
+	}
+	e.get("/api/runs/rb-run/rollback-status", http.StatusOK, &rep)
+	require.Equal(t, "rb-run:rb:1", rep.RollbackID)
+	require.Equal(t, "needs_human", rep.Summary.Outcome)
+	var statuses []string
+	for _, en := range rep.Entries {
+		statuses = append(statuses, en.Step+"="+en.Status)
+	}
+	require.Contains(t, statuses, "refund=compensation_failed")
+	require.Contains(t, statuses, "reserve=compensated")
+
+	res := e.do(http.MethodGet, "/api/runs/rb-run/audit", "", "")
+	require.Equal(t, http.StatusOK, res.code)
+	require.NotContains(t, string(res.body), "secret-detail-42", "free text is only hashed in the audit")
+	var au struct {
+		Entries []struct {
+			Kind        string `json:"kind"`
+			Step        string `json:"step"`
+			MessageHash string `json:"message_sha256"`
+			TraceID     string `json:"trace_id"`
+		} `json:"entries"`
+	}
+	require.NoError(t, json.Unmarshal(res.body, &au))
+	run, err := e.engine.Get(ctx, "rb-run")
+	require.NoError(t, err)
+	var kinds []string
+	hashed := false
+	for _, a := range au.Entries {
+		kinds = append(kinds, a.Kind)
+		require.Equal(t, run.TraceID, a.TraceID)
+		if a.Kind == string(reactor.AuditCompensationFailed) && a.Step == "refund" {
+			hashed = strings.HasPrefix(a.MessageHash, "sha256:")
+		}
+	}
+	require.True(t, hashed, "the failure's reason is a hash: %v", kinds)
+	require.Contains(t, kinds, string(reactor.AuditRollbackStarted))
+	require.Contains(t, kinds, string(reactor.AuditRollbackCompleted))
+
+	var a accepted
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/rb-run/rollback", token, ""), http.StatusAccepted, &a)
+	insp := asynq.NewInspectorFromRedisClient(e.rdb)
+	require.Eventually(t, func() bool {
+		info, err := insp.GetTaskInfo(e.queue+"-ctl", a.TaskID)
+		return err == nil && info.State == asynq.TaskStateCompleted
+	}, 20*time.Second, 10*time.Millisecond)
+	e.get("/api/runs/rb-run/rollback-status", http.StatusOK, &rep)
+	require.Equal(t, 2, rep.Generation)
+	require.Equal(t, "reverted", rep.Summary.Outcome)
+	mu.Lock()
+	require.Equal(t, map[string]int{"reserve": 1, "refund": 2}, calls, "only the failed entry was retried")
+	mu.Unlock()
+	var eb errBody
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/rb-run/rollback", token, ""), http.StatusConflict, &eb)
+	require.Contains(t, eb.Error, reactor.ErrNothingToRetry.Error())
+	decodeInto(t, e.do(http.MethodGet, "/api/runs/nope/rollback-status", "", ""), http.StatusNotFound, &eb)
 }

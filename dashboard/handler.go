@@ -152,6 +152,10 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		post(h.batchAction)
 	case len(seg) == 2 && seg[0] == "runs" && seg[1] != "":
 		get(func(w http.ResponseWriter, r *http.Request) { h.runDetail(w, r, seg[1]) })
+	case len(seg) == 3 && seg[0] == "runs" && seg[2] == "rollback-status":
+		get(func(w http.ResponseWriter, r *http.Request) { h.rollbackStatus(w, r, seg[1]) })
+	case len(seg) == 3 && seg[0] == "runs" && seg[2] == "audit":
+		get(func(w http.ResponseWriter, r *http.Request) { h.audit(w, r, seg[1]) })
 	case len(seg) == 3 && seg[0] == "runs" && isAction(seg[2]):
 		post(func(w http.ResponseWriter, r *http.Request) { h.action(w, r, seg[1], seg[2]) })
 	case len(seg) >= 5 && seg[0] == "runs" && seg[2] == "maps" && seg[len(seg)-1] == "elements":

@@ -113,6 +113,28 @@ func TestRetryRollbackRetriesOnlyTheFailedEntry(t *testing.T) {
 	require.Equal(t, "b", last.Step)
 	require.Equal(t, reactor.RollbackCompensated, last.Status)
 
+	// The report of generation 2 accounts for every entry, each as its
+	// newest generation left it, and the audit has the second start.
+	rep, err := env.engine.RollbackStatus(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, 2, rep.Generation)
+	require.Equal(t, res.RunID+":rb:2", rep.RollbackID)
+	var steps []string
+	for _, e := range rep.Entries {
+		steps = append(steps, e.Step+"="+string(e.Status))
+	}
+	require.Equal(t, []string{"d=compensated", "c=compensated", "b=compensated", "a=compensated"}, steps)
+	require.Equal(t, reactor.RollbackReverted, rep.Summary.Outcome)
+	trail, err := env.engine.Audit(ctx, res.RunID)
+	require.NoError(t, err)
+	var starts []int
+	for _, a := range trail {
+		if a.Kind == reactor.AuditRollbackStarted {
+			starts = append(starts, a.Generation)
+		}
+	}
+	require.Equal(t, []int{1, 2}, starts, "each generation's start is audited")
+
 	_, err = env.engine.RetryRollback(ctx, res.RunID)
 	var se *reactor.StatusError
 	require.ErrorAs(t, err, &se)
