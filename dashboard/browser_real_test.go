@@ -7,9 +7,12 @@ import (
 	"log/slog"
 	"net/http/httptest"
 	"os"
+	"path/filepath"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/redistest"
@@ -110,4 +113,81 @@ func TestBrowserStoryAgainstTheRealStack(t *testing.T) {
 		},
 		ShotDir: dir,
 	})
+}
+
+// The run page of a run whose rollback left an effect in place shows the
+// rollback status table (needs human, the failed entry) and the audit
+// trail, against the real stack; with the token, "Retry rollback" is
+// requested and a worker carries it out, and the page turns to reverted.
+func TestBrowserRollbackStatusAndAudit(t *testing.T) {
+	t.Parallel()
+	ctx := newBrowser(t)
+	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rdb := redistest.Client(t)
+	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
+	engine, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix,
+		Enqueuer: worker.NewClient(rdb, queue), Logger: discard})
+	require.NoError(t, err)
+	const token = "audit-token"
+	dash, err := New(Config{Client: rdb, Prefix: prefix, Token: token, Queues: []string{queue}, ControlQueue: queue, Logger: discard})
+	require.NoError(t, err)
+	srv := httptest.NewServer(dash)
+	t.Cleanup(srv.Close)
+	var refunds atomic.Int32
+	def := reactor.MustDefine("audited",
+		reactor.Step("charge", reactor.StepConfig[reactor.Args, string]{
+			Run: func(context.Context, reactor.Args) (string, error) { return "ch", nil },
+			Undo: func(context.Context, reactor.Args, string) error {
+				if refunds.Add(1) == 1 {
+					return reactor.Permanent(errors.New("refund API down"))
+				}
+				return nil
+			},
+		}),
+		reactor.Step("ship", reactor.StepConfig[reactor.Args, string]{After: []string{"charge"},
+			Run: func(context.Context, reactor.Args) (string, error) {
+				return "", reactor.Permanent(errors.New("no courier"))
+			},
+		}))
+	require.NoError(t, engine.Register(def))
+	w := worker.New(engine, rdb, worker.Config{Queues: map[string]int{queue: 1}, ShutdownTimeout: 5 * time.Second, Logger: discard, Concurrency: 2})
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = w.Stop(c)
+	})
+	bg, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err = engine.Enqueue(bg, def, nil, reactor.WithRunID("audited-1"))
+	require.NoError(t, err)
+	_, err = engine.Wait(bg, "audited-1")
+	require.NoError(t, err)
+
+	bctx, bcancel := context.WithTimeout(ctx, time.Minute)
+	defer bcancel()
+	poll := func(what, js string) {
+		t.Helper()
+		_, err := chromedp.Run(bctx, chromedp.Poll[bool](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+		require.NoError(t, err, "waiting until %s (%s)", what, js)
+	}
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/runs/audited-1"),
+		chromedp.WaitVisible(chromedp.ID("rbstatus-panel"))))
+	poll("the summary reads needs human", `document.querySelector('#rbstatus .rb-outcome')?.textContent === 'needs human'`)
+	poll("the failed entry is listed", `[...document.querySelectorAll('#rbstatus tbody tr')].some(r => r.textContent.includes('charge') && r.textContent.includes('compensation_failed'))`)
+	poll("the audit trail is shown", `document.querySelectorAll('#audit .audit-item').length >= 4 &&
+		[...document.querySelectorAll('#audit .audit-item')].some(e => e.textContent.includes('compensation failed') && e.textContent.includes('sha256:'))`)
+	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(t.TempDir(), "rollback-status.png"), png, 0o644))
+
+	// Retry the rollback from the page: confirm, give the token.
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`button[data-action="rollback"]`))))
+	poll("the confirmation says what happens", `document.getElementById('confirm-dialog').open &&
+		document.getElementById('confirm-text').textContent.includes('undo again only the entries its last rollback could not undo')`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.ID("confirm-yes"))))
+	poll("the token is asked for", `document.getElementById('token-dialog').open`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.ID("token-input"), token), chromedp.Click(chromedp.ID("token-save"))))
+	poll("the summary turns reverted", `document.querySelector('#rbstatus .rb-outcome')?.textContent === 'reverted'`)
+	require.Equal(t, int32(2), refunds.Load(), "the failed refund was retried once")
 }

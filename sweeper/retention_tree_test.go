@@ -85,7 +85,7 @@ func runKeys(t *testing.T, rdb redis.UniversalClient, prefix, id string) []strin
 }
 
 // TestHardeningRetentionExpiresTheWholeTree: 200 runs (fan-out and inline
-// maps, a third of them rolled back) under a 2 s retention. While a run is
+// maps, a third of them rolled back) under a 6 s retention. While a run is
 // live nothing of its tree has an expiry; after the retention not one key of
 // any of them remains, and a reused id starts a fresh run instead of
 // adopting stale map results.
@@ -94,7 +94,9 @@ func TestHardeningRetentionExpiresTheWholeTree(t *testing.T) {
 		t.Skip("waits out a retention")
 	}
 	t.Parallel()
-	const retention = 2 * time.Second
+	// Long enough for the 200 runs to finish on a loaded machine before the
+	// first of them expires.
+	const retention = 6 * time.Second
 	hold := make(chan struct{})
 	var holdOnce sync.Once
 	held := make(chan struct{})

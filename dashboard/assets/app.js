@@ -289,6 +289,11 @@
       verb: 'Retry',
       one: function (id) { return 'Retry run ' + id + ': run it again with the same inputs under a new id, linked to this one.'; },
       many: function (n) { return 'Retry ' + n + ' runs: run each again with the same inputs under a new id, linked to the original.'; }
+    },
+    rollback: {
+      verb: 'Retry rollback',
+      one: function (id) { return 'Retry the rollback of run ' + id + ': undo again only the entries its last rollback could not undo, in a new rollback generation.'; },
+      many: function (n) { return 'Retry the rollback of ' + n + ' runs: undo again only the entries each one\'s last rollback could not undo.'; }
     }
   };
 

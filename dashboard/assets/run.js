@@ -367,6 +367,67 @@
     })));
   }
 
+  // ---- rollback status and audit ---------------------------------------------
+  function renderRollbackStatus(rep) {
+    show('rbstatus-panel', !!rep);
+    var box = GR.clear($('rbstatus'));
+    if (!rep) return;
+    var sum = rep.summary || {};
+    $('rbstatus-text').textContent = rep.rollback_id + ' · generation ' + rep.generation;
+    box.appendChild(h('div', { class: 'rb-summary' },
+      h('span', { class: 'rb-status rb-outcome rb-' + String(sum.outcome).replace(/[^a-z_]/g, '') }, String(sum.outcome || '').replace(/_/g, ' ')),
+      ' ', h('span', { class: 'muted small' }, (sum.compensated || 0) + ' compensated · ' + (sum.failed || 0) + ' failed · ' +
+        (sum.outstanding || 0) + ' outstanding · ' + ((sum.kept || []).length) + ' kept (no undo registered)')));
+    var entries = rep.entries || [];
+    if (!entries.length) return;
+    box.appendChild(h('table', { class: 'table compact rb-entries' },
+      h('thead', null, h('tr', null, ['#', 'step', 'status', 'action', 'attempts', 'finished', 'reason'].map(function (c) { return h('th', null, c); }))),
+      h('tbody', null, entries.map(function (e) {
+        return h('tr', null,
+          h('td', { class: 'num' }, String(e.order)),
+          h('td', { class: 'mono' }, e.step),
+          h('td', null, h('span', { class: 'rb-status rb-' + String(e.status).replace(/[^a-z_]/g, '') }, e.status)),
+          h('td', null, e.action || ''),
+          h('td', { class: 'num' }, e.attempts ? String(e.attempts) : ''),
+          h('td', { class: 'muted' }, e.finished_at ? GR.fmtClock(e.finished_at) : ''),
+          h('td', { class: e.message ? 'bad-text small' : 'muted small', title: e.message || '' }, [e.reason, e.message].filter(Boolean).join(': ')));
+      }))));
+  }
+
+  function renderAudit(entries) {
+    show('audit-panel', entries.length > 0);
+    var box = GR.clear($('audit'));
+    if (!entries.length) return;
+    $('audit-text').textContent = entries.length + ' entries · trace ' + (entries[0].trace_id || '');
+    box.appendChild(h('ol', { class: 'audit audit-trail' }, entries.map(function (a) {
+      var bits = [a.step, a.status, a.action, a.generation ? 'gen ' + a.generation : '', a.reason].filter(Boolean);
+      return h('li', { class: 'audit-item' },
+        h('div', { class: 'audit-top' }, h('span', { class: 'mono strong' }, String(a.kind).replace(/_/g, ' ')), ' ',
+          h('span', { class: 'muted small' }, bits.join(' · ')),
+          h('span', { class: 'muted audit-at', title: a.at }, GR.fmtClock(a.at))),
+        a.message_sha256 ? h('div', { class: 'muted small mono', title: 'the message is kept on the run; the audit holds its hash' }, a.message_sha256.slice(0, 23) + '…') : null);
+    })));
+  }
+
+  // The rollback status and the audit trail, for a run that rolled back.
+  function refreshRollback(r) {
+    if (!(r.rollbacks || []).length && r.status !== 'rolling_back') {
+      renderRollbackStatus(null);
+      renderAudit([]);
+      return Promise.resolve();
+    }
+    var base = '/api/runs/' + encodeURIComponent(runID);
+    return Promise.all([
+      GR.api(base + '/rollback-status').then(function (res) {
+        if (changed('rbstatus', res.data)) renderRollbackStatus(res.data);
+      }, function () { renderRollbackStatus(null); }),
+      GR.api(base + '/audit').then(function (res) {
+        var list = (res.data && res.data.entries) || [];
+        if (changed('audit', list)) renderAudit(list);
+      }, function () { renderAudit([]); })
+    ]);
+  }
+
   // ---- refresh -------------------------------------------------------------
   function refresh() {
     return GR.api('/api/runs/' + encodeURIComponent(runID)).then(function (res) {
@@ -385,7 +446,7 @@
       $('run').dataset.status = r.status;
       // A finished run changes rarely: poll it slower.
       GR.poller.setInterval(GR.terminal[r.status] ? 5000 : 2000);
-      return renderMaps(r.maps || []);
+      return Promise.all([renderMaps(r.maps || []), refreshRollback(r)]);
     }, function (err) {
       if (err.status === 404) {
         var p = $('run-missing');
