@@ -319,6 +319,7 @@ func TestRetrySafetyRules(t *testing.T) {
 	def := flaky("retry_chain", &fail, &seen, &mu)
 	res, err = env.engine.Run(ctx, def, map[string]any{"n": 1}, reactor.WithRunID("chain"))
 	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
 	first, err := env.engine.Retry(ctx, "chain")
 	require.NoError(t, err)
 	failed, err := env.engine.Resume(ctx, first.RunID)
