@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/chromedp/chromedp"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/redistest"
@@ -33,20 +34,11 @@ type realItem struct {
 func TestBrowserStoryAgainstTheRealStack(t *testing.T) {
 	t.Parallel()
 	ctx := newBrowser(t)
-	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rdb := redistest.Client(t)
-	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
-	engine, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix,
-		Enqueuer: worker.NewClient(rdb, queue), Logger: discard})
-	require.NoError(t, err)
 	const token = "real-token"
 	// Control tasks go to a queue no worker serves here: the batch retry
 	// is requested, not carried out (TestActionsAreCarriedOut covers that).
-	dash, err := New(Config{Client: rdb, Prefix: prefix, Token: token, Queues: []string{queue},
-		ControlQueue: queue + "-ctl", Logger: discard})
-	require.NoError(t, err)
-	srv := httptest.NewServer(dash)
-	t.Cleanup(srv.Close)
+	st := newRealStack(t, token, "-ctl")
+	engine, srv := st.engine, st.srv
 
 	release := make(chan struct{}, 1000)
 	elem := reactor.MustDefine("rb-elem", reactor.Input[int]("item"), reactor.Step("reserve", reactor.StepConfig[realItem, int]{
@@ -74,19 +66,12 @@ func TestBrowserStoryAgainstTheRealStack(t *testing.T) {
 			return "", reactor.Permanent(errors.New("<b>boom</b>"))
 		},
 	}))
-	require.NoError(t, engine.Register(owner, elem, quick))
-	w := worker.New(engine, rdb, worker.Config{Queues: map[string]int{queue: 1}, ShutdownTimeout: 5 * time.Second, Logger: discard, Concurrency: 4})
-	require.NoError(t, w.Start(context.Background()))
-	t.Cleanup(func() {
-		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = w.Stop(c)
-	})
+	st.startWorker(4, owner, elem, quick)
 	t.Cleanup(func() { close(release) })
 
 	bg, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	_, err = engine.Enqueue(bg, quick, map[string]any{"n": 1}, reactor.WithRunID("qf-1"))
+	_, err := engine.Enqueue(bg, quick, map[string]any{"n": 1}, reactor.WithRunID("qf-1"))
 	require.NoError(t, err)
 	_, err = engine.Wait(bg, "qf-1")
 	require.NoError(t, err)
@@ -122,17 +107,9 @@ func TestBrowserStoryAgainstTheRealStack(t *testing.T) {
 func TestBrowserRollbackStatusAndAudit(t *testing.T) {
 	t.Parallel()
 	ctx := newBrowser(t)
-	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
-	rdb := redistest.Client(t)
-	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
-	engine, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix,
-		Enqueuer: worker.NewClient(rdb, queue), Logger: discard})
-	require.NoError(t, err)
 	const token = "audit-token"
-	dash, err := New(Config{Client: rdb, Prefix: prefix, Token: token, Queues: []string{queue}, ControlQueue: queue, Logger: discard})
-	require.NoError(t, err)
-	srv := httptest.NewServer(dash)
-	t.Cleanup(srv.Close)
+	st := newRealStack(t, token, "") // control tasks on the worker's own queue
+	engine, srv := st.engine, st.srv
 	var refunds atomic.Int32
 	def := reactor.MustDefine("audited",
 		reactor.Step("charge", reactor.StepConfig[reactor.Args, string]{
@@ -149,17 +126,10 @@ func TestBrowserRollbackStatusAndAudit(t *testing.T) {
 				return "", reactor.Permanent(errors.New("no courier"))
 			},
 		}))
-	require.NoError(t, engine.Register(def))
-	w := worker.New(engine, rdb, worker.Config{Queues: map[string]int{queue: 1}, ShutdownTimeout: 5 * time.Second, Logger: discard, Concurrency: 2})
-	require.NoError(t, w.Start(context.Background()))
-	t.Cleanup(func() {
-		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = w.Stop(c)
-	})
+	st.startWorker(2, def)
 	bg, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	_, err = engine.Enqueue(bg, def, nil, reactor.WithRunID("audited-1"))
+	_, err := engine.Enqueue(bg, def, nil, reactor.WithRunID("audited-1"))
 	require.NoError(t, err)
 	_, err = engine.Wait(bg, "audited-1")
 	require.NoError(t, err)
@@ -190,4 +160,47 @@ func TestBrowserRollbackStatusAndAudit(t *testing.T) {
 	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.ID("token-input"), token), chromedp.Click(chromedp.ID("token-save"))))
 	poll("the summary turns reverted", `document.querySelector('#rbstatus .rb-outcome')?.textContent === 'reverted'`)
 	require.Equal(t, int32(2), refunds.Load(), "the failed refund was retried once")
+}
+
+// realStack is the dashboard over real Redis with an engine (and, once
+// started, a worker) on a queue of the test's own.
+type realStack struct {
+	t      *testing.T
+	rdb    *redis.Client
+	queue  string
+	engine *reactor.Engine
+	srv    *httptest.Server
+}
+
+// newRealStack serves New with token; its control tasks go to the queue
+// named by the test's queue plus ctlSuffix ("" : the worker's own queue).
+func newRealStack(t *testing.T, token, ctlSuffix string) *realStack {
+	t.Helper()
+	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
+	rdb := redistest.Client(t)
+	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
+	engine, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix,
+		Enqueuer: worker.NewClient(rdb, queue), Logger: discard})
+	require.NoError(t, err)
+	dash, err := New(Config{Client: rdb, Prefix: prefix, Token: token, Queues: []string{queue},
+		ControlQueue: queue + ctlSuffix, Logger: discard})
+	require.NoError(t, err)
+	srv := httptest.NewServer(dash)
+	t.Cleanup(srv.Close)
+	return &realStack{t: t, rdb: rdb, queue: queue, engine: engine, srv: srv}
+}
+
+// startWorker registers defs and runs a worker on the stack's queue until
+// the test ends.
+func (st *realStack) startWorker(concurrency int, defs ...*reactor.Definition) {
+	st.t.Helper()
+	require.NoError(st.t, st.engine.Register(defs...))
+	w := worker.New(st.engine, st.rdb, worker.Config{Queues: map[string]int{st.queue: 1}, ShutdownTimeout: 5 * time.Second,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Concurrency: concurrency})
+	require.NoError(st.t, w.Start(context.Background()))
+	st.t.Cleanup(func() {
+		c, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = w.Stop(c)
+	})
 }
