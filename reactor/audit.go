@@ -50,9 +50,13 @@ const (
 	AuditResolved AuditKind = "resolved"
 	// AuditRollbackCompleted: the rollback finished; Outcome is its summary.
 	AuditRollbackCompleted AuditKind = "rollback_completed"
-	// AuditUnresolved: a compensation was asked of a step that never
-	// completed: logged, not a fault. Written by targeted compensation.
+	// AuditUnresolved: UndoSteps named a step with nothing to undo (it
+	// never completed, or was compensated already; Reason says which):
+	// logged, not a fault.
 	AuditUnresolved AuditKind = "unresolved"
+	// AuditOutOfWindow: a completed step's undo window had closed when
+	// the rollback started: its effect is kept, nothing was called.
+	AuditOutOfWindow AuditKind = "out_of_window"
 	// AuditDiscarded: a step's recorded intent was dropped when the
 	// rollback started, because its Run was never called: nothing of it to
 	// compensate.
@@ -194,6 +198,8 @@ func (x *execution) auditOutcome(rec StepRollback, ordinal int) {
 		r.kind = AuditCompensated
 	case RollbackNoCompensation:
 		r.kind = AuditNoCompensation
+	case RollbackOutOfWindow:
+		r.kind = AuditOutOfWindow
 	default:
 		r.kind = AuditCompensationFailed
 		r.reason, r.message = rec.Reason, rec.Message

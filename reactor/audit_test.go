@@ -322,7 +322,7 @@ func TestAuditExpiresWithTheRun(t *testing.T) {
 func TestSummarizeRollbackEveryCombination(t *testing.T) {
 	t.Parallel()
 	all := append(reactor.RollbackStatuses(), "bogus")
-	require.Len(t, all, 6, "a new status needs its expectation below")
+	require.Len(t, all, 7, "a new status needs its expectation below")
 	var seqs [][]reactor.RollbackStatus
 	var gen func(prefix []reactor.RollbackStatus)
 	gen = func(prefix []reactor.RollbackStatus) {
@@ -335,17 +335,19 @@ func TestSummarizeRollbackEveryCombination(t *testing.T) {
 		}
 	}
 	gen(nil)
-	require.Len(t, seqs, 1+6+36+216)
+	require.Len(t, seqs, 1+7+49+343)
 	for _, seq := range seqs {
 		entries := make([]reactor.RollbackEntry, len(seq))
 		has := map[reactor.RollbackStatus]int{}
-		var kept, human []string
+		var kept, human, outOfWindow []string
 		for i, s := range seq {
 			entries[i] = reactor.RollbackEntry{Step: fmt.Sprintf("s%d", i), Status: s}
 			has[s]++
 			switch s {
 			case reactor.RollbackNoCompensation:
 				kept = append(kept, entries[i].Step)
+			case reactor.RollbackOutOfWindow:
+				outOfWindow = append(outOfWindow, entries[i].Step)
 			case reactor.RollbackFailed, "bogus":
 				human = append(human, entries[i].Step)
 			}
@@ -366,6 +368,7 @@ func TestSummarizeRollbackEveryCombination(t *testing.T) {
 		require.Equal(t, has[reactor.RollbackPending]+has[reactor.RollbackCompensating], got.Outstanding, name)
 		require.Equal(t, len(human), got.Failed, name)
 		require.Equal(t, kept, got.Kept, name)
+		require.Equal(t, outOfWindow, got.OutOfWindow, name)
 		require.Equal(t, human, got.NeedsHuman, name)
 		require.NotEqual(t, reactor.RollbackOutcome("partial"), got.Outcome)
 	}
@@ -395,7 +398,7 @@ func TestRollbackStatusesAreAClosedSet(t *testing.T) {
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, reactor.RollbackStatus("partial"), se.Status)
 	require.Equal(t, "a", se.Step)
-	require.ErrorContains(t, err, "not one of pending, compensating, compensated, no_compensation_registered, compensation_failed")
+	require.ErrorContains(t, err, "not one of pending, compensating, compensated, no_compensation_registered, compensation_failed, out_of_window")
 	after, err := env.engine.Get(ctx, "closed")
 	require.NoError(t, err)
 	require.Equal(t, before.Version, after.Version, "nothing was written")

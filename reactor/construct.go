@@ -194,7 +194,8 @@ func (x *execution) runConstruct(ctx context.Context, f *frame, s *stepDef, args
 		f.st.Seq++
 		// The entry's snapshot is the construct's state, never its
 		// arguments: a map's entry carries its map id, not its source.
-		f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: cc.state, Status: RollbackPending})
+		f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: cc.state, Status: RollbackPending,
+			At: x.stamp(ctx, f.def)})
 		delete(f.st.Constructs, s.name)
 		x.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path})
 		return stepOutcome{kind: outOK}, nil

@@ -48,8 +48,10 @@ func (e *Engine) Check(ctx context.Context, id string, op Op) (*Run, error) {
 		_, _, err = e.retryPlan(ctx, st)
 	case OpRollback:
 		err = retriable(st)
+	case OpUndoSteps:
+		err = stepsUndoable(st)
 	default:
-		err = fmt.Errorf("reactor: Check: unknown operation %q (want %s, %s, %s or %s)", op, OpUndo, OpCancel, OpRetry, OpRollback)
+		err = fmt.Errorf("reactor: Check: unknown operation %q (want %s, %s, %s, %s or %s)", op, OpUndo, OpCancel, OpRetry, OpRollback, OpUndoSteps)
 	}
 	return run, err
 }

@@ -21,6 +21,9 @@ type Definition struct {
 	byName  map[string]*stepDef
 	order   []*stepDef // dependency order, ties broken by declaration order
 	returns *Ref
+	// undoWindow bounds how long after completing a step may be undone
+	// (UndoWindow; 0: no bound).
+	undoWindow time.Duration
 }
 
 // Name returns the definition's name.
@@ -275,8 +278,11 @@ type stepDef struct {
 	run        func(ctx context.Context, args Raw) (Raw, error)
 	undo       func(ctx context.Context, args, result Raw) error // nil: no ledger entry
 	compensate func(ctx context.Context, args Raw, err error) error
-	child      *Definition // compose
-	construct  Construct
+	// resource names what a completed step changed (StepConfig.Resource;
+	// nil: nothing named).
+	resource  func(args, result Raw) string
+	child     *Definition // compose
+	construct Construct
 	// inType and outType are a plain step's In and Out (nil otherwise):
 	// what Define checks bindings and result types against.
 	inType, outType reflect.Type
@@ -306,6 +312,13 @@ type StepConfig[In, Out any] struct {
 	// UndoTimeout bounds Undo and Compensate; a hung undo becomes a rollback
 	// failure. Default: the engine's UndoTimeout (30 s).
 	UndoTimeout time.Duration
+	// Resource names the resource the step changes, computed from its
+	// arguments and result when it completes (an account id, "order:42"),
+	// and stored on its ledger entry. UndoSteps refuses to undo a step
+	// while a newer step that changed the same resource stays applied:
+	// undoing the older change first would write over the newer one.
+	// Default: the step names none, and is never refused on that ground.
+	Resource func(in In, out Out) string
 	// HandOff makes an in-process run hand the rest of the run to workers
 	// before or after this step. Ignored where the run already executes in
 	// a worker, and when the engine has no Enqueuer. Default NoHandOff.
@@ -362,6 +375,9 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 		if err := checkBindings(d.name, name, reflect.TypeFor[In](), cfg.Args); err != nil {
 			return err
 		}
+		if cfg.Resource != nil && cfg.Undo == nil {
+			return &DefinitionError{Reactor: d.name, Step: name, Reason: "Resource names what the step's Undo reverses, and the step has no Undo"}
+		}
 		s := &stepDef{name: name, kind: kindPlain, args: cfg.Args, after: cfg.After,
 			retry: cfg.Retry, timeout: cfg.Timeout, undoTO: cfg.UndoTimeout, handoff: cfg.HandOff,
 			inType: reflect.TypeFor[In](), outType: reflect.TypeFor[Out]()}
@@ -395,6 +411,19 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 					}
 				}
 				return cfg.Undo(ctx, in, out)
+			}
+		}
+		if cfg.Resource != nil {
+			s.resource = func(raw, result Raw) string {
+				in, err := decodeIn[In](raw)
+				if err != nil {
+					return ""
+				}
+				var out Out
+				if len(result) > 0 && codec.Unmarshal(result, &out) != nil {
+					return ""
+				}
+				return cfg.Resource(in, out)
 			}
 		}
 		if cfg.Compensate != nil {
@@ -560,4 +589,12 @@ func (d *Definition) order0() error {
 		}
 	}
 	return nil
+}
+
+// resourceOf is the resource a completed step of s changed ("" for none).
+func (s *stepDef) resourceOf(args, result Raw) string {
+	if s.resource == nil {
+		return ""
+	}
+	return s.resource(args, result)
 }

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -118,6 +119,9 @@ type Engine struct {
 
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) error
+	// clockSkew is added to readings of the Redis server's clock (ms):
+	// tests stand in a node whose clock is behind (export_test.go).
+	clockSkew atomic.Int64
 }
 
 // NewEngine returns an Engine. It loads its Lua scripts, so an unreachable
@@ -616,6 +620,14 @@ func (e *Engine) Undo(ctx context.Context, id string) (*Result, error) {
 		return nil, err
 	}
 	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status, revive: true}
+	if windowed(def, st.Ledger) {
+		// Judged before anything changes: a clock that went backwards
+		// refuses the undo as it stands.
+		if x.windowNow, err = x.windowClock(ctx); err != nil {
+			_ = lease.Release(context.WithoutCancel(ctx))
+			return nil, err
+		}
+	}
 	return x.undo(ctx, "undone on request")
 }
 

@@ -22,6 +22,9 @@ const (
 	EventRunAborted      EventKind = "reactor.run.aborted"
 	EventRunLockLost     EventKind = "reactor.run.lock_lost"
 	EventRollbackStarted EventKind = "reactor.rollback.started"
+	// EventStepsUndone: UndoSteps finished undoing named steps of a
+	// finished run, which is back in the status it had.
+	EventStepsUndone EventKind = "reactor.run.steps_undone"
 	// EventRollbackHandedOff: a construct handed its rollback to workers.
 	EventRollbackHandedOff EventKind = "reactor.rollback.handed_off"
 	EventStepStarted       EventKind = "reactor.step.started"

@@ -43,6 +43,14 @@ type execution struct {
 	// pendingAudit are the audit entries of state changes not stored yet:
 	// the next fenced write appends them in its script (audit.go).
 	pendingAudit []auditRec
+	// clockAt is the latest Redis server time this execution read (a
+	// write's, or a clock reading), in Unix ms, and clockMono when it
+	// arrived: stamp interpolates from them (window.go).
+	clockAt   int64
+	clockMono time.Time
+	// windowNow is a server time read (and checked) by a call before it
+	// started the rollback, used to judge its undo windows.
+	windowNow int64
 }
 
 // frame is a definition executing over its state: the root run, or a
@@ -153,6 +161,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		return err
 	}
 	x.auditEligible(x.st, "")
+	x.st.Clock = max(x.st.Clock, x.clockAt)
 	audit, err := x.auditFields()
 	if err != nil {
 		return err
@@ -208,6 +217,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		return err
 	}
 	x.version = res.Version
+	x.observeClock(res.At)
 	x.pendingAudit = nil // stored with the write
 	x.cancel = x.cancel || res.CancelRequested
 	if !terminal || x.element {
@@ -503,7 +513,8 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 			f.st.Intent = nil
 			if s.undo != nil {
 				f.st.Seq++
-				f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: args, Result: val, Status: RollbackPending})
+				f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: args, Result: val, Status: RollbackPending,
+					At: x.stamp(ctx, f.def), Resource: s.resourceOf(args, val)})
 			}
 			x.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Duration: time.Since(began)})
 			return stepOutcome{kind: outOK}, nil

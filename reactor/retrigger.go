@@ -79,6 +79,9 @@ func (c *ConstructContext) RollbackGeneration() int { return max(c.gen, 1) }
 // It is called as the failure is recorded, before the entry leaves the
 // stack, so the checkpoint that pops it saves it here.
 func (x *execution) keepFailed(path string, e *LedgerEntry) {
+	if x.targeted() {
+		return // a failed target stays on the stack itself
+	}
 	c := *e
 	c.Children = nil
 	x.keep(&retryEntry{Path: strings.TrimSuffix(path, e.Step), Entry: &c})
@@ -212,7 +215,9 @@ func (x *execution) retryRollback(ctx context.Context, gen int) (*frameResult, e
 		failure = newCancelFailure("rolled back")
 	}
 	failure.RollbackFailures, failure.RollbackFailuresOmitted = nil, 0
-	rb := &RollbackRecord{Trigger: TriggerFailure, Compensated: true, Failure: failure, Generation: gen}
+	// The retried entries were inside their undo windows when the rollback
+	// they failed in started: that verdict stands (the rollback finishes).
+	rb := &RollbackRecord{Trigger: TriggerFailure, Compensated: true, Failure: failure, Generation: gen, WindowAt: st.RbWindowAt}
 	if st.Status == StatusCancelled {
 		rb.Trigger = TriggerUndo
 	}

@@ -34,8 +34,20 @@ func (x *execution) startRollback(ctx context.Context, f *frame, trigger Rollbac
 		f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: name, Args: f.st.Constructs[name], Status: RollbackPending})
 		delete(f.st.Constructs, name)
 	}
-	// The first generation; a re-triggered rollback numbers its own.
-	const gen = 1
+	// The first generation, or the next after targeted undos (UndoSteps)
+	// of a run now undone as a whole; a re-triggered rollback numbers its
+	// own.
+	gen := 1
+	if f.st.RbGen > 0 {
+		gen = f.st.rollbackGen() + 1
+		if f.st.Retry == nil {
+			f.st.Retry = &rollbackRetry{}
+		}
+		f.st.Retry.Gen = gen
+	}
+	// Entries still on the stack are applied, whatever an earlier
+	// targeted undo left on them.
+	resetLedger(f.st.Ledger)
 	// A step whose Run may have been called without its result being
 	// recorded is the newest thing the run did: it goes on top.
 	if f.notStarted {
@@ -100,6 +112,15 @@ func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frame
 			}
 		}
 	}
+	if err := x.judgeWindow(ctx, f, x.windowNow); err != nil {
+		return nil, err
+	}
+	if rb.Trigger == TriggerTargeted {
+		if err := x.rollbackTargets(ctx, f); err != nil {
+			return nil, err
+		}
+		return x.finishTargeted(ctx, f)
+	}
 	for len(f.st.Ledger) > 0 {
 		if lock.Lost(ctx) {
 			return nil, ErrLockLost
@@ -107,6 +128,7 @@ func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frame
 		e := f.st.Ledger[len(f.st.Ledger)-1]
 		// Completed steps without an Undo newer than e come first: they
 		// are reported kept (no_compensation_registered), in their turn.
+		// (A targeted undo reports only the steps it was asked for.)
 		x.reportKept(f, e.Step)
 		if err := x.undoEntry(ctx, f, f.def, e, f.path); err != nil {
 			return nil, err
@@ -218,6 +240,15 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 	}
 	if e.Interrupted {
 		return x.compensateInterrupted(ctx, f, d, s, e, path)
+	}
+	if e.Status == RollbackOutOfWindow {
+		// Judged past its undo window when the rollback started: kept,
+		// nothing called.
+		rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackOutOfWindow, At: x.e.now().UnixMilli(),
+			Generation: f.st.Rollback.generation()}
+		x.auditOutcome(rec, e.Ordinal)
+		f.st.Undone = append(f.st.Undone, rec)
+		return nil
 	}
 	var err error
 	began := time.Now()

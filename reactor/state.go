@@ -36,6 +36,12 @@ type runState struct {
 	// audit stream (or pending on the next write): save audits the entries
 	// above it (audit.go).
 	AuditSeq int `msgpack:"aq,omitempty"`
+	// Clock is the latest Redis server time (Unix ms) the run recorded: a
+	// reading earlier than it is a clock that went backwards (window.go).
+	Clock int64 `msgpack:"clk,omitempty"`
+	// RbWindowAt is the server time at which the latest rollback judged
+	// the undo windows (0: none did); a re-triggered rollback keeps it.
+	RbWindowAt int64 `msgpack:"rwa,omitempty"`
 
 	// Starts holds when each step that started and has no record yet
 	// (running, or the step that failed) started, in Unix ms: the step's
@@ -157,6 +163,15 @@ type LedgerEntry struct {
 	// its effect may or may not have happened, so the rollback calls its
 	// Compensate, which must tolerate both.
 	Interrupted bool `msgpack:"int,omitempty"`
+	// At is when the step completed, by the Redis server's clock, in Unix
+	// ms (0 when unknown): what an undo window is measured from.
+	At int64 `msgpack:"at,omitempty"`
+	// Resource names what the step changed (StepConfig.Resource), "" when
+	// it names nothing: an undo of named steps is refused when it would
+	// leave a newer entry on the same resource applied.
+	Resource string `msgpack:"rs,omitempty"`
+	// Target marks an entry UndoSteps is undoing.
+	Target bool `msgpack:"tg,omitempty"`
 }
 
 // RollbackTrigger says what started a rollback.
@@ -170,6 +185,9 @@ const (
 	TriggerUndo RollbackTrigger = "undo"
 	// TriggerStep: a composed child rolls back inside the parent's step.
 	TriggerStep RollbackTrigger = "step"
+	// TriggerTargeted: UndoSteps undoes named steps of a finished run,
+	// which keeps its status and its other steps' effects.
+	TriggerTargeted RollbackTrigger = "targeted"
 )
 
 // RollbackRecord is saved with status rolling_back before the first
@@ -190,6 +208,11 @@ type RollbackRecord struct {
 	// re-triggered rollback gets the next). 0 in records written before
 	// generations were kept, which means 1.
 	Generation int `msgpack:"gen,omitempty"`
+	// WindowAt is the server time (Unix ms) at which the rollback judged
+	// its entries' undo windows (0: not judged, or no window applies).
+	WindowAt int64 `msgpack:"wa,omitempty"`
+	// Targeted is set on the rollback of UndoSteps.
+	Targeted *targetedRec `msgpack:"tg,omitempty"`
 }
 
 // generation is rb's generation, 1 for a record that predates them.

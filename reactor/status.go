@@ -58,6 +58,10 @@ const (
 	RollbackNoCompensation RollbackStatus = "no_compensation_registered"
 	// RollbackFailed: the undo or compensate returned an error or timed out.
 	RollbackFailed RollbackStatus = "compensation_failed"
+	// RollbackOutOfWindow: the step's undo window (UndoWindow) had closed
+	// when the rollback started, so its effect was kept and nothing was
+	// called. Listed, not a failure.
+	RollbackOutOfWindow RollbackStatus = "out_of_window"
 )
 
 // statusClass is what a rollback status means for the rollback's summary.
@@ -73,6 +77,9 @@ const (
 	classKept
 	// classHuman: a person must look at it.
 	classHuman
+	// classOutOfWindow: kept because its undo window had closed: listed,
+	// not a failure.
+	classOutOfWindow
 )
 
 // rollbackStatuses is the closed set of rollback statuses, in lifecycle
@@ -89,6 +96,7 @@ var rollbackStatuses = []struct {
 	{RollbackCompensated, classReverted},
 	{RollbackNoCompensation, classKept},
 	{RollbackFailed, classHuman},
+	{RollbackOutOfWindow, classOutOfWindow},
 }
 
 // RollbackStatuses lists every rollback status, in lifecycle order.

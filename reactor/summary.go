@@ -71,6 +71,10 @@ type RollbackSummary struct {
 	// Kept lists the steps whose effects were kept because nothing can
 	// reverse them (no_compensation_registered), in rollback order.
 	Kept []string `json:"kept,omitempty"`
+	// OutOfWindow lists the steps whose effects were kept because their
+	// undo window had closed (out_of_window), in rollback order: "roll
+	// back everything" never quietly means less than it says.
+	OutOfWindow []string `json:"out_of_window,omitempty"`
 	// NeedsHuman lists the steps a person must look at, in rollback order.
 	NeedsHuman []string `json:"needs_human,omitempty"`
 }
@@ -83,7 +87,9 @@ type RollbackSummary struct {
 // irreversible effect its step's author declared (a sent e-mail has no
 // undo): it does not make the rollback needs_human, since no person can do
 // what the author could not, but it is listed in Kept, never hidden. An
-// unknown status counts as needing a person.
+// entry out of its undo window is kept by the definition's own policy and
+// listed in OutOfWindow, likewise. An unknown status counts as needing a
+// person.
 func SummarizeRollback(entries []RollbackEntry) RollbackSummary {
 	s := RollbackSummary{Total: len(entries)}
 	for _, e := range entries {
@@ -94,6 +100,8 @@ func SummarizeRollback(entries []RollbackEntry) RollbackSummary {
 			s.Compensated++
 		case classKept:
 			s.Kept = append(s.Kept, e.Step)
+		case classOutOfWindow:
+			s.OutOfWindow = append(s.OutOfWindow, e.Step)
 		default:
 			s.Failed++
 			s.NeedsHuman = append(s.NeedsHuman, e.Step)
@@ -210,6 +218,9 @@ func rollbackReport(st *runState) (*RollbackReport, error) {
 					stack(le.Children, prefix+le.Step+"/")
 					continue
 				}
+				if st.Rollback != nil && st.Rollback.Trigger == TriggerTargeted && !le.Target {
+					continue // left applied by UndoSteps
+				}
 				a := ActionUndo
 				if le.Interrupted {
 					a = ActionCompensate
@@ -256,7 +267,7 @@ func reportEntry(u StepRollback) RollbackEntry {
 // actionOf is the compensating action of a rollback record.
 func actionOf(k RollbackFailureKind, s RollbackStatus) CompensatingAction {
 	switch {
-	case s == RollbackNoCompensation:
+	case s == RollbackNoCompensation, s == RollbackOutOfWindow:
 		return ActionNone
 	case k == KindCompensate:
 		return ActionCompensate

@@ -26,11 +26,14 @@ var (
 	zremIfSrc string
 	//go:embed lua/cancel.lua
 	cancelSrc string
+	//go:embed lua/time.lua
+	timeSrc string
 
 	createScript = redis.NewScript(createSrc)
 	writeScript  = redis.NewScript(writeSrc)
 	zremIfScript = redis.NewScript(zremIfSrc)
 	cancelScript = redis.NewScript(cancelSrc)
+	timeScript   = redis.NewScript(timeSrc)
 )
 
 // ErrNotFound is returned when a run has no stored state.
@@ -78,7 +81,7 @@ type Store struct {
 // New returns a Store and loads its scripts, so a broken script or an
 // unreachable Redis fails here rather than on the first write.
 func New(ctx context.Context, rdb redis.UniversalClient, k keys.Keys) (*Store, error) {
-	for _, s := range []*redis.Script{createScript, writeScript, zremIfScript, cancelScript} {
+	for _, s := range []*redis.Script{createScript, writeScript, zremIfScript, cancelScript, timeScript} {
 		if err := s.Load(ctx, rdb).Err(); err != nil {
 			return nil, fmt.Errorf("store: load script: %w", err)
 		}
@@ -196,6 +199,9 @@ var ErrCancelPending = errors.New("store: a cancel is requested")
 type WriteResult struct {
 	Version         int64
 	CancelRequested bool
+	// At is the Redis server's time of the write in Unix ms (0 when a
+	// resend found its write already done).
+	At int64
 }
 
 // Write stores data if token holds t's lock and version is the stored
@@ -236,8 +242,23 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 	case -3:
 		return WriteResult{}, ErrCancelPending
 	default:
-		return WriteResult{Version: code, CancelRequested: res[1].(int64) == 1}, nil
+		r := WriteResult{Version: code, CancelRequested: res[1].(int64) == 1}
+		if len(res) > 2 {
+			r.At, _ = res[2].(int64)
+		}
+		return r, nil
 	}
+}
+
+// ServerTime reads the Redis server's clock, in Unix ms, on the node that
+// holds t (on a cluster each node has its own clock: a run's readings all
+// come from its own slot's node, like the times its writes record).
+func (s *Store) ServerTime(ctx context.Context, t Target) (int64, error) {
+	ms, err := timeScript.Run(ctx, s.rdb, []string{t.State}).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("store: server time: %w", err)
+	}
+	return ms, nil
 }
 
 // RequestCancel asks the process executing run t to cancel it at its next

@@ -121,7 +121,8 @@ func TestCreateStoresVersionOneOnce(t *testing.T) {
 	// After a write, Create reports the current state, not the created one.
 	res, err := f.st.Write(f.ctx, target, "tok-a", 1, data3, store.WriteOptions{})
 	require.NoError(t, err)
-	require.Equal(t, store.WriteResult{Version: 2}, res)
+	require.Equal(t, store.WriteResult{Version: 2}, noAt(res))
+	require.InDelta(t, time.Now().UnixMilli(), res.At, float64(time.Minute.Milliseconds()), "the server time of the write")
 	snap, created, err = f.st.Create(f.ctx, target, "tok-a", data2)
 	require.NoError(t, err)
 	require.False(t, created)
@@ -365,7 +366,7 @@ func TestTerminalWrite(t *testing.T) {
 			// An ordinary write first: it must not set a TTL or touch the lock.
 			res, err := f.st.Write(f.ctx, target, "tok-a", 1, data2, store.WriteOptions{})
 			require.NoError(t, err)
-			require.Equal(t, store.WriteResult{Version: 2, CancelRequested: true}, res)
+			require.Equal(t, store.WriteResult{Version: 2, CancelRequested: true}, noAt(res))
 			require.Equal(t, noTTL, f.pttl(t, target.State))
 			require.True(t, f.exists(t, target.Lock))
 
@@ -373,7 +374,7 @@ func TestTerminalWrite(t *testing.T) {
 			require.NoError(t, err)
 			terminal := tc.o.Retention > 0
 			// A terminal write drops the cancel request, so it cannot report one.
-			require.Equal(t, store.WriteResult{Version: 3, CancelRequested: !terminal}, res)
+			require.Equal(t, store.WriteResult{Version: 3, CancelRequested: !terminal}, noAt(res))
 			f.requireStored(t, target, data3, 3)
 
 			ttl := f.pttl(t, target.State)
@@ -426,7 +427,7 @@ func TestRequestCancel(t *testing.T) {
 
 	res, err := f.st.Write(f.ctx, target, "tok-a", 1, data2, store.WriteOptions{})
 	require.NoError(t, err)
-	require.Equal(t, store.WriteResult{Version: 2, CancelRequested: false}, res)
+	require.Equal(t, store.WriteResult{Version: 2, CancelRequested: false}, noAt(res))
 
 	require.NoError(t, f.st.RequestCancel(f.ctx, target, 30*time.Second))
 	ttl := f.pttl(t, target.Cancel)
@@ -435,13 +436,13 @@ func TestRequestCancel(t *testing.T) {
 
 	res, err = f.st.Write(f.ctx, target, "tok-a", 2, data3, store.WriteOptions{})
 	require.NoError(t, err)
-	require.Equal(t, store.WriteResult{Version: 3, CancelRequested: true}, res)
+	require.Equal(t, store.WriteResult{Version: 3, CancelRequested: true}, noAt(res))
 	f.requireStored(t, target, data3, 3)
 
 	// The request is for r1 only.
 	res, err = f.st.Write(f.ctx, other, "tok-b", 1, data2, store.WriteOptions{})
 	require.NoError(t, err)
-	require.Equal(t, store.WriteResult{Version: 2, CancelRequested: false}, res)
+	require.Equal(t, store.WriteResult{Version: 2, CancelRequested: false}, noAt(res))
 
 	// A rejected write does not report (or consume) the request.
 	_, err = f.st.Write(f.ctx, target, "tok-x", 3, data1, store.WriteOptions{})
@@ -749,7 +750,7 @@ func TestCluster(t *testing.T) {
 		require.NoError(t, st.RequestCancel(ctx, target, time.Minute))
 		res, err := st.Write(ctx, target, lease.Token(), 1, data2, store.WriteOptions{})
 		require.NoError(t, err)
-		require.Equal(t, store.WriteResult{Version: 2, CancelRequested: true}, res)
+		require.Equal(t, store.WriteResult{Version: 2, CancelRequested: true}, noAt(res))
 
 		_, err = st.Write(ctx, target, "not-the-holder", 2, data3, store.WriteOptions{})
 		require.ErrorIs(t, err, store.ErrLockNotHeld)
@@ -757,8 +758,11 @@ func TestCluster(t *testing.T) {
 		res, err = st.Write(ctx, target, lease.Token(), 2, data3, store.WriteOptions{Retention: time.Hour, Release: true,
 			Audit: [][]string{{"k", "rollback_completed"}}})
 		require.NoError(t, err)
-		require.Equal(t, store.WriteResult{Version: 3}, res)
+		require.Equal(t, store.WriteResult{Version: 3}, noAt(res))
 		require.Equal(t, int64(1), cc.XLen(ctx, target.Audit).Val(), "the audit entry landed in the run's slot")
+		clock, err := st.ServerTime(ctx, target)
+		require.NoError(t, err, "the clock is read on the run's node")
+		require.GreaterOrEqual(t, clock, res.At-1000)
 		require.NoError(t, st.MarkStatus(ctx, id, "", "running", "completed", true, now))
 		lease.Stop()
 
@@ -892,4 +896,10 @@ func TestReactorAndIDIndexes(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, int64(1), n)
 	f.requireScore(t, k.IDs(), "anon", time.UnixMilli(0))
+}
+
+// noAt is r without its server time, which a test cannot predict.
+func noAt(r store.WriteResult) store.WriteResult {
+	r.At = 0
+	return r
 }

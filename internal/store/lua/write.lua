@@ -31,7 +31,9 @@
 -- Returns {-1}                 lock not held by the caller (lost or never held)
 --         {-2, version}        version mismatch: the stored version
 --         {-3}                 refused: ARGV[8] is 1 and a cancel is requested
---         {version, cancel}    written; the new version and 1 if a cancel was requested
+--         {version, cancel, at} written; the new version, 1 if a cancel was requested,
+--                              and the server time of the write (ms); a resend
+--                              that finds its own write returns {version, cancel}
 -- A write whose reply was lost and that the client sends again finds its own
 -- nonce stored and succeeds again without writing, instead of reporting the
 -- lock it released (terminal write) or the version it bumped as lost.
@@ -53,7 +55,8 @@ local nextv = cur + 1
 -- at: the Redis server's time of the write (ms), the one clock every
 -- age-based decision (the run sweeper's staleness) reads.
 local t = redis.call('TIME')
-redis.call('HSET', KEYS[1], 'd', ARGV[3], 'v', nextv, 'n', ARGV[6], 'at', t[1] * 1000 + math.floor(t[2] / 1000))
+local at = t[1] * 1000 + math.floor(t[2] / 1000)
+redis.call('HSET', KEYS[1], 'd', ARGV[3], 'v', nextv, 'n', ARGV[6], 'at', at)
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
@@ -92,4 +95,4 @@ if ttl > 0 and ARGV[7] ~= nil and ARGV[7] ~= '' then
   -- must not turn it into an error. Waits poll there instead.
   redis.pcall('SPUBLISH', ARGV[7], nextv)
 end
-return {nextv, redis.call('EXISTS', KEYS[3])}
+return {nextv, redis.call('EXISTS', KEYS[3]), at}
