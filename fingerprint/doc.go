@@ -66,9 +66,10 @@
 //   - time.Time encodes its instant (UTC, to the nanosecond); the location
 //     and the monotonic reading are ignored, as the codec ignores them.
 //     Years outside 1..9999 are refused.
-//   - A type with MarshalBinary or MarshalText encodes as the bytes or the
-//     string it marshals to, since that is what the codec stores (so a
-//     *big.Int is the string of its digits). A type with its own msgpack
+//   - A type with MarshalBinary or MarshalText encodes as the bytes it
+//     marshals to, since the codec stores exactly those, as bytes (so a
+//     *big.Int is the bytes of its digits, and a probe reads it back as
+//     []byte). A type with its own msgpack
 //     encoding (EncodeMsgpack, MarshalMsgpack) is refused. A value declared
 //     as error encodes as its message, as the codec stores it.
 //   - Pointers and interfaces are followed. A cycle (a pointer, map or slice

@@ -375,8 +375,9 @@ func (e *encoder) time(v reflect.Value) error {
 	return nil
 }
 
-// marshal encodes v the way the codec stores it: by its MarshalBinary bytes
-// or its MarshalText string.
+// marshal encodes v the way the codec stores it: as bytes, those of
+// MarshalBinary or of MarshalText (msgpack writes both as bin, so a reader
+// gets []byte back either way).
 func (e *encoder) marshal(v reflect.Value, how special) error {
 	if !v.CanAddr() {
 		c := reflect.New(v.Type()).Elem()
@@ -395,11 +396,8 @@ func (e *encoder) marshal(v reflect.Value, how special) error {
 	if err != nil {
 		return e.fail(v, "the codec stores this type through its marshaler, which failed: %v", err)
 	}
-	if how == specialBinary {
-		e.rawBytes(out)
-		return nil
-	}
-	return e.str(string(out))
+	e.rawBytes(out)
+	return nil
 }
 
 func marshalerOf[M any](v reflect.Value) M {

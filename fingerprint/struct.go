@@ -16,7 +16,7 @@ const (
 	specialNone special = iota
 	specialTime
 	specialBinary // encoded as the bytes of MarshalBinary, as the codec does
-	specialText   // encoded as the string of MarshalText, as the codec does
+	specialText   // encoded as the bytes of MarshalText, as the codec does
 	specialRefused
 )
 
