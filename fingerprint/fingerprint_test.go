@@ -276,7 +276,7 @@ func TestRefused(t *testing.T) {
 		{"cycle via map", selfMap, "$.self", "cycle"},
 		{"cycle via slice", selfSlice, "$[1]", "cycle"},
 		{"cycle via map and slice", deepMap, "$.list[0].back", "cycle"},
-		{"unexported field", secretive{Visible: "v"}, "$.secret", "unexported field secret"},
+		{"unexported field", secretive{Visible: "v", secret: "s"}, "$.secret", "unexported field secret"},
 		{"nested unexported field", []wrapper{{}}, "$[0].inner.secret", "unexported field secret"},
 		{"ambiguous keys", map[any]any{int8(1): "a", int64(1): "b"}, "$[1]", "encode alike"},
 		{"ambiguous float keys", map[any]any{float32(0.5): "a", 0.5: "b"}, "$[0.5]", "encode alike"},
