@@ -112,6 +112,9 @@ func (e *encoder) value(v reflect.Value) error {
 			}
 			if v.Type() == errorType {
 				// The codec stores a value declared as error by its message.
+				if el := v.Elem(); nilable(el.Kind()) && el.IsNil() {
+					return e.fail(el, "a typed nil error has no message to store; use a nil error")
+				}
 				return e.str(v.Interface().(error).Error())
 			}
 			v = v.Elem()

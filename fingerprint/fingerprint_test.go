@@ -288,6 +288,7 @@ func TestRefused(t *testing.T) {
 		{"embedded with a tag", embedsTagged{}, "$.base", "embedded field with a tag"},
 		{"two fields, one key", clash{}, "$", `both stored under the key "x"`},
 		{"own msgpack encoding", selfEncoding{}, "$", "EncodeMsgpack"},
+		{"typed nil error", struct{ Err error }{Err: (*Error)(nil)}, "$.Err", "typed nil error"},
 		{"error in an any", []any{errors.New("x")}, "$[0].s", "unexported field s"},
 	}
 	for _, c := range cases {
