@@ -57,6 +57,15 @@ const (
 	// AuditOutOfWindow: a completed step's undo window had closed when
 	// the rollback started: its effect is kept, nothing was called.
 	AuditOutOfWindow AuditKind = "out_of_window"
+	// AuditConflict: a guarded undo found the resource changed by
+	// somebody else; nothing was written, and the entry needs a person
+	// (status needs_human). Expected, Observed and RestoreTo are the
+	// fingerprints.
+	AuditConflict AuditKind = "conflict"
+	// AuditBlocked: an entry was not attempted because a newer entry on
+	// its resource is still applied (BlockedBy), or was kept for good
+	// (status left_applied) because a person left that entry applied.
+	AuditBlocked AuditKind = "blocked"
 	// AuditDiscarded: a step's recorded intent was dropped when the
 	// rollback started, because its Run was never called: nothing of it to
 	// compensate.
@@ -116,6 +125,16 @@ type AuditEntry struct {
 	// never holds free text, which may carry personal data; the readable
 	// message stays on the run (Run.Rollbacks, RollbackStatus).
 	MessageHash string `json:"message_sha256,omitempty"`
+	// Resource is the entry's resource, if it names one.
+	Resource string `json:"resource,omitempty"`
+	// Expected, Observed and RestoreTo are a guarded undo's fingerprints
+	// (conflict): the effect's after state, what was read, its before
+	// state.
+	Expected  string `json:"expected,omitempty"`
+	Observed  string `json:"observed,omitempty"`
+	RestoreTo string `json:"restore_to,omitempty"`
+	// BlockedBy is the entry that blocked this one (blocked).
+	BlockedBy string `json:"blocked_by,omitempty"`
 	// At is the Redis server's time of the write that stored the entry.
 	At time.Time `json:"at"`
 }
@@ -138,6 +157,11 @@ type auditRec struct {
 	outcome    RollbackOutcome
 	reason     string
 	message    string // hashed when stored
+	resource   string
+	expected   string
+	observed   string
+	restoreTo  string
+	blockedBy  string
 }
 
 // HashMessage returns how the audit stores a free-text message:
@@ -174,6 +198,11 @@ func (r auditRec) fields(trace string) []string {
 	add("outcome", string(r.outcome))
 	add("reason", r.reason)
 	add("msg", HashMessage(r.message))
+	add("res", r.resource)
+	add("exp", r.expected)
+	add("obs", r.observed)
+	add("to", r.restoreTo)
+	add("by", r.blockedBy)
 	return f
 }
 
@@ -192,7 +221,10 @@ func (x *execution) auditCompensating(rec StepRollback, ordinal int) {
 // compensation_failed (reason code, hashed message) or no_compensation.
 func (x *execution) auditOutcome(rec StepRollback, ordinal int) {
 	r := auditRec{step: rec.Step, ordinal: ordinal, status: rec.Status, action: actionOf(rec.Kind, rec.Status),
-		attempt: rec.Attempt, generation: max(rec.Generation, 1)}
+		attempt: rec.Attempt, generation: max(rec.Generation, 1), resource: rec.Resource}
+	if rec.Expected != "" && rec.Status == RollbackFailed {
+		r.expected, r.observed, r.restoreTo = rec.Expected, rec.Observed, rec.RestoreTo
+	}
 	switch rec.Status {
 	case RollbackCompensated:
 		r.kind = AuditCompensated
@@ -330,7 +362,8 @@ func auditEntry(r store.AuditRecord) AuditEntry {
 	a := AuditEntry{ID: r.ID, Kind: AuditKind(f["k"]), Step: f["step"], Ordinal: num("o"),
 		Status: RollbackStatus(f["status"]), Action: CompensatingAction(f["action"]), Attempt: num("attempt"),
 		TraceID: f["trace"], Generation: num("gen"), Trigger: RollbackTrigger(f["trigger"]),
-		Outcome: RollbackOutcome(f["outcome"]), Reason: f["reason"], MessageHash: f["msg"]}
+		Outcome: RollbackOutcome(f["outcome"]), Reason: f["reason"], MessageHash: f["msg"],
+		Resource: f["res"], Expected: f["exp"], Observed: f["obs"], RestoreTo: f["to"], BlockedBy: f["by"]}
 	if ms, err := strconv.ParseInt(f["ts"], 10, 64); err == nil {
 		a.At = time.UnixMilli(ms)
 	}

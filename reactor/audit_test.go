@@ -322,7 +322,7 @@ func TestAuditExpiresWithTheRun(t *testing.T) {
 func TestSummarizeRollbackEveryCombination(t *testing.T) {
 	t.Parallel()
 	all := append(reactor.RollbackStatuses(), "bogus")
-	require.Len(t, all, 7, "a new status needs its expectation below")
+	require.Len(t, all, 12, "a new status needs its expectation below")
 	var seqs [][]reactor.RollbackStatus
 	var gen func(prefix []reactor.RollbackStatus)
 	gen = func(prefix []reactor.RollbackStatus) {
@@ -335,7 +335,7 @@ func TestSummarizeRollbackEveryCombination(t *testing.T) {
 		}
 	}
 	gen(nil)
-	require.Len(t, seqs, 1+7+49+343)
+	require.Len(t, seqs, 1+12+144+1728)
 	for _, seq := range seqs {
 		entries := make([]reactor.RollbackEntry, len(seq))
 		has := map[reactor.RollbackStatus]int{}
@@ -344,19 +344,20 @@ func TestSummarizeRollbackEveryCombination(t *testing.T) {
 			entries[i] = reactor.RollbackEntry{Step: fmt.Sprintf("s%d", i), Status: s}
 			has[s]++
 			switch s {
-			case reactor.RollbackNoCompensation:
+			case reactor.RollbackNoCompensation, reactor.RollbackLeftApplied:
 				kept = append(kept, entries[i].Step)
 			case reactor.RollbackOutOfWindow:
 				outOfWindow = append(outOfWindow, entries[i].Step)
-			case reactor.RollbackFailed, "bogus":
+			case reactor.RollbackFailed, reactor.RollbackConflict, reactor.RollbackNeedsPerson, reactor.RollbackBlocked, "bogus":
 				human = append(human, entries[i].Step)
 			}
 		}
+		reverted := has[reactor.RollbackCompensated] + has[reactor.RollbackManuallyReverted]
 		want := reactor.RollbackNothingToDo
-		if has[reactor.RollbackCompensated] > 0 {
+		if reverted > 0 {
 			want = reactor.RollbackReverted
 		}
-		if has[reactor.RollbackFailed]+has["bogus"] > 0 {
+		if len(human) > 0 {
 			want = reactor.RollbackNeedsHuman
 		}
 		got := reactor.SummarizeRollback(entries)
@@ -364,7 +365,7 @@ func TestSummarizeRollbackEveryCombination(t *testing.T) {
 		require.Equal(t, want, got.Outcome, name)
 		require.Equal(t, has[reactor.RollbackPending]+has[reactor.RollbackCompensating] == 0, got.Settled, name)
 		require.Equal(t, len(seq), got.Total, name)
-		require.Equal(t, has[reactor.RollbackCompensated], got.Compensated, name)
+		require.Equal(t, reverted, got.Compensated, name)
 		require.Equal(t, has[reactor.RollbackPending]+has[reactor.RollbackCompensating], got.Outstanding, name)
 		require.Equal(t, len(human), got.Failed, name)
 		require.Equal(t, kept, got.Kept, name)
@@ -381,7 +382,7 @@ func TestRollbackStatusesAreAClosedSet(t *testing.T) {
 	for _, s := range reactor.RollbackStatuses() {
 		require.True(t, s.Valid(), s)
 	}
-	for _, s := range []reactor.RollbackStatus{"", "partial", "Compensated", "conflict"} {
+	for _, s := range []reactor.RollbackStatus{"", "partial", "Compensated", "resolved"} {
 		require.False(t, s.Valid(), s)
 	}
 	env := newEnv(t)
@@ -398,7 +399,7 @@ func TestRollbackStatusesAreAClosedSet(t *testing.T) {
 	require.ErrorAs(t, err, &se)
 	require.Equal(t, reactor.RollbackStatus("partial"), se.Status)
 	require.Equal(t, "a", se.Step)
-	require.ErrorContains(t, err, "not one of pending, compensating, compensated, no_compensation_registered, compensation_failed, out_of_window")
+	require.ErrorContains(t, err, "not one of pending, compensating, compensated, no_compensation_registered, compensation_failed, out_of_window, conflict, needs_human, blocked, manually_reverted, left_applied")
 	after, err := env.engine.Get(ctx, "closed")
 	require.NoError(t, err)
 	require.Equal(t, before.Version, after.Version, "nothing was written")

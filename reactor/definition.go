@@ -281,6 +281,7 @@ type stepDef struct {
 	// resource names what a completed step changed (StepConfig.Resource;
 	// nil: nothing named).
 	resource  func(args, result Raw) string
+	guard     *Guard // guarded undo (nil: none)
 	child     *Definition // compose
 	construct Construct
 	// inType and outType are a plain step's In and Out (nil otherwise):
@@ -319,6 +320,12 @@ type StepConfig[In, Out any] struct {
 	// undoing the older change first would write over the newer one.
 	// Default: the step names none, and is never refused on that ground.
 	Resource func(in In, out Out) string
+	// Guard makes the step's undo a guarded one (Guarded): its Run records
+	// the effect it has with RecordEffect, and the rollback undoes it by
+	// compare-and-set through the guard's Probe and Restore, never
+	// writing over a change somebody else made. A guarded step has no
+	// Undo and no Resource (the effect names it). Default: none.
+	Guard *Guard
 	// HandOff makes an in-process run hand the rest of the run to workers
 	// before or after this step. Ignored where the run already executes in
 	// a worker, and when the engine has no Enqueuer. Default NoHandOff.
@@ -375,12 +382,21 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 		if err := checkBindings(d.name, name, reflect.TypeFor[In](), cfg.Args); err != nil {
 			return err
 		}
-		if cfg.Resource != nil && cfg.Undo == nil {
+		if cfg.Guard != nil {
+			switch err := cfg.Guard.validate(); {
+			case err != nil:
+				return &DefinitionError{Reactor: d.name, Step: name, Reason: err.Error()}
+			case cfg.Undo != nil:
+				return &DefinitionError{Reactor: d.name, Step: name, Reason: "a guarded step has no Undo: its Guard restores the effect it records"}
+			case cfg.Resource != nil:
+				return &DefinitionError{Reactor: d.name, Step: name, Reason: "a guarded step has no Resource: the effect it records names it"}
+			}
+		} else if cfg.Resource != nil && cfg.Undo == nil {
 			return &DefinitionError{Reactor: d.name, Step: name, Reason: "Resource names what the step's Undo reverses, and the step has no Undo"}
 		}
 		s := &stepDef{name: name, kind: kindPlain, args: cfg.Args, after: cfg.After,
 			retry: cfg.Retry, timeout: cfg.Timeout, undoTO: cfg.UndoTimeout, handoff: cfg.HandOff,
-			inType: reflect.TypeFor[In](), outType: reflect.TypeFor[Out]()}
+			inType: reflect.TypeFor[In](), outType: reflect.TypeFor[Out](), guard: cfg.Guard}
 		s.run = func(ctx context.Context, raw Raw) (Raw, error) {
 			in, err := decodeIn[In](raw)
 			if err != nil {

@@ -176,6 +176,11 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		// halted) while a cancel is pending rolls back instead.
 		guard := !x.element && (x.st.Status == StatusCompleted || x.st.Status == StatusHalted)
 		opts = store.WriteOptions{Retention: x.e.cfg.Retention, Release: x.element, UnlessCancelled: guard}
+		if x.st.unresolvedHuman() {
+			// A person must resolve a conflicted undo: the run (and its
+			// tree) stays until then.
+			opts.KeepForever = true
+		}
 		if x.element {
 			// An element run expires with its owner's tree, never on its
 			// own clock: a rollback of the map may still need it.
@@ -226,7 +231,11 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	// The run is finished and saved. What follows only tidies up; a failure
 	// here leaves the run in the active index, where the sweeper finishes
 	// the job. It must not turn a finished run into an error.
-	if err := x.e.expireTree(ctx, x.def, x.st.ID, x.e.cfg.Retention); err != nil {
+	retention := x.e.cfg.Retention
+	if opts.KeepForever {
+		retention = 0 // no expiry
+	}
+	if err := x.e.expireTree(ctx, x.def, x.st.ID, retention); err != nil {
 		x.e.log.Warn("run finished but the retention of its maps and elements was not set; the sweeper retries",
 			"event", "reactor.retention.pending", "run", x.st.ID, "error", err)
 	} else if reindex {
@@ -495,7 +504,14 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		if hook := failpoints.beforeStepRun; hook != nil {
 			hook(x.st.ID, path, attempt)
 		}
+		var effects *effectRecorder
+		if s.guard != nil {
+			effects = &effectRecorder{guard: s.guard}
+		}
 		err := x.call(ctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt}, s.timeout, func(cctx context.Context) error {
+			if effects != nil {
+				cctx = context.WithValue(cctx, effectKey{}, effects)
+			}
 			var rerr error
 			val, rerr = s.run(cctx, args)
 			return rerr
@@ -515,6 +531,15 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 				f.st.Seq++
 				f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: args, Result: val, Status: RollbackPending,
 					At: x.stamp(ctx, f.def), Resource: s.resourceOf(args, val)})
+			}
+			if effects != nil {
+				// A guarded step is on the ledger only when it recorded
+				// the effect it had: nothing else is there to undo.
+				if res, ef := effects.taken(); ef != nil {
+					f.st.Seq++
+					f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: args, Result: val, Status: RollbackPending,
+						At: x.stamp(ctx, f.def), Resource: res, Effect: ef})
+				}
 			}
 			x.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Duration: time.Since(began)})
 			return stepOutcome{kind: outOK}, nil

@@ -245,10 +245,17 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		// Judged past its undo window when the rollback started: kept,
 		// nothing called.
 		rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackOutOfWindow, At: x.e.now().UnixMilli(),
-			Generation: f.st.Rollback.generation()}
+			Generation: f.st.Rollback.generation(), Resource: e.Resource}
 		x.auditOutcome(rec, e.Ordinal)
 		f.st.Undone = append(f.st.Undone, rec)
 		return nil
+	}
+	if by, leftApplied, blocked := x.blocker(f, e); blocked && e.Status != RollbackCompensating {
+		x.recordBlocked(ctx, f, d, e, path, by, leftApplied)
+		return nil
+	}
+	if s != nil && s.guard != nil && e.Effect != nil {
+		return x.guardedUndo(ctx, f, d, s, e, path)
 	}
 	var err error
 	began := time.Now()
@@ -288,7 +295,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		}
 	}
 	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
-		Generation: f.st.Rollback.generation()}
+		Generation: f.st.Rollback.generation(), Resource: e.Resource}
 	if called {
 		rec.StartedAt, rec.Attempt = startedAt, x.attemptOf(f.st, path, KindUndo)
 	}
@@ -339,7 +346,7 @@ func (x *execution) reportKept(f *frame, newer string) {
 	for i := len(order) - 1; i >= from; i-- {
 		s := order[i]
 		rec := f.st.Steps[s.name]
-		if s.kind != kindPlain || s.undo != nil || rec == nil || rec.State != stepDone {
+		if s.kind != kindPlain || s.undo != nil || s.guard != nil || rec == nil || rec.State != stepDone {
 			continue
 		}
 		path := f.path + s.name

@@ -1,6 +1,7 @@
 package reactor
 
 import (
+	"fmt"
 	"sort"
 	"time"
 )
@@ -42,6 +43,9 @@ type runState struct {
 	// RbWindowAt is the server time at which the latest rollback judged
 	// the undo windows (0: none did); a re-triggered rollback keeps it.
 	RbWindowAt int64 `msgpack:"rwa,omitempty"`
+	// Human holds the entries whose guarded undo conflicted, resolved or
+	// not (resolve.go).
+	Human []*humanRec `msgpack:"hu,omitempty"`
 
 	// Starts holds when each step that started and has no record yet
 	// (running, or the step that failed) started, in Unix ms: the step's
@@ -172,7 +176,13 @@ type LedgerEntry struct {
 	Resource string `msgpack:"rs,omitempty"`
 	// Target marks an entry UndoSteps is undoing.
 	Target bool `msgpack:"tg,omitempty"`
+	// Effect is what a guarded step recorded (RecordEffect): its
+	// resource is Resource.
+	Effect *effectRec `msgpack:"ef,omitempty"`
 }
+
+// entryID names a ledger entry within its run: "<step path>#<ordinal>".
+func entryID(path string, ordinal int) string { return fmt.Sprintf("%s#%d", path, ordinal) }
 
 // RollbackTrigger says what started a rollback.
 type RollbackTrigger string
@@ -245,6 +255,17 @@ type StepRollback struct {
 	// Generation is the rollback generation that wrote the record (0 in
 	// records written before generations were kept, which means 1).
 	Generation int `msgpack:"g,omitempty"`
+	// Resource is the entry's resource ("" when it names none).
+	Resource string `msgpack:"rs,omitempty"`
+	// Label is a guarded effect's label.
+	Label string `msgpack:"lb,omitempty"`
+	// Expected, Observed and RestoreTo are a guarded undo's fingerprints:
+	// the effect's after state, what the probe read, the before state.
+	Expected  string `msgpack:"ex,omitempty"`
+	Observed  string `msgpack:"ob,omitempty"`
+	RestoreTo string `msgpack:"to,omitempty"`
+	// BlockedBy is the entry (entryID) that blocked this one.
+	BlockedBy string `msgpack:"by,omitempty"`
 }
 
 // Run is a stored run, as Get returns it.

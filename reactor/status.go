@@ -62,6 +62,25 @@ const (
 	// when the rollback started, so its effect was kept and nothing was
 	// called. Listed, not a failure.
 	RollbackOutOfWindow RollbackStatus = "out_of_window"
+	// RollbackConflict: a guarded undo found the resource neither at the
+	// effect's after state nor at its before state: somebody else changed
+	// it. The verdict of an attempt (the audit records it); the entry then
+	// needs a person.
+	RollbackConflict RollbackStatus = "conflict"
+	// RollbackNeedsPerson: the entry conflicted and waits for a person to
+	// resolve it (Engine.Resolve). It is never attempted again, and it
+	// blocks every older entry on its resource.
+	RollbackNeedsPerson RollbackStatus = "needs_human"
+	// RollbackBlocked: not attempted (zero attempts) because a newer entry
+	// on the same resource is still applied (it conflicted, failed or was
+	// kept): undoing the older change would write over the newer one.
+	RollbackBlocked RollbackStatus = "blocked"
+	// RollbackManuallyReverted: a person resolved a conflicted entry and
+	// says the resource is back at the entry's before state.
+	RollbackManuallyReverted RollbackStatus = "manually_reverted"
+	// RollbackLeftApplied: a person resolved a conflicted entry by leaving
+	// the resource as it is; the entries it blocked stay applied for good.
+	RollbackLeftApplied RollbackStatus = "left_applied"
 )
 
 // statusClass is what a rollback status means for the rollback's summary.
@@ -97,6 +116,11 @@ var rollbackStatuses = []struct {
 	{RollbackNoCompensation, classKept},
 	{RollbackFailed, classHuman},
 	{RollbackOutOfWindow, classOutOfWindow},
+	{RollbackConflict, classHuman},
+	{RollbackNeedsPerson, classHuman},
+	{RollbackBlocked, classHuman},
+	{RollbackManuallyReverted, classReverted},
+	{RollbackLeftApplied, classKept},
 }
 
 // RollbackStatuses lists every rollback status, in lifecycle order.

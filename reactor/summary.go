@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/goreactor/goreactor/internal/store"
@@ -51,6 +52,19 @@ type RollbackEntry struct {
 	// Reason is a failure's stable code and Message its text.
 	Reason  string `json:"reason,omitempty"`
 	Message string `json:"message,omitempty"`
+	// ID names the entry for Engine.Resolve: "<step path>#<ordinal>".
+	ID string `json:"id"`
+	// Resource is what the step changed, if it names it.
+	Resource string `json:"resource,omitempty"`
+	// Label, Expected, Observed and RestoreTo describe a guarded undo: the
+	// effect's label, its after fingerprint, what the probe read, and its
+	// before fingerprint.
+	Label     string `json:"label,omitempty"`
+	Expected  string `json:"expected,omitempty"`
+	Observed  string `json:"observed,omitempty"`
+	RestoreTo string `json:"restore_to,omitempty"`
+	// BlockedBy is the id of the newer entry that blocked this one.
+	BlockedBy string `json:"blocked_by,omitempty"`
 }
 
 // RollbackSummary is what a rollback's entries add up to (SummarizeRollback).
@@ -138,6 +152,53 @@ type RollbackReport struct {
 	// Entries are the rollback's entries in order: those it reached, then,
 	// while it is under way, those still on the undo stack (newest first).
 	Entries []RollbackEntry `json:"entries"`
+	// ActionRequired lists what a person must act on: the entries whose
+	// guarded undo conflicted and that no one resolved yet, with the
+	// fingerprints and why (FormatActionRequired turns it into text).
+	ActionRequired []ActionItem `json:"action_required,omitempty"`
+}
+
+// ActionItem is an entry a person must resolve (Engine.Resolve).
+type ActionItem struct {
+	// ID is the entry's id, for Resolve.
+	ID       string `json:"id"`
+	Step     string `json:"step"`
+	Resource string `json:"resource"`
+	Label    string `json:"label,omitempty"`
+	// Expected is the fingerprint of the state the step left, Observed
+	// what the rollback read instead, RestoreTo the state before the step.
+	Expected  string `json:"expected"`
+	Observed  string `json:"observed"`
+	RestoreTo string `json:"restore_to"`
+	// Why the rollback stopped.
+	Why string `json:"why"`
+	// Blocked lists the ids of the older entries on the resource waiting
+	// for this one.
+	Blocked []string `json:"blocked,omitempty"`
+}
+
+// FormatActionRequired renders what a person must act on in a report as
+// plain text, for a page or a ticket ("" when nothing is required).
+func FormatActionRequired(r *RollbackReport) string {
+	if r == nil || len(r.ActionRequired) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "Run %s: rollback %s needs a person (%d entr%s).\n", r.RunID, r.RollbackID, len(r.ActionRequired),
+		map[bool]string{true: "y", false: "ies"}[len(r.ActionRequired) == 1])
+	for _, a := range r.ActionRequired {
+		fmt.Fprintf(&b, "\n- %s (step %s) on %s", a.ID, a.Step, a.Resource)
+		if a.Label != "" {
+			fmt.Fprintf(&b, ": %s", a.Label)
+		}
+		fmt.Fprintf(&b, "\n  why:        %s\n  expected:   %s (the state the step left)\n  observed:   %s\n  restore to: %s (the state before the step)\n",
+			a.Why, a.Expected, a.Observed, a.RestoreTo)
+		if len(a.Blocked) > 0 {
+			fmt.Fprintf(&b, "  blocked:    %s\n", strings.Join(a.Blocked, ", "))
+		}
+		b.WriteString("  resolve:    manually_reverted (you put it back to the before state) or left_applied (it stays), with a note\n")
+	}
+	return b.String()
 }
 
 // ErrNoRollback is returned by RollbackStatus for a run that never rolled
@@ -225,7 +286,12 @@ func rollbackReport(st *runState) (*RollbackReport, error) {
 				if le.Interrupted {
 					a = ActionCompensate
 				}
-				r.Entries = append(r.Entries, RollbackEntry{Step: prefix + le.Step, Ordinal: le.Ordinal, Status: le.Status, Action: a})
+				re := RollbackEntry{Step: prefix + le.Step, Ordinal: le.Ordinal, Status: le.Status, Action: a,
+					ID: entryID(prefix+le.Step, le.Ordinal), Resource: le.Resource}
+				if le.Effect != nil {
+					re.Label, re.Expected, re.RestoreTo = le.Effect.Label, le.Effect.AfterFP, le.Effect.BeforeFP
+				}
+				r.Entries = append(r.Entries, re)
 			}
 		}
 		stack(st.Ledger, "")
@@ -234,6 +300,19 @@ func rollbackReport(st *runState) (*RollbackReport, error) {
 		r.Entries[i].Order = i + 1
 	}
 	r.Summary = SummarizeRollback(r.Entries)
+	for _, h := range st.Human {
+		if h.Resolution != "" {
+			continue
+		}
+		a := ActionItem{ID: h.ID, Step: h.Step, Resource: h.Resource, Label: h.Label, Expected: h.Expected, Observed: h.Observed,
+			RestoreTo: h.RestoreTo, Why: h.Why}
+		for _, e := range r.Entries {
+			if e.BlockedBy == h.ID && e.Status == RollbackBlocked {
+				a.Blocked = append(a.Blocked, e.ID)
+			}
+		}
+		r.ActionRequired = append(r.ActionRequired, a)
+	}
 	return r, nil
 }
 
@@ -257,7 +336,9 @@ func reportEntry(u StepRollback) RollbackEntry {
 		return time.UnixMilli(v)
 	}
 	e := RollbackEntry{Step: u.Step, Ordinal: u.Ordinal, Status: u.Status, Action: actionOf(u.Kind, u.Status),
-		Attempts: u.Attempt, StartedAt: ms(u.StartedAt), FinishedAt: ms(u.At), Reason: u.Reason, Message: u.Message}
+		Attempts: u.Attempt, StartedAt: ms(u.StartedAt), FinishedAt: ms(u.At), Reason: u.Reason, Message: u.Message,
+		ID: entryID(u.Step, u.Ordinal), Resource: u.Resource, Label: u.Label, Expected: u.Expected, Observed: u.Observed,
+		RestoreTo: u.RestoreTo, BlockedBy: u.BlockedBy}
 	if e.Action == ActionNone {
 		e.FinishedAt = time.Time{}
 	}

@@ -17,8 +17,8 @@ func TestRollbackReportJSON(t *testing.T) {
 	at := time.UnixMilli(1_700_000_000_000).UTC()
 	entries := []reactor.RollbackEntry{
 		{Order: 1, Step: "c", Ordinal: 3, Status: reactor.RollbackFailed, Action: reactor.ActionUndo, Attempts: 1,
-			StartedAt: at, FinishedAt: at.Add(time.Second), Reason: "x.code", Message: "down"},
-		{Order: 2, Step: "email", Status: reactor.RollbackNoCompensation, Action: reactor.ActionNone},
+			StartedAt: at, FinishedAt: at.Add(time.Second), Reason: "x.code", Message: "down", ID: "c#3", Resource: "acct:1"},
+		{Order: 2, Step: "email", Status: reactor.RollbackNoCompensation, Action: reactor.ActionNone, ID: "email#0"},
 	}
 	r := reactor.RollbackReport{RunID: "r", RollbackID: "r:rb:1", Generation: 1, Status: reactor.StatusFailed,
 		Summary: reactor.SummarizeRollback(entries), Entries: entries}
@@ -29,6 +29,7 @@ func TestRollbackReportJSON(t *testing.T) {
 			"kept":["email"],"needs_human":["c"]},
 		"entries":[
 			{"order":1,"step":"c","ordinal":3,"status":"compensation_failed","action":"undo","attempts":1,
-				"started_at":"2023-11-14T22:13:20Z","finished_at":"2023-11-14T22:13:21Z","reason":"x.code","message":"down"},
-			{"order":2,"step":"email","status":"no_compensation_registered","action":"none","attempts":0}]}`, string(b))
+				"started_at":"2023-11-14T22:13:20Z","finished_at":"2023-11-14T22:13:21Z","reason":"x.code","message":"down",
+				"id":"c#3","resource":"acct:1"},
+			{"order":2,"step":"email","status":"no_compensation_registered","action":"none","attempts":0,"id":"email#0"}]}`, string(b))
 }

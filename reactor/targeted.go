@@ -250,7 +250,7 @@ func planTargets(def *Definition, st *runState, steps []string) (*targetPlan, er
 		}
 		switch {
 		case matched:
-		case s.kind == kindPlain && s.undo == nil && completedPath(st, name):
+		case s.kind == kindPlain && s.undo == nil && s.guard == nil && completedPath(st, name):
 			p.kept = append(p.kept, name)
 		case slices.ContainsFunc(st.Undone, func(u StepRollback) bool {
 			return (u.Step == name || strings.HasPrefix(u.Step, name+"/")) && u.Status == RollbackCompensated

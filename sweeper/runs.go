@@ -265,8 +265,13 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 			if err != nil {
 				return fmt.Errorf("sweeper: read the retention of run %s: %w", id, err)
 			}
-			if ttl <= 0 {
-				ttl = time.Millisecond // expired meanwhile (or never given one): the tree goes too
+			switch {
+			case ttl == -1:
+				// No expiry: a finished run that waits for a person to
+				// resolve a conflicted undo keeps its tree as long.
+				ttl = 0
+			case ttl <= 0:
+				ttl = time.Millisecond // expired meanwhile: the tree goes too
 			}
 			return s.store.RetainTree(ctx, id, ttl)
 		})

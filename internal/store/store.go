@@ -173,6 +173,10 @@ type WriteOptions struct {
 	// after it, any pending cancel request is dropped, and the write is
 	// announced on the target's Done channel (see Watcher).
 	Retention time.Duration
+	// KeepForever marks the write terminal like Retention, but the state
+	// (and its audit stream) never expires: a finished run with entries a
+	// person must resolve. Retention is ignored.
+	KeepForever bool
 	// Release deletes the lock in the same script, after the write.
 	Release bool
 	// UnlessCancelled refuses the write with ErrCancelPending while a
@@ -219,7 +223,11 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 	var nb [8]byte
 	_, _ = rand.Read(nb[:])
 	nonce := hex.EncodeToString(nb[:])
-	args := []any{token, version, data, o.Retention.Milliseconds(), release, nonce, t.Done, unlessCancelled,
+	retention := o.Retention.Milliseconds()
+	if o.KeepForever {
+		retention = -1
+	}
+	args := []any{token, version, data, retention, release, nonce, t.Done, unlessCancelled,
 		AuditCap, len(o.Audit)}
 	for _, e := range o.Audit {
 		if len(e)%2 != 0 {

@@ -8,7 +8,8 @@
 -- ARGV[1] lock token of the caller
 -- ARGV[2] version the caller read
 -- ARGV[3] encoded state
--- ARGV[4] retention in ms for a terminal write (0: not terminal, the state is made persistent)
+-- ARGV[4] retention in ms for a terminal write (0: not terminal, the state is made persistent;
+--         -1: terminal, and the state never expires: a run a person must look at)
 -- ARGV[5] 1 to release the lock in the same step (terminal write), else 0
 -- ARGV[6] nonce naming this write (random per call, the same on a resend)
 -- ARGV[7] shard channel announcing a terminal write, P:{run:<id>}:done ('' : none).
@@ -61,6 +62,9 @@ local ttl = tonumber(ARGV[4])
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
   redis.call('DEL', KEYS[3])
+elseif ttl < 0 then
+  redis.call('PERSIST', KEYS[1])
+  redis.call('DEL', KEYS[3])
 else
   -- a live run never expires: an undo of a finished run must not lose its
   -- state to the retention the terminal write set
@@ -84,13 +88,13 @@ if n > 0 then
 end
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[4], ttl)
-elseif n > 0 then
+elseif ttl < 0 or n > 0 then
   redis.call('PERSIST', KEYS[4])
 end
 if ARGV[5] == '1' then
   redis.call('DEL', KEYS[2])
 end
-if ttl > 0 and ARGV[7] ~= nil and ARGV[7] ~= '' then
+if ttl ~= 0 and ARGV[7] ~= nil and ARGV[7] ~= '' then
   -- pcall: the write is done; a server without sharded pub/sub (Redis < 7)
   -- must not turn it into an error. Waits poll there instead.
   redis.pcall('SPUBLISH', ARGV[7], nextv)

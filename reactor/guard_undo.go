@@ -1,0 +1,258 @@
+package reactor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/goreactor/goreactor/fingerprint"
+)
+
+// Reason codes of guarded undo and resource blocking (RollbackFailure.Reason,
+// the audit's reason).
+const (
+	// ReasonConflict: the resource was changed by somebody else.
+	ReasonConflict = "reactor.conflict"
+	// ReasonBlocked: a newer entry on the same resource is still applied.
+	ReasonBlocked = "reactor.blocked"
+	// ReasonRestoreIneffective: Restore returned without error but the
+	// resource still reads at the effect's after state.
+	ReasonRestoreIneffective = "reactor.restore_ineffective"
+	// ReasonAlreadyReverted: the resource was already at the effect's
+	// before state; Restore was not called (a compensated entry).
+	ReasonAlreadyReverted = "reactor.already_reverted"
+)
+
+// ConflictError describes a guarded undo's conflict.
+type ConflictError struct {
+	Step, Resource string
+	// Expected is the effect's after fingerprint, Observed what the probe
+	// read, RestoreTo the before fingerprint.
+	Expected, Observed, RestoreTo string
+	Why                           string
+}
+
+func (e *ConflictError) Error() string {
+	return fmt.Sprintf("reactor: guarded undo of step %q left %q untouched: %s (expected %s, observed %s, restore to %s); "+
+		"a person must resolve it (Engine.Resolve)", e.Step, e.Resource, e.Why, e.Expected, e.Observed, e.RestoreTo)
+}
+
+// errRestoreIneffective: Restore returned but the resource still reads at
+// after.
+var errRestoreIneffective = errors.New("reactor: Restore returned without error but the resource still reads as the effect's after state: nothing was restored")
+
+type verdictKind uint8
+
+const (
+	verdictReverted verdictKind = iota + 1
+	verdictAlready
+	verdictConflict
+	verdictIneffective
+)
+
+type verdict struct {
+	kind     verdictKind
+	observed string
+	why      string
+}
+
+// guardedOnce is one compare-and-set attempt: probe and fingerprint; at
+// after, restore and (unless the store compared atomically) probe again to
+// confirm; at before, nothing to do; else a conflict.
+func guardedOnce(ctx context.Context, g *Guard, resource string, ef *effectRec) (verdict, error) {
+	cur, err := g.probe(ctx, resource)
+	if err != nil {
+		return verdict{}, fmt.Errorf("probe %q: %w", resource, err)
+	}
+	fp, err := fingerprint.Of(cur)
+	if err != nil {
+		return verdict{}, fmt.Errorf("probe %q read a value that cannot be fingerprinted: %w", resource, err)
+	}
+	switch fp {
+	case ef.BeforeFP:
+		return verdict{kind: verdictAlready, observed: fp}, nil
+	case ef.AfterFP:
+	default:
+		return verdict{kind: verdictConflict, observed: fp,
+			why: "the resource is neither at the state the step left nor at the state before it: somebody else changed it"}, nil
+	}
+	res, err := g.restore(ctx, resource, ef.Before)
+	if err != nil {
+		return verdict{observed: fp}, fmt.Errorf("restore %q: %w", resource, err)
+	}
+	switch res {
+	case RestoreApplied:
+		return verdict{kind: verdictReverted, observed: fp}, nil
+	case RestorePreconditionFailed:
+		return verdict{kind: verdictConflict, observed: fp,
+			why: "the store's atomic compare found the resource changed between the read and the write; nothing was written"}, nil
+	case RestoreWritten:
+	default:
+		return verdict{}, fmt.Errorf("restore %q returned an unknown result %q", resource, res)
+	}
+	back, err := g.probe(ctx, resource)
+	if err != nil {
+		return verdict{observed: fp}, fmt.Errorf("probe %q after the restore: %w", resource, err)
+	}
+	fp2, err := fingerprint.Of(back)
+	if err != nil {
+		return verdict{}, fmt.Errorf("probe %q after the restore read a value that cannot be fingerprinted: %w", resource, err)
+	}
+	switch fp2 {
+	case ef.BeforeFP:
+		return verdict{kind: verdictReverted, observed: fp}, nil
+	case ef.AfterFP:
+		return verdict{kind: verdictIneffective, observed: fp2}, nil
+	}
+	return verdict{kind: verdictConflict, observed: fp2,
+		why: "the resource changed between the restore and the read that confirms it: somebody else wrote in between"}, nil
+}
+
+// guardedAttempts runs guardedOnce, retrying transient failures as the
+// guard's Retry allows. A verdict (a conflict above all) is never retried.
+func (x *execution) guardedAttempts(ctx context.Context, g *Guard, resource string, ef *effectRec) (verdict, error) {
+	attempts := g.retry.attempts()
+	for attempt := 1; ; attempt++ {
+		v, err := guardedOnce(ctx, g, resource, ef)
+		if err == nil || !IsTransient(err) || attempt >= attempts || ctx.Err() != nil {
+			return v, err
+		}
+		if err := x.e.sleep(ctx, g.retry.delay(attempt)); err != nil {
+			return v, err
+		}
+	}
+}
+
+// guardedUndo undoes guarded entry e of step s (path) by compare-and-set.
+func (x *execution) guardedUndo(ctx context.Context, f *frame, d *Definition, s *stepDef, e *LedgerEntry, path string) error {
+	gen := f.st.Rollback.generation()
+	ef := e.Effect
+	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, Generation: gen,
+		Resource: e.Resource, Label: ef.Label, Expected: ef.AfterFP, RestoreTo: ef.BeforeFP,
+		StartedAt: x.e.now().UnixMilli(), Attempt: x.attemptOf(f.st, path, KindUndo)}
+	if e.Status != RollbackCompensating {
+		x.auditCompensating(rec, e.Ordinal)
+	}
+	e.Status = RollbackCompensating
+	began := time.Now()
+	var v verdict
+	err := x.callUndo(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+		var err error
+		v, err = x.guardedAttempts(cctx, s.guard, e.Resource, ef)
+		return err
+	})
+	if ierr := rollbackInterrupted(ctx); ierr != nil {
+		e.Status = RollbackPending
+		return ierr
+	}
+	rec.At, rec.Observed = x.e.now().UnixMilli(), v.observed
+	switch {
+	case err != nil:
+	case v.kind == verdictIneffective:
+		err = errRestoreIneffective
+		x.recordEntry(ctx, f, d, e, rec, err, ReasonRestoreIneffective, time.Since(began), EventStepUndone, EventStepUndoFailed)
+		return nil
+	case v.kind == verdictConflict:
+		x.recordConflict(ctx, f, d, e, rec, v, time.Since(began))
+		return nil
+	case v.kind == verdictAlready:
+		rec.Reason, rec.Message = ReasonAlreadyReverted, "the resource was already at its before state; Restore was not called"
+	}
+	x.recordEntry(ctx, f, d, e, rec, err, "", time.Since(began), EventStepUndone, EventStepUndoFailed)
+	return nil
+}
+
+// recordConflict records a conflict: the entry needs a person, is never
+// attempted again, and blocks the older entries on its resource.
+func (x *execution) recordConflict(ctx context.Context, f *frame, d *Definition, e *LedgerEntry, rec StepRollback, v verdict, took time.Duration) {
+	cerr := &ConflictError{Step: rec.Step, Resource: e.Resource, Expected: rec.Expected, Observed: v.observed, RestoreTo: rec.RestoreTo, Why: v.why}
+	rec.Status, rec.Reason, rec.Message = RollbackNeedsPerson, ReasonConflict, v.why
+	e.Status = RollbackNeedsPerson
+	x.st.Human = append(x.st.Human, &humanRec{ID: entryID(rec.Step, e.Ordinal), Step: rec.Step, Ordinal: e.Ordinal,
+		Resource: e.Resource, Label: rec.Label, Expected: rec.Expected, Observed: v.observed, RestoreTo: rec.RestoreTo,
+		Why: v.why, Generation: rec.Generation, At: rec.At})
+	a := auditRec{kind: AuditConflict, step: rec.Step, ordinal: e.Ordinal, status: RollbackNeedsPerson, action: ActionUndo,
+		attempt: rec.Attempt, generation: rec.Generation, reason: ReasonConflict, message: v.why,
+		resource: e.Resource, expected: rec.Expected, observed: v.observed, restoreTo: rec.RestoreTo}
+	x.audit(a)
+	if rb := f.st.Rollback; rb != nil {
+		x.addRollbackFailure(rb, RollbackFailure{Step: rec.Step, Kind: KindUndo, Reason: ReasonConflict, Message: cerr.Error()})
+	}
+	x.emit(ctx, Event{Kind: EventStepUndoFailed, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Err: cerr, Duration: took})
+	f.st.Undone = append(f.st.Undone, rec)
+}
+
+// blocker finds what blocks entry e (of frame f) from being undone: a
+// newer entry on the same resource that is still applied. That is a
+// conflicted entry of the run not resolved manually_reverted (from any
+// rollback), or an entry this rollback generation reached and did not
+// revert. It returns the blocking entry's id and whether a person decided
+// to leave it applied (left_applied: blocked for good).
+func (x *execution) blocker(f *frame, e *LedgerEntry) (by string, leftApplied bool, ok bool) {
+	if e.Resource == "" {
+		return "", false, false
+	}
+	for _, h := range x.st.Human {
+		if h.Resource == e.Resource && h.Resolution != ResolvedManuallyReverted {
+			return h.ID, h.Resolution == ResolvedLeftApplied, true
+		}
+	}
+	gen := f.st.Rollback.generation()
+	for _, st := range []*runState{f.st, x.st} {
+		for i := len(st.Undone) - 1; i >= 0; i-- {
+			u := st.Undone[i]
+			if max(u.Generation, 1) != gen || u.Resource != e.Resource {
+				continue
+			}
+			switch u.Status {
+			case RollbackFailed, RollbackNeedsPerson, RollbackBlocked, RollbackOutOfWindow, RollbackLeftApplied:
+				return entryID(u.Step, u.Ordinal), u.Status == RollbackLeftApplied, true
+			}
+		}
+		if f.st == x.st {
+			break
+		}
+	}
+	return "", false, false
+}
+
+// recordBlocked records entry e as blocked by entry by: not attempted,
+// zero attempts. It stays applied: kept for a re-triggered rollback (or on
+// the stack of an UndoSteps), unless a person left the blocker applied.
+func (x *execution) recordBlocked(ctx context.Context, f *frame, d *Definition, e *LedgerEntry, path, by string, leftApplied bool) {
+	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackBlocked, At: x.e.now().UnixMilli(),
+		Generation: f.st.Rollback.generation(), Resource: e.Resource, BlockedBy: by, Reason: ReasonBlocked,
+		Message: fmt.Sprintf("not attempted: entry %s, newer on resource %q, is still applied", by, e.Resource)}
+	if e.Effect != nil {
+		rec.Label, rec.Expected, rec.RestoreTo = e.Effect.Label, e.Effect.AfterFP, e.Effect.BeforeFP
+	}
+	a := auditRec{kind: AuditBlocked, step: path, ordinal: e.Ordinal, status: RollbackBlocked, generation: rec.Generation,
+		reason: ReasonBlocked, resource: e.Resource, blockedBy: by}
+	if leftApplied {
+		// A person decided the newer change stays: this one stays under it.
+		rec.Status, rec.Reason = RollbackLeftApplied, ""
+		rec.Message = fmt.Sprintf("kept: entry %s, newer on resource %q, was left applied by a person", by, e.Resource)
+		e.Status = RollbackLeftApplied
+		a.status, a.reason = RollbackLeftApplied, ""
+		x.audit(a)
+		f.st.Undone = append(f.st.Undone, rec)
+		return
+	}
+	e.Status = RollbackBlocked
+	x.audit(a)
+	x.keepFailed(path, e)
+	if rb := f.st.Rollback; rb != nil {
+		x.addRollbackFailure(rb, RollbackFailure{Step: path, Kind: KindUndo, Reason: ReasonBlocked, Message: rec.Message})
+	}
+	x.emit(ctx, Event{Kind: EventStepUndoFailed, RunID: x.st.ID, Reactor: d.name, Step: path,
+		Err: errors.New("reactor: " + rec.Message)})
+	f.st.Undone = append(f.st.Undone, rec)
+}
+
+// unresolvedHuman reports whether st has a conflicted entry no person has
+// resolved: such a run never expires.
+func (st *runState) unresolvedHuman() bool {
+	return slices.ContainsFunc(st.Human, func(h *humanRec) bool { return h.Resolution == "" })
+}

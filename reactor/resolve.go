@@ -1,0 +1,182 @@
+package reactor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/goreactor/goreactor/internal/lock"
+	"github.com/goreactor/goreactor/internal/store"
+)
+
+// Resolution is what a person did about an entry whose guarded undo
+// conflicted (Engine.Resolve).
+type Resolution string
+
+// Resolutions.
+const (
+	// ResolvedManuallyReverted: the person put the resource back to the
+	// entry's before state. The older entries it blocked are unblocked: a
+	// re-triggered rollback (RetryRollback) undoes them, since the
+	// resource is now at the state the next one down compares against.
+	ResolvedManuallyReverted Resolution = "manually_reverted"
+	// ResolvedLeftApplied: the person decided the resource stays as it
+	// is. The older entries it blocked stay applied for good (undoing one
+	// would write over what the person kept); they are reported
+	// left_applied.
+	ResolvedLeftApplied Resolution = "left_applied"
+)
+
+// humanRec is an entry whose guarded undo conflicted.
+type humanRec struct {
+	// ID is the entry's id (entryID: "<step path>#<ordinal>").
+	ID       string `msgpack:"id"`
+	Step     string `msgpack:"s"`
+	Ordinal  int    `msgpack:"o"`
+	Resource string `msgpack:"r"`
+	Label    string `msgpack:"l,omitempty"`
+	// Expected, Observed and RestoreTo are the fingerprints of the
+	// conflict: after, what was read, before.
+	Expected   string `msgpack:"ex"`
+	Observed   string `msgpack:"ob"`
+	RestoreTo  string `msgpack:"to"`
+	Why        string `msgpack:"why,omitempty"`
+	Generation int    `msgpack:"g"`
+	At         int64  `msgpack:"at"`
+	// Resolution, Note and ResolvedAt are set by Resolve.
+	Resolution Resolution `msgpack:"res,omitempty"`
+	Note       string     `msgpack:"n,omitempty"`
+	ResolvedAt int64      `msgpack:"ra,omitempty"`
+}
+
+// Errors of Resolve.
+var (
+	// ErrEmptyNote: a resolution must say what the person did.
+	ErrEmptyNote = errors.New("reactor: a resolution needs a note saying what was done (a ledger row that only says someone clicked is not evidence)")
+	// ErrNoSuchConflict: the run has no conflicted entry with that id.
+	ErrNoSuchConflict = errors.New("reactor: the run has no entry with that id waiting for a person")
+	// ErrAlreadyResolved: the entry was resolved already.
+	ErrAlreadyResolved = errors.New("reactor: the entry was already resolved")
+)
+
+// Resolve records what a person did about entry entryID of run id, whose
+// guarded undo conflicted (it is needs_human; RollbackReport.ActionRequired
+// lists such entries with their ids). kind is ResolvedManuallyReverted or
+// ResolvedLeftApplied, and note must say what was done: it is kept on the
+// run and audited (as its sha256). id may be a root run's or a map element
+// run's ("<mapID>.<i>"). The call needs no definitions.
+//
+// After manually_reverted, a RetryRollback of the run undoes the entries
+// the conflict blocked; after left_applied they are kept for good. A run
+// with an entry no person resolved never expires; once the last is
+// resolved, the run's retention applies again.
+func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolution, note string) error {
+	if err := validateRunID(id); err != nil {
+		return err
+	}
+	if kind != ResolvedManuallyReverted && kind != ResolvedLeftApplied {
+		return fmt.Errorf("reactor: unknown resolution %q: want %q or %q", kind, ResolvedManuallyReverted, ResolvedLeftApplied)
+	}
+	if strings.TrimSpace(note) == "" {
+		return ErrEmptyNote
+	}
+	x, err := e.openForResolve(ctx, id)
+	if err != nil {
+		return err
+	}
+	bg := context.WithoutCancel(ctx)
+	st := x.st
+	if treeRollingBack(st) {
+		_ = x.lease.Release(bg)
+		return &StatusError{RunID: id, Status: StatusRollingBack, Op: string(OpResolve), Err: ErrRollbackInProgress}
+	}
+	i := slices.IndexFunc(st.Human, func(h *humanRec) bool { return h.ID == entryID })
+	if i < 0 {
+		_ = x.lease.Release(bg)
+		var open []string
+		for _, h := range st.Human {
+			if h.Resolution == "" {
+				open = append(open, h.ID)
+			}
+		}
+		return fmt.Errorf("%w: %q (run %s; waiting: %s)", ErrNoSuchConflict, entryID, id, strings.Join(open, ", "))
+	}
+	h := st.Human[i]
+	if h.Resolution != "" {
+		_ = x.lease.Release(bg)
+		return fmt.Errorf("%w: %s was resolved %s", ErrAlreadyResolved, entryID, h.Resolution)
+	}
+	h.Resolution, h.Note, h.ResolvedAt = kind, note, e.now().UnixMilli()
+	gen := max(st.RbGen, 1)
+	status := RollbackStatus(kind)
+	rec := StepRollback{Step: h.Step, Ordinal: h.Ordinal, Kind: KindUndo, Status: status, At: h.ResolvedAt, Generation: gen,
+		Resource: h.Resource, Label: h.Label, Expected: h.Expected, Observed: h.Observed, RestoreTo: h.RestoreTo, Message: note}
+	st.Undone = append(st.Undone, rec)
+	x.audit(auditRec{kind: AuditResolved, step: h.Step, ordinal: h.Ordinal, status: status, generation: gen,
+		reason: string(kind), message: note, resource: h.Resource})
+	if kind == ResolvedLeftApplied && st.Retry != nil {
+		// The entries it blocked are kept for good: off the retry list.
+		kept := st.Retry.Entries[:0]
+		for _, r := range st.Retry.Entries {
+			if r.Entry.Resource != h.Resource {
+				kept = append(kept, r)
+				continue
+			}
+			path := r.Path + r.Entry.Step
+			u := StepRollback{Step: path, Ordinal: r.Entry.Ordinal, Kind: KindUndo, Status: RollbackLeftApplied, At: h.ResolvedAt,
+				Generation: gen, Resource: h.Resource, BlockedBy: h.ID,
+				Message: fmt.Sprintf("kept: entry %s, newer on resource %q, was left applied by a person", h.ID, h.Resource)}
+			st.Undone = append(st.Undone, u)
+			x.audit(auditRec{kind: AuditBlocked, step: path, ordinal: r.Entry.Ordinal, status: RollbackLeftApplied, generation: gen,
+				resource: h.Resource, blockedBy: h.ID})
+		}
+		st.Retry.Entries = kept
+	}
+	e.log.Info("a conflicted undo was resolved by a person", "event", "reactor.undo.resolved", "run", id, "entry", entryID,
+		"resolution", string(kind))
+	terminal := st.Status.Terminal()
+	err = x.save(bg, terminal)
+	if !terminal || err != nil {
+		_ = x.lease.Release(bg)
+	}
+	return err
+}
+
+// OpResolve is Engine.Resolve (the Op of its StatusError).
+const OpResolve Op = "resolve"
+
+// openForResolve locks and loads run id (a root run, else a map element
+// run) for a change that needs no definition.
+func (e *Engine) openForResolve(ctx context.Context, id string) (*execution, error) {
+	target := e.store.RunTarget(id)
+	element := false
+	if n, err := e.store.Client().Exists(ctx, target.State).Result(); err != nil {
+		return nil, err
+	} else if n == 0 {
+		target, element = e.store.ElemTarget(id), true
+	}
+	lease, err := e.locks.Acquire(ctx, target.Lock, e.cfg.UndoLockWait)
+	if errors.Is(err, lock.ErrHeld) {
+		return nil, fmt.Errorf("%w (run %s; waited %s)", ErrRunLocked, id, e.cfg.UndoLockWait)
+	}
+	if err != nil {
+		return nil, err
+	}
+	snap, err := e.store.Load(ctx, target)
+	if errors.Is(err, store.ErrNotFound) {
+		err = fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	var st *runState
+	if err == nil {
+		st, err = decodeState(snap.Data)
+	}
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	def, _ := e.Definition(st.Reactor)
+	return &execution{e: e, def: def, st: st, target: target, lease: lease, version: snap.Version, indexed: st.Status,
+		element: element, inWorker: true}, nil
+}
