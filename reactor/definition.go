@@ -281,7 +281,7 @@ type stepDef struct {
 	// resource names what a completed step changed (StepConfig.Resource;
 	// nil: nothing named).
 	resource  func(args, result Raw) string
-	guard     *Guard // guarded undo (nil: none)
+	guard     *Guard      // guarded undo (nil: none)
 	child     *Definition // compose
 	construct Construct
 	// inType and outType are a plain step's In and Out (nil otherwise):

@@ -299,8 +299,10 @@ func TestRecordEffectRefusals(t *testing.T) {
 	key := env.prefix + ":verified"
 	g := reactor.Guarded(reactor.GuardConfig[string]{
 		// Reads one field, while the effect describes the whole record.
-		Probe:   func(ctx context.Context, k string) (string, error) { return env.rdb.HGet(ctx, k, "email").Result() },
-		Restore: func(context.Context, string, string) (reactor.RestoreResult, error) { return reactor.RestoreWritten, nil },
+		Probe: func(ctx context.Context, k string) (string, error) { return env.rdb.HGet(ctx, k, "email").Result() },
+		Restore: func(context.Context, string, string) (reactor.RestoreResult, error) {
+			return reactor.RestoreWritten, nil
+		},
 	})
 	var recErr error
 	step := func(name string, rec func(ctx context.Context) error) *reactor.Definition {
