@@ -116,6 +116,9 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 	st.Undone = append(st.Undone, rec)
 	x.audit(auditRec{kind: AuditResolved, step: h.Step, ordinal: h.Ordinal, status: status, generation: gen,
 		reason: string(kind), message: note, resource: h.Resource})
+	// What a person resolved is no longer a rollback failure of the run:
+	// a map whose rollback is re-triggered reads this run's result.
+	settled := map[string]string{h.Step: ReasonConflict}
 	if kind == ResolvedLeftApplied && st.Retry != nil {
 		// The entries it blocked are kept for good: off the retry list.
 		kept := st.Retry.Entries[:0]
@@ -131,8 +134,14 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 			st.Undone = append(st.Undone, u)
 			x.audit(auditRec{kind: AuditBlocked, step: path, ordinal: r.Entry.Ordinal, status: RollbackLeftApplied, generation: gen,
 				resource: h.Resource, blockedBy: h.ID})
+			settled[path] = ReasonBlocked
 		}
 		st.Retry.Entries = kept
+	}
+	if fl := st.Failure; fl != nil {
+		fl.RollbackFailures = slices.DeleteFunc(fl.RollbackFailures, func(rf RollbackFailure) bool {
+			return settled[rf.Step] == rf.Reason
+		})
 	}
 	e.log.Info("a conflicted undo was resolved by a person", "event", "reactor.undo.resolved", "run", id, "entry", entryID,
 		"resolution", string(kind))

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 
@@ -143,6 +144,12 @@ func (e *Engine) retryPlan(ctx context.Context, st *runState) (string, bool, err
 			return refuse(fmt.Errorf("%w: its rollback left %d effect(s) in place (see its rollback failures); "+
 				"retrying would repeat them", ErrNotRetryable, n))
 		}
+	}
+	if slices.ContainsFunc(st.Human, func(h *humanRec) bool { return h.Resolution != ResolvedManuallyReverted }) {
+		// A conflicted undo waits for a person, or a person left the
+		// effects applied: running the run again would repeat them.
+		return refuse(fmt.Errorf("%w: a conflicted undo is unresolved or was left applied (see its rollback status); "+
+			"retrying would repeat effects still in place", ErrNotRetryable))
 	}
 	if st.RetryOf != "" {
 		// One retry chain has one live copy at most: it grows from the
