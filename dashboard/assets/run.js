@@ -210,7 +210,10 @@
           h('td', { class: 'num' }, String(e.ordinal)),
           h('td', { class: 'mono' }, e.step, e.interrupted ? h('span', { class: 'muted small' }, ' (interrupted)') : null),
           h('td', { class: 'mono muted' }, e.resource || ''),
-          h('td', null, h('span', { class: 'rb-status rb-' + String(e.status).replace(/[^a-z_]/g, '') }, e.status)));
+          // pending: not undone yet, so still applied; otherwise what its
+          // last undo left (compensation_failed, out_of_window, ...).
+          h('td', null, h('span', { class: 'rb-status rb-' + String(e.status).replace(/[^a-z_]/g, ''), title: e.status },
+            e.status === 'pending' ? 'applied' : e.status)));
       }))));
     updatePicked();
   }
