@@ -10,6 +10,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/worker"
 )
 
 // The actions an operator can request.
@@ -33,6 +34,17 @@ type actionAccepted struct {
 	Action    string `json:"action"`
 	TaskID    string `json:"task_id"`
 	Duplicate bool   `json:"duplicate"`
+}
+
+// undoStepsRequest is the body of POST /api/runs/{id}/undo-steps.
+type undoStepsRequest struct {
+	Steps []string `json:"steps"`
+}
+
+// undoStepsAccepted is the 202 answer to an undo of named steps.
+type undoStepsAccepted struct {
+	actionAccepted
+	Steps []string `json:"steps"`
 }
 
 type batchRequest struct {
@@ -75,18 +87,26 @@ func (h *Handler) authorized(w http.ResponseWriter, r *http.Request) bool {
 // request asks for action on run id and maps the outcome to an answer: its
 // status code, and for a 409 the run's status.
 func (h *Handler) request(r *http.Request, id, action string) (batchResult, reactor.Status) {
+	return h.answer(id, action, func() (string, bool, error) { return h.requester.Request(r.Context(), id, action) })
+}
+
+// answer validates run id, makes the request with ask and maps its outcome
+// to an answer: its status code, and for a 409 the run's status.
+func (h *Handler) answer(id, action string, ask func() (string, bool, error)) (batchResult, reactor.Status) {
 	res := batchResult{RunID: id}
 	if err := keys.ValidateID(id); err != nil {
 		res.StatusCode, res.Error = http.StatusBadRequest, "run id: "+err.Error()
 		return res, ""
 	}
-	task, dup, err := h.requester.Request(r.Context(), id, action)
+	task, dup, err := ask()
 	var se *reactor.StatusError
 	switch {
 	case err == nil:
 		res.StatusCode, res.TaskID, res.Duplicate = http.StatusAccepted, task, dup
 	case errors.Is(err, reactor.ErrNotFound):
 		res.StatusCode, res.Error = http.StatusNotFound, err.Error()
+	case errors.Is(err, worker.ErrInvalidSteps):
+		res.StatusCode, res.Error = http.StatusBadRequest, err.Error()
 	case errors.As(err, &se):
 		res.StatusCode, res.Error = http.StatusConflict, err.Error()
 		return res, se.Status
@@ -149,4 +169,49 @@ func (h *Handler) batchAction(w http.ResponseWriter, r *http.Request) {
 		out.Results = append(out.Results, res)
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// undoStepsAction is the action name of an undo of named steps (its path is
+// undo-steps).
+const undoStepsAction = "undo_steps"
+
+// undoSteps serves POST /api/runs/{id}/undo-steps: body {"steps": [...]},
+// an undo of the named completed steps of a finished run, carried out by a
+// worker (reactor.Engine.UndoSteps).
+func (h *Handler) undoSteps(w http.ResponseWriter, r *http.Request, id string) {
+	if !h.authorized(w, r) {
+		return
+	}
+	var req undoStepsRequest
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over %d bytes", maxBody))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "body must be JSON {\"steps\": [\"charge\", \"book/reserve\", ...]}: "+err.Error())
+		return
+	}
+	switch {
+	case len(req.Steps) == 0:
+		writeError(w, http.StatusBadRequest, "steps is empty: name the steps to undo (\"charge\", or \"book/reserve\" for a step of composed child book)")
+		return
+	case len(req.Steps) > maxBatch:
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("%d steps is over the maximum of %d per request", len(req.Steps), maxBatch))
+		return
+	}
+	res, status := h.answer(id, undoStepsAction, func() (string, bool, error) {
+		return h.requester.RequestUndoSteps(r.Context(), id, req.Steps)
+	})
+	switch res.StatusCode {
+	case http.StatusAccepted:
+		writeJSON(w, res.StatusCode, undoStepsAccepted{actionAccepted: actionAccepted{RunID: id, Action: undoStepsAction,
+			TaskID: res.TaskID, Duplicate: res.Duplicate}, Steps: req.Steps})
+	case http.StatusConflict:
+		writeJSON(w, res.StatusCode, errorBody{Error: res.Error, Status: string(status)})
+	default:
+		writeError(w, res.StatusCode, res.Error)
+	}
 }

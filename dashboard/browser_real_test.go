@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -160,6 +161,82 @@ func TestBrowserRollbackStatusAndAudit(t *testing.T) {
 	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.ID("token-input"), token), chromedp.Click(chromedp.ID("token-save"))))
 	poll("the summary turns reverted", `document.querySelector('#rbstatus .rb-outcome')?.textContent === 'reverted'`)
 	require.Equal(t, int32(2), refunds.Load(), "the failed refund was retried once")
+}
+
+// The run page of a completed run lists the steps still applied; ticking
+// one and clicking "Undo selected steps" (confirm, token) has a worker undo
+// that step alone: its rollback status turns compensated while the run
+// stays completed and the other steps stay on the undo stack.
+func TestBrowserUndoSelectedSteps(t *testing.T) {
+	t.Parallel()
+	ctx := newBrowser(t)
+	const token = "steps-token"
+	st := newRealStack(t, token, "") // control tasks on the worker's own queue
+	engine, srv := st.engine, st.srv
+	var mu sync.Mutex
+	var undos []string
+	step := func(name string, after ...string) reactor.Part {
+		return reactor.Step(name, reactor.StepConfig[reactor.Args, string]{After: after,
+			Run: func(context.Context, reactor.Args) (string, error) { return name, nil },
+			Undo: func(context.Context, reactor.Args, string) error {
+				mu.Lock()
+				defer mu.Unlock()
+				undos = append(undos, name)
+				return nil
+			},
+		})
+	}
+	def := reactor.MustDefine("picked", step("reserve"), step("charge", "reserve"), step("ship", "charge"))
+	st.startWorker(2, def)
+	bg, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	_, err := engine.Enqueue(bg, def, nil, reactor.WithRunID("picked-1"))
+	require.NoError(t, err)
+	done, err := engine.Wait(bg, "picked-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, done.Status)
+
+	bctx, bcancel := context.WithTimeout(ctx, time.Minute)
+	defer bcancel()
+	poll := func(what, js string) {
+		t.Helper()
+		_, err := chromedp.Run(bctx, chromedp.Poll[bool](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+		require.NoError(t, err, "waiting until %s (%s)", what, js)
+	}
+	const stack = `[...document.querySelectorAll('#undosteps tbody tr')].map(r => r.dataset.step).join(',')`
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/runs/picked-1"),
+		chromedp.WaitVisible(chromedp.ID("undosteps-panel"))))
+	poll("the undo stack lists the three steps", stack+` === 'reserve,charge,ship'`)
+	poll("nothing is selected yet", `document.getElementById('undo-steps-button').disabled`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`#undosteps input.undo-pick[data-step="charge"]`))))
+	poll("the button is enabled", `!document.getElementById('undo-steps-button').disabled &&
+		document.getElementById('undosteps-picked').textContent === '1 step selected'`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.ID("undo-steps-button"))))
+	poll("the confirmation names the step and says the rest stays", `document.getElementById('confirm-dialog').open &&
+		[...document.querySelectorAll('#confirm-list li')].map(l => l.textContent).join(',') === 'charge' &&
+		document.getElementById('confirm-text').textContent.includes('the run stays completed')`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.ID("confirm-yes"))))
+	poll("the token is asked for", `document.getElementById('token-dialog').open`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.ID("token-input"), token), chromedp.Click(chromedp.ID("token-save"))))
+	poll("the request is accepted", `[...document.querySelectorAll('#messages .msg-ok')].some(m => m.textContent.includes('Undo of 1 step requested for run picked-1'))`)
+	poll("the step's rollback status is compensated", `document.getElementById('rbstatus-panel').hidden === false &&
+		[...document.querySelectorAll('#rbstatus tbody tr')].some(r => r.children[1].textContent === 'charge' && r.children[2].textContent === 'compensated')`)
+	poll("the run stays completed, the other steps applied", `document.getElementById('run').dataset.status === 'completed' &&
+		document.querySelector('#run-status .badge').textContent === 'completed' && `+stack+` === 'reserve,ship'`)
+	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	shot := t.TempDir()
+	if d := os.Getenv("GOREACTOR_SCREENSHOT_DIR"); d != "" {
+		shot = d
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(shot, "undo-steps.png"), png, 0o644))
+
+	run, err := engine.Get(bg, "picked-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, run.Status)
+	mu.Lock()
+	require.Equal(t, []string{"charge"}, undos, "only the ticked step was undone")
+	mu.Unlock()
 }
 
 // realStack is the dashboard over real Redis with an engine (and, once

@@ -39,6 +39,7 @@ type runDetail struct {
 	Maps      []mapView      `json:"maps"`
 	Rollback  *progress      `json:"rollback"`
 	Rollbacks []rollbackView `json:"rollbacks"`
+	Ledger    []ledgerView   `json:"ledger"`
 	RetryOf   string         `json:"retry_of"`
 	RetriedBy []string       `json:"retried_by"`
 	Deadline  string         `json:"deadline,omitempty"`
@@ -103,6 +104,31 @@ type progress struct {
 	Settled     int `json:"settled"`
 	Outstanding int `json:"outstanding"`
 	Failed      int `json:"failed"`
+}
+
+// ledgerView is an entry on the run's undo stack: a step whose effect is
+// still applied. Step is its path as Engine.UndoSteps takes it ("charge",
+// or "book/reserve" for a step of composed child book).
+type ledgerView struct {
+	Step        string `json:"step"`
+	Ordinal     int    `json:"ordinal"`
+	Resource    string `json:"resource"`
+	Status      string `json:"status"`
+	Interrupted bool   `json:"interrupted"`
+}
+
+// ledgerOf flattens the undo stack (a composed child's entries in its
+// compose step's place), oldest first.
+func ledgerOf(entries []*reactor.LedgerEntry, prefix string, out []ledgerView) []ledgerView {
+	for _, e := range entries {
+		if len(e.Children) > 0 {
+			out = ledgerOf(e.Children, prefix+e.Step+"/", out)
+			continue
+		}
+		out = append(out, ledgerView{Step: prefix + e.Step, Ordinal: e.Ordinal, Resource: e.Resource,
+			Status: string(e.Status), Interrupted: e.Interrupted})
+	}
+	return out
 }
 
 type rollbackView struct {
@@ -188,7 +214,7 @@ func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
 func detailOf(run *reactor.Run, maps []inspect.Map, now time.Time) runDetail {
 	d := runDetail{runSummary: summarize(run, now), Inputs: map[string]any{}, Value: decode(run.Value),
 		Reason: run.Reason, TraceID: run.TraceID, Queue: run.Queue, Steps: steps(run), Children: []childView{},
-		Maps: []mapView{}, Rollbacks: []rollbackView{}, RetryOf: run.RetryOf, RetriedBy: []string{}}
+		Maps: []mapView{}, Rollbacks: []rollbackView{}, Ledger: ledgerOf(run.Ledger, "", []ledgerView{}), RetryOf: run.RetryOf, RetriedBy: []string{}}
 	d.RetriedBy = append(d.RetriedBy, run.RetriedBy...)
 	for k, v := range run.Inputs {
 		d.Inputs[k] = decode(v)

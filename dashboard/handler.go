@@ -48,6 +48,10 @@ type Handler struct {
 // duplicate is true when the same request was already queued.
 type requester interface {
 	Request(ctx context.Context, runID, action string) (taskID string, duplicate bool, err error)
+	// RequestUndoSteps asks for an undo of the named steps of run runID:
+	// Request's errors, and one wrapping worker.ErrInvalidSteps for steps
+	// that cannot be valid.
+	RequestUndoSteps(ctx context.Context, runID string, steps []string) (taskID string, duplicate bool, err error)
 }
 
 // New returns the dashboard's handler. It reads the engines' runs through
@@ -94,6 +98,11 @@ func (c controller) Request(ctx context.Context, runID, action string) (string, 
 		return "", false, err
 	}
 	req, err := c.c.Request(ctx, runID, a)
+	return req.TaskID, req.Duplicate, err
+}
+
+func (c controller) RequestUndoSteps(ctx context.Context, runID string, steps []string) (string, bool, error) {
+	req, err := c.c.RequestUndoSteps(ctx, runID, steps)
 	return req.TaskID, req.Duplicate, err
 }
 
@@ -156,6 +165,8 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		get(func(w http.ResponseWriter, r *http.Request) { h.rollbackStatus(w, r, seg[1]) })
 	case len(seg) == 3 && seg[0] == "runs" && seg[2] == "audit":
 		get(func(w http.ResponseWriter, r *http.Request) { h.audit(w, r, seg[1]) })
+	case len(seg) == 3 && seg[0] == "runs" && seg[2] == "undo-steps":
+		post(func(w http.ResponseWriter, r *http.Request) { h.undoSteps(w, r, seg[1]) })
 	case len(seg) == 3 && seg[0] == "runs" && isAction(seg[2]):
 		post(func(w http.ResponseWriter, r *http.Request) { h.action(w, r, seg[1], seg[2]) })
 	case len(seg) >= 5 && seg[0] == "runs" && seg[2] == "maps" && seg[len(seg)-1] == "elements":

@@ -2,11 +2,15 @@ package worker
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -41,16 +45,25 @@ const (
 	// (reactor.Engine.RetryRollback). The request names the rollback
 	// generation it saw, so it runs once however often it is delivered.
 	ActionRollback Action = "rollback"
+	// ActionUndoSteps undoes named completed steps of a finished run that
+	// kept its effects and keeps the rest (reactor.Engine.UndoSteps). It
+	// names its steps: request it with Controller.RequestUndoSteps.
+	ActionUndoSteps Action = "undo_steps"
 )
 
+// ErrInvalidSteps refuses a RequestUndoSteps whose step names cannot be
+// valid (none, an empty name, an empty path segment): nothing is queued.
+var ErrInvalidSteps = errors.New("worker: invalid steps for undo_steps")
+
 // ParseAction returns the Action named s ("undo", "cancel", "retry",
-// "rollback").
+// "rollback", "undo_steps").
 func ParseAction(s string) (Action, error) {
 	switch a := Action(s); a {
-	case ActionUndo, ActionCancel, ActionRetry, ActionRollback:
+	case ActionUndo, ActionCancel, ActionRetry, ActionRollback, ActionUndoSteps:
 		return a, nil
 	}
-	return "", fmt.Errorf("worker: unknown action %q: want %q, %q, %q or %q", s, ActionUndo, ActionCancel, ActionRetry, ActionRollback)
+	return "", fmt.Errorf("worker: unknown action %q: want %q, %q, %q, %q or %q", s, ActionUndo, ActionCancel, ActionRetry,
+		ActionRollback, ActionUndoSteps)
 }
 
 func (a Action) op() (reactor.Op, error) {
@@ -63,6 +76,8 @@ func (a Action) op() (reactor.Op, error) {
 		return reactor.OpRetry, nil
 	case ActionRollback:
 		return reactor.OpRollback, nil
+	case ActionUndoSteps:
+		return reactor.OpUndoSteps, nil
 	}
 	_, err := ParseAction(string(a))
 	return "", err
@@ -149,8 +164,12 @@ func NewController(ctx context.Context, cfg ControllerConfig) (*Controller, erro
 type Request struct {
 	RunID  string
 	Action Action
+	// Steps are the steps an ActionUndoSteps request names, as given
+	// (without repeats); nil for the other actions.
+	Steps []string
 	// TaskID is the control task's id, "ctl:<run>:<action>:<n>", with n
-	// the run's version when the request was made.
+	// the run's version when the request was made; an ActionUndoSteps
+	// request adds ":<h>", a digest of its set of steps.
 	TaskID string
 	// Duplicate is true when the same request was already queued (or was
 	// carried out within the retention): nothing new was queued. A request
@@ -168,7 +187,56 @@ type Request struct {
 // task and reports Duplicate. The worker checks again when it carries the
 // request out; a request that no longer applies by then (the run finished,
 // was undone) is archived with the reason, not retried.
+//
+// ActionUndoSteps names steps: request it with RequestUndoSteps (here it is
+// refused with ErrInvalidSteps).
 func (c *Controller) Request(ctx context.Context, runID string, action Action) (Request, error) {
+	if action == ActionUndoSteps {
+		return Request{}, fmt.Errorf("%w: %w (use Controller.RequestUndoSteps)", ErrInvalidSteps, reactor.ErrNoStepsNamed)
+	}
+	return c.request(ctx, runID, action, nil)
+}
+
+// RequestUndoSteps validates an undo of the named steps of run runID
+// (reactor.Engine.UndoSteps: "charge", or "book/reserve" for a step of
+// composed child book) and queues it for a worker, as Request does. Steps
+// must name at least one step, none of them empty (ErrInvalidSteps,
+// wrapping reactor.ErrNoStepsNamed when there is none); a status that
+// refuses it is a *reactor.StatusError (Op "undo_steps"). The task id names
+// the run's version and the set of steps, so the same steps requested twice
+// (in any order) queue one task, while other steps at the same version are
+// another request. Whether each name is a step of the run's definition, and
+// the resource-order rule, are judged by the worker (the Controller holds no
+// definitions): a request they refuse is archived with the engine's reason.
+func (c *Controller) RequestUndoSteps(ctx context.Context, runID string, steps []string) (Request, error) {
+	steps, err := validSteps(steps)
+	if err != nil {
+		return Request{}, err
+	}
+	return c.request(ctx, runID, ActionUndoSteps, steps)
+}
+
+// validSteps returns steps without repeats, or ErrInvalidSteps.
+func validSteps(steps []string) ([]string, error) {
+	if len(steps) == 0 {
+		return nil, fmt.Errorf("%w: %w", ErrInvalidSteps, reactor.ErrNoStepsNamed)
+	}
+	out := make([]string, 0, len(steps))
+	for i, s := range steps {
+		if s == "" {
+			return nil, fmt.Errorf("%w: step %d is empty", ErrInvalidSteps, i+1)
+		}
+		if slices.Contains(strings.Split(s, "/"), "") {
+			return nil, fmt.Errorf("%w: step %q has an empty path segment (want \"step\" or \"compose/step\")", ErrInvalidSteps, s)
+		}
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+func (c *Controller) request(ctx context.Context, runID string, action Action, steps []string) (Request, error) {
 	op, err := action.op()
 	if err != nil {
 		return Request{}, err
@@ -177,11 +245,11 @@ func (c *Controller) Request(ctx context.Context, runID string, action Action) (
 	if err != nil {
 		return Request{}, err
 	}
-	p := controlPayload{RunID: runID, Action: action, Version: run.Version}
+	p := controlPayload{RunID: runID, Action: action, Version: run.Version, Steps: steps}
 	if action == ActionRollback {
 		p.Gen = run.RollbackGeneration
 	}
-	req := Request{RunID: runID, Action: action, TaskID: p.taskID()}
+	req := Request{RunID: runID, Action: action, Steps: steps, TaskID: p.taskID()}
 	body, err := codec.Marshal(p)
 	if err != nil {
 		return Request{}, err
@@ -215,8 +283,12 @@ func (c *Controller) Request(ctx context.Context, runID string, action Action) (
 	case err != nil:
 		return Request{}, fmt.Errorf("worker: enqueue %s: %w", req.TaskID, err)
 	}
-	c.cfg.Logger.InfoContext(ctx, "control request queued", "event", "worker.control.requested", "run", runID,
-		"action", string(action), "task", req.TaskID, "duplicate", req.Duplicate)
+	attrs := []any{"event", "worker.control.requested", "run", runID, "action", string(action), "task", req.TaskID,
+		"duplicate", req.Duplicate}
+	if steps != nil {
+		attrs = append(attrs, "steps", steps)
+	}
+	c.cfg.Logger.InfoContext(ctx, "control request queued", attrs...)
 	return req, nil
 }
 
@@ -230,10 +302,30 @@ type controlPayload struct {
 	// Gen is the rollback generation a rollback request retries
 	// (reactor.FromGeneration); 0 for the other actions.
 	Gen int `msgpack:"g,omitempty"`
+	// Steps are the steps an undo_steps request names.
+	Steps []string `msgpack:"s,omitempty"`
 }
 
 func (p controlPayload) taskID() string {
-	return "ctl:" + p.RunID + ":" + string(p.Action) + ":" + strconv.FormatInt(p.Version, 10)
+	id := "ctl:" + p.RunID + ":" + string(p.Action) + ":" + strconv.FormatInt(p.Version, 10)
+	if p.Action == ActionUndoSteps {
+		id += ":" + stepsDigest(p.Steps)
+	}
+	return id
+}
+
+// stepsDigest names a set of steps: 12 hex digits of the SHA-256 of the
+// sorted names, each length-prefixed, so the order they were given in does
+// not matter and no two sets share a digest by concatenation.
+func stepsDigest(steps []string) string {
+	sorted := slices.Clone(steps)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	h := sha256.New()
+	for _, s := range sorted {
+		_, _ = h.Write([]byte(strconv.Itoa(len(s)) + ":" + s))
+	}
+	return hex.EncodeToString(h.Sum(nil))[:12]
 }
 
 // errMalformedControl marks a control payload no retry can fix.
@@ -250,13 +342,19 @@ func decodeControl(b []byte) (controlPayload, error) {
 	if _, err := p.Action.op(); err != nil {
 		return p, fmt.Errorf("%w: %v", errMalformedControl, err)
 	}
+	if p.Action == ActionUndoSteps {
+		if _, err := validSteps(p.Steps); err != nil {
+			return p, fmt.Errorf("%w: %v", errMalformedControl, err)
+		}
+	}
 	return p, nil
 }
 
 // handleControl carries out a control request with the engine's own call.
 // A request that no longer applies (the run finished or was undone since,
-// or is gone) is archived with the engine's reason: retrying cannot make it
-// apply. A run locked by another process snoozes the request.
+// or is gone), or an undo_steps request the engine refuses (a name that is
+// no step of the definition, a newer entry on the same resource left out),
+// is archived with the engine's reason: retrying cannot make it apply. A run locked by another process snoozes the request.
 func (w *Worker) handleControl(ctx context.Context, t *asynq.Task) (err error) {
 	defer func() {
 		if r := recover(); r != nil {
@@ -287,8 +385,18 @@ func (w *Worker) handleControl(ctx context.Context, t *asynq.Task) (err error) {
 		}
 		res, err = w.engine.RetryRollback(ctx, p.RunID, opts...)
 		attrs = append(attrs, "generation", p.Gen+1)
+	case ActionUndoSteps:
+		attrs = append(attrs, "steps", p.Steps)
+		var out *reactor.StepsUndone
+		if out, err = w.engine.UndoSteps(ctx, p.RunID, p.Steps); out != nil {
+			res = out.Result
+			if len(out.Unresolved) > 0 {
+				attrs = append(attrs, "unresolved", out.Unresolved)
+			}
+		}
 	}
 	var se *reactor.StatusError
+	var roe *reactor.ResourceOrderError
 	switch {
 	case err == nil:
 		if res != nil {
@@ -298,7 +406,9 @@ func (w *Worker) handleControl(ctx context.Context, t *asynq.Task) (err error) {
 		return nil
 	case errors.Is(err, reactor.ErrRunLocked), errors.Is(err, reactor.ErrLockLost):
 		return &SnoozeError{RunID: p.RunID, Base: w.cfg.Snooze}
-	case errors.As(err, &se), errors.Is(err, reactor.ErrNotFound):
+	case errors.As(err, &se), errors.Is(err, reactor.ErrNotFound), errors.As(err, &roe),
+		errors.Is(err, reactor.ErrUnknownStep), errors.Is(err, reactor.ErrNoStepsNamed):
+		// The request is refused as it stands: retrying cannot change it.
 		w.log.InfoContext(ctx, "control request no longer applies; archived", append([]any{"event", "worker.control.refused", "reason", err.Error()}, attrs...)...)
 		return fmt.Errorf("worker: %s of run %s no longer applies: %w: %w", p.Action, p.RunID, err, asynq.SkipRetry)
 	case errors.Is(err, reactor.ErrUnknownReactor):

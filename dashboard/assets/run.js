@@ -165,6 +165,84 @@
     });
   }
 
+  // ---- applied steps (undo stack) ------------------------------------------
+  // A finished run that kept its effects lists the steps still applied; the
+  // operator ticks some and undoes only those (POST .../undo-steps).
+  var keeps = { completed: true, halted: true, aborted: true };
+  var picked = {};        // step path -> ticked
+  var undoStatus = '';    // the run's status as the panel last drew it
+
+  function pickedSteps() {
+    return Object.keys(picked).filter(function (k) { return picked[k]; });
+  }
+
+  function updatePicked() {
+    var n = pickedSteps().length;
+    $('undo-steps-button').disabled = n === 0;
+    $('undosteps-picked').textContent = n ? n + (n === 1 ? ' step' : ' steps') + ' selected' : 'tick the steps to undo';
+  }
+
+  function renderUndoSteps(status, ledger) {
+    var on = !!keeps[status] && ledger.length > 0;
+    show('undosteps-panel', on);
+    undoStatus = status;
+    var box = GR.clear($('undosteps'));
+    var still = {};
+    ledger.forEach(function (e) { still[e.step] = true; });
+    Object.keys(picked).forEach(function (k) { if (!still[k]) delete picked[k]; });
+    if (!on) { picked = {}; updatePicked(); return; }
+    $('undosteps-text').textContent = ledger.length + (ledger.length === 1 ? ' entry' : ' entries') + ' on the undo stack, oldest first';
+    var seen = {};
+    box.appendChild(h('table', { class: 'table compact undo-stack' },
+      h('thead', null, h('tr', null, ['', '#', 'step', 'resource', 'status'].map(function (c) { return h('th', null, c); }))),
+      h('tbody', null, ledger.map(function (e) {
+        // One box per step path: undoing a step undoes all its entries.
+        var first = !seen[e.step];
+        seen[e.step] = true;
+        var tick = null;
+        if (first) {
+          tick = h('input', { type: 'checkbox', class: 'undo-pick', 'aria-label': 'undo step ' + e.step, dataset: { step: e.step } });
+          tick.checked = !!picked[e.step];
+          tick.addEventListener('change', function () { picked[e.step] = tick.checked; updatePicked(); });
+        }
+        return h('tr', { dataset: { step: e.step } },
+          h('td', null, tick),
+          h('td', { class: 'num' }, String(e.ordinal)),
+          h('td', { class: 'mono' }, e.step, e.interrupted ? h('span', { class: 'muted small' }, ' (interrupted)') : null),
+          h('td', { class: 'mono muted' }, e.resource || ''),
+          // pending: not undone yet, so still applied; otherwise what its
+          // last undo left (compensation_failed, out_of_window, ...).
+          h('td', null, h('span', { class: 'rb-status rb-' + String(e.status).replace(/[^a-z_]/g, ''), title: e.status },
+            e.status === 'pending' ? 'applied' : e.status)));
+      }))));
+    updatePicked();
+  }
+
+  function undoSelected() {
+    var steps = pickedSteps();
+    if (!steps.length) return;
+    var n = steps.length, what = n === 1 ? '1 step' : n + ' steps';
+    GR.confirm('Undo ' + what + ' of run ' + runID + '?',
+      'Undo only the steps listed, newest first, with their undo functions. The other steps stay applied and the run stays ' +
+        undoStatus + '. A step that changed a resource a later step changed too can only be undone with that later step.',
+      steps, 'Undo ' + what).then(function (ok) {
+      if (!ok) return null;
+      return GR.post('/api/runs/' + encodeURIComponent(runID) + '/undo-steps', { steps: steps }).then(function (res) {
+        var d = res.data || {};
+        GR.message('ok', 'Undo of ' + what + ' requested for run ' + runID,
+          (d.duplicate ? 'Already requested; the same control task is queued.' : 'A worker carries it out.') +
+          (d.task_id ? ' Task ' + d.task_id + '.' : ''));
+        picked = {};
+        Array.prototype.forEach.call(document.querySelectorAll('#undosteps .undo-pick'), function (b) { b.checked = false; });
+        updatePicked();
+        return res;
+      }, function (err) {
+        GR.message('error', 'Undo of ' + what + ' of run ' + runID + (err.status ? ' refused (' + err.status + ')' : ' not sent'), err.message);
+        return null;
+      });
+    }).then(function (r) { GR.poller.nudge(); return r; });
+  }
+
   // ---- maps ----------------------------------------------------------------
   function dominant(c) {
     // Ties go to the state an operator most needs to see.
@@ -443,6 +521,7 @@
       if (changed('value', r.value)) renderValue(r);
       if (changed('children', r.children)) renderChildren(r.children || []);
       if (changed('rollbacks', r.rollbacks)) renderRollbacks(r.rollbacks || []);
+      if (changed('ledger', [r.status, r.ledger])) renderUndoSteps(r.status, r.ledger || []);
       $('run').dataset.status = r.status;
       // A finished run changes rarely: poll it slower.
       GR.poller.setInterval(GR.terminal[r.status] ? 5000 : 2000);
@@ -465,6 +544,7 @@
       b.title = GR.actions[b.dataset.action].one(runID);
       b.addEventListener('click', function () { GR.runAction(runID, b.dataset.action); });
     });
+    $('undo-steps-button').addEventListener('click', undoSelected);
     GR.poller.start(refresh);
   });
 })();
