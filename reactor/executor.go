@@ -224,6 +224,13 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	x.version = res.Version
 	x.observeClock(res.At)
 	x.pendingAudit = nil // stored with the write
+	if terminal && len(x.st.Human) > 0 {
+		// After the write: a crash in between leaves the run out of the
+		// list (its state still says what waits), never a resolved run in it.
+		if err := x.e.store.MarkNeedsHuman(ctx, x.st.ID, x.st.unresolvedHuman(), now); err != nil {
+			x.e.log.Warn("a run that needs a person was not listed as such", "event", "reactor.index.stale", "run", x.st.ID, "error", err)
+		}
+	}
 	x.cancel = x.cancel || res.CancelRequested
 	if !terminal || x.element {
 		return nil

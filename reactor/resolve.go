@@ -189,3 +189,13 @@ func (e *Engine) openForResolve(ctx context.Context, id string) (*execution, err
 	return &execution{e: e, def: def, st: st, target: target, lease: lease, version: snap.Version, indexed: st.Status,
 		element: element, inWorker: true}, nil
 }
+
+// NeedsHuman lists up to limit runs (root or map element runs) with a
+// conflicted undo that no person has resolved, newest first: what an
+// operator's queue of work holds. RollbackStatus of each says what to do.
+func (e *Engine) NeedsHuman(ctx context.Context, limit int) ([]string, error) {
+	if limit <= 0 {
+		limit = 100
+	}
+	return e.store.NeedsHuman(ctx, limit)
+}

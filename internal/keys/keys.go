@@ -177,3 +177,7 @@ func (k Keys) ReactorStatus(name, s string) string { return k.prefix + ":idx:rs:
 // IDs is the index of every root run id, all scored 0, so that ZRANGEBYLEX
 // finds the ids that start with a prefix (the dashboard's id search).
 func (k Keys) IDs() string { return k.prefix + ":idx:ids" }
+
+// NeedsHuman indexes the runs (root or map element) with a conflicted undo
+// no person has resolved, scored by when it was stored (ms).
+func (k Keys) NeedsHuman() string { return k.prefix + ":idx:needs_human" }

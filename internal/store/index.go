@@ -166,3 +166,27 @@ func RemoveIfScore(ctx context.Context, rdb redis.UniversalClient, key, member s
 	}
 	return n == 1, nil
 }
+
+// MarkNeedsHuman adds run id (a root or element run) to the index of runs
+// waiting for a person, or takes it out.
+func (s *Store) MarkNeedsHuman(ctx context.Context, id string, waiting bool, now time.Time) error {
+	var err error
+	if waiting {
+		err = s.rdb.ZAdd(ctx, s.keys.NeedsHuman(), redis.Z{Score: float64(now.UnixMilli()), Member: id}).Err()
+	} else {
+		err = s.rdb.ZRem(ctx, s.keys.NeedsHuman(), id).Err()
+	}
+	if err != nil {
+		return fmt.Errorf("store: index needs-human: %w", err)
+	}
+	return nil
+}
+
+// NeedsHuman lists up to limit runs waiting for a person, newest first.
+func (s *Store) NeedsHuman(ctx context.Context, limit int) ([]string, error) {
+	ids, err := s.rdb.ZRevRange(ctx, s.keys.NeedsHuman(), 0, int64(limit)-1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("store: read needs-human index: %w", err)
+	}
+	return ids, nil
+}
