@@ -105,8 +105,12 @@ func (h *Handler) answer(id, action string, ask func() (string, bool, error)) (b
 		res.StatusCode, res.TaskID, res.Duplicate = http.StatusAccepted, task, dup
 	case errors.Is(err, reactor.ErrNotFound):
 		res.StatusCode, res.Error = http.StatusNotFound, err.Error()
-	case errors.Is(err, worker.ErrInvalidSteps):
+	case errors.Is(err, worker.ErrInvalidSteps), errors.Is(err, reactor.ErrUnknownStep):
 		res.StatusCode, res.Error = http.StatusBadRequest, err.Error()
+	case errors.Is(err, reactor.ErrResourceOrder):
+		// The request would leave a newer change on the same resource
+		// applied: refused before anything is queued.
+		res.StatusCode, res.Error = http.StatusConflict, err.Error()
 	case errors.As(err, &se):
 		res.StatusCode, res.Error = http.StatusConflict, err.Error()
 		return res, se.Status

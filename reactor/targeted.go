@@ -26,6 +26,9 @@ var (
 	ErrUnknownStep = errors.New("reactor: no such step in the run's definition")
 	// ErrNoStepsNamed: UndoSteps was called without a step.
 	ErrNoStepsNamed = errors.New("reactor: name at least one step to undo")
+	// ErrResourceOrder is what a *ResourceOrderError matches with
+	// errors.Is.
+	ErrResourceOrder = errors.New("reactor: a newer entry on the same resource would stay applied")
 )
 
 // Unresolved reasons: why a named step had nothing to undo.
@@ -52,6 +55,9 @@ type ResourceOrderError struct {
 	Newer        string
 	NewerOrdinal int
 }
+
+// Is makes errors.Is(err, ErrResourceOrder) true.
+func (e *ResourceOrderError) Is(target error) bool { return target == ErrResourceOrder }
 
 func (e *ResourceOrderError) Error() string {
 	return fmt.Sprintf("reactor: run %s: cannot undo step %q (entry %d) without step %q (entry %d): "+
@@ -185,6 +191,29 @@ func (e *Engine) UndoSteps(ctx context.Context, id string, steps []string) (*Ste
 	return out, nil
 }
 
+// CheckUndoSteps tells whether UndoSteps(ctx, id, steps) would be refused
+// before anything runs, by the same rules and errors: the status rule
+// (*StatusError), ErrNoStepsNamed, the resource order (*ResourceOrderError)
+// and, when this engine holds the run's definition, ErrUnknownStep. It
+// needs no definition (a dashboard can ask it); without one, a name that
+// matches no entry is not judged here. It returns the run as it read it.
+func (e *Engine) CheckUndoSteps(ctx context.Context, id string, steps []string) (*Run, error) {
+	if len(steps) == 0 {
+		return nil, ErrNoStepsNamed
+	}
+	st, version, err := e.load(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	d, _ := e.Definition(st.Reactor)
+	run := st.view(d, version)
+	if err := stepsUndoable(st); err != nil {
+		return run, err
+	}
+	_, err = planTargets(d, st, steps)
+	return run, err
+}
+
 // stepsUndoable is UndoSteps's status rule (Check shares it): Undo's.
 func stepsUndoable(st *runState) error {
 	err := undoable(st)
@@ -233,6 +262,15 @@ func planTargets(def *Definition, st *runState, steps []string) (*targetPlan, er
 	picked := map[*LedgerEntry]bool{}
 	seen := map[string]bool{}
 	for _, name := range steps {
+		if def == nil {
+			// CheckUndoSteps without the definition: only the entries.
+			for _, l := range leaves {
+				if l.path == name || strings.HasPrefix(l.path, name+"/") {
+					picked[l.e] = true
+				}
+			}
+			continue
+		}
 		s, err := resolveStepPath(def, name)
 		if err != nil {
 			return nil, err

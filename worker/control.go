@@ -241,7 +241,13 @@ func (c *Controller) request(ctx context.Context, runID string, action Action, s
 	if err != nil {
 		return Request{}, err
 	}
-	run, err := c.engine.Check(ctx, runID, op)
+	var run *reactor.Run
+	if action == ActionUndoSteps {
+		// The steps are judged too, as far as the stored run tells.
+		run, err = c.engine.CheckUndoSteps(ctx, runID, steps)
+	} else {
+		run, err = c.engine.Check(ctx, runID, op)
+	}
 	if err != nil {
 		return Request{}, err
 	}
