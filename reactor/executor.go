@@ -51,6 +51,9 @@ type execution struct {
 	// windowNow is a server time read (and checked) by a call before it
 	// started the rollback, used to judge its undo windows.
 	windowNow int64
+	// recheckWaiting: the run's terminal write must update its entry in
+	// the index of runs waiting for a person (a conflict was settled).
+	recheckWaiting bool
 }
 
 // frame is a definition executing over its state: the root run, or a
@@ -176,7 +179,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		// halted) while a cancel is pending rolls back instead.
 		guard := !x.element && (x.st.Status == StatusCompleted || x.st.Status == StatusHalted)
 		opts = store.WriteOptions{Retention: x.e.cfg.Retention, Release: x.element, UnlessCancelled: guard}
-		if x.st.unresolvedHuman() {
+		if x.st.waitsForPerson() {
 			// A person must resolve a conflicted undo: the run (and its
 			// tree) stays until then.
 			opts.KeepForever = true
@@ -224,10 +227,10 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	x.version = res.Version
 	x.observeClock(res.At)
 	x.pendingAudit = nil // stored with the write
-	if terminal && len(x.st.Human) > 0 {
+	if terminal && (len(x.st.Human) > 0 || x.recheckWaiting || x.st.waitsForPerson()) {
 		// After the write: a crash in between leaves the run out of the
 		// list (its state still says what waits), never a resolved run in it.
-		if err := x.e.store.MarkNeedsHuman(ctx, x.st.ID, x.st.unresolvedHuman(), now); err != nil {
+		if err := x.e.store.MarkNeedsHuman(ctx, x.st.ID, x.st.waitsForPerson(), now); err != nil {
 			x.e.log.Warn("a run that needs a person was not listed as such", "event", "reactor.index.stale", "run", x.st.ID, "error", err)
 		}
 	}

@@ -252,7 +252,19 @@ func (x *execution) recordBlocked(ctx context.Context, f *frame, d *Definition, 
 }
 
 // unresolvedHuman reports whether st has a conflicted entry no person has
-// resolved: such a run never expires.
+// resolved.
 func (st *runState) unresolvedHuman() bool {
 	return slices.ContainsFunc(st.Human, func(h *humanRec) bool { return h.Resolution == "" })
+}
+
+// waitsForPerson reports whether a person must resolve a conflict of st or
+// of one of its map elements (the owner's failure lists those): such a run
+// never expires, and is listed by NeedsHuman.
+func (st *runState) waitsForPerson() bool {
+	if st.unresolvedHuman() {
+		return true
+	}
+	return st.Failure != nil && slices.ContainsFunc(st.Failure.RollbackFailures, func(rf RollbackFailure) bool {
+		return rf.Reason == ReasonConflict
+	})
 }

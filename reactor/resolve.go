@@ -106,6 +106,10 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 	h := st.Human[i]
 	if h.Resolution != "" {
 		_ = x.lease.Release(bg)
+		// A repeat settles the owner's record if the first call could not.
+		if err := e.settleOwner(ctx, st.Elem, x.settledPaths(h)); err != nil {
+			return err
+		}
 		return fmt.Errorf("%w: %s was resolved %s", ErrAlreadyResolved, entryID, h.Resolution)
 	}
 	h.Resolution, h.Note, h.ResolvedAt = kind, note, e.now().UnixMilli()
@@ -146,9 +150,77 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 	e.log.Info("a conflicted undo was resolved by a person", "event", "reactor.undo.resolved", "run", id, "entry", entryID,
 		"resolution", string(kind))
 	terminal := st.Status.Terminal()
+	x.recheckWaiting = true
 	err = x.save(bg, terminal)
 	if !terminal || err != nil {
 		_ = x.lease.Release(bg)
+	}
+	if err != nil {
+		return err
+	}
+	return e.settleOwner(ctx, st.Elem, settled)
+}
+
+// settledPaths are the step paths whose rollback failures the resolution
+// of h settled (h's own, and with left_applied the entries it blocked, as
+// recorded on the run).
+func (x *execution) settledPaths(h *humanRec) map[string]string {
+	out := map[string]string{h.Step: ReasonConflict}
+	if h.Resolution == ResolvedLeftApplied {
+		for _, u := range x.st.Undone {
+			if u.Status == RollbackLeftApplied && u.BlockedBy == h.ID {
+				out[u.Step] = ReasonBlocked
+			}
+		}
+	}
+	return out
+}
+
+// settleOwner takes the rollback failures a map element's resolution
+// settled off its owner's failure (they read "<map step>[<index>]/<step>"
+// there), so the owner's retention and its place in NeedsHuman follow. el
+// is nil for a root run: nothing to do.
+func (e *Engine) settleOwner(ctx context.Context, el *elementRec, settled map[string]string) error {
+	if el == nil || el.Owner == "" {
+		return nil
+	}
+	target := e.store.RunTarget(el.Owner)
+	lease, err := e.locks.Acquire(ctx, target.Lock, e.cfg.UndoLockWait)
+	if errors.Is(err, lock.ErrHeld) {
+		return fmt.Errorf("%w (owner %s of the resolved element; the element is resolved: call Resolve again to update the owner)",
+			ErrRunLocked, el.Owner)
+	}
+	if err != nil {
+		return err
+	}
+	bg := context.WithoutCancel(ctx)
+	st, version, err := e.load(ctx, el.Owner)
+	if err != nil {
+		_ = lease.Release(bg)
+		if errors.Is(err, ErrNotFound) {
+			return nil // the owner is gone: nothing to settle
+		}
+		return err
+	}
+	prefix := fmt.Sprintf("%s[%d]/", el.Step, el.Index)
+	changed := false
+	if fl := st.Failure; fl != nil && !treeRollingBack(st) {
+		fl.RollbackFailures = slices.DeleteFunc(fl.RollbackFailures, func(rf RollbackFailure) bool {
+			step, ok := strings.CutPrefix(rf.Step, prefix)
+			drop := ok && settled[step] == rf.Reason
+			changed = changed || drop
+			return drop
+		})
+	}
+	if !changed {
+		_ = lease.Release(bg)
+		return nil
+	}
+	def, _ := e.Definition(st.Reactor)
+	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status, recheckWaiting: true}
+	err = x.save(bg, st.Status.Terminal())
+	if !st.Status.Terminal() || err != nil {
+		_ = lease.Release(bg)
 	}
 	return err
 }
