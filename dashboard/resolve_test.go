@@ -151,7 +151,7 @@ func TestResolveConflictedEntry(t *testing.T) {
 		`{"kind":"manually_reverted","note":"x","extra":1}`: "body must be JSON",
 		`{"kind":"undone","note":"x"}`:                      `kind "undone" is not "manually_reverted"`,
 		`{"kind":"","note":"x"}`:                            `kind "" is not`,
-		`{"kind":"left_applied","note":"   "}`:             "note is empty",
+		`{"kind":"left_applied","note":"   "}`:              "note is empty",
 		`{"kind":"left_applied"}`:                           "note is empty",
 	} {
 		decodeInto(t, e.do(http.MethodPost, path, token, bad), http.StatusBadRequest, &eb)
