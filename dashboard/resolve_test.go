@@ -3,15 +3,18 @@ package dashboard_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/dashboard"
+	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -239,4 +242,91 @@ func TestResolveRefusedWhileRollingBack(t *testing.T) {
 	decodeInto(t, e.do(http.MethodPost, resolvePath("dying-1", "a#1"), token, `{"kind":"left_applied","note":"n"}`), http.StatusConflict, &eb)
 	require.Equal(t, "rolling_back", eb.Status)
 	require.Contains(t, eb.Error, reactor.ErrRollbackInProgress.Error())
+}
+
+// A conflict inside a fan-out map's element run: needs-human lists the
+// element run (with its owner), and it is resolved by its element run id.
+func TestResolveElementRun(t *testing.T) {
+	t.Parallel()
+	const token = "elem-token"
+	e := newEnv(t, token)
+	ctx := ctxTimeout(t, 60*time.Second)
+	key := func(n int) string { return fmt.Sprintf("%s:acct:%d:tier", e.prefix, n) }
+	get := func(ctx context.Context, k string) (string, error) {
+		v, err := e.rdb.Get(ctx, k).Result()
+		if errors.Is(err, redis.Nil) {
+			return "", nil
+		}
+		return v, err
+	}
+	guard := reactor.Guarded(reactor.GuardConfig[string]{
+		Probe: get,
+		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+			return reactor.RestoreWritten, e.rdb.Set(ctx, k, before, 0).Err()
+		},
+	})
+	type in struct {
+		N int `json:"n"`
+	}
+	element := reactor.MustDefine("tier-el",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("upgrade", reactor.StepConfig[in, string]{
+			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
+			Guard: guard,
+			Run: func(ctx context.Context, in in) (string, error) {
+				before, err := get(ctx, key(in.N))
+				if err != nil {
+					return "", err
+				}
+				if err := e.rdb.Set(ctx, key(in.N), "gold", 0).Err(); err != nil {
+					return "", err
+				}
+				return "gold", reactor.RecordEffect(ctx, reactor.Effect{Resource: key(in.N), Before: before, After: "gold", Label: "tier upgrade"})
+			},
+		}))
+	owner := reactor.MustDefine("tier-owner",
+		reactor.Input[[]int]("items", reactor.Required()),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, BatchSize: 2}),
+		reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
+			After: []string{"each"},
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				if err := e.rdb.Set(ctx, key(1), "platinum (support desk)", 0).Err(); err != nil {
+					return "", err
+				}
+				return "", reactor.Permanent(errors.New("declined"))
+			},
+		}))
+	for n := range 3 {
+		require.NoError(t, e.rdb.Set(ctx, key(n), "basic", 0).Err())
+	}
+	e.startWorker(owner, element)
+	_, err := e.engine.Enqueue(ctx, owner, map[string]any{"items": []int{0, 1, 2}}, reactor.WithRunID("tiers"))
+	require.NoError(t, err)
+	final, err := e.engine.Wait(ctx, "tiers")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, final.Status)
+
+	var page needsHumanPage
+	e.get("/api/needs-human", http.StatusOK, &page)
+	require.Len(t, page.Runs, 1, "%+v", page)
+	elemID := page.Runs[0].ID
+	require.Equal(t, mapstep.MapID("tiers", "each")+".1", elemID)
+	require.Equal(t, "tier-el", page.Runs[0].Reactor)
+	require.Equal(t, "upgrade#1", page.Runs[0].ActionRequired[0].ID)
+	require.Equal(t, key(1), page.Runs[0].ActionRequired[0].Resource)
+	var raw map[string]any
+	e.get("/api/needs-human", http.StatusOK, &raw)
+	el := raw["runs"].([]any)[0].(map[string]any)["element"].(map[string]any)
+	require.Equal(t, "tiers", el["owner"])
+	// The element run's page is served like any run's.
+	res := e.do(http.MethodGet, "/runs/"+url.PathEscape(elemID), "", "")
+	require.Equal(t, http.StatusOK, res.code)
+
+	var st rbStatus
+	decodeInto(t, e.do(http.MethodPost, resolvePath(elemID, "upgrade#1"), token, `{"kind":"left_applied","note":"platinum stays"}`), http.StatusOK, &st)
+	require.Equal(t, elemID, st.RunID)
+	_, status, _ := st.entry(t, "upgrade")
+	require.Equal(t, "left_applied", status)
+	e.get("/api/needs-human", http.StatusOK, &page)
+	require.Empty(t, page.Runs)
 }
