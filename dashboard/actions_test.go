@@ -118,7 +118,7 @@ func TestActionsDisabled(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t, "")
 	var eb errBody
-	for _, path := range []string{"/api/runs/x/undo", "/api/runs/x/cancel", "/api/runs/x/retry", "/api/runs/actions", "/api/runs/x/undo-steps"} {
+	for _, path := range []string{"/api/runs/x/undo", "/api/runs/x/cancel", "/api/runs/x/retry", "/api/runs/actions", "/api/runs/x/undo-steps", "/api/runs/x/entries/a%231/resolve"} {
 		decodeInto(t, e.do(http.MethodPost, path, "anything", `{"action":"undo","ids":["x"]}`), http.StatusForbidden, &eb)
 		require.Contains(t, eb.Error, "dashboard actions are disabled: set GOREACTOR_DASHBOARD_TOKEN")
 	}

@@ -2,6 +2,7 @@ package dashboard
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -17,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/fingerprint"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
@@ -280,4 +282,86 @@ func (st *realStack) startWorker(concurrency int, defs ...*reactor.Definition) {
 		defer cancel()
 		_ = w.Stop(c)
 	})
+}
+
+// The guarded-undo story against the real stack: a run whose undo found its
+// resource changed by somebody else is listed under "Needs a person"; its
+// page's Action required panel shows the resource and the fingerprints; the
+// person picks "manually reverted", writes a note, resolves (confirm, token),
+// and the entry turns manually_reverted while the panel empties.
+func TestBrowserResolveConflict(t *testing.T) {
+	t.Parallel()
+	ctx := newBrowser(t)
+	const token = "resolve-token"
+	st := newRealStack(t, token, "")
+	fx := NewGuardFixture(st.rdb, "clobber-ui", st.queue+":user:7/email")
+	st.startWorker(2, fx.Def)
+	bg, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id, err := fx.Run(bg, st.engine, "clobber-ui-1")
+	require.NoError(t, err)
+	expected, _ := fingerprint.Of(GuardNewer)
+	observed, _ := fingerprint.Of(GuardClobbered)
+	restoreTo, _ := fingerprint.Of(GuardNew)
+
+	bctx, bcancel := context.WithTimeout(ctx, time.Minute)
+	defer bcancel()
+	poll := func(what, js string) {
+		t.Helper()
+		_, err := chromedp.Run(bctx, chromedp.Poll[bool](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+		require.NoError(t, err, "waiting until %s (%s)", what, js)
+	}
+	q := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(st.srv.URL+"/"), chromedp.WaitVisible(chromedp.ID("needs-panel"))))
+	poll("the run is under Needs a person", `document.getElementById('needs-count').textContent === '1' &&
+		[...document.querySelectorAll('#needs-list .needs-run')].some(li => li.dataset.id === `+q(id)+` && li.textContent.includes('book/fix2#2'))`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`#needs-list a.needs-link`)), chromedp.WaitVisible(chromedp.ID("rbstatus-panel"))))
+	poll("the run page opens", `document.body.dataset.page === 'run' && document.getElementById('run').dataset.runId === `+q(id))
+	const item = `document.querySelector('#action-required .action-item[data-entry="book/fix2#2"]')`
+	poll("the Action required panel shows the resource and the fingerprints", `!document.getElementById('action-panel').hidden && `+item+` &&
+		`+item+`.querySelector('.ai-resource').textContent === `+q(fx.Key)+` &&
+		`+item+`.querySelector('.ai-expected').textContent === `+q(expected)+` &&
+		`+item+`.querySelector('.ai-observed').textContent === `+q(observed)+` &&
+		`+item+`.querySelector('.ai-restore-to').textContent === `+q(restoreTo)+` &&
+		`+item+`.querySelector('.ai-blocked').textContent.includes('book/fix1#1') &&
+		document.getElementById('action-required-text').textContent.includes(`+q(observed)+`)`)
+	poll("the status table shows the blocked entry and the fingerprints", `[...document.querySelectorAll('#rbstatus tbody tr')].some(r =>
+		r.dataset.entry === 'book/fix1#1' && r.dataset.status === 'blocked' && r.querySelector('.rb-blocked-by').textContent === 'book/fix2#2') &&
+		[...document.querySelectorAll('#rbstatus tbody tr[data-entry="book/fix2#2"] .fp')].some(f => f.title === `+q(observed)+`)`)
+	poll("Resolve is disabled without a note", item+`.querySelector('.resolve-button').disabled`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`#action-required .resolve-kind[data-kind="manually_reverted"]`))))
+	poll("still disabled: the note is empty", item+`.querySelector('.resolve-button').disabled`)
+	// The person puts the address back, then says so.
+	require.NoError(t, st.rdb.Set(bg, fx.Key, GuardNew, 0).Err())
+	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.CSS(`#action-required .resolve-note`), "restored ada@new.test by hand, ticket SUP-12")))
+	poll("Resolve is enabled", `!`+item+`.querySelector('.resolve-button').disabled`)
+	shot := t.TempDir()
+	if d := os.Getenv("GOREACTOR_SCREENSHOT_DIR"); d != "" {
+		shot = d
+	}
+	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(shot, "action-required.png"), png, 0o644))
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`#action-required .resolve-button`))))
+	poll("the confirmation names the entry and the note", `document.getElementById('confirm-dialog').open &&
+		document.getElementById('confirm-title').textContent.includes('book/fix2#2') &&
+		document.getElementById('confirm-list').textContent.includes('SUP-12')`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.ID("confirm-yes"))))
+	poll("the token is asked for", `document.getElementById('token-dialog').open`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.ID("token-input"), token), chromedp.Click(chromedp.ID("token-save"))))
+	poll("the entry turns manually_reverted and the panel empties", `[...document.querySelectorAll('#rbstatus tbody tr')].some(r =>
+		r.dataset.entry === 'book/fix2#2' && r.dataset.status === 'manually_reverted') &&
+		document.getElementById('action-panel').hidden && document.querySelectorAll('#action-required .action-item').length === 0`)
+	png, err = chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NoError(t, os.WriteFile(filepath.Join(shot, "resolve.png"), png, 0o644))
+
+	rep, err := st.engine.RollbackStatus(bg, id)
+	require.NoError(t, err)
+	require.Empty(t, rep.ActionRequired)
+	waiting, err := st.engine.NeedsHuman(bg, 10)
+	require.NoError(t, err)
+	require.NotContains(t, waiting, id)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(st.srv.URL+"/")))
+	poll("nothing waits for a person", `document.getElementById('needs-count')?.textContent === '0' && document.querySelector('#needs-list .needs-none') !== null`)
 }

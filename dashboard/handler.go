@@ -157,6 +157,8 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		get(h.listRuns)
 	case len(seg) == 1 && seg[0] == "stats":
 		get(h.stats)
+	case len(seg) == 1 && seg[0] == "needs-human":
+		get(h.needsHuman)
 	case len(seg) == 2 && seg[0] == "runs" && seg[1] == "actions":
 		post(h.batchAction)
 	case len(seg) == 2 && seg[0] == "runs" && seg[1] != "":
@@ -169,6 +171,12 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		post(func(w http.ResponseWriter, r *http.Request) { h.undoSteps(w, r, seg[1]) })
 	case len(seg) == 3 && seg[0] == "runs" && isAction(seg[2]):
 		post(func(w http.ResponseWriter, r *http.Request) { h.action(w, r, seg[1], seg[2]) })
+	case len(seg) >= 5 && seg[0] == "runs" && seg[2] == "entries" && seg[len(seg)-1] == "resolve":
+		// The entry id ("book/pay#2") is one path-escaped segment
+		// (book%2Fpay%232); an unescaped slash is accepted too. A '#'
+		// must be escaped, or the client cuts the path there.
+		entry := strings.Join(seg[3:len(seg)-1], "/")
+		post(func(w http.ResponseWriter, r *http.Request) { h.resolve(w, r, seg[1], entry) })
 	case len(seg) >= 5 && seg[0] == "runs" && seg[2] == "maps" && seg[len(seg)-1] == "elements":
 		// The step is a path: "items", or "book/items" for a map in a
 		// composed child (its slash escaped or not).

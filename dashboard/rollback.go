@@ -9,7 +9,8 @@ import (
 )
 
 // rollbackStatus serves GET /api/runs/{id}/rollback-status: the run's latest
-// rollback, entry by entry, with its summary (reactor.RollbackReport).
+// rollback, entry by entry, with its summary (reactor.RollbackReport) and
+// what a person must act on, as a list and as text (rollbackStatusView).
 func (h *Handler) rollbackStatus(w http.ResponseWriter, r *http.Request, id string) {
 	if err := keys.ValidateID(id); err != nil {
 		writeError(w, http.StatusBadRequest, "run id: "+err.Error())
@@ -24,7 +25,7 @@ func (h *Handler) rollbackStatus(w http.ResponseWriter, r *http.Request, id stri
 	case err != nil:
 		h.serverError(w, r, err)
 	default:
-		writeJSON(w, http.StatusOK, rep)
+		writeJSON(w, http.StatusOK, viewOf(rep))
 	}
 }
 

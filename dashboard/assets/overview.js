@@ -239,7 +239,47 @@
     renderBatch();
   }
 
-  function refresh() { return Promise.all([refreshStats(), refreshList()]); }
+  // ---- needs a person -------------------------------------------------------
+  // Runs (root or map element runs) whose guarded undo conflicted and that
+  // no person resolved yet: each links to its run page, which says what to do.
+  var needsLimit = 20;
+  var lastNeeds = '';
+
+  function refreshNeeds() {
+    return GR.api('/api/needs-human' + GR.query({ limit: needsLimit })).then(function (res) {
+      var page = res.data || {};
+      var key = JSON.stringify(page);
+      if (key === lastNeeds) return;
+      lastNeeds = key;
+      renderNeeds(page.runs || [], !!page.more);
+    }, function (err) {
+      $('needs-text').textContent = 'could not load: ' + err.message;
+    });
+  }
+
+  function renderNeeds(list, more) {
+    var n = list.length;
+    $('needs-count').textContent = n + (more ? '+' : '');
+    $('needs-tile').classList.toggle('zero', n === 0);
+    $('needs-panel').dataset.count = String(n);
+    $('needs-text').textContent = n ? 'conflicted undos nobody resolved yet, newest first' : '';
+    var ul = GR.clear($('needs-list'));
+    if (!n) { ul.appendChild(h('li', { class: 'muted needs-none' }, 'Nothing is waiting for a person.')); return; }
+    list.forEach(function (r) {
+      var items = r.action_required || [];
+      ul.appendChild(h('li', { class: 'needs-run', dataset: { id: r.id } },
+        GR.runLink(r.id, 'needs-link'),
+        h('span', { class: 'muted' }, r.reactor),
+        GR.badge(r.status),
+        r.element ? h('span', { class: 'muted small' }, 'element ' + r.element.index + ' of ' + r.element.owner) : null,
+        h('span', { class: 'needs-entries' }, items.map(function (a) {
+          return h('span', { class: 'needs-entry mono', title: a.why }, a.id + ' on ' + a.resource + ' ');
+        }))));
+    });
+    if (more) ul.appendChild(h('li', { class: 'muted small' }, 'more are waiting: the newest ' + needsLimit + ' are shown'));
+  }
+
+  function refresh() { return Promise.all([refreshStats(), refreshList(), refreshNeeds()]); }
 
   document.addEventListener('DOMContentLoaded', function () {
     readURL();

@@ -458,18 +458,136 @@
         (sum.outstanding || 0) + ' outstanding · ' + ((sum.kept || []).length) + ' kept (no undo registered)')));
     var entries = rep.entries || [];
     if (!entries.length) return;
-    box.appendChild(h('table', { class: 'table compact rb-entries' },
-      h('thead', null, h('tr', null, ['#', 'step', 'status', 'action', 'attempts', 'finished', 'reason'].map(function (c) { return h('th', null, c); }))),
+    box.appendChild(h('div', { class: 'scroll-x' }, h('table', { class: 'table compact rb-entries' },
+      h('thead', null, h('tr', null, ['#', 'step', 'status', 'action', 'attempts', 'resource', 'fingerprints', 'blocked by', 'finished', 'reason'].map(function (c) { return h('th', null, c); }))),
       h('tbody', null, entries.map(function (e) {
-        return h('tr', null,
+        return h('tr', { dataset: { entry: e.id || '', status: e.status } },
           h('td', { class: 'num' }, String(e.order)),
           h('td', { class: 'mono' }, e.step),
           h('td', null, h('span', { class: 'rb-status rb-' + String(e.status).replace(/[^a-z_]/g, '') }, e.status)),
           h('td', null, e.action || ''),
           h('td', { class: 'num' }, e.attempts ? String(e.attempts) : ''),
+          h('td', { class: 'mono muted rb-resource', title: e.label || '' }, e.resource || ''),
+          h('td', { class: 'fp-cell' }, fpLine('expected', e.expected), fpLine('observed', e.observed), fpLine('restore to', e.restore_to)),
+          h('td', { class: 'mono rb-blocked-by' }, e.blocked_by || ''),
           h('td', { class: 'muted' }, e.finished_at ? GR.fmtClock(e.finished_at) : ''),
-          h('td', { class: e.message ? 'bad-text small' : 'muted small', title: e.message || '' }, [e.reason, e.message].filter(Boolean).join(': ')));
-      }))));
+          h('td', { class: 'rb-reason ' + (e.message ? 'bad-text small' : 'muted small'), title: e.message || '' }, [e.reason, e.message].filter(Boolean).join(': ')));
+      })))));
+  }
+
+  // fpShort shortens a fingerprint ("sha256:91c37282…"); the full value is
+  // the element's title.
+  function fpShort(fp) {
+    fp = String(fp || '');
+    return fp.length > 19 ? fp.slice(0, 18) + '…' : fp;
+  }
+
+  function fpLine(label, fp) {
+    if (!fp) return null;
+    return h('div', null, h('span', { class: 'fp-k' }, label), h('span', { class: 'fp', title: fp, dataset: { fp: fp } }, fpShort(fp)));
+  }
+
+  // ---- action required (guarded undo conflicts) ------------------------------
+  // Each entry whose guarded undo conflicted is listed with its fingerprints
+  // and a form: the person says what they did (manually reverted / left
+  // applied) with a note, and the dashboard records it (POST
+  // .../entries/{entry}/resolve). What was typed survives the live refresh.
+  var drafts = {};   // entry id -> {kind, note}
+
+  function renderActionRequired(rep) {
+    var items = (rep && rep.action_required) || [];
+    show('action-panel', items.length > 0);
+    var box = GR.clear($('action-required'));
+    $('action-required-text').textContent = (rep && rep.action_required_text) || '';
+    var want = {};
+    items.forEach(function (a) { want[a.id] = true; });
+    Object.keys(drafts).forEach(function (k) { if (!want[k]) delete drafts[k]; });
+    if (!items.length) return;
+    $('action-text').textContent = items.length + (items.length === 1 ? ' entry needs' : ' entries need') + ' a person';
+    items.forEach(function (a, i) { box.appendChild(actionItem(a, i)); });
+  }
+
+  function actionItem(a, i) {
+    var d = drafts[a.id] || (drafts[a.id] = { kind: '', note: '' });
+    var name = 'resolve-kind-' + i;
+    function radio(kind, label, help) {
+      var r = h('input', { type: 'radio', name: name, value: kind, class: 'resolve-kind', dataset: { kind: kind } });
+      r.checked = d.kind === kind;
+      r.addEventListener('change', function () { if (r.checked) { d.kind = kind; update(); } });
+      return h('label', { title: help }, r, ' ' + label);
+    }
+    var note = h('textarea', { class: 'resolve-note', rows: '2', maxlength: '4000', required: true,
+      placeholder: 'What did you do, or why does it stay? (required: it is kept on the run and audited)', 'aria-label': 'note for ' + a.id });
+    note.value = d.note;
+    var btn = h('button', { type: 'button', class: 'btn btn-primary resolve-button' }, 'Resolve');
+    var hint = h('span', { class: 'muted small resolve-hint' });
+    function update() {
+      var empty = !note.value.trim();
+      btn.disabled = empty || !d.kind;
+      hint.textContent = empty ? 'write a note to resolve' : (!d.kind ? 'pick what you did' : '');
+    }
+    note.addEventListener('input', function () { d.note = note.value; update(); });
+    btn.addEventListener('click', function () { resolveEntry(a, d); });
+    update();
+    var blocked = a.blocked || [];
+    return h('div', { class: 'action-item', dataset: { entry: a.id } },
+      h('div', { class: 'action-top' },
+        h('span', { class: 'mono strong ai-id' }, a.id),
+        h('span', { class: 'muted' }, 'on'),
+        h('span', { class: 'mono ai-resource' }, a.resource),
+        a.label ? h('span', { class: 'muted ai-label' }, '· ' + a.label) : null),
+      h('p', { class: 'action-why bad-text ai-why' }, a.why),
+      h('table', { class: 'table compact kv action-fps' }, h('tbody', null,
+        h('tr', null, h('th', null, 'expected'), h('td', { class: 'ai-expected', title: 'the state the step left' }, a.expected)),
+        h('tr', null, h('th', null, 'observed'), h('td', { class: 'ai-observed', title: 'what the rollback read instead' }, a.observed)),
+        h('tr', null, h('th', null, 'restore to'), h('td', { class: 'ai-restore-to', title: 'the state before the step' }, a.restore_to)))),
+      blocked.length ? h('div', { class: 'small ai-blocked' }, h('span', { class: 'muted' }, 'blocked by it, not attempted: '),
+        h('span', { class: 'mono' }, blocked.join(', '))) : null,
+      h('div', { class: 'action-form' },
+        h('div', { class: 'action-kinds' },
+          radio('manually_reverted', 'manually reverted', 'you put the resource back to the restore-to state'),
+          radio('left_applied', 'left applied', 'the resource stays as it is, and so do the entries it blocks')),
+        note,
+        h('div', null, btn, ' ', hint)));
+  }
+
+  function resolveEntry(a, d) {
+    var note = d.note.trim();
+    if (!note || !d.kind) return;
+    var what = d.kind === 'manually_reverted' ? 'manually reverted' : 'left applied';
+    var text = d.kind === 'manually_reverted'
+      ? 'Record that you put ' + a.resource + ' back to its restore-to state. The entries it blocked are undone by the next "Retry rollback".'
+      : 'Record that ' + a.resource + ' stays as it is. The entries it blocked stay applied for good.';
+    GR.confirm('Resolve ' + a.id + ' as ' + what + '?', text, ['note: ' + note], 'Resolve as ' + what).then(function (ok) {
+      if (!ok) return null;
+      var path = '/api/runs/' + encodeURIComponent(runID) + '/entries/' + encodeURIComponent(a.id) + '/resolve';
+      return GR.post(path, { kind: d.kind, note: d.note }).then(function (res) {
+        delete drafts[a.id];
+        GR.message('ok', a.id + ' of run ' + runID + ' resolved as ' + what,
+          d.kind === 'manually_reverted' && (a.blocked || []).length ? 'Retry the rollback to undo the entries it blocked.' : '');
+        if (res.data && changed('rbstatus', res.data)) { renderRollbackStatus(res.data); renderActionRequired(res.data); }
+        return res;
+      }, function (err) {
+        GR.message('error', 'Resolution of ' + a.id + ' of run ' + runID + (err.status ? ' refused (' + err.status + ')' : ' not sent'), err.message);
+        return null;
+      });
+    }).then(function (r) { GR.poller.nudge(); return r; });
+  }
+
+  function copyActionText() {
+    var pre = $('action-required-text');
+    var text = pre.textContent;
+    var done = function () { GR.message('ok', 'Copied', 'The action-required text is on the clipboard.'); };
+    var select = function () {
+      var range = document.createRange();
+      range.selectNodeContents(pre);
+      var sel = window.getSelection();
+      sel.removeAllRanges();
+      sel.addRange(range);
+      GR.message('ok', 'Text selected', 'The clipboard is not available here; copy the selection.');
+    };
+    if (navigator.clipboard && navigator.clipboard.writeText) navigator.clipboard.writeText(text).then(done, select);
+    else select();
   }
 
   function renderAudit(entries) {
@@ -491,14 +609,15 @@
   function refreshRollback(r) {
     if (!(r.rollbacks || []).length && r.status !== 'rolling_back') {
       renderRollbackStatus(null);
+      renderActionRequired(null);
       renderAudit([]);
       return Promise.resolve();
     }
     var base = '/api/runs/' + encodeURIComponent(runID);
     return Promise.all([
       GR.api(base + '/rollback-status').then(function (res) {
-        if (changed('rbstatus', res.data)) renderRollbackStatus(res.data);
-      }, function () { renderRollbackStatus(null); }),
+        if (changed('rbstatus', res.data)) { renderRollbackStatus(res.data); renderActionRequired(res.data); }
+      }, function () { renderRollbackStatus(null); renderActionRequired(null); }),
       GR.api(base + '/audit').then(function (res) {
         var list = (res.data && res.data.entries) || [];
         if (changed('audit', list)) renderAudit(list);
@@ -545,6 +664,7 @@
       b.addEventListener('click', function () { GR.runAction(runID, b.dataset.action); });
     });
     $('undo-steps-button').addEventListener('click', undoSelected);
+    $('action-copy').addEventListener('click', copyActionText);
     GR.poller.start(refresh);
   });
 })();
