@@ -51,6 +51,9 @@ type execution struct {
 	// windowNow is a server time read (and checked) by a call before it
 	// started the rollback, used to judge its undo windows.
 	windowNow int64
+	// endingTargeted: the terminal write ends an UndoSteps; a cancel
+	// request that came in meanwhile does not turn it into a rollback.
+	endingTargeted bool
 	// recheckWaiting: the run's terminal write must update its entry in
 	// the index of runs waiting for a person (a conflict was settled).
 	recheckWaiting bool
@@ -177,7 +180,8 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	if terminal {
 		// A run that would finish with its effects kept (completed,
 		// halted) while a cancel is pending rolls back instead.
-		guard := !x.element && (x.st.Status == StatusCompleted || x.st.Status == StatusHalted)
+		// (Not the end of an UndoSteps: the run had finished before it.)
+		guard := !x.element && (x.st.Status == StatusCompleted || x.st.Status == StatusHalted) && !x.endingTargeted
 		opts = store.WriteOptions{Retention: x.e.cfg.Retention, Release: x.element, UnlessCancelled: guard}
 		if x.st.waitsForPerson() {
 			// A person must resolve a conflicted undo: the run (and its

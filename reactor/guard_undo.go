@@ -170,9 +170,17 @@ func (x *execution) recordConflict(ctx context.Context, f *frame, d *Definition,
 	cerr := &ConflictError{Step: rec.Step, Resource: e.Resource, Expected: rec.Expected, Observed: v.observed, RestoreTo: rec.RestoreTo, Why: v.why}
 	rec.Status, rec.Reason, rec.Message = RollbackNeedsPerson, ReasonConflict, v.why
 	e.Status = RollbackNeedsPerson
-	x.st.Human = append(x.st.Human, &humanRec{ID: entryID(rec.Step, e.Ordinal), Step: rec.Step, Ordinal: e.Ordinal,
+	h := &humanRec{ID: entryID(rec.Step, e.Ordinal), Step: rec.Step, Ordinal: e.Ordinal,
 		Resource: e.Resource, Label: rec.Label, Expected: rec.Expected, Observed: v.observed, RestoreTo: rec.RestoreTo,
-		Why: v.why, Generation: rec.Generation, At: rec.At})
+		Why: v.why, Generation: rec.Generation, At: rec.At}
+	if i := slices.IndexFunc(x.st.Human, func(o *humanRec) bool { return o.ID == h.ID }); i >= 0 {
+		// The same entry conflicted again (a person resolved it, and a
+		// later undo found the resource changed once more): the record
+		// waits for a person again.
+		x.st.Human[i] = h
+	} else {
+		x.st.Human = append(x.st.Human, h)
+	}
 	a := auditRec{kind: AuditConflict, step: rec.Step, ordinal: e.Ordinal, status: RollbackNeedsPerson, action: ActionUndo,
 		attempt: rec.Attempt, generation: rec.Generation, reason: ReasonConflict, message: v.why,
 		resource: e.Resource, expected: rec.Expected, observed: v.observed, restoreTo: rec.RestoreTo}
@@ -194,6 +202,8 @@ func (x *execution) blocker(f *frame, e *LedgerEntry) (by string, leftApplied bo
 	if e.Resource == "" {
 		return "", false, false
 	}
+	// (An entry whose own conflict waits for a person is blocked by it:
+	// a conflict is never attempted again until it is resolved.)
 	for _, h := range x.st.Human {
 		if h.Resource == e.Resource && h.Resolution != ResolvedManuallyReverted {
 			return h.ID, h.Resolution == ResolvedLeftApplied, true
@@ -225,6 +235,9 @@ func (x *execution) recordBlocked(ctx context.Context, f *frame, d *Definition, 
 	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackBlocked, At: x.e.now().UnixMilli(),
 		Generation: f.st.Rollback.generation(), Resource: e.Resource, BlockedBy: by, Reason: ReasonBlocked,
 		Message: fmt.Sprintf("not attempted: entry %s, newer on resource %q, is still applied", by, e.Resource)}
+	if by == entryID(path, e.Ordinal) {
+		rec.Message = "not attempted: its conflict waits for a person (Resolve it first)"
+	}
 	if e.Effect != nil {
 		rec.Label, rec.Expected, rec.RestoreTo = e.Effect.Label, e.Effect.AfterFP, e.Effect.BeforeFP
 	}

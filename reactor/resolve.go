@@ -59,6 +59,9 @@ var (
 	ErrNoSuchConflict = errors.New("reactor: the run has no entry with that id waiting for a person")
 	// ErrAlreadyResolved: the entry was resolved already.
 	ErrAlreadyResolved = errors.New("reactor: the entry was already resolved")
+	// ErrUnknownResolution: the kind is neither ResolvedManuallyReverted
+	// nor ResolvedLeftApplied.
+	ErrUnknownResolution = errors.New("reactor: unknown resolution")
 )
 
 // Resolve records what a person did about entry entryID of run id, whose
@@ -77,7 +80,7 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 		return err
 	}
 	if kind != ResolvedManuallyReverted && kind != ResolvedLeftApplied {
-		return fmt.Errorf("reactor: unknown resolution %q: want %q or %q", kind, ResolvedManuallyReverted, ResolvedLeftApplied)
+		return fmt.Errorf("%w %q: want %q or %q", ErrUnknownResolution, kind, ResolvedManuallyReverted, ResolvedLeftApplied)
 	}
 	if strings.TrimSpace(note) == "" {
 		return ErrEmptyNote
@@ -213,8 +216,14 @@ func (e *Engine) settleOwner(ctx context.Context, el *elementRec, settled map[st
 		})
 	}
 	if !changed {
-		_ = lease.Release(bg)
-		return nil
+		// The element's resolve write took its expiry off: it goes with
+		// its owner's tree again, on what is left of the owner's retention.
+		defer func() { _ = lease.Release(bg) }()
+		ttl, err := e.store.Client().PTTL(ctx, target.State).Result()
+		if err != nil || ttl <= 0 {
+			return err
+		}
+		return e.store.RetainTree(ctx, el.Owner, ttl)
 	}
 	def, _ := e.Definition(st.Reactor)
 	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status, recheckWaiting: true}

@@ -409,7 +409,9 @@ func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Defi
 			e.Status = RollbackPending
 			return ierr
 		}
-	case s.undo != nil:
+	case s.undo != nil || s.guard != nil:
+		// It declared an effect to reverse (an Undo, or a guarded effect
+		// it may have had without recording it).
 		err = &interruptedError{step: path}
 	default:
 		e.Status, rec.Status = RollbackNoCompensation, RollbackNoCompensation

@@ -155,7 +155,7 @@ type RollbackReport struct {
 	// ActionRequired lists what a person must act on: the entries whose
 	// guarded undo conflicted and that no one resolved yet, with the
 	// fingerprints and why (FormatActionRequired turns it into text).
-	ActionRequired []ActionItem `json:"action_required,omitempty"`
+	ActionRequired []ActionItem `json:"action_required"`
 }
 
 // ActionItem is an entry a person must resolve (Engine.Resolve).
@@ -240,7 +240,7 @@ func rollbackReport(st *runState) (*RollbackReport, error) {
 		return nil, fmt.Errorf("%w (run %s is %s)", ErrNoRollback, st.ID, st.Status)
 	}
 	r := &RollbackReport{RunID: st.ID, RollbackID: st.ID + ":rb:" + strconv.Itoa(gen), Generation: gen, Status: st.Status,
-		Entries: []RollbackEntry{}}
+		Entries: []RollbackEntry{}, ActionRequired: []ActionItem{}}
 	if st.Rollback != nil {
 		r.Trigger = st.Rollback.Trigger
 	}

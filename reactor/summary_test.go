@@ -31,5 +31,6 @@ func TestRollbackReportJSON(t *testing.T) {
 			{"order":1,"step":"c","ordinal":3,"status":"compensation_failed","action":"undo","attempts":1,
 				"started_at":"2023-11-14T22:13:20Z","finished_at":"2023-11-14T22:13:21Z","reason":"x.code","message":"down",
 				"id":"c#3","resource":"acct:1"},
-			{"order":2,"step":"email","status":"no_compensation_registered","action":"none","attempts":0,"id":"email#0"}]}`, string(b))
+			{"order":2,"step":"email","status":"no_compensation_registered","action":"none","attempts":0,"id":"email#0"}],
+		"action_required":null}`, string(b))
 }

@@ -214,14 +214,24 @@ func (e *Engine) CheckUndoSteps(ctx context.Context, id string, steps []string) 
 	return run, err
 }
 
-// stepsUndoable is UndoSteps's status rule (Check shares it): Undo's.
+// ErrStoppedMidStep: UndoSteps of a run that stopped with work in
+// progress (an aborted run inside a step, a composed child or a map).
+var ErrStoppedMidStep = errors.New("reactor: the run stopped with a step, composed child or map in progress; " +
+	"what it did there is not on its undo stack yet, so named steps cannot be judged against it: Undo the run whole")
+
+// stepsUndoable is UndoSteps's status rule (Check shares it): Undo's, and
+// nothing in progress.
 func stepsUndoable(st *runState) error {
 	err := undoable(st)
 	var se *StatusError
 	if errors.As(err, &se) {
 		se.Op = string(OpUndoSteps)
+		return err
 	}
-	return err
+	if len(st.Children) > 0 || len(st.Constructs) > 0 || st.Intent != nil {
+		return &StatusError{RunID: st.ID, Status: st.Status, Op: string(OpUndoSteps), Err: ErrStoppedMidStep}
+	}
+	return nil
 }
 
 // targetPlan is what an UndoSteps request resolved to.
@@ -460,6 +470,7 @@ func (x *execution) finishTargeted(ctx context.Context, f *frame) (*frameResult,
 	rb := f.st.Rollback
 	f.st.Status = rb.Targeted.Prior
 	f.st.Rollback = nil
+	x.endingTargeted = true
 	x.audit(auditRec{kind: AuditRollbackCompleted, generation: rb.generation(),
 		outcome: SummarizeRollback(x.generationEntries(f.st, rb.generation())).Outcome})
 	return x.finish(ctx, f, EventStepsUndone)

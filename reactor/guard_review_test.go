@@ -1,0 +1,147 @@
+package reactor_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// Regressions found in review of targeted and guarded undo.
+
+// An entry that conflicts again after a person resolved it waits for a
+// person again, and that second conflict can be resolved.
+func TestGuardedSecondConflictOfTheSameEntry(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	kv := newKV(env)
+	key := env.prefix + ":again"
+	require.NoError(t, env.rdb.Set(ctx, key, "v0", 0).Err())
+	def := reactor.MustDefine("guard-again", kv.setStep("g", key, "v1", kv.guard(reactor.Retry{})))
+	require.NoError(t, env.engine.Register(def))
+	_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("again"))
+	require.NoError(t, err)
+	require.NoError(t, env.rdb.Set(ctx, key, "other", 0).Err())
+	out, err := env.engine.UndoSteps(ctx, "again", []string{"g"})
+	require.NoError(t, err)
+	id := out.Rollback.ActionRequired[0].ID
+
+	// Naming it again while it waits: not attempted (blocked by itself).
+	probes := kv.probes.Load()
+	out, err = env.engine.UndoSteps(ctx, "again", []string{"g"})
+	require.NoError(t, err)
+	require.Equal(t, probes, kv.probes.Load(), "a conflict is never attempted again before it is resolved")
+
+	// "Reverted", but to the wrong value: the next undo conflicts again.
+	require.NoError(t, env.rdb.Set(ctx, key, "V0", 0).Err())
+	require.NoError(t, env.engine.Resolve(ctx, "again", id, reactor.ResolvedManuallyReverted, "set it back"))
+	out, err = env.engine.UndoSteps(ctx, "again", []string{"g"})
+	require.NoError(t, err)
+	require.Len(t, out.Rollback.ActionRequired, 1, "it waits for a person again")
+	waiting, err := env.engine.NeedsHuman(ctx, 100)
+	require.NoError(t, err)
+	require.Contains(t, waiting, "again")
+	require.NoError(t, env.engine.Resolve(ctx, "again", id, reactor.ResolvedLeftApplied, "leave it"))
+	rep, err := env.engine.RollbackStatus(ctx, "again")
+	require.NoError(t, err)
+	require.Empty(t, rep.ActionRequired)
+}
+
+// A guarded step cut short after its change is a rollback failure
+// (its effect may stand), never kept silently.
+func TestGuardedStepCutShortIsAFailure(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	kv := newKV(env)
+	key := env.prefix + ":cut"
+	runCtx, cut := context.WithCancel(ctx)
+	def := reactor.MustDefine("guard-cut", reactor.Step("g", reactor.StepConfig[reactor.Args, string]{
+		Guard: kv.guard(reactor.Retry{}),
+		Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+			if err := env.rdb.Set(ctx, key, "v1", 0).Err(); err != nil {
+				return "", err
+			}
+			if err := reactor.RecordEffect(ctx, reactor.Effect{Resource: key, Before: "v0", After: "v1"}); err != nil {
+				return "", err
+			}
+			cut() // the caller goes away before the result is recorded
+			<-ctx.Done()
+			return "", ctx.Err()
+		},
+	}))
+	require.NoError(t, env.engine.Register(def))
+	res, err := env.engine.Run(runCtx, def, nil, reactor.WithRunID("cut"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusAborted, res.Status)
+	u, err := env.engine.Undo(ctx, "cut")
+	require.NoError(t, err)
+	require.Len(t, u.Failure.RollbackFailures, 1)
+	require.Equal(t, "reactor.step_interrupted", u.Failure.RollbackFailures[0].Reason)
+	rep, err := env.engine.RollbackStatus(ctx, "cut")
+	require.NoError(t, err)
+	require.Equal(t, reactor.RollbackNeedsHuman, rep.Summary.Outcome)
+}
+
+// UndoSteps refuses a run that stopped inside a composed child: the
+// child's completed steps are not on the stack yet, so the resource order
+// cannot be judged.
+func TestUndoStepsRefusesARunStoppedMidStep(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	tr := env.trail
+	runCtx, cut := context.WithCancel(ctx)
+	hang := reactor.Step("pay", reactor.StepConfig[reactor.Args, string]{
+		After: []string{"reserve"},
+		Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+			cut()
+			<-ctx.Done()
+			return "", ctx.Err()
+		},
+	})
+	child := reactor.MustDefine("mid-child", resourceStep(tr, "reserve", "R", nil), hang)
+	def := reactor.MustDefine("mid-owner", resourceStep(tr, "a", "R", nil),
+		reactor.Compose("book", child, reactor.ComposeConfig{After: []string{"a"}}))
+	require.NoError(t, env.engine.Register(def))
+	res, err := env.engine.Run(runCtx, def, nil, reactor.WithRunID("mid"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusAborted, res.Status)
+	_, err = env.engine.UndoSteps(ctx, "mid", []string{"a"})
+	require.ErrorIs(t, err, reactor.ErrStoppedMidStep)
+	require.Empty(t, undos(tr))
+	_, err = env.engine.Undo(ctx, "mid")
+	require.NoError(t, err)
+	require.Equal(t, []string{"undo:reserve", "undo:a"}, undos(tr))
+}
+
+// A cancel request that lands while UndoSteps holds the run does not turn
+// it into a whole undo.
+func TestUndoStepsIsNotTurnedIntoAnUndoByACancelRequest(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	tr := env.trail
+	d := reactor.Step("d", reactor.StepConfig[reactor.Args, string]{
+		After: []string{"c"},
+		Run:   func(context.Context, reactor.Args) (string, error) { return "", nil },
+		Undo: func(context.Context, reactor.Args, string) error {
+			tr.add("undo:d")
+			return reactor.StoreCancelRequest(env.engine, "racing")
+		},
+	})
+	def := reactor.MustDefine("racing", resourceStep(tr, "a", "r:a", nil), resourceStep(tr, "c", "r:c", nil, "a"), d)
+	require.NoError(t, env.engine.Register(def))
+	_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("racing"))
+	require.NoError(t, err)
+	out, err := env.engine.UndoSteps(ctx, "racing", []string{"d"})
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, out.Result.Status)
+	require.Equal(t, []string{"undo:d"}, undos(tr))
+	n, err := env.rdb.Exists(ctx, env.prefix+":{run:racing}:cancel").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "the terminal write dropped the request")
+}
