@@ -1,0 +1,105 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// An element whose guarded undo conflicted must not expire before a person
+// resolves it; after Resolve it must not outlive its owner's tree.
+func TestConflictedElementKeepsItsOwnerUntilResolved(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ret := func(c *reactor.Config) { c.Retention = time.Hour }
+	api, wk := f.engine("api", ret), f.engine("worker", ret)
+	ctx := ctxTimeout(t)
+	key := func(n int) string { return fmt.Sprintf("%s:acct:%d:tier", f.prefix, n) }
+	get := func(ctx context.Context, k string) (string, error) {
+		v, err := f.rdb.Get(ctx, k).Result()
+		if errors.Is(err, redis.Nil) {
+			return "", nil
+		}
+		return v, err
+	}
+	guard := reactor.Guarded(reactor.GuardConfig[string]{
+		Probe: get,
+		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+			return reactor.RestoreWritten, f.rdb.Set(ctx, k, before, 0).Err()
+		},
+	})
+	type in struct {
+		N int `json:"n"`
+	}
+	element := reactor.MustDefine("tier-el2",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("upgrade", reactor.StepConfig[in, string]{
+			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
+			Guard: guard,
+			Run: func(ctx context.Context, in in) (string, error) {
+				k := key(in.N)
+				before, _ := get(ctx, k)
+				_ = f.rdb.Set(ctx, k, "gold", 0).Err()
+				return "gold", reactor.RecordEffect(ctx, reactor.Effect{Resource: k, Before: before, After: "gold"})
+			},
+		}))
+	owner := reactor.MustDefine("tier-owner2",
+		reactor.Input[[]int]("items", reactor.Required()),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, BatchSize: 2}),
+		reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
+			After: []string{"each"},
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				_ = f.rdb.Set(ctx, key(1), "other", 0).Err()
+				return "", reactor.Permanent(errors.New("declined"))
+			},
+		}))
+	for n := range 2 {
+		require.NoError(t, f.rdb.Set(ctx, key(n), "basic", 0).Err())
+	}
+	require.NoError(t, wk.Register(owner, element))
+	f.startWorker(wk)
+	res, err := api.Enqueue(ctx, owner, map[string]any{"items": []int{0, 1}}, reactor.WithRunID("tiers2"))
+	require.NoError(t, err)
+	final, err := api.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, final.Status)
+	elemID := mapstep.MapID("tiers2", "each") + ".1"
+	elemKey := f.prefix + ":{elem:" + elemID + "}:ctx"
+	ownerKey := f.prefix + ":{run:tiers2}:ctx"
+	require.Eventually(t, func() bool {
+		_, err := f.rdb.ZScore(ctx, f.prefix+":idx:active", "tiers2").Result()
+		return err != nil
+	}, 10*time.Second, 10*time.Millisecond, "the owner's tidy-up (tree retention, index) is done")
+	waiting, err := api.NeedsHuman(ctx, 10)
+	require.NoError(t, err)
+	require.Contains(t, waiting, elemID)
+	require.Contains(t, waiting, "tiers2", "the owner waits with its element")
+	require.Equal(t, time.Duration(-1), f.rdb.PTTL(ctx, ownerKey).Val(), "the owner keeps its tree while a person must look")
+	require.Equal(t, time.Duration(-1), f.rdb.PTTL(ctx, elemKey).Val())
+	_, err = api.Check(ctx, "tiers2", reactor.OpRetry)
+	require.ErrorIs(t, err, reactor.ErrNotRetryable)
+
+	require.NoError(t, api.Resolve(ctx, elemID, "upgrade#1", reactor.ResolvedLeftApplied, "keep the other writer's value"))
+	ownerTTL := f.rdb.PTTL(ctx, ownerKey).Val()
+	require.Greater(t, ownerTTL, time.Duration(0), "resolved: the owner's retention applies again")
+	elemTTL := f.rdb.PTTL(ctx, elemKey).Val()
+	require.Greater(t, elemTTL, time.Duration(0), "and the element goes with its owner's tree")
+	require.LessOrEqual(t, elemTTL, time.Hour)
+	waiting, err = api.NeedsHuman(ctx, 10)
+	require.NoError(t, err)
+	require.NotContains(t, waiting, elemID)
+	require.NotContains(t, waiting, "tiers2")
+	run, err := api.Get(ctx, "tiers2")
+	require.NoError(t, err)
+	for _, rf := range run.Failure.RollbackFailures {
+		require.NotEqual(t, reactor.ReasonConflict, rf.Reason, "the settled conflict left the owner's failure")
+	}
+}
