@@ -31,7 +31,7 @@ func TestGuardedSecondConflictOfTheSameEntry(t *testing.T) {
 
 	// Naming it again while it waits: not attempted (blocked by itself).
 	probes := kv.probes.Load()
-	out, err = env.engine.UndoSteps(ctx, "again", []string{"g"})
+	_, err = env.engine.UndoSteps(ctx, "again", []string{"g"})
 	require.NoError(t, err)
 	require.Equal(t, probes, kv.probes.Load(), "a conflict is never attempted again before it is resolved")
 

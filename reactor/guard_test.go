@@ -23,8 +23,6 @@ type kvStore struct {
 	probeFail atomic.Int32
 	// silent makes Restore return without writing.
 	silent atomic.Bool
-	// cas makes Restore compare atomically (WATCH-free: a Lua CAS).
-	cas atomic.Bool
 }
 
 var casScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) return 1 end return 0`)
