@@ -220,8 +220,10 @@ func TestResolveRefusedWhileRollingBack(t *testing.T) {
 	const token = "rb-token"
 	e := newEnv(t, token)
 	ctx := ctxTimeout(t, 30*time.Second)
-	// An engine whose lock expires fast, so the "crashed" run loses it.
-	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: e.rdb, Prefix: e.prefix, LockExpiry: 90 * time.Millisecond, Logger: discard})
+	// An engine whose lock keeper notices soon that the lock was taken (the
+	// Undo below hands it to "other"), so the "crashed" run stops; a second
+	// leaves a loaded machine room to save the rollback decision first.
+	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: e.rdb, Prefix: e.prefix, LockExpiry: time.Second, Logger: discard})
 	require.NoError(t, err)
 	lockKey := e.prefix + ":{run:dying-1}:lock"
 	def := reactor.MustDefine("dying",
