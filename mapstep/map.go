@@ -73,6 +73,13 @@ type construct struct {
 	cfg Config
 }
 
+// UndoWindowed tells the owner's rollback that the map's elements judge
+// undo windows (reactor.WindowedConstruct), so that it hands them the time
+// it started at.
+func (m *construct) UndoWindowed() bool {
+	return m.cfg.Element != nil && m.cfg.Element.UndoWindow() > 0
+}
+
 // Validate is called by reactor.Define.
 func (m *construct) Validate() error {
 	if m.cfg.Element == nil {

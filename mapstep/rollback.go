@@ -93,6 +93,9 @@ type rbMeta struct {
 	Settled, Failed          int
 	// Work: the positions come from the generation's work list.
 	Work bool
+	// WindowAt is when the owner's rollback judges undo windows (server
+	// ms; 0: none): the elements judge theirs by it.
+	WindowAt int64
 }
 
 func (m rbMeta) settled() bool { return m.exists && m.Settled >= m.Offset && m.Offset >= m.Total }
@@ -152,6 +155,7 @@ func parseRb(f map[string]string, offset string) rbMeta {
 	atoi := func(k string) int { n, _ := strconv.Atoi(f[k]); return n }
 	m := rbMeta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Settled: atoi("settled"), Failed: atoi("failed"),
 		Work: f["work"] == "1"}
+	m.WindowAt, _ = strconv.ParseInt(f["wa"], 10, 64)
 	m.Offset, _ = strconv.Atoi(offset)
 	return m
 }
@@ -164,14 +168,14 @@ func (s mapStore) rbKeys(mapID string, gen int) []string {
 
 // rbStart creates generation gen of the map's rollback (once) and makes it
 // the current one; work says its positions come from its work list.
-func (s mapStore) rbStart(ctx context.Context, mapID string, gen, total, batch int, work bool) (created bool, offset int, err error) {
+func (s mapStore) rbStart(ctx context.Context, mapID string, gen, total, batch int, work bool, windowAt int64) (created bool, offset int, err error) {
 	k := s.keys
 	w := "0"
 	if work {
 		w = "1"
 	}
 	res, err := rbStartScript.Run(ctx, s.rdb, []string{k.MapRbMeta(mapID, gen), k.MapRbOffset(mapID, gen), k.MapMeta(mapID)},
-		total, batch, time.Now().UnixMilli(), gen, w).Slice()
+		total, batch, time.Now().UnixMilli(), gen, w, windowAt).Slice()
 	if err != nil {
 		return false, 0, fmt.Errorf("mapstep: start rollback of %s: %w", mapID, err)
 	}
@@ -320,7 +324,7 @@ func (s mapStore) retryable(ctx context.Context, mapID string, gen int) ([]int, 
 // (settled) could not undo: its work list is written first (again, after a
 // crash, until the start script has run), then the start script creates the
 // generation and makes it current, once.
-func (s mapStore) regenerate(ctx context.Context, md meta, mapID string, fanOut bool, prev, gen int) (created bool, offset int, err error) {
+func (s mapStore) regenerate(ctx context.Context, md meta, mapID string, fanOut bool, prev, gen int, windowAt int64) (created bool, offset int, err error) {
 	idx, err := s.retryable(ctx, mapID, prev)
 	if err != nil {
 		return false, 0, err
@@ -343,7 +347,7 @@ func (s mapStore) regenerate(ctx context.Context, md meta, mapID string, fanOut 
 	if !fanOut {
 		batch = max(len(idx), 1)
 	}
-	return s.rbStart(ctx, mapID, gen, len(idx), batch, true)
+	return s.rbStart(ctx, mapID, gen, len(idx), batch, true, windowAt)
 }
 
 // Undo rolls back a completed map: every completed element, newest first.
@@ -424,11 +428,11 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 				batch = max(total, 1)
 			}
 			gen = max(want, 1)
-			created, offset, err = ms.rbStart(ctx, st.MapID, gen, total, batch, false)
+			created, offset, err = ms.rbStart(ctx, st.MapID, gen, total, batch, false, windowAtMs(c))
 		} else {
 			prev := gen
 			gen = want
-			created, offset, err = ms.regenerate(ctx, md, st.MapID, st.FanOut, prev, gen)
+			created, offset, err = ms.regenerate(ctx, md, st.MapID, st.FanOut, prev, gen, windowAtMs(c))
 		}
 		if err != nil {
 			return err
@@ -578,20 +582,20 @@ func (s mapStore) heldElement(ctx context.Context, e *reactor.Engine, md meta, m
 // one code path of inline rollbacks and rollback jobs.
 func rollbackElement(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, mapID string, rb rbMeta, i int, wait time.Duration) (rbOutcome, error) {
 	if rb.Work {
-		return retryElement(ctx, e, md, mapID, i, rb.Gen, wait)
+		return retryElement(ctx, e, md, mapID, i, rb.Gen, wait, rb.WindowAt)
 	}
 	fwd, err := ms.results(ctx, mapID, i, i)
 	if err != nil {
 		return rbOutcome{Index: i}, err
 	}
-	return rollbackElementWith(ctx, e, md, mapID, i, fwd[0], wait)
+	return rollbackElementWith(ctx, e, md, mapID, i, fwd[0], wait, rb.WindowAt)
 }
 
 // retryElement brings element i, which an earlier generation could not
 // undo, to generation gen: the element retries its own failed entries (only
 // those), or is undone if it never was.
-func retryElement(ctx context.Context, e *reactor.Engine, md meta, mapID string, i, gen int, wait time.Duration) (rbOutcome, error) {
-	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace})
+func retryElement(ctx context.Context, e *reactor.Engine, md meta, mapID string, i, gen int, wait time.Duration, windowAt int64) (rbOutcome, error) {
+	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace, WindowAt: windowAt})
 	res, err := engineapi.RetryElementRollback(e, ctx, ElementID(mapID, i), gen, wait)
 	switch {
 	case errors.Is(err, reactor.ErrNotFound):
@@ -624,7 +628,7 @@ func undoneOutcome(md meta, i int, res *reactor.Result) rbOutcome {
 }
 
 // rollbackElementWith rolls back element i given its forward outcome.
-func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID string, i int, fwd *outcome, wait time.Duration) (rbOutcome, error) {
+func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID string, i int, fwd *outcome, wait time.Duration, windowAt int64) (rbOutcome, error) {
 	o := rbOutcome{Index: i}
 	// Skipped and failed elements (a failed element rolled itself back)
 	// have nothing for the map to undo. A halted element kept what it
@@ -638,7 +642,7 @@ func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID 
 		return o, nil
 	}
 	mayBeAbsent := f == nil || f.Status == outcomeStopped
-	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace})
+	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace, WindowAt: windowAt})
 	res, err := engineapi.UndoElement(e, ctx, ElementID(mapID, i), wait)
 	switch {
 	case mayBeAbsent && errors.Is(err, reactor.ErrNotFound):
@@ -781,9 +785,9 @@ func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackT
 	}
 	var o rbOutcome
 	if rb.Work {
-		o, err = retryElement(ctx, e, md, t.MapID, t.Index, t.Gen, 0)
+		o, err = retryElement(ctx, e, md, t.MapID, t.Index, t.Gen, 0, rb.WindowAt)
 	} else {
-		o, err = rollbackElementWith(ctx, e, md, t.MapID, t.Index, fwd, 0)
+		o, err = rollbackElementWith(ctx, e, md, t.MapID, t.Index, fwd, 0, rb.WindowAt)
 	}
 	if errors.Is(err, reactor.ErrRunLocked) {
 		// Snooze (the position stays outstanding) while the lock is held.
@@ -820,4 +824,13 @@ func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackT
 		return resumeOwnerRollback(ctx, e, md.Owner, md.OwnerReact, t.MapID, t.Gen)
 	}
 	return nil
+}
+
+// windowAtMs is the time (server ms) the owner's rollback judges undo
+// windows at, for the elements (0: none).
+func windowAtMs(c *reactor.ConstructContext) int64 {
+	if t := c.UndoWindowAt(); !t.IsZero() {
+		return t.UnixMilli()
+	}
+	return 0
 }

@@ -56,6 +56,9 @@ type ConstructContext struct {
 
 	state Raw
 	gen   int // the rollback generation (RollbackGeneration)
+	// windowAt is the server time (ms) at which the run's rollback judges
+	// undo windows (UndoWindowAt).
+	windowAt int64
 	save  func(ctx context.Context, state Raw) error
 	// cancel asks whether a cancel was requested (control.go); nil outside Run.
 	cancel func(ctx context.Context) (bool, error)
@@ -147,8 +150,17 @@ func (x *execution) constructContext(f *frame, s *stepDef, args Raw) *ConstructC
 	return &ConstructContext{
 		Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
 		Step: f.path + s.name, Args: args, Nested: x.element, TraceID: x.st.Trace,
-		state: f.st.Constructs[s.name], gen: x.rollbackGen(),
+		state: f.st.Constructs[s.name], gen: x.rollbackGen(), windowAt: rollbackWindowAt(f),
 	}
+}
+
+// rollbackWindowAt is the time f's rollback judges undo windows at (0 when
+// it is not rolling back, or judged none).
+func rollbackWindowAt(f *frame) int64 {
+	if f.st.Rollback == nil {
+		return 0
+	}
+	return f.st.Rollback.WindowAt
 }
 
 // runConstruct runs a construct step forward.

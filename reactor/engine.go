@@ -679,7 +679,7 @@ func (e *Engine) undoElement(ctx context.Context, id string, wait time.Duration)
 	}
 	adoptElement(ctx, st)
 	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: snap.Version,
-		indexed: st.Status, element: true, inWorker: true}
+		indexed: st.Status, element: true, inWorker: true, windowNow: elementWindowAt(ctx)}
 	if st.Status == StatusRollingBack { // a crashed element undo: resume it
 		return x.execute(ctx, EventRunResumed)
 	}

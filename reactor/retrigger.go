@@ -329,7 +329,7 @@ func (e *Engine) openElement(ctx context.Context, id string, wait time.Duration)
 	}
 	adoptElement(ctx, st)
 	return &execution{e: e, def: def, st: st, target: target, lease: lease, version: snap.Version,
-		indexed: st.Status, element: true, inWorker: true}, nil, nil
+		indexed: st.Status, element: true, inWorker: true, windowNow: elementWindowAt(ctx)}, nil, nil
 }
 
 func init() {

@@ -100,6 +100,9 @@ func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frame
 	if rb.Failure == nil {
 		rb.Failure = newCancelFailure("rolled back")
 	}
+	if err := x.judgeWindow(ctx, f, x.windowNow); err != nil {
+		return nil, err
+	}
 	if rb.Trigger == TriggerFailure && !rb.Compensated && rb.Step != "" {
 		called, err := x.compensate(ctx, f, rb, cause)
 		if err != nil {
@@ -111,9 +114,6 @@ func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frame
 				return nil, err
 			}
 		}
-	}
-	if err := x.judgeWindow(ctx, f, x.windowNow); err != nil {
-		return nil, err
 	}
 	if rb.Trigger == TriggerTargeted {
 		if err := x.rollbackTargets(ctx, f); err != nil {
@@ -273,7 +273,8 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		err = x.callUndo(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
 				cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
-					Step: path, Nested: x.element, TraceID: x.st.Trace, state: e.Args, gen: x.rollbackGen()}
+					Step: path, Nested: x.element, TraceID: x.st.Trace, state: e.Args, gen: x.rollbackGen(),
+					windowAt: rollbackWindowAt(f)}
 				return s.construct.Undo(cctx, cc)
 			}
 			return s.undo(cctx, e.Args, e.Result)

@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/goreactor/goreactor/internal/enginehook"
+	"github.com/goreactor/goreactor/internal/runctx"
 )
 
 // Undo windows. A definition may bound how long after a step completed it
@@ -125,7 +128,8 @@ func (x *execution) windowClock(ctx context.Context) (int64, error) {
 }
 
 // windowed reports whether an entry of ledger (of definition d) is subject
-// to an undo window.
+// to an undo window: its definition's, or one a construct's parts judge
+// (a map whose element reactor has a window).
 func windowed(d *Definition, ledger []*LedgerEntry) bool {
 	if d == nil {
 		return false
@@ -137,11 +141,40 @@ func windowed(d *Definition, ledger []*LedgerEntry) bool {
 			}
 			continue
 		}
-		if d.undoWindow > 0 {
+		if d.undoWindow > 0 || d.byName[e.Step].partsWindowed() {
 			return true
 		}
 	}
 	return false
+}
+
+// WindowedConstruct is implemented by a Construct whose parts have undo
+// windows of their own (a map whose element reactor declares UndoWindow):
+// the run's rollback then judges windows at its start, and hands the time
+// to the construct (ConstructContext.UndoWindowAt), so that its parts
+// judge theirs by the same instant, however late they run.
+type WindowedConstruct interface {
+	UndoWindowed() bool
+}
+
+// partsWindowed reports whether construct step s's parts judge undo
+// windows.
+func (s *stepDef) partsWindowed() bool {
+	if s == nil || s.kind != kindConstruct {
+		return false
+	}
+	w, ok := s.construct.(WindowedConstruct)
+	return ok && w.UndoWindowed()
+}
+
+// UndoWindowAt is the Redis server time at which the run's rollback judges
+// undo windows (zero when it judges none): a construct hands it to its
+// parts, so that a rollback that started inside their windows finishes.
+func (c *ConstructContext) UndoWindowAt() time.Time {
+	if c.windowAt == 0 {
+		return time.Time{}
+	}
+	return time.UnixMilli(c.windowAt)
 }
 
 // judgeWindow decides, once per rollback, which entries of f's undo stack
@@ -150,7 +183,8 @@ func windowed(d *Definition, ledger []*LedgerEntry) bool {
 // checked the clock before changing anything), or 0 to read it here.
 func (x *execution) judgeWindow(ctx context.Context, f *frame, now int64) error {
 	rb := f.st.Rollback
-	if rb.WindowAt != 0 || !windowed(f.def, f.st.Ledger) {
+	failing := rb.Trigger == TriggerFailure && !rb.Compensated && f.def.byName[rb.Step].partsWindowed()
+	if rb.WindowAt != 0 || (!windowed(f.def, f.st.Ledger) && !failing) {
 		return nil
 	}
 	if now == 0 {
@@ -196,4 +230,15 @@ func resetLedger(ledger []*LedgerEntry) {
 		e.Status, e.Target = RollbackPending, false
 		resetLedger(e.Children)
 	}
+}
+
+// elementWindowAt is the time the owner's rollback judges undo windows at,
+// as the construct undoing an element run passed it (0: none).
+func elementWindowAt(ctx context.Context) int64 {
+	el, _ := runctx.ElementFrom(ctx)
+	return el.WindowAt
+}
+
+func init() {
+	enginehook.SetClockSkew = func(e any, d time.Duration) { e.(*Engine).clockSkew.Store(d.Milliseconds()) }
 }

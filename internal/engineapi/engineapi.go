@@ -97,6 +97,10 @@ func Enqueuer(e *reactor.Engine) reactor.Enqueuer {
 // Logger is the engine's logger.
 func Logger(e *reactor.Engine) *slog.Logger { return enginehook.Logger(e) }
 
+// SetClockSkew shifts the engine's readings of the Redis server's clock by
+// d: tests stand in a node whose clock is ahead or behind with it.
+func SetClockSkew(e *reactor.Engine, d time.Duration) { enginehook.SetClockSkew(e, d) }
+
 // LockExpiry is the engine's lock expiry.
 func LockExpiry(e *reactor.Engine) time.Duration { return enginehook.LockExpiry(e) }
 

@@ -26,6 +26,8 @@ var (
 	UndoElement    func(e any, ctx context.Context, id string, wait time.Duration) (any, error)
 	// RetryElementRollback is set by reactor/retrigger.go.
 	RetryElementRollback func(e any, ctx context.Context, id string, gen int, wait time.Duration) (any, error)
+	// SetClockSkew is set by reactor/window.go (tests only).
+	SetClockSkew func(e any, d time.Duration)
 	StopElement          func(e any, ctx context.Context, reactorName, id string, fn func(ctx context.Context) error) error
 	Locked               func(e any, ctx context.Context, id string) (bool, error)
 	Runs                 func(e any, ctx context.Context, ids []string) ([]any, error)

@@ -13,6 +13,10 @@ type Element struct {
 	Step  string
 	Index int
 	Trace string
+	// WindowAt is the Redis server time (Unix ms) at which the owner's
+	// rollback judges undo windows (0: none): an element's rollback judges
+	// its own entries' windows at that time, not when its job runs.
+	WindowAt int64
 }
 
 type elementKey struct{}

@@ -11,13 +11,15 @@
 -- ARGV[2] batch size       ARGV[3] start time (ms)
 -- ARGV[4] generation       ARGV[5] 1 when the positions come from the
 --                          generation's work list (P:{map:<id>}:rb:<gen>:work)
+-- ARGV[6] the server time (ms) at which the owner's rollback judges undo
+--         windows (0: none); every element of the generation judges by it
 -- Returns {1, offset} when this call created the rollback and claimed
 -- [0, offset), {0, offset} when it existed.
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return {0, tonumber(redis.call('GET', KEYS[2]) or '0')}
 end
 redis.call('HSET', KEYS[1], 'total', ARGV[1], 'batch_size', ARGV[2], 'started_at', ARGV[3],
-  'settled', 0, 'failed', 0, 'gen', ARGV[4], 'work', ARGV[5])
+  'settled', 0, 'failed', 0, 'gen', ARGV[4], 'work', ARGV[5], 'wa', ARGV[6] or '0')
 redis.call('HSET', KEYS[3], 'rbgen', ARGV[4])
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
