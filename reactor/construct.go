@@ -59,7 +59,7 @@ type ConstructContext struct {
 	// windowAt is the server time (ms) at which the run's rollback judges
 	// undo windows (UndoWindowAt).
 	windowAt int64
-	save  func(ctx context.Context, state Raw) error
+	save     func(ctx context.Context, state Raw) error
 	// cancel asks whether a cancel was requested (control.go); nil outside Run.
 	cancel func(ctx context.Context) (bool, error)
 }

@@ -28,17 +28,17 @@ var (
 	RetryElementRollback func(e any, ctx context.Context, id string, gen int, wait time.Duration) (any, error)
 	// SetClockSkew is set by reactor/window.go (tests only).
 	SetClockSkew func(e any, d time.Duration)
-	StopElement          func(e any, ctx context.Context, reactorName, id string, fn func(ctx context.Context) error) error
-	Locked               func(e any, ctx context.Context, id string) (bool, error)
-	Runs                 func(e any, ctx context.Context, ids []string) ([]any, error)
-	Client               func(e any) redis.UniversalClient
-	Prefix               func(e any) string
-	Enqueuer             func(e any) any
-	Logger               func(e any) *slog.Logger
-	Tracer               func(e any) trace.Tracer
-	Emit                 func(e any, ctx context.Context, ev any)
-	LockExpiry           func(e any) time.Duration
-	Retention            func(e any) time.Duration
-	EngineFrom           func(ctx context.Context) any
-	ConstructAt          func(def any, path string) (any, bool)
+	StopElement  func(e any, ctx context.Context, reactorName, id string, fn func(ctx context.Context) error) error
+	Locked       func(e any, ctx context.Context, id string) (bool, error)
+	Runs         func(e any, ctx context.Context, ids []string) ([]any, error)
+	Client       func(e any) redis.UniversalClient
+	Prefix       func(e any) string
+	Enqueuer     func(e any) any
+	Logger       func(e any) *slog.Logger
+	Tracer       func(e any) trace.Tracer
+	Emit         func(e any, ctx context.Context, ev any)
+	LockExpiry   func(e any) time.Duration
+	Retention    func(e any) time.Duration
+	EngineFrom   func(ctx context.Context) any
+	ConstructAt  func(def any, path string) (any, bool)
 )
