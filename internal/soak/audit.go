@@ -121,7 +121,7 @@ func parseClaims(cmd redis.Cmder) []claim {
 		if reply[3] == 1 {
 			out = append(out, claim{MapID: mapID, Kind: "fsig"})
 		}
-	case isRb && rbSuffix == "meta" && nkeys == 3 && len(reply) == 2 && nargs == 5: // rb_start.lua
+	case isRb && rbSuffix == "meta" && nkeys == 3 && len(reply) == 2 && nargs == 6: // rb_start.lua
 		if reply[0] == 1 {
 			batch("rb"+gen, 0, reply[1]-1)
 		}
