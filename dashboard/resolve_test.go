@@ -20,6 +20,7 @@ import (
 
 type actionItem struct {
 	ID        string   `json:"id"`
+	Run       string   `json:"run"`
 	Step      string   `json:"step"`
 	Resource  string   `json:"resource"`
 	Label     string   `json:"label"`
@@ -308,17 +309,27 @@ func TestResolveElementRun(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusFailed, final.Status)
 
+	// The element run waits, and so does its owner, whose item names the
+	// element run to resolve it on.
 	var page needsHumanPage
 	e.get("/api/needs-human", http.StatusOK, &page)
-	require.Len(t, page.Runs, 1, "%+v", page)
-	elemID := page.Runs[0].ID
-	require.Equal(t, mapstep.MapID("tiers", "each")+".1", elemID)
-	require.Equal(t, "tier-el", page.Runs[0].Reactor)
-	require.Equal(t, "upgrade#1", page.Runs[0].ActionRequired[0].ID)
-	require.Equal(t, key(1), page.Runs[0].ActionRequired[0].Resource)
+	require.Len(t, page.Runs, 2, "%+v", page)
+	elemID := mapstep.MapID("tiers", "each") + ".1"
+	byID := map[string]int{}
+	for i, r := range page.Runs {
+		byID[r.ID] = i
+	}
+	require.Contains(t, byID, elemID)
+	require.Contains(t, byID, "tiers")
+	elRun, ownerRun := page.Runs[byID[elemID]], page.Runs[byID["tiers"]]
+	require.Equal(t, "tier-el", elRun.Reactor)
+	require.Equal(t, "upgrade#1", elRun.ActionRequired[0].ID)
+	require.Equal(t, key(1), elRun.ActionRequired[0].Resource)
+	require.Equal(t, "upgrade#1", ownerRun.ActionRequired[0].ID)
+	require.Equal(t, elemID, ownerRun.ActionRequired[0].Run, "the owner's item says where to resolve it")
 	var raw map[string]any
 	e.get("/api/needs-human", http.StatusOK, &raw)
-	el := raw["runs"].([]any)[0].(map[string]any)["element"].(map[string]any)
+	el := raw["runs"].([]any)[byID[elemID]].(map[string]any)["element"].(map[string]any)
 	require.Equal(t, "tiers", el["owner"])
 	// The element run's page is served like any run's.
 	res := e.do(http.MethodGet, "/runs/"+url.PathEscape(elemID), "", "")

@@ -186,7 +186,8 @@ func (x *execution) recordConflict(ctx context.Context, f *frame, d *Definition,
 		resource: e.Resource, expected: rec.Expected, observed: v.observed, restoreTo: rec.RestoreTo}
 	x.audit(a)
 	if rb := f.st.Rollback; rb != nil {
-		x.addRollbackFailure(rb, RollbackFailure{Step: rec.Step, Kind: KindUndo, Reason: ReasonConflict, Message: cerr.Error()})
+		x.addRollbackFailure(rb, RollbackFailure{Step: rec.Step, Kind: KindUndo, Reason: ReasonConflict, Message: cerr.Error(),
+			Run: x.st.ID, Entry: h.ID})
 	}
 	x.emit(ctx, Event{Kind: EventStepUndoFailed, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Err: cerr, Duration: took})
 	f.st.Undone = append(f.st.Undone, rec)

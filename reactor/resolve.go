@@ -161,7 +161,14 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 	if err != nil {
 		return err
 	}
-	return e.settleOwner(ctx, st.Elem, settled)
+	if err := e.settleOwner(ctx, st.Elem, settled); err != nil {
+		// The element is resolved; its owner still lists the conflict
+		// (and keeps its tree): a repeat Resolve, from the owner's report,
+		// settles it.
+		e.log.Warn("a map element's conflict was resolved but its owner run was not updated; resolve the entry again to update it",
+			"event", "reactor.undo.owner_unsettled", "run", id, "owner", st.Elem.Owner, "entry", entryID, "error", err)
+	}
+	return nil
 }
 
 // settledPaths are the step paths whose rollback failures the resolution

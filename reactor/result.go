@@ -30,6 +30,11 @@ type RollbackFailure struct {
 	Reason string `msgpack:"reason"`
 	// Message is the error's text.
 	Message string `msgpack:"message"`
+	// Run and Entry name, for a guarded undo's conflict, the run holding
+	// the conflicted entry and the entry's id: what Engine.Resolve takes.
+	// Run is a map element run's id when the conflict is an element's.
+	Run   string `msgpack:"run,omitempty"`
+	Entry string `msgpack:"entry,omitempty"`
 }
 
 // Failure is how a run failed: the error, the step it came from, whether a

@@ -161,7 +161,11 @@ type RollbackReport struct {
 // ActionItem is an entry a person must resolve (Engine.Resolve).
 type ActionItem struct {
 	// ID is the entry's id, for Resolve.
-	ID       string `json:"id"`
+	ID string `json:"id"`
+	// Run is the run to call Resolve on: the report's own run, or the map
+	// element run whose entry conflicted (an owner's report lists its
+	// elements' conflicts; their fingerprints are on the element's report).
+	Run      string `json:"run"`
 	Step     string `json:"step"`
 	Resource string `json:"resource"`
 	Label    string `json:"label,omitempty"`
@@ -187,6 +191,11 @@ func FormatActionRequired(r *RollbackReport) string {
 	fmt.Fprintf(&b, "Run %s: rollback %s needs a person (%d entr%s).\n", r.RunID, r.RollbackID, len(r.ActionRequired),
 		map[bool]string{true: "y", false: "ies"}[len(r.ActionRequired) == 1])
 	for _, a := range r.ActionRequired {
+		if a.Run != "" && a.Run != r.RunID {
+			fmt.Fprintf(&b, "\n- %s of map element run %s (step %s)\n  why:        %s\n  resolve it on that run (its report has the fingerprints)\n",
+				a.ID, a.Run, a.Step, a.Why)
+			continue
+		}
 		fmt.Fprintf(&b, "\n- %s (step %s) on %s", a.ID, a.Step, a.Resource)
 		if a.Label != "" {
 			fmt.Fprintf(&b, ": %s", a.Label)
@@ -304,7 +313,7 @@ func rollbackReport(st *runState) (*RollbackReport, error) {
 		if h.Resolution != "" {
 			continue
 		}
-		a := ActionItem{ID: h.ID, Step: h.Step, Resource: h.Resource, Label: h.Label, Expected: h.Expected, Observed: h.Observed,
+		a := ActionItem{ID: h.ID, Run: st.ID, Step: h.Step, Resource: h.Resource, Label: h.Label, Expected: h.Expected, Observed: h.Observed,
 			RestoreTo: h.RestoreTo, Why: h.Why}
 		for _, e := range r.Entries {
 			if e.BlockedBy == h.ID && e.Status == RollbackBlocked {
@@ -312,6 +321,15 @@ func rollbackReport(st *runState) (*RollbackReport, error) {
 			}
 		}
 		r.ActionRequired = append(r.ActionRequired, a)
+	}
+	// The conflicts of its map elements, as the map reported them: each
+	// names the element run and entry to resolve.
+	if fl := st.Failure; fl != nil {
+		for _, rf := range fl.RollbackFailures {
+			if rf.Reason == ReasonConflict && rf.Run != "" && rf.Run != st.ID {
+				r.ActionRequired = append(r.ActionRequired, ActionItem{ID: rf.Entry, Run: rf.Run, Step: rf.Step, Why: rf.Message})
+			}
+		}
 	}
 	return r, nil
 }

@@ -205,9 +205,11 @@ func (c *Controller) Request(ctx context.Context, runID string, action Action) (
 // refuses it is a *reactor.StatusError (Op "undo_steps"). The task id names
 // the run's version and the set of steps, so the same steps requested twice
 // (in any order) queue one task, while other steps at the same version are
-// another request. Whether each name is a step of the run's definition, and
-// the resource-order rule, are judged by the worker (the Controller holds no
-// definitions): a request they refuse is archived with the engine's reason.
+// another request. The resource-order rule and a run stopped mid-step are
+// judged before anything is queued (reactor.Engine.CheckUndoSteps); whether
+// each name is a step of the run's definition is judged by the worker (the
+// Controller holds no definitions), which archives a request it refuses
+// with the engine's reason.
 func (c *Controller) RequestUndoSteps(ctx context.Context, runID string, steps []string) (Request, error) {
 	steps, err := validSteps(steps)
 	if err != nil {

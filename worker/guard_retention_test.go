@@ -86,6 +86,12 @@ func TestConflictedElementKeepsItsOwnerUntilResolved(t *testing.T) {
 	require.Equal(t, time.Duration(-1), f.rdb.PTTL(ctx, elemKey).Val())
 	_, err = api.Check(ctx, "tiers2", reactor.OpRetry)
 	require.ErrorIs(t, err, reactor.ErrNotRetryable)
+	rep, err := api.RollbackStatus(ctx, "tiers2")
+	require.NoError(t, err)
+	require.Len(t, rep.ActionRequired, 1, "the owner lists its element's conflict")
+	require.Equal(t, elemID, rep.ActionRequired[0].Run)
+	require.Equal(t, "upgrade#1", rep.ActionRequired[0].ID)
+	require.Contains(t, reactor.FormatActionRequired(rep), elemID)
 
 	require.NoError(t, api.Resolve(ctx, elemID, "upgrade#1", reactor.ResolvedLeftApplied, "keep the other writer's value"))
 	ownerTTL := f.rdb.PTTL(ctx, ownerKey).Val()

@@ -253,6 +253,7 @@
       lastNeeds = key;
       renderNeeds(page.runs || [], !!page.more);
     }, function (err) {
+      lastNeeds = ''; // the next good answer renders again
       $('needs-text').textContent = 'could not load: ' + err.message;
     });
   }
@@ -264,7 +265,7 @@
     $('needs-panel').dataset.count = String(n);
     $('needs-text').textContent = n ? 'conflicted undos nobody resolved yet, newest first' : '';
     var ul = GR.clear($('needs-list'));
-    if (!n) { ul.appendChild(h('li', { class: 'muted needs-none' }, 'Nothing is waiting for a person.')); return; }
+    if (!n && !more) { ul.appendChild(h('li', { class: 'muted needs-none' }, 'Nothing is waiting for a person.')); return; }
     list.forEach(function (r) {
       var items = r.action_required || [];
       ul.appendChild(h('li', { class: 'needs-run', dataset: { id: r.id } },
@@ -273,7 +274,8 @@
         GR.badge(r.status),
         r.element ? h('span', { class: 'muted small' }, 'element ' + r.element.index + ' of ' + r.element.owner) : null,
         h('span', { class: 'needs-entries' }, items.map(function (a) {
-          return h('span', { class: 'needs-entry mono', title: a.why }, a.id + ' on ' + a.resource + ' ');
+          return h('span', { class: 'needs-entry mono', title: a.why },
+            a.id + (a.resource ? ' on ' + a.resource : (a.run && a.run !== r.id ? ' of ' + a.run : '')) + ' ');
         }))));
     });
     if (more) ul.appendChild(h('li', { class: 'muted small' }, 'more are waiting: the newest ' + needsLimit + ' are shown'));

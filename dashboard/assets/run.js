@@ -530,6 +530,23 @@
     btn.addEventListener('click', function () { resolveEntry(a, d); });
     update();
     var blocked = a.blocked || [];
+    if (a.run && a.run !== runID) {
+      // A map element's conflict, listed on its owner: the element's page
+      // has the fingerprints; it can be resolved from here too.
+      return h('div', { class: 'action-item', dataset: { entry: a.id } },
+        h('div', { class: 'action-top' },
+          h('span', { class: 'mono strong ai-id' }, a.id),
+          h('span', { class: 'muted' }, 'of map element run'),
+          GR.runLink(a.run, 'ai-run'),
+          h('span', { class: 'muted small' }, '(' + a.step + ')')),
+        h('p', { class: 'action-why bad-text ai-why' }, a.why),
+        h('div', { class: 'action-form' },
+          h('div', { class: 'action-kinds' },
+            radio('manually_reverted', 'manually reverted', 'you put the resource back to the restore-to state'),
+            radio('left_applied', 'left applied', 'the resource stays as it is, and so do the entries it blocks')),
+          note,
+          h('div', null, btn, ' ', hint)));
+    }
     return h('div', { class: 'action-item', dataset: { entry: a.id } },
       h('div', { class: 'action-top' },
         h('span', { class: 'mono strong ai-id' }, a.id),
@@ -560,7 +577,8 @@
       : 'Record that ' + a.resource + ' stays as it is. The entries it blocked stay applied for good.';
     GR.confirm('Resolve ' + a.id + ' as ' + what + '?', text, ['note: ' + note], 'Resolve as ' + what).then(function (ok) {
       if (!ok) return null;
-      var path = '/api/runs/' + encodeURIComponent(runID) + '/entries/' + encodeURIComponent(a.id) + '/resolve';
+      var on = a.run || runID; // an owner lists its map elements' conflicts
+      var path = '/api/runs/' + encodeURIComponent(on) + '/entries/' + encodeURIComponent(a.id) + '/resolve';
       return GR.post(path, { kind: d.kind, note: d.note }).then(function (res) {
         delete drafts[a.id];
         GR.message('ok', a.id + ' of run ' + runID + ' resolved as ' + what,
@@ -617,7 +635,11 @@
     return Promise.all([
       GR.api(base + '/rollback-status').then(function (res) {
         if (changed('rbstatus', res.data)) { renderRollbackStatus(res.data); renderActionRequired(res.data); }
-      }, function () { renderRollbackStatus(null); renderActionRequired(null); }),
+      }, function () {
+        // One failed poll keeps what is shown (and any half-typed note);
+        // the next good answer renders again.
+        delete last.rbstatus;
+      }),
       GR.api(base + '/audit').then(function (res) {
         var list = (res.data && res.data.entries) || [];
         if (changed('audit', list)) renderAudit(list);
@@ -640,7 +662,8 @@
       if (changed('value', r.value)) renderValue(r);
       if (changed('children', r.children)) renderChildren(r.children || []);
       if (changed('rollbacks', r.rollbacks)) renderRollbacks(r.rollbacks || []);
-      if (changed('ledger', [r.status, r.ledger])) renderUndoSteps(r.status, r.ledger || []);
+      // A map element's steps are undone with its map, from the owner.
+      if (changed('ledger', [r.status, r.ledger, !!r.element])) renderUndoSteps(r.status, r.element ? [] : (r.ledger || []));
       $('run').dataset.status = r.status;
       // A finished run changes rarely: poll it slower.
       GR.poller.setInterval(GR.terminal[r.status] ? 5000 : 2000);
