@@ -70,6 +70,10 @@ func (f fixture) requireStored(t *testing.T, target store.Target, data []byte, v
 	require.NoError(t, err)
 	require.InDelta(t, srv.UnixMilli(), at, float64(time.Minute.Milliseconds()), "field at is the server's clock in ms")
 	delete(got, "at")
+	if fin, ok := got["fin"]; ok {
+		require.Contains(t, []string{"0", "1"}, fin, "fin says whether the last write was terminal")
+		delete(got, "fin")
+	}
 	require.Equal(t, map[string]string{"d": string(data), "v": strconv.FormatInt(version, 10)}, got,
 		"raw state hash %s", target.State)
 	snap, err := f.st.Load(f.ctx, target)
@@ -480,6 +484,27 @@ func TestHardeningCancelOfAFinishedRunStoresNothing(t *testing.T) {
 	n, err := f.rdb.Exists(f.ctx, target.Cancel, f.st.RunTarget("gone").Cancel).Result()
 	require.NoError(t, err)
 	require.Zero(t, n, "no cancel key for a finished or missing run")
+}
+
+// A finished run kept for a person (KeepForever: terminal, no expiry) takes
+// no cancel request either; made live again by a later write, it does.
+func TestCancelOfAKeptForeverRunStoresNothing(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	target := f.st.RunTarget("kept")
+	f.create(t, target, "tok", []byte("one"))
+	require.NoError(t, f.st.RequestCancel(f.ctx, target, time.Minute))
+	res, err := f.st.Write(f.ctx, target, "tok", 1, []byte("two"), store.WriteOptions{KeepForever: true})
+	require.NoError(t, err)
+	require.False(t, res.CancelRequested, "a terminal write drops the request")
+	require.Equal(t, noTTL, f.pttl(t, target.State), "kept forever")
+	require.False(t, f.exists(t, target.Cancel))
+	require.ErrorIs(t, f.st.RequestCancel(f.ctx, target, 0), store.ErrAlreadyDone)
+	require.False(t, f.exists(t, target.Cancel))
+
+	_, err = f.st.Write(f.ctx, target, "tok", 2, []byte("three"), store.WriteOptions{})
+	require.NoError(t, err)
+	require.NoError(t, f.st.RequestCancel(f.ctx, target, 0), "live again")
 }
 
 // zscore returns id's score in the sorted set at key and whether it is there.

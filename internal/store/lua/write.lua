@@ -26,7 +26,8 @@
 --         audit records exactly the state changes that were stored.
 -- A terminal write expires the audit stream with the state; a non-terminal
 -- write that appends makes it persistent (a run made live again by an undo).
--- Fields written: d (data), v (version), n (nonce), at (server time of the write, ms).
+-- Fields written: d (data), v (version), n (nonce), at (server time of the write, ms),
+-- fin (1 after a terminal write, else 0).
 -- A terminal write (ARGV[4] > 0) with a channel SPUBLISHes the new version on
 -- it, so that Waits listening there load the run at once instead of polling.
 -- Returns {-1}                 lock not held by the caller (lost or never held)
@@ -57,7 +58,13 @@ local nextv = cur + 1
 -- age-based decision (the run sweeper's staleness) reads.
 local t = redis.call('TIME')
 local at = t[1] * 1000 + math.floor(t[2] / 1000)
-redis.call('HSET', KEYS[1], 'd', ARGV[3], 'v', nextv, 'n', ARGV[6], 'at', at)
+-- fin: 1 after a terminal write (the run is finished), 0 otherwise; what
+-- cancel.lua reads for a finished run that never expires (ttl -1)
+local fin = '0'
+if tonumber(ARGV[4]) ~= 0 then
+  fin = '1'
+end
+redis.call('HSET', KEYS[1], 'd', ARGV[3], 'v', nextv, 'n', ARGV[6], 'at', at, 'fin', fin)
 local ttl = tonumber(ARGV[4])
 if ttl > 0 then
   redis.call('PEXPIRE', KEYS[1], ttl)
