@@ -225,6 +225,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 				return ErrLockLost
 			}
 			c := e.Children[len(e.Children)-1]
+			x.reportKeptChild(f, s.child, e, path+"/", c.Step)
 			if err := x.undoEntry(ctx, f, s.child, c, path+"/"); err != nil {
 				return err
 			}
@@ -235,6 +236,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 				}
 			}
 		}
+		x.reportKeptChild(f, s.child, e, path+"/", "")
 		e.Status = RollbackCompensated
 		return nil
 	}
@@ -360,6 +362,54 @@ func (x *execution) reportKept(f *frame, newer string) {
 		x.auditOutcome(u, 0)
 		f.st.Undone = append(f.st.Undone, u)
 	}
+}
+
+// reportKeptChild is reportKept for the steps of composed child d folded
+// into compose entry e (their records are gone; e.Kept lists them): those
+// that completed after child step newer ("" : all that are left), newest
+// first, once per rollback generation.
+func (x *execution) reportKeptChild(f *frame, d *Definition, e *LedgerEntry, prefix, newer string) {
+	if len(e.Kept) == 0 || d == nil {
+		return
+	}
+	pos := func(name string) int { return slices.IndexFunc(d.order, func(s *stepDef) bool { return s.name == name }) }
+	from := -1
+	if newer != "" {
+		if from = pos(newer); from < 0 {
+			return
+		}
+	}
+	gen := f.st.Rollback.generation()
+	for i := len(e.Kept) - 1; i >= 0; i-- {
+		name := e.Kept[i]
+		if pos(name) <= from {
+			continue
+		}
+		path := prefix + name
+		if slices.ContainsFunc(f.st.Undone, func(u StepRollback) bool {
+			return u.Step == path && u.Status == RollbackNoCompensation && max(u.Generation, 1) == gen
+		}) {
+			continue
+		}
+		u := StepRollback{Step: path, Kind: KindUndo, Status: RollbackNoCompensation, At: x.e.now().UnixMilli(), Generation: gen}
+		x.auditOutcome(u, 0)
+		f.st.Undone = append(f.st.Undone, u)
+	}
+}
+
+// keptSteps lists the plain steps of definition d that completed in st
+// without an Undo, in definition (completion) order.
+func keptSteps(d *Definition, st *runState) []string {
+	if d == nil {
+		return nil
+	}
+	var out []string
+	for _, s := range d.order {
+		if rec := st.Steps[s.name]; s.kind == kindPlain && s.undo == nil && s.guard == nil && rec != nil && rec.State == stepDone {
+			out = append(out, s.name)
+		}
+	}
+	return out
 }
 
 // attemptOf is the attempt number of the next call of kind for step path:
@@ -588,9 +638,10 @@ func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args R
 	switch res.status {
 	case StatusCompleted:
 		f.st.Steps[s.name] = &stepRec{State: stepDone, Value: res.value, Attempts: 1}
-		if len(cst.Ledger) > 0 {
+		if kept := keptSteps(s.child, cst); len(cst.Ledger) > 0 || len(kept) > 0 {
 			f.st.Seq++
-			f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Result: res.value, Status: RollbackPending, Children: cst.Ledger})
+			f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Result: res.value, Status: RollbackPending,
+				Children: cst.Ledger, Kept: kept})
 		}
 		x.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path})
 		return stepOutcome{kind: outOK}, nil
@@ -632,9 +683,9 @@ func foldChild(d *Definition, st *runState, name string, cst *runState) {
 		cst.Ledger = append(cst.Ledger, &LedgerEntry{Ordinal: cst.Seq, Step: n, Args: cst.Constructs[n], Status: RollbackPending})
 		delete(cst.Constructs, n)
 	}
-	if len(cst.Ledger) > 0 {
+	if kept := keptSteps(d, cst); len(cst.Ledger) > 0 || len(kept) > 0 {
 		st.Seq++
-		st.Ledger = append(st.Ledger, &LedgerEntry{Ordinal: st.Seq, Step: name, Status: RollbackPending, Children: cst.Ledger})
+		st.Ledger = append(st.Ledger, &LedgerEntry{Ordinal: st.Seq, Step: name, Status: RollbackPending, Children: cst.Ledger, Kept: kept})
 	}
 	st.Undone = append(st.Undone, cst.Undone...)
 	delete(st.Children, name)

@@ -179,6 +179,11 @@ type LedgerEntry struct {
 	// Effect is what a guarded step recorded (RecordEffect): its
 	// resource is Resource.
 	Effect *effectRec `msgpack:"ef,omitempty"`
+	// Kept lists, on a compose step's entry, the child's steps that
+	// completed without an Undo, in completion order: a rollback reports
+	// them no_compensation_registered in their turn (the child's step
+	// records are gone once it folded).
+	Kept []string `msgpack:"kp,omitempty"`
 }
 
 // entryID names a ledger entry within its run: "<step path>#<ordinal>".

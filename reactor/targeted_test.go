@@ -298,3 +298,28 @@ func TestUndoStepsFailedTargetStaysApplied(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, run.Ledger)
 }
+
+// A composed child's steps without an Undo are reported kept
+// (no_compensation_registered) in their turn when the parent is undone,
+// though the child's step records are gone once it folded.
+func TestKeptStepsOfAComposedChildAreReported(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	ctx := ctxTimeout(t)
+	tr := env.trail
+	child := reactor.MustDefine("kept-child", resourceStep(tr, "reserve", "seat", nil), kept(tr, "mail", "reserve"),
+		resourceStep(tr, "pay", "card", nil, "mail"))
+	quiet := reactor.MustDefine("kept-quiet", kept(tr, "log"))
+	def := reactor.MustDefine("kept-parent", reactor.Compose("book", child, reactor.ComposeConfig{}),
+		reactor.Compose("note", quiet, reactor.ComposeConfig{After: []string{"book"}}))
+	require.NoError(t, env.engine.Register(def))
+	_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("kept"))
+	require.NoError(t, err)
+	_, err = env.engine.Undo(ctx, "kept")
+	require.NoError(t, err)
+	rep, err := env.engine.RollbackStatus(ctx, "kept")
+	require.NoError(t, err)
+	require.Equal(t, []string{"note/log=no_compensation_registered", "book/pay=compensated",
+		"book/mail=no_compensation_registered", "book/reserve=compensated"}, reportOf(rep))
+	require.Equal(t, []string{"note/log", "book/mail"}, rep.Summary.Kept)
+}
