@@ -372,7 +372,9 @@ func (x *execution) reportKeptChild(f *frame, d *Definition, e *LedgerEntry, pre
 	if len(e.Kept) == 0 || d == nil {
 		return
 	}
-	pos := func(name string) int { return slices.IndexFunc(d.order, func(s *stepDef) bool { return s.name == name }) }
+	pos := func(name string) int {
+		return slices.IndexFunc(d.order, func(s *stepDef) bool { return s.name == name })
+	}
 	from := -1
 	if newer != "" {
 		if from = pos(newer); from < 0 {
