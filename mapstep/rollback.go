@@ -83,6 +83,9 @@ type rbOutcome struct {
 	Index    int                       `msgpack:"i"`
 	Outcome  string                    `msgpack:"o"`
 	Failures []reactor.RollbackFailure `msgpack:"f,omitempty"`
+	// OutOfWindow lists the element's steps its rollback kept because
+	// their undo windows had closed ("each[3]/reserve").
+	OutOfWindow []string `msgpack:"w,omitempty"`
 }
 
 // rbMeta is a rollback's metadata.
@@ -488,7 +491,7 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 			return resumeOwnerRollback(ctx, e, owner, reactorName, mapID, gen)
 		}}
 	}
-	failures, omitted, err := m.aggregate(ctx, ms, st.MapID, gen)
+	failures, omitted, outOfWindow, err := m.aggregate(ctx, ms, st.MapID, gen)
 	if err != nil {
 		return err
 	}
@@ -496,10 +499,10 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 		ms.unindex(ctx, st.MapID, c.OwnerID)
 	}
 	log.Info("map rollback completed", "event", "reactor.map.rollback.completed", "total", rb.Total, "failed", rb.Failed, "generation", gen)
-	if len(failures) == 0 && omitted == 0 {
+	if len(failures) == 0 && omitted == 0 && len(outOfWindow) == 0 {
 		return nil
 	}
-	return &reactor.RollbackFailures{Failures: failures, Omitted: omitted}
+	return &reactor.RollbackFailures{Failures: failures, Omitted: omitted, OutOfWindow: outOfWindow}
 }
 
 // rollbackInline undoes the positions without an outcome, newest first, a
@@ -615,6 +618,9 @@ func unavailable(md meta, i int) rbOutcome {
 // undone, or failed with its rollback failures.
 func undoneOutcome(md meta, i int, res *reactor.Result) rbOutcome {
 	o := rbOutcome{Index: i, Outcome: rbUndone}
+	for _, s := range res.OutOfWindow {
+		o.OutOfWindow = append(o.OutOfWindow, elementPath(md.Step, i)+"/"+s)
+	}
 	if res.Failure != nil {
 		for _, f := range res.Failure.RollbackFailures {
 			f.Step = elementPath(md.Step, i) + "/" + f.Step
@@ -673,26 +679,30 @@ func logElement(log *slog.Logger, md meta, mapID string, o rbOutcome) {
 // aggregate reads the rollback's outcomes with HSCAN, a chunk at a time,
 // keeping only failures: the first maxKeptFailures (newest element first)
 // and a count of the rest. It never loads every outcome at once.
-func (m *construct) aggregate(ctx context.Context, ms mapStore, mapID string, gen int) ([]reactor.RollbackFailure, int, error) {
+func (m *construct) aggregate(ctx context.Context, ms mapStore, mapID string, gen int) ([]reactor.RollbackFailure, int, []string, error) {
 	type indexed struct {
 		i int
 		f reactor.RollbackFailure
 	}
 	var kept []indexed
+	var oow []indexedSteps
 	omitted := 0
 	var cursor uint64
 	for {
 		kv, next, err := ms.rdb.HScan(ctx, ms.keys.MapRbResults(mapID, gen), cursor, "", 100).Result()
 		if err != nil {
-			return nil, 0, fmt.Errorf("mapstep: scan rollback of %s: %w", mapID, err)
+			return nil, 0, nil, fmt.Errorf("mapstep: scan rollback of %s: %w", mapID, err)
 		}
 		for j := 1; j < len(kv); j += 2 {
 			var o rbOutcome
 			if err := codec.Unmarshal([]byte(kv[j]), &o); err != nil {
-				return nil, 0, fmt.Errorf("mapstep: decode rollback outcome of %s: %w", mapID, err)
+				return nil, 0, nil, fmt.Errorf("mapstep: decode rollback outcome of %s: %w", mapID, err)
 			}
 			for _, f := range o.Failures {
 				kept = append(kept, indexed{o.Index, f})
+			}
+			if len(o.OutOfWindow) > 0 && len(oow) < maxKeptFailures {
+				oow = append(oow, indexedSteps{o.Index, o.OutOfWindow})
 			}
 			if len(kept) > maxKeptFailures {
 				sort.SliceStable(kept, func(a, b int) bool { return kept[a].i > kept[b].i })
@@ -709,7 +719,19 @@ func (m *construct) aggregate(ctx context.Context, ms mapStore, mapID string, ge
 	for j, k := range kept {
 		out[j] = k.f
 	}
-	return out, omitted, nil
+	// Newest element first, as the rollback reached them.
+	sort.SliceStable(oow, func(a, b int) bool { return oow[a].i > oow[b].i })
+	var steps []string
+	for _, o := range oow {
+		steps = append(steps, o.steps...)
+	}
+	return out, omitted, steps, nil
+}
+
+// indexedSteps are an element's steps kept out of their undo windows.
+type indexedSteps struct {
+	i     int
+	steps []string
 }
 
 // dispatchRollback enqueues the rollback jobs of positions [from, to] of

@@ -82,6 +82,13 @@ func TestElementUndoWindowsAreJudgedAtTheOwnersRollbackStart(t *testing.T) {
 			rep, err := f.engine.RollbackStatus(ctx, mapstep.MapID("after", "each")+".3")
 			require.NoError(t, err)
 			require.Equal(t, reactor.RollbackOutOfWindow, rep.Entries[0].Status)
+			// The owner lists them: "roll back everything" never quietly
+			// means less than it says.
+			rep, err = f.engine.RollbackStatus(ctx, "after")
+			require.NoError(t, err)
+			require.Equal(t, []string{"each[4]/do", "each[3]/do", "each[2]/do", "each[1]/do", "each[0]/do"}, rep.Summary.OutOfWindow)
+			require.Empty(t, res.Failure.RollbackFailures, "kept out of window is not a failure")
+			require.Len(t, res.OutOfWindow, 5)
 		})
 	}
 }

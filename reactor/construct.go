@@ -100,6 +100,11 @@ type RollbackFailures struct {
 	Failures []RollbackFailure
 	// Omitted counts failures beyond those listed.
 	Omitted int
+	// OutOfWindow lists the parts' steps ("each[3]/reserve") that were
+	// kept because their undo windows had closed. They are not failures:
+	// a RollbackFailures with no Failures and no Omitted reports only
+	// these, and the construct's undo counts as done.
+	OutOfWindow []string
 }
 
 func (e *RollbackFailures) Error() string {

@@ -134,6 +134,10 @@ type Result struct {
 	Failure *Failure
 	// Reason is the halt reason.
 	Reason string
+	// OutOfWindow lists the steps the run's latest rollback kept because
+	// their undo windows had closed (UndoWindow): the rollback did not undo
+	// them, by the definition's own rule.
+	OutOfWindow []string
 }
 
 // Outcome classifies the result.

@@ -197,6 +197,9 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		// their verdict: stop at the checkpoint; the rollback resumes.
 		return false, fmt.Errorf("reactor: compensate %q: %w", path, err)
 	}
+	if s.kind == kindConstruct {
+		err = x.keptParts(f, err)
+	}
 	rec := StepRollback{Step: path, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
 		StartedAt: startedAt, Attempt: x.attemptOf(f.st, path, KindCompensate), Generation: rb.generation()}
 	x.auditCompensating(rec, 0)
@@ -295,6 +298,9 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		if s.kind == kindConstruct && transient(err) {
 			e.Status = RollbackPending
 			return fmt.Errorf("reactor: undo %q: %w", path, err)
+		}
+		if s.kind == kindConstruct {
+			err = x.keptParts(f, err)
 		}
 	}
 	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
@@ -538,6 +544,26 @@ func (x *execution) undoTimeout(s *stepDef) time.Duration {
 		return s.undoTO
 	}
 	return x.e.cfg.UndoTimeout
+}
+
+// keptParts records, as out_of_window, the parts of construct step path
+// that a *RollbackFailures err says were kept past their undo windows, and
+// returns err, or nil when that was all it reported.
+func (x *execution) keptParts(f *frame, err error) error {
+	var many *RollbackFailures
+	if !errors.As(err, &many) || len(many.OutOfWindow) == 0 {
+		return err
+	}
+	gen := f.st.Rollback.generation()
+	for _, p := range many.OutOfWindow {
+		u := StepRollback{Step: p, Kind: KindUndo, Status: RollbackOutOfWindow, At: x.e.now().UnixMilli(), Generation: gen}
+		x.auditOutcome(u, 0)
+		f.st.Undone = append(f.st.Undone, u)
+	}
+	if len(many.Failures)+many.Omitted == 0 {
+		return nil
+	}
+	return err
 }
 
 // addRollbackFailures records err: the failures a construct reported one by

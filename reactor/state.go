@@ -357,11 +357,25 @@ type StepAttempt struct {
 
 // Result returns the run's result as a Result.
 func (r *Run) Result() *Result {
-	return &Result{RunID: r.ID, Reactor: r.Reactor, Status: r.Status, Value: r.Value, Failure: r.Failure, Reason: r.Reason}
+	res := &Result{RunID: r.ID, Reactor: r.Reactor, Status: r.Status, Value: r.Value, Failure: r.Failure, Reason: r.Reason}
+	for _, u := range r.Rollbacks {
+		if u.Status == RollbackOutOfWindow && max(u.Generation, 1) == r.RollbackGeneration {
+			res.OutOfWindow = append(res.OutOfWindow, u.Step)
+		}
+	}
+	return res
 }
 
 func (st *runState) result() *Result {
-	return &Result{RunID: st.ID, Reactor: st.Reactor, Status: st.Status, Value: st.Value, Failure: st.Failure, Reason: st.Reason}
+	r := &Result{RunID: st.ID, Reactor: st.Reactor, Status: st.Status, Value: st.Value, Failure: st.Failure, Reason: st.Reason}
+	if st.RbGen > 0 {
+		for _, u := range st.Undone {
+			if u.Status == RollbackOutOfWindow && max(u.Generation, 1) == st.RbGen {
+				r.OutOfWindow = append(r.OutOfWindow, u.Step)
+			}
+		}
+	}
+	return r
 }
 
 func (st *runState) view(d *Definition, version int64) *Run {
