@@ -215,6 +215,14 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		}
 		x.revive = false
 	}
+	if terminal && opts.KeepForever {
+		// Listed before the write that finishes the run: whoever sees it
+		// finished (a Wait) finds it in the list; a crash in between
+		// lists a run that does not wait, which readers skip.
+		if err := x.e.store.MarkNeedsHuman(ctx, x.st.ID, true, now); err != nil {
+			return err
+		}
+	}
 	opts.Audit = audit
 	res, err := x.e.store.Write(ctx, x.target, x.lease.Token(), x.version, data, opts)
 	if errors.Is(err, store.ErrCancelPending) {
@@ -231,11 +239,10 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	x.version = res.Version
 	x.observeClock(res.At)
 	x.pendingAudit = nil // stored with the write
-	if terminal && (len(x.st.Human) > 0 || x.recheckWaiting || x.st.waitsForPerson()) {
-		// After the write: a crash in between leaves the run out of the
-		// list (its state still says what waits), never a resolved run in it.
-		if err := x.e.store.MarkNeedsHuman(ctx, x.st.ID, x.st.waitsForPerson(), now); err != nil {
-			x.e.log.Warn("a run that needs a person was not listed as such", "event", "reactor.index.stale", "run", x.st.ID, "error", err)
+	if terminal && !opts.KeepForever && (len(x.st.Human) > 0 || x.recheckWaiting) {
+		// Off the list after the write that settled it.
+		if err := x.e.store.MarkNeedsHuman(ctx, x.st.ID, false, now); err != nil {
+			x.e.log.Warn("a run that no longer needs a person is still listed as such", "event", "reactor.index.stale", "run", x.st.ID, "error", err)
 		}
 	}
 	x.cancel = x.cancel || res.CancelRequested
