@@ -145,15 +145,7 @@ func (h *Handler) batchAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req batchRequest
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over %d bytes", maxBody))
-			return
-		}
-		writeError(w, http.StatusBadRequest, "body must be JSON {\"action\": \"undo|cancel|retry\", \"ids\": [...]}: "+err.Error())
+	if !decodeBody(w, r, &req, `{"action": "undo|cancel|retry", "ids": [...]}`) {
 		return
 	}
 	switch {
@@ -187,15 +179,7 @@ func (h *Handler) undoSteps(w http.ResponseWriter, r *http.Request, id string) {
 		return
 	}
 	var req undoStepsRequest
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over %d bytes", maxBody))
-			return
-		}
-		writeError(w, http.StatusBadRequest, "body must be JSON {\"steps\": [\"charge\", \"book/reserve\", ...]}: "+err.Error())
+	if !decodeBody(w, r, &req, `{"steps": ["charge", "book/reserve", ...]}`) {
 		return
 	}
 	switch {
@@ -218,4 +202,23 @@ func (h *Handler) undoSteps(w http.ResponseWriter, r *http.Request, id string) {
 	default:
 		writeError(w, res.StatusCode, res.Error)
 	}
+}
+
+// decodeBody decodes a JSON request body into v, refusing unknown fields.
+// It answers 413 for a body over maxBody and 400, with the expected shape,
+// for anything else it cannot decode, and then reports false.
+func decodeBody(w http.ResponseWriter, r *http.Request, v any, shape string) bool {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil {
+		return true
+	}
+	var tooBig *http.MaxBytesError
+	if errors.As(err, &tooBig) {
+		writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over %d bytes", maxBody))
+		return false
+	}
+	writeError(w, http.StatusBadRequest, "body must be JSON "+shape+": "+err.Error())
+	return false
 }

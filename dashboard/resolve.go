@@ -2,7 +2,6 @@ package dashboard
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -59,15 +58,7 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request, id, entry stri
 		return
 	}
 	var req resolveRequest
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body is over %d bytes", maxBody))
-			return
-		}
-		writeError(w, http.StatusBadRequest, "body must be JSON {\"kind\": \"manually_reverted|left_applied\", \"note\": \"what you did\"}: "+err.Error())
+	if !decodeBody(w, r, &req, `{"kind": "manually_reverted|left_applied", "note": "what you did"}`) {
 		return
 	}
 	switch {

@@ -1,13 +1,9 @@
 package worker_test
 
 import (
-	"context"
-	"errors"
-	"fmt"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/mapstep"
@@ -22,45 +18,8 @@ func TestConflictedElementKeepsItsOwnerUntilResolved(t *testing.T) {
 	ret := func(c *reactor.Config) { c.Retention = time.Hour }
 	api, wk := f.engine("api", ret), f.engine("worker", ret)
 	ctx := ctxTimeout(t)
-	key := func(n int) string { return fmt.Sprintf("%s:acct:%d:tier", f.prefix, n) }
-	get := func(ctx context.Context, k string) (string, error) {
-		v, err := f.rdb.Get(ctx, k).Result()
-		if errors.Is(err, redis.Nil) {
-			return "", nil
-		}
-		return v, err
-	}
-	guard := reactor.Guarded(reactor.GuardConfig[string]{
-		Probe: get,
-		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
-			return reactor.RestoreWritten, f.rdb.Set(ctx, k, before, 0).Err()
-		},
-	})
-	type in struct {
-		N int `json:"n"`
-	}
-	element := reactor.MustDefine("tier-el2",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("upgrade", reactor.StepConfig[in, string]{
-			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
-			Guard: guard,
-			Run: func(ctx context.Context, in in) (string, error) {
-				k := key(in.N)
-				before, _ := get(ctx, k)
-				_ = f.rdb.Set(ctx, k, "gold", 0).Err()
-				return "gold", reactor.RecordEffect(ctx, reactor.Effect{Resource: k, Before: before, After: "gold"})
-			},
-		}))
-	owner := reactor.MustDefine("tier-owner2",
-		reactor.Input[[]int]("items", reactor.Required()),
-		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, BatchSize: 2}),
-		reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
-			After: []string{"each"},
-			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
-				_ = f.rdb.Set(ctx, key(1), "other", 0).Err()
-				return "", reactor.Permanent(errors.New("declined"))
-			},
-		}))
+	tt := newTiers(f, "tier2", 1)
+	key, owner, element := tt.key, tt.owner, tt.element
 	for n := range 2 {
 		require.NoError(t, f.rdb.Set(ctx, key(n), "basic", 0).Err())
 	}

@@ -28,58 +28,8 @@ func TestGuardedUndoInAFanOutMapThroughWorkers(t *testing.T) {
 	f := newFixture(t)
 	api, wk := f.engine("api"), f.engine("worker")
 	ctx := ctxTimeout(t)
-	key := func(n int) string { return fmt.Sprintf("%s:acct:%d:tier", f.prefix, n) }
-	get := func(ctx context.Context, k string) (string, error) {
-		v, err := f.rdb.Get(ctx, k).Result()
-		if errors.Is(err, redis.Nil) {
-			return "", nil
-		}
-		return v, err
-	}
-	var restored [5]atomic.Int32
-	guard := reactor.Guarded(reactor.GuardConfig[string]{
-		Probe: get,
-		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
-			var n int
-			if _, err := fmt.Sscanf(k, f.prefix+":acct:%d:tier", &n); err == nil {
-				restored[n].Add(1)
-			}
-			return reactor.RestoreWritten, f.rdb.Set(ctx, k, before, 0).Err()
-		},
-	})
-	type in struct {
-		N int `json:"n"`
-	}
-	element := reactor.MustDefine("tier-el",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("upgrade", reactor.StepConfig[in, string]{
-			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
-			Guard: guard,
-			Run: func(ctx context.Context, in in) (string, error) {
-				k := key(in.N)
-				before, err := get(ctx, k)
-				if err != nil {
-					return "", err
-				}
-				if err := f.rdb.Set(ctx, k, "gold", 0).Err(); err != nil {
-					return "", err
-				}
-				return "gold", reactor.RecordVerifiedEffect(ctx, reactor.Effect{Resource: k, Before: before, After: "gold", Label: "tier upgrade"})
-			},
-		}))
-	// The other writer acts before the owner's last step fails.
-	owner := reactor.MustDefine("tier-owner",
-		reactor.Input[[]int]("items", reactor.Required()),
-		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, BatchSize: 2}),
-		reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
-			After: []string{"each"},
-			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
-				if err := f.rdb.Set(ctx, key(2), "platinum (support desk)", 0).Err(); err != nil {
-					return "", err
-				}
-				return "", reactor.Permanent(errors.New("declined"))
-			},
-		}))
+	tt := newTiers(f, "tier", 2)
+	key, get, restored, owner, element := tt.key, tt.get, &tt.restored, tt.owner, tt.element
 	for n := range 5 {
 		require.NoError(t, f.rdb.Set(ctx, key(n), "basic", 0).Err())
 	}
@@ -139,4 +89,72 @@ func TestGuardedUndoInAFanOutMapThroughWorkers(t *testing.T) {
 		}
 	}
 	require.Zero(t, restored[2].Load())
+}
+
+// tiers is the fixture of the guarded fan-out tests: an element reactor
+// whose guarded step sets one account's tier to gold (recording a verified
+// effect), and an owner that maps it over the accounts, then fails after
+// somebody else changed account clobbered.
+type tiers struct {
+	f              *fixture
+	restored       [5]atomic.Int32
+	owner, element *reactor.Definition
+}
+
+func newTiers(f *fixture, name string, clobbered int) *tiers {
+	tt := &tiers{f: f}
+	guard := reactor.Guarded(reactor.GuardConfig[string]{
+		Probe: tt.get,
+		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+			var n int
+			if _, err := fmt.Sscanf(k, f.prefix+":acct:%d:tier", &n); err == nil {
+				tt.restored[n].Add(1)
+			}
+			return reactor.RestoreWritten, f.rdb.Set(ctx, k, before, 0).Err()
+		},
+	})
+	type in struct {
+		N int `json:"n"`
+	}
+	tt.element = reactor.MustDefine(name+"-el",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("upgrade", reactor.StepConfig[in, string]{
+			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
+			Guard: guard,
+			Run: func(ctx context.Context, in in) (string, error) {
+				k := tt.key(in.N)
+				before, err := tt.get(ctx, k)
+				if err != nil {
+					return "", err
+				}
+				if err := f.rdb.Set(ctx, k, "gold", 0).Err(); err != nil {
+					return "", err
+				}
+				return "gold", reactor.RecordVerifiedEffect(ctx, reactor.Effect{Resource: k, Before: before, After: "gold", Label: "tier upgrade"})
+			},
+		}))
+	// The other writer acts before the owner's last step fails.
+	tt.owner = reactor.MustDefine(name+"-owner",
+		reactor.Input[[]int]("items", reactor.Required()),
+		mapstep.Map("each", mapstep.Config{Element: tt.element, Items: reactor.FromInput("items"), FanOut: true, BatchSize: 2}),
+		reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
+			After: []string{"each"},
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				if err := f.rdb.Set(ctx, tt.key(clobbered), "platinum (support desk)", 0).Err(); err != nil {
+					return "", err
+				}
+				return "", reactor.Permanent(errors.New("declined"))
+			},
+		}))
+	return tt
+}
+
+func (tt *tiers) key(n int) string { return fmt.Sprintf("%s:acct:%d:tier", tt.f.prefix, n) }
+
+func (tt *tiers) get(ctx context.Context, k string) (string, error) {
+	v, err := tt.f.rdb.Get(ctx, k).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	return v, err
 }
