@@ -365,3 +365,62 @@ func TestBrowserResolveConflict(t *testing.T) {
 	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(st.srv.URL+"/")))
 	poll("nothing waits for a person", `document.getElementById('needs-count')?.textContent === '0' && document.querySelector('#needs-list .needs-none') !== null`)
 }
+
+// TestBrowserResolveAnElementConflictFromItsOwner: a fan-out map element's
+// guarded undo conflicted; the owner's page lists it under Action required,
+// naming the element run, and resolving it there settles both runs.
+func TestBrowserResolveAnElementConflictFromItsOwner(t *testing.T) {
+	t.Parallel()
+	ctx := newBrowser(t)
+	const token = "owner-token"
+	st := newRealStack(t, token, "")
+	owner, element, key := TierDefs(st.rdb, st.queue)
+	st.startWorker(2, owner, element)
+	bg, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for n := range 3 {
+		require.NoError(t, st.rdb.Set(bg, key(n), "basic", 0).Err())
+	}
+	_, err := st.engine.Enqueue(bg, owner, map[string]any{"items": []int{0, 1, 2}}, reactor.WithRunID("tiers-ui"))
+	require.NoError(t, err)
+	final, err := st.engine.Wait(bg, "tiers-ui")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, final.Status)
+	elemID := mapstep.MapID("tiers-ui", "each") + ".1"
+
+	bctx, bcancel := context.WithTimeout(ctx, time.Minute)
+	defer bcancel()
+	poll := func(what, js string) {
+		t.Helper()
+		_, err := chromedp.Run(bctx, chromedp.Poll[bool](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+		require.NoError(t, err, "waiting until %s (%s)", what, js)
+	}
+	q := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(st.srv.URL+"/runs/tiers-ui"), chromedp.WaitVisible(chromedp.ID("rbstatus-panel"))))
+	const item = `document.querySelector('#action-required .action-item[data-entry="upgrade#1"]')`
+	poll("the owner lists its element's conflict, naming the element run", `!document.getElementById('action-panel').hidden && `+item+` &&
+		`+item+`.querySelector('a.ai-run') && `+item+`.querySelector('a.ai-run').textContent.includes(`+q(elemID)+`)`)
+	require.NoError(t, chromedp.Do(bctx,
+		chromedp.Click(chromedp.CSS(`#action-required .resolve-kind[data-kind="left_applied"]`)),
+		chromedp.SendKeys(chromedp.CSS(`#action-required .resolve-note`), "platinum stays, agreed with support")))
+	poll("Resolve is enabled", `!`+item+`.querySelector('.resolve-button').disabled`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`#action-required .resolve-button`))))
+	poll("the confirmation names the entry", `document.getElementById('confirm-dialog').open &&
+		document.getElementById('confirm-title').textContent.includes('upgrade#1')`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.ID("confirm-yes"))))
+	poll("the token is asked for", `document.getElementById('token-dialog').open`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.ID("token-input"), token), chromedp.Click(chromedp.ID("token-save"))))
+	poll("the owner's panel empties", `document.getElementById('action-panel').hidden &&
+		document.querySelectorAll('#action-required .action-item').length === 0`)
+
+	rep, err := st.engine.RollbackStatus(bg, elemID)
+	require.NoError(t, err)
+	require.Empty(t, rep.ActionRequired, "resolved on the element run")
+	waiting, err := st.engine.NeedsHuman(bg, 10)
+	require.NoError(t, err)
+	require.NotContains(t, waiting, elemID)
+	require.NotContains(t, waiting, "tiers-ui")
+	v, err := st.rdb.Get(bg, key(1)).Result()
+	require.NoError(t, err)
+	require.Equal(t, "platinum (support desk)", v, "left applied")
+}

@@ -3,9 +3,11 @@ package dashboard
 import (
 	"context"
 	"errors"
+	"fmt"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -94,4 +96,56 @@ func (f *GuardFixture) Run(ctx context.Context, engine *reactor.Engine, id strin
 		return "", errors.New("the clobber run did not fail: " + string(res.Status))
 	}
 	return res.RunID, nil
+}
+
+// TierDefs is a fan-out map whose elements set an account's tier to gold
+// with a guarded step; somebody else changes account 1 before the owner
+// fails, so element 1's undo conflicts. Keys are under prefix.
+func TierDefs(rdb *redis.Client, prefix string) (owner, element *reactor.Definition, key func(int) string) {
+	key = func(n int) string { return fmt.Sprintf("%s:acct:%d:tier", prefix, n) }
+	get := func(ctx context.Context, k string) (string, error) {
+		v, err := rdb.Get(ctx, k).Result()
+		if errors.Is(err, redis.Nil) {
+			return "", nil
+		}
+		return v, err
+	}
+	guard := reactor.Guarded(reactor.GuardConfig[string]{
+		Probe: get,
+		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+			return reactor.RestoreWritten, rdb.Set(ctx, k, before, 0).Err()
+		},
+	})
+	type in struct {
+		N int `json:"n"`
+	}
+	element = reactor.MustDefine("tier-el",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("upgrade", reactor.StepConfig[in, string]{
+			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
+			Guard: guard,
+			Run: func(ctx context.Context, in in) (string, error) {
+				before, err := get(ctx, key(in.N))
+				if err != nil {
+					return "", err
+				}
+				if err := rdb.Set(ctx, key(in.N), "gold", 0).Err(); err != nil {
+					return "", err
+				}
+				return "gold", reactor.RecordEffect(ctx, reactor.Effect{Resource: key(in.N), Before: before, After: "gold", Label: "tier upgrade"})
+			},
+		}))
+	owner = reactor.MustDefine("tier-owner",
+		reactor.Input[[]int]("items", reactor.Required()),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, BatchSize: 2}),
+		reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
+			After: []string{"each"},
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				if err := rdb.Set(ctx, key(1), "platinum (support desk)", 0).Err(); err != nil {
+					return "", err
+				}
+				return "", reactor.Permanent(errors.New("declined"))
+			},
+		}))
+	return owner, element, key
 }

@@ -3,14 +3,12 @@ package dashboard_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/dashboard"
@@ -254,51 +252,7 @@ func TestResolveElementRun(t *testing.T) {
 	const token = "elem-token"
 	e := newEnv(t, token)
 	ctx := ctxTimeout(t, 60*time.Second)
-	key := func(n int) string { return fmt.Sprintf("%s:acct:%d:tier", e.prefix, n) }
-	get := func(ctx context.Context, k string) (string, error) {
-		v, err := e.rdb.Get(ctx, k).Result()
-		if errors.Is(err, redis.Nil) {
-			return "", nil
-		}
-		return v, err
-	}
-	guard := reactor.Guarded(reactor.GuardConfig[string]{
-		Probe: get,
-		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
-			return reactor.RestoreWritten, e.rdb.Set(ctx, k, before, 0).Err()
-		},
-	})
-	type in struct {
-		N int `json:"n"`
-	}
-	element := reactor.MustDefine("tier-el",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("upgrade", reactor.StepConfig[in, string]{
-			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
-			Guard: guard,
-			Run: func(ctx context.Context, in in) (string, error) {
-				before, err := get(ctx, key(in.N))
-				if err != nil {
-					return "", err
-				}
-				if err := e.rdb.Set(ctx, key(in.N), "gold", 0).Err(); err != nil {
-					return "", err
-				}
-				return "gold", reactor.RecordEffect(ctx, reactor.Effect{Resource: key(in.N), Before: before, After: "gold", Label: "tier upgrade"})
-			},
-		}))
-	owner := reactor.MustDefine("tier-owner",
-		reactor.Input[[]int]("items", reactor.Required()),
-		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true, BatchSize: 2}),
-		reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
-			After: []string{"each"},
-			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
-				if err := e.rdb.Set(ctx, key(1), "platinum (support desk)", 0).Err(); err != nil {
-					return "", err
-				}
-				return "", reactor.Permanent(errors.New("declined"))
-			},
-		}))
+	owner, element, key := dashboard.TierDefs(e.rdb, e.prefix)
 	for n := range 3 {
 		require.NoError(t, e.rdb.Set(ctx, key(n), "basic", 0).Err())
 	}
