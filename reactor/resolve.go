@@ -110,7 +110,7 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 	if h.Resolution != "" {
 		_ = x.lease.Release(bg)
 		// A repeat settles the owner's record if the first call could not.
-		if err := e.settleOwner(ctx, st.Elem, x.settledPaths(h)); err != nil {
+		if err := e.settleOwner(ctx, st.Elem, x.settledPaths(h), h.Resolution); err != nil {
 			return err
 		}
 		return fmt.Errorf("%w: %s was resolved %s", ErrAlreadyResolved, entryID, h.Resolution)
@@ -161,7 +161,7 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 	if err != nil {
 		return err
 	}
-	if err := e.settleOwner(ctx, st.Elem, settled); err != nil {
+	if err := e.settleOwner(ctx, st.Elem, settled, kind); err != nil {
 		// The element is resolved; its owner still lists the conflict
 		// (and keeps its tree): a repeat Resolve, from the owner's report,
 		// settles it.
@@ -190,7 +190,7 @@ func (x *execution) settledPaths(h *humanRec) map[string]string {
 // settled off its owner's failure (they read "<map step>[<index>]/<step>"
 // there), so the owner's retention and its place in NeedsHuman follow. el
 // is nil for a root run: nothing to do.
-func (e *Engine) settleOwner(ctx context.Context, el *elementRec, settled map[string]string) error {
+func (e *Engine) settleOwner(ctx context.Context, el *elementRec, settled map[string]string, kind Resolution) error {
 	if el == nil || el.Owner == "" {
 		return nil
 	}
@@ -219,8 +219,18 @@ func (e *Engine) settleOwner(ctx context.Context, el *elementRec, settled map[st
 			step, ok := strings.CutPrefix(rf.Step, prefix)
 			drop := ok && settled[step] == rf.Reason
 			changed = changed || drop
-			return drop
+			return drop && kind == ResolvedManuallyReverted
 		})
+		if kind == ResolvedLeftApplied {
+			// Kept by a person's decision: no longer waiting for one, but
+			// still an effect in place (a Retry of the owner stays refused).
+			for i, rf := range fl.RollbackFailures {
+				if step, ok := strings.CutPrefix(rf.Step, prefix); ok && settled[step] == rf.Reason {
+					fl.RollbackFailures[i].Reason = ReasonLeftApplied
+					fl.RollbackFailures[i].Message = "left applied by a person: " + rf.Message
+				}
+			}
+		}
 	}
 	if !changed {
 		// The element's resolve write took its expiry off: it goes with
@@ -240,6 +250,11 @@ func (e *Engine) settleOwner(ctx context.Context, el *elementRec, settled map[st
 	}
 	return err
 }
+
+// ReasonLeftApplied is the reason an owner's rollback failure takes when a
+// person resolved its map element's conflict left_applied: the effect is in
+// place by decision, so nobody waits for it, and the owner is not retried.
+const ReasonLeftApplied = "reactor.left_applied"
 
 // OpResolve is Engine.Resolve (the Op of its StatusError).
 const OpResolve Op = "resolve"

@@ -64,7 +64,8 @@ func TestConflictedElementKeepsItsOwnerUntilResolved(t *testing.T) {
 	require.NotContains(t, waiting, "tiers2")
 	run, err := api.Get(ctx, "tiers2")
 	require.NoError(t, err)
-	for _, rf := range run.Failure.RollbackFailures {
-		require.NotEqual(t, reactor.ReasonConflict, rf.Reason, "the settled conflict left the owner's failure")
-	}
+	require.Len(t, run.Failure.RollbackFailures, 1)
+	require.Equal(t, reactor.ReasonLeftApplied, run.Failure.RollbackFailures[0].Reason, "settled: left applied, nobody waits")
+	_, err = api.Check(ctx, "tiers2", reactor.OpRetry)
+	require.ErrorIs(t, err, reactor.ErrNotRetryable, "an effect a person left applied still stands: no retry")
 }
