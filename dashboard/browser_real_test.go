@@ -2,7 +2,6 @@ package dashboard
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -139,11 +138,7 @@ func TestBrowserRollbackStatusAndAudit(t *testing.T) {
 
 	bctx, bcancel := context.WithTimeout(ctx, time.Minute)
 	defer bcancel()
-	poll := func(what, js string) {
-		t.Helper()
-		_, err := chromedp.Run(bctx, chromedp.Poll[bool](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
-		require.NoError(t, err, "waiting until %s (%s)", what, js)
-	}
+	poll := pollUntil(t, bctx)
 	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/runs/audited-1"),
 		chromedp.WaitVisible(chromedp.ID("rbstatus-panel"))))
 	poll("the summary reads needs human", `document.querySelector('#rbstatus .rb-outcome')?.textContent === 'needs human'`)
@@ -200,11 +195,7 @@ func TestBrowserUndoSelectedSteps(t *testing.T) {
 
 	bctx, bcancel := context.WithTimeout(ctx, time.Minute)
 	defer bcancel()
-	poll := func(what, js string) {
-		t.Helper()
-		_, err := chromedp.Run(bctx, chromedp.Poll[bool](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
-		require.NoError(t, err, "waiting until %s (%s)", what, js)
-	}
+	poll := pollUntil(t, bctx)
 	const stack = `[...document.querySelectorAll('#undosteps tbody tr')].map(r => r.dataset.step).join(',')`
 	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/runs/picked-1"),
 		chromedp.WaitVisible(chromedp.ID("undosteps-panel"))))
@@ -306,12 +297,8 @@ func TestBrowserResolveConflict(t *testing.T) {
 
 	bctx, bcancel := context.WithTimeout(ctx, time.Minute)
 	defer bcancel()
-	poll := func(what, js string) {
-		t.Helper()
-		_, err := chromedp.Run(bctx, chromedp.Poll[bool](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
-		require.NoError(t, err, "waiting until %s (%s)", what, js)
-	}
-	q := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	poll := pollUntil(t, bctx)
+	q := jsString
 	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(st.srv.URL+"/"), chromedp.WaitVisible(chromedp.ID("needs-panel"))))
 	poll("the run is under Needs a person", `document.getElementById('needs-count').textContent === '1' &&
 		[...document.querySelectorAll('#needs-list .needs-run')].some(li => li.dataset.id === `+q(id)+` && li.textContent.includes('book/fix2#2'))`)
@@ -390,12 +377,8 @@ func TestBrowserResolveAnElementConflictFromItsOwner(t *testing.T) {
 
 	bctx, bcancel := context.WithTimeout(ctx, time.Minute)
 	defer bcancel()
-	poll := func(what, js string) {
-		t.Helper()
-		_, err := chromedp.Run(bctx, chromedp.Poll[bool](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
-		require.NoError(t, err, "waiting until %s (%s)", what, js)
-	}
-	q := func(s string) string { b, _ := json.Marshal(s); return string(b) }
+	poll := pollUntil(t, bctx)
+	q := jsString
 	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(st.srv.URL+"/runs/tiers-ui"), chromedp.WaitVisible(chromedp.ID("rbstatus-panel"))))
 	const item = `document.querySelector('#action-required .action-item[data-entry="upgrade#1"]')`
 	poll("the owner lists its element's conflict, naming the element run", `!document.getElementById('action-panel').hidden && `+item+` &&

@@ -157,11 +157,7 @@ func runBrowserStory(t *testing.T, ctx context.Context, base string, s browserSt
 		require.NoError(t, err, what)
 		return v
 	}
-	poll := func(what, js string) {
-		t.Helper()
-		_, err := chromedp.Run(ctx, chromedp.Poll[bool](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
-		require.NoError(t, err, "waiting until %s (%s)", what, js)
-	}
+	poll := pollUntil(t, ctx)
 	shot := func(name string, also ...string) {
 		t.Helper()
 		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
@@ -970,4 +966,15 @@ func (a *fakeAPI) batch(w http.ResponseWriter, r *http.Request) {
 		results = append(results, result{RunID: id, StatusCode: code, TaskID: task, Error: msg})
 	}
 	fakeJSON(w, 200, map[string]any{"results": results})
+}
+
+// pollUntil returns a wait on the page of ctx: poll(what, js) returns once
+// the JavaScript expression js is true, and fails the test naming what it
+// waited for if that takes over 20 s.
+func pollUntil(t *testing.T, ctx context.Context) func(what, js string) {
+	return func(what, js string) {
+		t.Helper()
+		_, err := chromedp.Run(ctx, chromedp.Poll[bool](js, chromedp.WithPollingInterval(50*time.Millisecond), chromedp.WithPollingTimeout(20*time.Second)))
+		require.NoError(t, err, "waiting until %s (%s)", what, js)
+	}
 }

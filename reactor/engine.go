@@ -641,28 +641,12 @@ func (e *Engine) undoElement(ctx context.Context, id string, wait time.Duration)
 	if err := validateRunID(id); err != nil {
 		return nil, err
 	}
-	target := e.store.ElemTarget(id)
-	lease, err := e.locks.Acquire(ctx, target.Lock, wait)
-	if errors.Is(err, lock.ErrHeld) {
-		return nil, fmt.Errorf("%w (element %s; waited %s)", ErrRunLocked, id, wait)
-	}
+	x, err := e.lockAndLoad(ctx, e.store.ElemTarget(id), "element "+id, wait)
 	if err != nil {
 		return nil, err
 	}
 	bg := context.WithoutCancel(ctx)
-	snap, err := e.store.Load(ctx, target)
-	if errors.Is(err, store.ErrNotFound) {
-		_ = lease.Release(bg)
-		return nil, fmt.Errorf("%w: element %s", ErrNotFound, id)
-	}
-	var st *runState
-	if err == nil {
-		st, err = decodeState(snap.Data)
-	}
-	if err != nil {
-		_ = lease.Release(bg)
-		return nil, err
-	}
+	st, lease := x.st, x.lease
 	switch st.Status {
 	case StatusCompleted, StatusHalted, StatusRollingBack:
 	case StatusRunning, StatusPending, StatusAborted:
@@ -672,14 +656,12 @@ func (e *Engine) undoElement(ctx context.Context, id string, wait time.Duration)
 		_ = lease.Release(bg)
 		return st.result(), nil
 	}
-	def, err := e.lookup(st.Reactor)
-	if err != nil {
+	if x.def, err = e.lookup(st.Reactor); err != nil {
 		_ = lease.Release(bg)
 		return nil, err
 	}
 	adoptElement(ctx, st)
-	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: snap.Version,
-		indexed: st.Status, element: true, inWorker: true, windowNow: elementWindowAt(ctx)}
+	x.element, x.inWorker, x.windowNow = true, true, elementWindowAt(ctx)
 	if st.Status == StatusRollingBack { // a crashed element undo: resume it
 		return x.execute(ctx, EventRunResumed)
 	}

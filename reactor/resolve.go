@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/goreactor/goreactor/internal/lock"
-	"github.com/goreactor/goreactor/internal/store"
 )
 
 // Resolution is what a person did about an entry whose guarded undo
@@ -123,9 +122,6 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 	st.Undone = append(st.Undone, rec)
 	x.audit(auditRec{kind: AuditResolved, step: h.Step, ordinal: h.Ordinal, status: status, generation: gen,
 		reason: string(kind), message: note, resource: h.Resource})
-	// What a person resolved is no longer a rollback failure of the run:
-	// a map whose rollback is re-triggered reads this run's result.
-	settled := map[string]string{h.Step: ReasonConflict}
 	if kind == ResolvedLeftApplied && st.Retry != nil {
 		// The entries it blocked are kept for good: off the retry list.
 		kept := st.Retry.Entries[:0]
@@ -141,10 +137,12 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 			st.Undone = append(st.Undone, u)
 			x.audit(auditRec{kind: AuditBlocked, step: path, ordinal: r.Entry.Ordinal, status: RollbackLeftApplied, generation: gen,
 				resource: h.Resource, blockedBy: h.ID})
-			settled[path] = ReasonBlocked
 		}
 		st.Retry.Entries = kept
 	}
+	// What a person resolved is no longer a rollback failure of the run:
+	// a map whose rollback is re-triggered reads this run's result.
+	settled := x.settledPaths(h)
 	if fl := st.Failure; fl != nil {
 		fl.RollbackFailures = slices.DeleteFunc(fl.RollbackFailures, func(rf RollbackFailure) bool {
 			return settled[rf.Step] == rf.Reason
@@ -262,35 +260,19 @@ const OpResolve Op = "resolve"
 // openForResolve locks and loads run id (a root run, else a map element
 // run) for a change that needs no definition.
 func (e *Engine) openForResolve(ctx context.Context, id string) (*execution, error) {
-	target := e.store.RunTarget(id)
-	element := false
+	target, what, element := e.store.RunTarget(id), "run "+id, false
 	if n, err := e.store.Client().Exists(ctx, target.State).Result(); err != nil {
 		return nil, err
 	} else if n == 0 {
-		target, element = e.store.ElemTarget(id), true
+		target, what, element = e.store.ElemTarget(id), "element "+id, true
 	}
-	lease, err := e.locks.Acquire(ctx, target.Lock, e.cfg.UndoLockWait)
-	if errors.Is(err, lock.ErrHeld) {
-		return nil, fmt.Errorf("%w (run %s; waited %s)", ErrRunLocked, id, e.cfg.UndoLockWait)
-	}
+	x, err := e.lockAndLoad(ctx, target, what, e.cfg.UndoLockWait)
 	if err != nil {
 		return nil, err
 	}
-	snap, err := e.store.Load(ctx, target)
-	if errors.Is(err, store.ErrNotFound) {
-		err = fmt.Errorf("%w: %s", ErrNotFound, id)
-	}
-	var st *runState
-	if err == nil {
-		st, err = decodeState(snap.Data)
-	}
-	if err != nil {
-		_ = lease.Release(context.WithoutCancel(ctx))
-		return nil, err
-	}
-	def, _ := e.Definition(st.Reactor)
-	return &execution{e: e, def: def, st: st, target: target, lease: lease, version: snap.Version, indexed: st.Status,
-		element: element, inWorker: true}, nil
+	x.def, _ = e.Definition(x.st.Reactor)
+	x.element, x.inWorker = element, true
+	return x, nil
 }
 
 // NeedsHuman lists up to limit runs (root or map element runs) with a

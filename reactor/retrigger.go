@@ -301,35 +301,43 @@ func (e *Engine) openElement(ctx context.Context, id string, wait time.Duration)
 	if err := validateRunID(id); err != nil {
 		return nil, nil, err
 	}
-	target := e.store.ElemTarget(id)
-	lease, err := e.locks.Acquire(ctx, target.Lock, wait)
-	if errors.Is(err, lock.ErrHeld) {
-		return nil, nil, fmt.Errorf("%w (element %s; waited %s)", ErrRunLocked, id, wait)
-	}
+	x, err := e.lockAndLoad(ctx, e.store.ElemTarget(id), "element "+id, wait)
 	if err != nil {
 		return nil, nil, err
 	}
-	bg := context.WithoutCancel(ctx)
+	if x.def, err = e.lookup(x.st.Reactor); err != nil {
+		_ = x.lease.Release(context.WithoutCancel(ctx))
+		return nil, nil, err
+	}
+	adoptElement(ctx, x.st)
+	x.element, x.inWorker, x.windowNow = true, true, elementWindowAt(ctx)
+	return x, nil, nil
+}
+
+// lockAndLoad takes target's lock (waiting up to wait) and loads its state
+// for an execution; what names the run in errors ("element <id>"). The
+// execution has no definition yet. On error nothing is held.
+func (e *Engine) lockAndLoad(ctx context.Context, target store.Target, what string, wait time.Duration) (*execution, error) {
+	lease, err := e.locks.Acquire(ctx, target.Lock, wait)
+	if errors.Is(err, lock.ErrHeld) {
+		return nil, fmt.Errorf("%w (%s; waited %s)", ErrRunLocked, what, wait)
+	}
+	if err != nil {
+		return nil, err
+	}
 	snap, err := e.store.Load(ctx, target)
 	if errors.Is(err, store.ErrNotFound) {
-		_ = lease.Release(bg)
-		return nil, nil, fmt.Errorf("%w: element %s", ErrNotFound, id)
+		err = fmt.Errorf("%w: %s", ErrNotFound, what)
 	}
 	var st *runState
 	if err == nil {
 		st, err = decodeState(snap.Data)
 	}
-	var def *Definition
-	if err == nil {
-		def, err = e.lookup(st.Reactor)
-	}
 	if err != nil {
-		_ = lease.Release(bg)
-		return nil, nil, err
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
 	}
-	adoptElement(ctx, st)
-	return &execution{e: e, def: def, st: st, target: target, lease: lease, version: snap.Version,
-		indexed: st.Status, element: true, inWorker: true, windowNow: elementWindowAt(ctx)}, nil, nil
+	return &execution{e: e, st: st, target: target, lease: lease, version: snap.Version, indexed: st.Status}, nil
 }
 
 func init() {
