@@ -25,6 +25,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -65,13 +66,14 @@ const (
 
 var modelFeatureSets = []struct{ name, features string }{
 	{"stage1", "guarded,resource,noundo,fail,undofail,writer,resolve,retryrb,undo"},
+	{"compose_windows", "guarded,resource,noundo,fail,undofail,writer,resolve,retryrb,undo,compose,window"},
 }
 
 func TestRollbackModel(t *testing.T) {
 	t.Parallel()
-	n := 2400
+	n := 600 // per feature set
 	if *longModel {
-		n = 100_000
+		n = 25_000
 	}
 	if v := os.Getenv("GOREACTOR_MODEL_N"); v != "" {
 		var err error
@@ -95,10 +97,8 @@ func TestRollbackModel(t *testing.T) {
 			prefix := redistest.Prefix(t)
 			feats := parseFeatures(set.features)
 			if seed >= 0 {
-				d := runHistory(rdb, prefix, feats, seed)
-				t.Logf("history %d (%s):\n%s", seed, set.features, d.history)
-				if d.category != "" {
-					t.Errorf("divergence: %s\n%s", d.category, d.detail)
+				for _, d := range runHistory(rdb, prefix, feats, seed) {
+					t.Errorf("divergence: %s\n  %s\n%s", d.category, d.detail, indent(d.history))
 				}
 				return
 			}
@@ -135,19 +135,18 @@ func runHistories(t *testing.T, rdb *redis.Client, prefix, features string, feat
 				if i > int64(n) {
 					return
 				}
-				d := runHistory(rdb, prefix, feats, i)
-				if d.category == "" {
-					continue
-				}
+				ds := runHistory(rdb, prefix, feats, i)
 				mu.Lock()
-				f := byCat[d.category]
-				if f == nil {
-					f = &found{best: d}
-					byCat[d.category] = f
-				}
-				f.count++
-				if d.size < f.best.size || (d.size == f.best.size && d.seed < f.best.seed) {
-					f.best = d
+				for _, d := range ds {
+					f := byCat[d.category]
+					if f == nil {
+						f = &found{best: d}
+						byCat[d.category] = f
+					}
+					f.count++
+					if d.size < f.best.size || (d.size == f.best.size && d.seed < f.best.seed) {
+						f.best = d
+					}
 				}
 				mu.Unlock()
 			}
@@ -823,7 +822,7 @@ func (m *model) leaf(h *hist, st *mStep, path string, ord *int, child bool) {
 	m.entries = append(m.entries, e)
 }
 
-func runHistory(rdb *redis.Client, basePrefix string, feats map[string]bool, seed int64) (d divergence) {
+func runHistory(rdb *redis.Client, basePrefix string, feats map[string]bool, seed int64) (out []divergence) {
 	r := rand.New(rand.NewPCG(uint64(seed), 0x21))
 	spec := genSpec(r, feats)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
@@ -831,14 +830,21 @@ func runHistory(rdb *redis.Client, basePrefix string, feats map[string]bool, see
 	h := &hist{ctx: ctx, rdb: rdb, prefix: basePrefix + ":h" + strconv.FormatInt(seed, 10),
 		calls: map[string]int{}, oks: map[string]int{}}
 	h.m = &model{kv: map[string]string{}, spec: spec}
-	d.seed = seed
 	h.log = append(h.log, "definition: "+spec.String())
+	seen := map[string]bool{}
+	// add records a divergence once per history, with the history so far.
+	add := func(c, det string) {
+		if c == "" || seen[c] {
+			return
+		}
+		seen[c] = true
+		out = append(out, divergence{seed: seed, category: c, detail: det, history: strings.Join(h.log, "\n"),
+			size: len(h.log) + len(spec.steps)})
+	}
 	defer func() {
 		if p := recover(); p != nil {
-			d.category, d.detail = "panic", fmt.Sprint(p)
+			add("panic", fmt.Sprint(p))
 		}
-		d.history = strings.Join(h.log, "\n")
-		d.size = len(h.log) + len(spec.steps)
 	}()
 	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: h.prefix, Enqueuer: &wakeLog{},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
@@ -865,8 +871,8 @@ func runHistory(rdb *redis.Client, basePrefix string, feats map[string]bool, see
 	h.writes = writes
 	res, err := eng.Run(ctx, def, nil)
 	if err != nil {
-		d.category, d.detail = "run error", err.Error()
-		return d
+		add("run error", err.Error())
+		return out
 	}
 	h.runID = res.RunID
 	h.m.status = reactor.StatusCompleted
@@ -876,9 +882,8 @@ func runHistory(rdb *redis.Client, basePrefix string, feats map[string]bool, see
 	} else {
 		h.log = append(h.log, "run: completes")
 	}
-	if c, det := h.check("run"); c != "" {
-		d.category, d.detail = c, det
-		return d
+	if !h.check(add) {
+		return out
 	}
 	for range 1 + r.IntN(5) {
 		op, ok := h.pickOp(r, feats)
@@ -887,15 +892,15 @@ func runHistory(rdb *redis.Client, basePrefix string, feats map[string]bool, see
 		}
 		desc, c, det := op()
 		h.log = append(h.log, desc)
-		if c == "" {
-			c, det = h.check(desc)
-		}
 		if c != "" {
-			d.category, d.detail = c, det
-			return d
+			add(c, det)
+			return out
+		}
+		if !h.check(add) {
+			return out
 		}
 	}
-	return d
+	return out
 }
 
 // pickOp draws the next operation among those the features allow.
@@ -1057,34 +1062,49 @@ func errClass(err error) string {
 	return "error " + err.Error()
 }
 
-// check compares the engine with the model after an operation: the first
-// divergence, as a category and its detail.
-func (h *hist) check(after string) (string, string) {
+// check compares the engine with the model after an operation, reporting
+// divergences to add. It returns false after a divergence of state (the
+// history cannot go on meaningfully); a summary outcome that differs while
+// the entries agree is reported and the history goes on.
+func (h *hist) check(add func(category, detail string)) bool {
+	rep, c, det := h.checkState()
+	if c != "" {
+		add(c, det)
+		return false
+	}
+	if rep != nil {
+		if o := h.m.outcome(); rep.Summary.Outcome != o {
+			add(fmt.Sprintf("P5 summary outcome: engine %s, model %s", rep.Summary.Outcome, o), statusSet(h.m.report))
+		}
+	}
+	return true
+}
+
+// checkState compares everything but the summary outcome, and returns the
+// engine's report (nil before any rollback).
+func (h *hist) checkState() (rep *reactor.RollbackReport, category, detail string) {
 	m := h.m
 	ctx := h.ctx
 	h.mu.Lock()
 	violations := slices.Clone(h.violations)
-	calls, oks := h.calls, h.oks
+	calls, oks := maps.Clone(h.calls), maps.Clone(h.oks)
 	h.mu.Unlock()
 	// 1. no restore over somebody else's write.
 	if len(violations) > 0 {
-		return "P1 restore over somebody else's write", strings.Join(violations, "; ")
+		return nil, "P1 restore over somebody else's write", strings.Join(violations, "; ")
 	}
 	// 2. no entry undone twice; calls as the model expects.
 	for p, n := range oks {
 		if n > 1 {
-			return "P2 an entry undone twice", fmt.Sprintf("%s: %d successful Undo/Restore calls", p, n)
+			return nil, "P2 an entry undone twice", fmt.Sprintf("%s: %d successful Undo/Restore calls", p, n)
 		}
 	}
 	for _, e := range m.entries {
 		if !e.ledger() {
 			continue
 		}
-		h.mu.Lock()
-		got := calls[e.path]
-		h.mu.Unlock()
-		if got != e.calls {
-			return fmt.Sprintf("P2 calls of %s: engine %s, model %s", kindName(e.kind), callsClass(got), callsClass(e.calls)),
+		if got := calls[e.path]; got != e.calls {
+			return nil, fmt.Sprintf("P2 calls of %s: engine %s, model %s", kindName(e.kind), callsClass(got), callsClass(e.calls)),
 				fmt.Sprintf("%s: engine called %d times, model %d (status: model %s)", e.path, got, e.calls, e.status)
 		}
 	}
@@ -1092,77 +1112,75 @@ func (h *hist) check(after string) (string, string) {
 	for i := range m.spec.resources {
 		k := h.key(i)
 		if got, want := h.get(k), m.kv[k]; got != want {
-			return "resources: engine and model hold different values", fmt.Sprintf("r%d: engine %q, model %q", i, got, want)
+			return nil, "resources: engine and model hold different values", fmt.Sprintf("r%d: engine %q, model %q", i, got, want)
 		}
 	}
 	run, err := h.eng.Get(ctx, h.runID)
 	if err != nil {
-		return "Get failed", err.Error()
+		return nil, "Get failed", err.Error()
 	}
 	if run.Status != m.status {
-		return fmt.Sprintf("run status: engine %s, model %s", run.Status, m.status), ""
+		return nil, fmt.Sprintf("run status: engine %s, model %s", run.Status, m.status), ""
+	}
+	// 5. the per-entry report.
+	rep, err = h.eng.RollbackStatus(ctx, h.runID)
+	switch {
+	case m.gen == 0 && !errors.Is(err, reactor.ErrNoRollback):
+		return nil, "RollbackStatus of a run never rolled back", fmt.Sprint(err)
+	case m.gen > 0 && err != nil:
+		return nil, "RollbackStatus failed", err.Error()
+	}
+	if m.gen > 0 {
+		var got, want []string
+		for _, e := range rep.Entries {
+			got = append(got, e.Step+"="+string(e.Status))
+		}
+		for _, e := range m.report {
+			want = append(want, e.path+"="+string(e.status))
+		}
+		if !slices.Equal(got, want) {
+			return nil, "P5 entries: " + reportDiff(rep.Entries, m.report), fmt.Sprintf("engine %v\n  model  %v", got, want)
+		}
+		for _, e := range rep.Entries {
+			if e.Status != reactor.RollbackBlocked {
+				continue
+			}
+			i := slices.IndexFunc(m.entries, func(me *mEntry) bool { return me.path == e.Step })
+			if i >= 0 && !slices.Contains(m.entries[i].blockers, e.BlockedBy) {
+				return nil, "P5 blocked_by does not name a newer entry on the resource in place when it was blocked",
+					fmt.Sprintf("%s blocked_by %q, model: one of %v", e.Step, e.BlockedBy, m.entries[i].blockers)
+			}
+		}
 	}
 	// 3. every conflict listed until resolved; its run never expires.
 	open := m.unresolved()
 	waiting, err := h.eng.NeedsHuman(ctx, 1000)
 	if err != nil {
-		return "NeedsHuman failed", err.Error()
+		return nil, "NeedsHuman failed", err.Error()
 	}
 	if listed := slices.Contains(waiting, h.runID); listed != (len(open) > 0) {
-		return fmt.Sprintf("P3 NeedsHuman lists the run: %v, model's open conflicts: %d", listed, len(open)), strings.Join(open, ",")
+		return nil, fmt.Sprintf("P3 NeedsHuman lists the run: %v, model's open conflicts: %d", listed, len(open)), strings.Join(open, ",")
 	}
 	if len(open) > 0 {
 		ttl, err := h.rdb.PTTL(ctx, h.prefix+":{run:"+h.runID+"}:ctx").Result()
 		if err != nil {
-			return "PTTL failed", err.Error()
+			return nil, "PTTL failed", err.Error()
 		}
 		if ttl != -1 {
-			return "P3 a run with an open conflict expires", fmt.Sprintf("PTTL %s", ttl)
+			return nil, "P3 a run with an open conflict expires", fmt.Sprintf("PTTL %s", ttl)
 		}
 	}
-	rep, err := h.eng.RollbackStatus(ctx, h.runID)
-	if m.gen == 0 {
-		if !errors.Is(err, reactor.ErrNoRollback) {
-			return "RollbackStatus of a run never rolled back", fmt.Sprint(err)
+	if m.gen > 0 {
+		var action []string
+		for _, a := range rep.ActionRequired {
+			action = append(action, a.ID)
 		}
-		return "", ""
-	}
-	if err != nil {
-		return "RollbackStatus failed", err.Error()
-	}
-	var action []string
-	for _, a := range rep.ActionRequired {
-		action = append(action, a.ID)
-	}
-	slices.Sort(action)
-	if !slices.Equal(action, open) {
-		return "P3 ActionRequired differs from the open conflicts", fmt.Sprintf("engine %v, model %v", action, open)
-	}
-	// 5. the per-entry report and the summary.
-	var got, want []string
-	for _, e := range rep.Entries {
-		got = append(got, e.Step+"="+string(e.Status))
-	}
-	for _, e := range m.report {
-		want = append(want, e.path+"="+string(e.status))
-	}
-	if !slices.Equal(got, want) {
-		return "P5 entries: " + reportDiff(rep.Entries, m.report), fmt.Sprintf("engine %v\n  model  %v", got, want)
-	}
-	for _, e := range rep.Entries {
-		if e.Status != reactor.RollbackBlocked {
-			continue
-		}
-		i := slices.IndexFunc(m.entries, func(me *mEntry) bool { return me.path == e.Step })
-		if i >= 0 && !slices.Contains(m.entries[i].blockers, e.BlockedBy) {
-			return "P5 blocked_by does not name a newer entry on the resource in place when it was blocked",
-				fmt.Sprintf("%s blocked_by %q, model: one of %v", e.Step, e.BlockedBy, m.entries[i].blockers)
+		slices.Sort(action)
+		if !slices.Equal(action, open) {
+			return nil, "P3 ActionRequired differs from the open conflicts", fmt.Sprintf("engine %v, model %v", action, open)
 		}
 	}
-	if o := m.outcome(); rep.Summary.Outcome != o {
-		return fmt.Sprintf("P5 summary outcome: engine %s, model %s", rep.Summary.Outcome, o), statusSet(m.report)
-	}
-	return "", ""
+	return rep, "", ""
 }
 
 func kindName(k mkind) string {
