@@ -14,7 +14,7 @@ package reactor_test
 //	  go test -race ./reactor/ -run TestRollbackModel -v
 //
 // -long (go test ./reactor/ -run TestRollbackModel -long) draws 100,000
-// histories instead of the default 2,400; GOREACTOR_MODEL_N sets the number
+// histories instead of the default 2,000; GOREACTOR_MODEL_N sets the number
 // per feature set, and GOREACTOR_MODEL_FEATURES restricts the run to one
 // feature set (a comma-separated list of the features below).
 
@@ -67,11 +67,13 @@ const (
 var modelFeatureSets = []struct{ name, features string }{
 	{"stage1", "guarded,resource,noundo,fail,undofail,writer,resolve,retryrb,undo"},
 	{"compose_windows", "guarded,resource,noundo,fail,undofail,writer,resolve,retryrb,undo,compose,window"},
+	{"steps_retry", "guarded,resource,noundo,fail,undofail,writer,resolve,retryrb,undo,steps,retry"},
+	{"all", "guarded,resource,noundo,fail,undofail,writer,resolve,retryrb,undo,compose,window,steps,retry"},
 }
 
 func TestRollbackModel(t *testing.T) {
 	t.Parallel()
-	n := 600 // per feature set
+	n := 500 // per feature set: 2,000 in all
 	if *longModel {
 		n = 25_000
 	}
