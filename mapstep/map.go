@@ -298,7 +298,7 @@ func (m *construct) resume(ctx context.Context, c *reactor.ConstructContext, ms 
 	if !md.settled() {
 		return nil, reactor.Dispatch()
 	}
-	return adopt(ctx, ms, st, md)
+	return adopt(ctx, c, ms, st, md)
 }
 
 // reopen re-derives a saved map's items and acts on it again.
@@ -315,10 +315,18 @@ func (m *construct) reopen(ctx context.Context, c *reactor.ConstructContext, ms 
 }
 
 // adopt turns a settled map into the step's result: the failing element's
-// Failure for an atomic failure, else a Result.
-func adopt(ctx context.Context, ms mapStore, st state, md meta) (codec.Raw, error) {
+// Failure for an atomic failure, else a Result. Failed elements rolled
+// themselves back: what they hold goes to the owner (Hold).
+func adopt(ctx context.Context, c *reactor.ConstructContext, ms mapStore, st state, md meta) (codec.Raw, error) {
 	if st.FanOut {
 		ms.unindex(ctx, st.MapID, md.Owner)
+	}
+	if md.Failures > 0 || md.Failed {
+		held, err := ms.held(ctx, st.MapID)
+		if err != nil {
+			return nil, err
+		}
+		c.Hold(held)
 	}
 	if md.Atomic && md.Failed {
 		outs, err := ms.results(ctx, st.MapID, md.FailedIndex, md.FailedIndex)
@@ -422,7 +430,7 @@ func (m *construct) runInline(ctx context.Context, c *reactor.ConstructContext, 
 			}
 		}
 	}
-	return adopt(ctx, ms, st, md)
+	return adopt(ctx, c, ms, st, md)
 }
 
 // runElement executes element i (or reads its stored result).

@@ -25,6 +25,8 @@ type outcome struct {
 	Value   codec.Raw        `msgpack:"v,omitempty"`
 	Failure *reactor.Failure `msgpack:"f,omitempty"`
 	Reason  string           `msgpack:"r,omitempty"`
+	// Held is what a failed element's own rollback left in place.
+	Held reactor.Held `msgpack:"h,omitempty"`
 }
 
 func outcomeOf(res *reactor.Result) outcome {
@@ -34,7 +36,7 @@ func outcomeOf(res *reactor.Result) outcome {
 	case reactor.StatusHalted:
 		return outcome{Status: outcomeHalted, Reason: res.Reason}
 	default:
-		return outcome{Status: outcomeFailed, Failure: res.Failure}
+		return outcome{Status: outcomeFailed, Failure: res.Failure, Held: res.Held}
 	}
 }
 

@@ -86,6 +86,9 @@ type rbOutcome struct {
 	// OutOfWindow lists the element's steps its rollback kept because
 	// their undo windows had closed ("each[3]/reserve").
 	OutOfWindow []string `msgpack:"w,omitempty"`
+	// Held is what the element's rollbacks left in place, every generation
+	// counted (reactor.Result.Held).
+	Held reactor.Held `msgpack:"h,omitempty"`
 }
 
 // rbMeta is a rollback's metadata.
@@ -193,6 +196,13 @@ func (s mapStore) rbSettle(ctx context.Context, mapID string, gen, pos int, o rb
 	failure := "0"
 	if len(o.Failures) > 0 {
 		failure = "1"
+	}
+	if !o.Held.IsZero() || gen > 1 {
+		// Before the settle: a crash in between redoes both. A later
+		// generation may have cleared what an earlier one recorded.
+		if err := s.setHeld(ctx, mapID, o.Index, o.Held); err != nil {
+			return settleResult{}, err
+		}
 	}
 	res, err := rbSettleScript.Run(ctx, s.rdb, s.rbKeys(mapID, gen), pos, enc, o.Outcome, failure).Slice()
 	if err != nil {
@@ -495,6 +505,11 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 	if err != nil {
 		return err
 	}
+	held, err := ms.held(ctx, st.MapID)
+	if err != nil {
+		return err
+	}
+	c.Hold(held)
 	if st.FanOut {
 		ms.unindex(ctx, st.MapID, c.OwnerID)
 	}
@@ -617,7 +632,7 @@ func unavailable(md meta, i int) rbOutcome {
 // undoneOutcome is the outcome of element i whose rollback ended with res:
 // undone, or failed with its rollback failures.
 func undoneOutcome(md meta, i int, res *reactor.Result) rbOutcome {
-	o := rbOutcome{Index: i, Outcome: rbUndone}
+	o := rbOutcome{Index: i, Outcome: rbUndone, Held: res.Held}
 	for _, s := range res.OutOfWindow {
 		o.OutOfWindow = append(o.OutOfWindow, elementPath(md.Step, i)+"/"+s)
 	}

@@ -11,6 +11,7 @@ import (
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -41,6 +42,20 @@ var (
 type mapStore struct {
 	rdb  redis.UniversalClient
 	keys keys.Keys
+}
+
+// setHeld records what element index holds after its rollbacks, for the
+// map's totals (store.SetHeld).
+func (s mapStore) setHeld(ctx context.Context, mapID string, index int, h reactor.Held) error {
+	_, err := store.SetHeld(ctx, s.rdb, s.keys, mapID, index, store.Held{Waiting: h.Waiting, LeftApplied: h.LeftApplied, Failed: h.Failed})
+	return err
+}
+
+// held reads what the map's elements hold, in total, over every rollback
+// generation.
+func (s mapStore) held(ctx context.Context, mapID string) (reactor.Held, error) {
+	h, err := store.HeldTotals(ctx, s.rdb, s.keys, mapID)
+	return reactor.Held{Waiting: h.Waiting, LeftApplied: h.LeftApplied, Failed: h.Failed}, err
 }
 
 func storeOf(e *reactor.Engine) mapStore {
@@ -146,6 +161,12 @@ func (s mapStore) settle(ctx context.Context, mapID string, index int, o outcome
 	failure := "0"
 	if o.Status == outcomeFailed {
 		failure = "1"
+	}
+	if !o.Held.IsZero() {
+		// Before the settle: a crash in between redoes both.
+		if err := s.setHeld(ctx, mapID, index, o.Held); err != nil {
+			return settleResult{}, err
+		}
 	}
 	k := s.keys
 	res, err := settleScript.Run(ctx, s.rdb, []string{k.MapMeta(mapID), k.MapOffset(mapID), k.MapResults(mapID), k.MapFailed(mapID), k.MapSignalled(mapID)},

@@ -339,13 +339,15 @@ func TestSummarizeRollbackEveryCombination(t *testing.T) {
 	for _, seq := range seqs {
 		entries := make([]reactor.RollbackEntry, len(seq))
 		has := map[reactor.RollbackStatus]int{}
-		var kept, human, outOfWindow []string
+		var kept, human, outOfWindow, leftApplied []string
 		for i, s := range seq {
 			entries[i] = reactor.RollbackEntry{Step: fmt.Sprintf("s%d", i), Status: s}
 			has[s]++
 			switch s {
-			case reactor.RollbackNoCompensation, reactor.RollbackLeftApplied:
+			case reactor.RollbackNoCompensation:
 				kept = append(kept, entries[i].Step)
+			case reactor.RollbackLeftApplied:
+				leftApplied = append(leftApplied, entries[i].Step)
 			case reactor.RollbackOutOfWindow:
 				outOfWindow = append(outOfWindow, entries[i].Step)
 			case reactor.RollbackFailed, reactor.RollbackConflict, reactor.RollbackNeedsPerson, reactor.RollbackBlocked, "bogus":
@@ -357,8 +359,14 @@ func TestSummarizeRollbackEveryCombination(t *testing.T) {
 		if reverted > 0 {
 			want = reactor.RollbackReverted
 		}
+		if len(leftApplied)+len(outOfWindow) > 0 {
+			want = reactor.RollbackKeptInPlace // never reverted while an undoable effect is in place
+		}
 		if len(human) > 0 {
 			want = reactor.RollbackNeedsHuman
+		}
+		if has[reactor.RollbackPending]+has[reactor.RollbackCompensating] > 0 {
+			want = reactor.RollbackInProgress
 		}
 		got := reactor.SummarizeRollback(entries)
 		name := fmt.Sprint(seq)
@@ -370,6 +378,7 @@ func TestSummarizeRollbackEveryCombination(t *testing.T) {
 		require.Equal(t, len(human), got.Failed, name)
 		require.Equal(t, kept, got.Kept, name)
 		require.Equal(t, outOfWindow, got.OutOfWindow, name)
+		require.Equal(t, leftApplied, got.LeftApplied, name)
 		require.Equal(t, human, got.NeedsHuman, name)
 		require.NotEqual(t, reactor.RollbackOutcome("partial"), got.Outcome)
 	}

@@ -62,6 +62,34 @@ type ConstructContext struct {
 	save     func(ctx context.Context, state Raw) error
 	// cancel asks whether a cancel was requested (control.go); nil outside Run.
 	cancel func(ctx context.Context) (bool, error)
+	// hold records what the construct's parts hold (Hold).
+	hold func(Held)
+}
+
+// Hold reports what the construct's parts (a map's element runs) still
+// hold after their rollbacks, over every rollback generation: the run keeps
+// it with the step (saved with its next write). While any part waits for a
+// person the run waits too (it never expires and Engine.NeedsHuman lists
+// it), and while any effect is held Engine.Retry refuses the run. A
+// construct calls it when its parts may have rolled back: at the end of its
+// own rollback, and when its Run completes or fails with parts that rolled
+// themselves back. A zero Held clears it.
+func (c *ConstructContext) Hold(h Held) {
+	if c.hold != nil {
+		c.hold(h)
+	}
+}
+
+// hold records h as what the parts of construct step path hold.
+func (x *execution) hold(path string, h Held) {
+	if h.IsZero() {
+		delete(x.st.Held, path)
+		return
+	}
+	if x.st.Held == nil {
+		x.st.Held = map[string]Held{}
+	}
+	x.st.Held[path] = h
 }
 
 // State returns what the construct saved for this step (nil at first).
@@ -156,6 +184,7 @@ func (x *execution) constructContext(f *frame, s *stepDef, args Raw) *ConstructC
 		Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
 		Step: f.path + s.name, Args: args, Nested: x.element, TraceID: x.st.Trace,
 		state: f.st.Constructs[s.name], gen: x.rollbackGen(), windowAt: rollbackWindowAt(f),
+		hold: func(h Held) { x.hold(f.path+s.name, h) },
 	}
 }
 

@@ -65,6 +65,10 @@ type frame struct {
 	def  *Definition
 	st   *runState
 	path string // "" for the root, "compose/" for a child
+	// key is where the frame's entries sit in the run tree's order
+	// (entryRec.Key): nil for the root, the compose entry's ordinal (to
+	// be) for a child.
+	key  []int
 	root bool
 	// notStarted: this execution set st.Intent and has not called that
 	// step's Run yet, so a rollback from here has nothing of it to
@@ -239,7 +243,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 	x.version = res.Version
 	x.observeClock(res.At)
 	x.pendingAudit = nil // stored with the write
-	if terminal && !opts.KeepForever && (len(x.st.Human) > 0 || x.recheckWaiting) {
+	if terminal && !opts.KeepForever && (len(x.st.conflicts()) > 0 || len(x.st.Held) > 0 || x.recheckWaiting) {
 		// Off the list after the write that settled it.
 		if err := x.e.store.MarkNeedsHuman(ctx, x.st.ID, false, now); err != nil {
 			x.e.log.Warn("a run that no longer needs a person is still listed as such", "event", "reactor.index.stale", "run", x.st.ID, "error", err)

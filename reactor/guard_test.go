@@ -150,7 +150,9 @@ func TestGuardedUndoNeverClobbersAConcurrentWrite(t *testing.T) {
 			require.NoError(t, err)
 			require.Equal(t, probes, kv.probes.Load(), "nothing was probed")
 			require.Equal(t, restores, kv.restores.Load())
-			require.Equal(t, reactor.ReasonBlocked, again.Failure.RollbackFailures[0].Reason)
+			// The conflict still waits (the new generation does not forget
+			// it) and the older entry is blocked again.
+			require.Equal(t, []string{reactor.ReasonConflict, reactor.ReasonBlocked}, failureReasons(again.Failure))
 			require.Equal(t, "ada@corrected.test", kv.get(ctx, key))
 
 			require.ErrorIs(t, env.engine.Resolve(ctx, res.RunID, item.ID, resolution, "  "), reactor.ErrEmptyNote)
@@ -357,4 +359,15 @@ func TestRecordEffectRefusals(t *testing.T) {
 		Guard: reactor.Guarded(reactor.GuardConfig[string]{Probe: func(context.Context, string) (string, error) { return "", nil }}),
 	}))
 	require.ErrorContains(t, err, "Guard needs a Restore")
+}
+
+// failureReasons lists the reasons of f's rollback failures, in order.
+func failureReasons(f *reactor.Failure) []string {
+	var out []string
+	if f != nil {
+		for _, rf := range f.RollbackFailures {
+			out = append(out, rf.Reason)
+		}
+	}
+	return out
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/goreactor/goreactor/fingerprint"
@@ -131,11 +130,21 @@ func (x *execution) guardedUndo(ctx context.Context, f *frame, d *Definition, s 
 	ef := e.Effect
 	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, Generation: gen,
 		Resource: e.Resource, Label: ef.Label, Expected: ef.AfterFP, RestoreTo: ef.BeforeFP,
-		StartedAt: x.e.now().UnixMilli(), Attempt: x.attemptOf(f.st, path, KindUndo)}
+		StartedAt: x.e.now().UnixMilli(), Attempt: x.attemptOf(entryID(path, e.Ordinal))}
 	if e.Status != RollbackCompensating {
 		x.auditCompensating(rec, e.Ordinal)
 	}
+	// The attempt is saved before the compare-and-set starts: a crash
+	// between its Restore and the next save is then counted (the redo is
+	// attempt 2, and reads the resource already at its before state). One
+	// write per guarded entry, which talks to an outside system twice
+	// anyway.
 	e.Status = RollbackCompensating
+	own := x.st.book(entryID(path, e.Ordinal), path, e.Ordinal, nil, e.Resource)
+	own.State, own.Gen, own.Attempts = RollbackCompensating, gen, rec.Attempt
+	if err := x.checkpoint(ctx); err != nil {
+		return err
+	}
 	began := time.Now()
 	var v verdict
 	err := x.callUndo(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
@@ -170,60 +179,47 @@ func (x *execution) recordConflict(ctx context.Context, f *frame, d *Definition,
 	cerr := &ConflictError{Step: rec.Step, Resource: e.Resource, Expected: rec.Expected, Observed: v.observed, RestoreTo: rec.RestoreTo, Why: v.why}
 	rec.Status, rec.Reason, rec.Message = RollbackNeedsPerson, ReasonConflict, v.why
 	e.Status = RollbackNeedsPerson
-	h := &humanRec{ID: entryID(rec.Step, e.Ordinal), Step: rec.Step, Ordinal: e.Ordinal,
+	id := entryID(rec.Step, e.Ordinal)
+	// A second conflict of the same entry (a person resolved it, and a
+	// later undo found the resource changed once more) waits again.
+	x.settle(f, rec).Conflict = &humanRec{ID: id, Step: rec.Step, Ordinal: e.Ordinal,
 		Resource: e.Resource, Label: rec.Label, Expected: rec.Expected, Observed: v.observed, RestoreTo: rec.RestoreTo,
 		Why: v.why, Generation: rec.Generation, At: rec.At}
-	if i := slices.IndexFunc(x.st.Human, func(o *humanRec) bool { return o.ID == h.ID }); i >= 0 {
-		// The same entry conflicted again (a person resolved it, and a
-		// later undo found the resource changed once more): the record
-		// waits for a person again.
-		x.st.Human[i] = h
-	} else {
-		x.st.Human = append(x.st.Human, h)
-	}
 	a := auditRec{kind: AuditConflict, step: rec.Step, ordinal: e.Ordinal, status: RollbackNeedsPerson, action: ActionUndo,
 		attempt: rec.Attempt, generation: rec.Generation, reason: ReasonConflict, message: v.why,
 		resource: e.Resource, expected: rec.Expected, observed: v.observed, restoreTo: rec.RestoreTo}
 	x.audit(a)
 	if rb := f.st.Rollback; rb != nil {
 		x.addRollbackFailure(rb, RollbackFailure{Step: rec.Step, Kind: KindUndo, Reason: ReasonConflict, Message: cerr.Error(),
-			Run: x.st.ID, Entry: h.ID})
+			Run: x.st.ID, Entry: id})
 	}
 	x.emit(ctx, Event{Kind: EventStepUndoFailed, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Err: cerr, Duration: took})
-	f.st.Undone = append(f.st.Undone, rec)
 }
 
-// blocker finds what blocks entry e (of frame f) from being undone: a
-// newer entry on the same resource that is still applied. That is a
-// conflicted entry of the run not resolved manually_reverted (from any
-// rollback), or an entry this rollback generation reached and did not
-// revert. It returns the blocking entry's id and whether a person decided
-// to leave it applied (left_applied: blocked for good).
-func (x *execution) blocker(f *frame, e *LedgerEntry) (by string, leftApplied bool, ok bool) {
+// blocker finds what blocks entry e (id, of frame f) from being undone:
+// a newer entry of the run on the same resource whose effect is still in
+// place, whichever rollback generation (or person) left it so: it failed,
+// waits for a person, was blocked, was kept out of its undo window, or was
+// left applied. An entry whose own conflict waits for a person is blocked
+// by itself: it is never attempted again until resolved. It returns the
+// blocking entry's id and whether it stays applied by a person's decision
+// (left_applied: blocked for good).
+func (x *execution) blocker(e *LedgerEntry, own *entryRec) (by string, leftApplied bool, ok bool) {
 	if e.Resource == "" {
 		return "", false, false
 	}
-	// (An entry whose own conflict waits for a person is blocked by it:
-	// a conflict is never attempted again until it is resolved.)
-	for _, h := range x.st.Human {
-		if h.Resource == e.Resource && h.Resolution != ResolvedManuallyReverted {
-			return h.ID, h.Resolution == ResolvedLeftApplied, true
+	switch own.State {
+	case RollbackNeedsPerson:
+		return own.ID, false, true
+	case RollbackLeftApplied:
+		if own.BlockedBy != "" {
+			return own.BlockedBy, true, true
 		}
+		return own.ID, true, true
 	}
-	gen := f.st.Rollback.generation()
-	for _, st := range []*runState{f.st, x.st} {
-		for i := len(st.Undone) - 1; i >= 0; i-- {
-			u := st.Undone[i]
-			if max(u.Generation, 1) != gen || u.Resource != e.Resource {
-				continue
-			}
-			switch u.Status {
-			case RollbackFailed, RollbackNeedsPerson, RollbackBlocked, RollbackOutOfWindow, RollbackLeftApplied:
-				return entryID(u.Step, u.Ordinal), u.Status == RollbackLeftApplied, true
-			}
-		}
-		if f.st == x.st {
-			break
+	for _, r := range x.st.Book {
+		if r != own && r.Resource == e.Resource && r.inPlace() && newer(r.Key, own.Key) {
+			return r.ID, r.State == RollbackLeftApplied, true
 		}
 	}
 	return "", false, false
@@ -248,10 +244,29 @@ func (x *execution) recordBlocked(ctx context.Context, f *frame, d *Definition, 
 		// A person decided the newer change stays: this one stays under it.
 		rec.Status, rec.Reason = RollbackLeftApplied, ""
 		rec.Message = fmt.Sprintf("kept: entry %s, newer on resource %q, was left applied by a person", by, e.Resource)
+		if by == entryID(path, e.Ordinal) {
+			rec.Message, rec.BlockedBy = "kept: a person left its effect applied", ""
+		}
 		e.Status = RollbackLeftApplied
 		a.status, a.reason = RollbackLeftApplied, ""
 		x.audit(a)
-		f.st.Undone = append(f.st.Undone, rec)
+		x.settle(f, rec)
+		return
+	}
+	if own := x.st.entry(entryID(path, e.Ordinal)); by == entryID(path, e.Ordinal) && own != nil && own.waiting() {
+		// Its own conflict (from an earlier rollback) still waits: it
+		// stays needs_human, listed, and is not attempted again.
+		rec.Status, rec.Reason, rec.BlockedBy = RollbackNeedsPerson, ReasonConflict, ""
+		rec.Message = "not attempted again: its conflict waits for a person (Resolve it first)"
+		if c := own.Conflict; c != nil {
+			rec.Observed = c.Observed
+		}
+		e.Status = RollbackNeedsPerson
+		if rb := f.st.Rollback; rb != nil {
+			x.addRollbackFailure(rb, RollbackFailure{Step: path, Kind: KindUndo, Reason: ReasonConflict, Message: rec.Message,
+				Run: x.st.ID, Entry: own.ID})
+		}
+		x.settle(f, rec)
 		return
 	}
 	e.Status = RollbackBlocked
@@ -262,23 +277,17 @@ func (x *execution) recordBlocked(ctx context.Context, f *frame, d *Definition, 
 	}
 	x.emit(ctx, Event{Kind: EventStepUndoFailed, RunID: x.st.ID, Reactor: d.name, Step: path,
 		Err: errors.New("reactor: " + rec.Message)})
+	x.settle(f, rec)
+}
+
+// settle records what a rollback (or a person) did for one entry: the
+// generation's record of it, for the report and the audit, and the entry's
+// record in the book, which every later generation reads. It returns the
+// book record.
+func (x *execution) settle(f *frame, rec StepRollback) *entryRec {
 	f.st.Undone = append(f.st.Undone, rec)
-}
-
-// unresolvedHuman reports whether st has a conflicted entry no person has
-// resolved.
-func (st *runState) unresolvedHuman() bool {
-	return slices.ContainsFunc(st.Human, func(h *humanRec) bool { return h.Resolution == "" })
-}
-
-// waitsForPerson reports whether a person must resolve a conflict of st or
-// of one of its map elements (the owner's failure lists those): such a run
-// never expires, and is listed by NeedsHuman.
-func (st *runState) waitsForPerson() bool {
-	if st.unresolvedHuman() {
-		return true
-	}
-	return st.Failure != nil && slices.ContainsFunc(st.Failure.RollbackFailures, func(rf RollbackFailure) bool {
-		return rf.Reason == ReasonConflict
-	})
+	r := x.st.book(entryID(rec.Step, rec.Ordinal), rec.Step, rec.Ordinal, nil, rec.Resource)
+	r.State, r.Gen, r.Reason, r.BlockedBy = rec.Status, max(rec.Generation, 1), rec.Reason, rec.BlockedBy
+	r.Attempts = max(r.Attempts, rec.Attempt)
+	return r
 }

@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/goreactor/goreactor/internal/lock"
+	"github.com/goreactor/goreactor/internal/store"
 )
 
 // Resolution is what a person did about an entry whose guarded undo
@@ -63,7 +65,7 @@ var (
 	ErrUnknownResolution = errors.New("reactor: unknown resolution")
 )
 
-// Resolve records what a person did about entry entryID of run id, whose
+// Resolve records what a person did about entry entry of run id, whose
 // guarded undo conflicted (it is needs_human; RollbackReport.ActionRequired
 // lists such entries with their ids). kind is ResolvedManuallyReverted or
 // ResolvedLeftApplied, and note must say what was done: it is kept on the
@@ -74,7 +76,7 @@ var (
 // the conflict blocked; after left_applied they are kept for good. A run
 // with an entry no person resolved never expires; once the last is
 // resolved, the run's retention applies again.
-func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolution, note string) error {
+func (e *Engine) Resolve(ctx context.Context, id, entry string, kind Resolution, note string) error {
 	if err := validateRunID(id); err != nil {
 		return err
 	}
@@ -94,51 +96,56 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 		_ = x.lease.Release(bg)
 		return &StatusError{RunID: id, Status: StatusRollingBack, Op: string(OpResolve), Err: ErrRollbackInProgress}
 	}
-	i := slices.IndexFunc(st.Human, func(h *humanRec) bool { return h.ID == entryID })
-	if i < 0 {
+	r := st.entry(entry)
+	if r == nil || r.Conflict == nil {
 		_ = x.lease.Release(bg)
 		var open []string
-		for _, h := range st.Human {
-			if h.Resolution == "" {
-				open = append(open, h.ID)
+		for _, c := range st.conflicts() {
+			if c.waiting() {
+				open = append(open, c.ID)
 			}
 		}
-		return fmt.Errorf("%w: %q (run %s; waiting: %s)", ErrNoSuchConflict, entryID, id, strings.Join(open, ", "))
+		return fmt.Errorf("%w: %q (run %s; waiting: %s)", ErrNoSuchConflict, entry, id, strings.Join(open, ", "))
 	}
-	h := st.Human[i]
+	h := r.Conflict
 	if h.Resolution != "" {
 		_ = x.lease.Release(bg)
 		// A repeat settles the owner's record if the first call could not.
-		if err := e.settleOwner(ctx, st.Elem, x.settledPaths(h), h.Resolution); err != nil {
+		if err := e.settleOwner(ctx, st, x.settledPaths(h), h.Resolution); err != nil {
 			return err
 		}
-		return fmt.Errorf("%w: %s was resolved %s", ErrAlreadyResolved, entryID, h.Resolution)
+		return fmt.Errorf("%w: %s was resolved %s", ErrAlreadyResolved, entry, h.Resolution)
 	}
 	h.Resolution, h.Note, h.ResolvedAt = kind, note, e.now().UnixMilli()
 	gen := max(st.RbGen, 1)
 	status := RollbackStatus(kind)
+	r.State, r.Gen, r.Reason, r.BlockedBy = status, gen, "", ""
 	rec := StepRollback{Step: h.Step, Ordinal: h.Ordinal, Kind: KindUndo, Status: status, At: h.ResolvedAt, Generation: gen,
 		Resource: h.Resource, Label: h.Label, Expected: h.Expected, Observed: h.Observed, RestoreTo: h.RestoreTo, Message: note}
 	st.Undone = append(st.Undone, rec)
 	x.audit(auditRec{kind: AuditResolved, step: h.Step, ordinal: h.Ordinal, status: status, generation: gen,
 		reason: string(kind), message: note, resource: h.Resource})
-	if kind == ResolvedLeftApplied && st.Retry != nil {
-		// The entries it blocked are kept for good: off the retry list.
-		kept := st.Retry.Entries[:0]
-		for _, r := range st.Retry.Entries {
-			if r.Entry.Resource != h.Resource {
-				kept = append(kept, r)
+	if kind == ResolvedLeftApplied {
+		// Every older entry on the resource that is blocked stays applied
+		// for good under what the person kept: undoing one would write
+		// over it. They leave the retry list.
+		for _, o := range st.Book {
+			if o == r || o.Resource != h.Resource || o.State != RollbackBlocked || !newer(r.Key, o.Key) {
 				continue
 			}
-			path := r.Path + r.Entry.Step
-			u := StepRollback{Step: path, Ordinal: r.Entry.Ordinal, Kind: KindUndo, Status: RollbackLeftApplied, At: h.ResolvedAt,
-				Generation: gen, Resource: h.Resource, BlockedBy: h.ID,
-				Message: fmt.Sprintf("kept: entry %s, newer on resource %q, was left applied by a person", h.ID, h.Resource)}
-			st.Undone = append(st.Undone, u)
-			x.audit(auditRec{kind: AuditBlocked, step: path, ordinal: r.Entry.Ordinal, status: RollbackLeftApplied, generation: gen,
+			o.State, o.Gen, o.Reason, o.BlockedBy = RollbackLeftApplied, gen, "", h.ID
+			st.Undone = append(st.Undone, StepRollback{Step: o.Step, Ordinal: o.Ordinal, Kind: KindUndo, Status: RollbackLeftApplied,
+				At: h.ResolvedAt, Generation: gen, Resource: h.Resource, BlockedBy: h.ID,
+				Message: fmt.Sprintf("kept: entry %s, newer on resource %q, was left applied by a person", h.ID, h.Resource)})
+			x.audit(auditRec{kind: AuditBlocked, step: o.Step, ordinal: o.Ordinal, status: RollbackLeftApplied, generation: gen,
 				resource: h.Resource, blockedBy: h.ID})
 		}
-		st.Retry.Entries = kept
+		if st.Retry != nil {
+			st.Retry.Entries = slices.DeleteFunc(st.Retry.Entries, func(re *retryEntry) bool {
+				o := st.entry(entryID(re.Path+re.Entry.Step, re.Entry.Ordinal))
+				return o != nil && o.State == RollbackLeftApplied
+			})
+		}
 	}
 	// What a person resolved is no longer a rollback failure of the run:
 	// a map whose rollback is re-triggered reads this run's result.
@@ -148,7 +155,7 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 			return settled[rf.Step] == rf.Reason
 		})
 	}
-	e.log.Info("a conflicted undo was resolved by a person", "event", "reactor.undo.resolved", "run", id, "entry", entryID,
+	e.log.Info("a conflicted undo was resolved by a person", "event", "reactor.undo.resolved", "run", id, "entry", entry,
 		"resolution", string(kind))
 	terminal := st.Status.Terminal()
 	x.recheckWaiting = true
@@ -159,12 +166,12 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 	if err != nil {
 		return err
 	}
-	if err := e.settleOwner(ctx, st.Elem, settled, kind); err != nil {
+	if err := e.settleOwner(ctx, st, settled, kind); err != nil {
 		// The element is resolved; its owner still lists the conflict
 		// (and keeps its tree): a repeat Resolve, from the owner's report,
 		// settles it.
 		e.log.Warn("a map element's conflict was resolved but its owner run was not updated; resolve the entry again to update it",
-			"event", "reactor.undo.owner_unsettled", "run", id, "owner", st.Elem.Owner, "entry", entryID, "error", err)
+			"event", "reactor.undo.owner_unsettled", "run", id, "owner", st.Elem.Owner, "entry", entry, "error", err)
 	}
 	return nil
 }
@@ -175,22 +182,33 @@ func (e *Engine) Resolve(ctx context.Context, id, entryID string, kind Resolutio
 func (x *execution) settledPaths(h *humanRec) map[string]string {
 	out := map[string]string{h.Step: ReasonConflict}
 	if h.Resolution == ResolvedLeftApplied {
-		for _, u := range x.st.Undone {
-			if u.Status == RollbackLeftApplied && u.BlockedBy == h.ID {
-				out[u.Step] = ReasonBlocked
+		for _, o := range x.st.Book {
+			if o.State == RollbackLeftApplied && o.BlockedBy == h.ID {
+				out[o.Step] = ReasonBlocked
 			}
 		}
 	}
 	return out
 }
 
-// settleOwner takes the rollback failures a map element's resolution
-// settled off its owner's failure (they read "<map step>[<index>]/<step>"
-// there), so the owner's retention and its place in NeedsHuman follow. el
-// is nil for a root run: nothing to do.
-func (e *Engine) settleOwner(ctx context.Context, el *elementRec, settled map[string]string, kind Resolution) error {
+// settleOwner carries a map element's resolution to its owner run: what
+// the element holds now goes into the map's count of what its elements hold
+// (store.SetHeld, in the map's keys, over every generation), the owner keeps
+// the map's new totals (runState.Held), from which its retention, its place
+// in NeedsHuman and Retry's refusal follow, and the rollback failures the
+// resolution settled leave the owner's failure (they read
+// "<map step>[<index>]/<step>" there). elem is the element's state; a root
+// run has no owner: nothing to do.
+func (e *Engine) settleOwner(ctx context.Context, elem *runState, settled map[string]string, kind Resolution) error {
+	el := elem.Elem
 	if el == nil || el.Owner == "" {
 		return nil
+	}
+	mapID := strings.TrimSuffix(elem.ID, "."+strconv.Itoa(el.Index))
+	h := elem.held()
+	totals, err := e.store.SetHeld(ctx, mapID, el.Index, store.Held{Waiting: h.Waiting, LeftApplied: h.LeftApplied, Failed: h.Failed})
+	if err != nil {
+		return fmt.Errorf("%w (the element is resolved: call Resolve again to update its owner %s)", err, el.Owner)
 	}
 	target := e.store.RunTarget(el.Owner)
 	lease, err := e.locks.Acquire(ctx, target.Lock, e.cfg.UndoLockWait)
@@ -210,9 +228,14 @@ func (e *Engine) settleOwner(ctx context.Context, el *elementRec, settled map[st
 		}
 		return err
 	}
+	x := &execution{e: e, st: st, target: target, lease: lease, version: version, indexed: st.Status, recheckWaiting: true}
+	before := st.Held[el.Step]
+	x.hold(el.Step, Held{Waiting: totals.Waiting, LeftApplied: totals.LeftApplied, Failed: totals.Failed})
+	changed := before != st.Held[el.Step]
 	prefix := fmt.Sprintf("%s[%d]/", el.Step, el.Index)
-	changed := false
 	if fl := st.Failure; fl != nil && !treeRollingBack(st) {
+		// What the owner's failure says of the element follows: a
+		// conflict put back leaves it, one left applied says so.
 		fl.RollbackFailures = slices.DeleteFunc(fl.RollbackFailures, func(rf RollbackFailure) bool {
 			step, ok := strings.CutPrefix(rf.Step, prefix)
 			drop := ok && settled[step] == rf.Reason
@@ -220,8 +243,6 @@ func (e *Engine) settleOwner(ctx context.Context, el *elementRec, settled map[st
 			return drop && kind == ResolvedManuallyReverted
 		})
 		if kind == ResolvedLeftApplied {
-			// Kept by a person's decision: no longer waiting for one, but
-			// still an effect in place (a Retry of the owner stays refused).
 			for i, rf := range fl.RollbackFailures {
 				if step, ok := strings.CutPrefix(rf.Step, prefix); ok && settled[step] == rf.Reason {
 					fl.RollbackFailures[i].Reason = ReasonLeftApplied
@@ -240,8 +261,7 @@ func (e *Engine) settleOwner(ctx context.Context, el *elementRec, settled map[st
 		}
 		return e.store.RetainTree(ctx, el.Owner, ttl)
 	}
-	def, _ := e.Definition(st.Reactor)
-	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status, recheckWaiting: true}
+	x.def, _ = e.Definition(st.Reactor)
 	err = x.save(bg, st.Status.Terminal())
 	if !st.Status.Terminal() || err != nil {
 		_ = lease.Release(bg)

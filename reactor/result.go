@@ -138,6 +138,11 @@ type Result struct {
 	// their undo windows had closed (UndoWindow): the rollback did not undo
 	// them, by the definition's own rule.
 	OutOfWindow []string
+	// Held counts the entries the run's rollbacks (every generation) left
+	// in place and that someone must know of: waiting for a person, left
+	// applied by one, failed or blocked; its maps' elements included. Zero
+	// when nothing is held.
+	Held Held
 }
 
 // Outcome classifies the result.

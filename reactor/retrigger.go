@@ -215,6 +215,17 @@ func (x *execution) retryRollback(ctx context.Context, gen int) (*frameResult, e
 		failure = newCancelFailure("rolled back")
 	}
 	failure.RollbackFailures, failure.RollbackFailuresOmitted = nil, 0
+	// What still waits for a person stays on the failure: the new
+	// generation does not retry a conflict, and must not forget it.
+	rb0 := &RollbackRecord{Failure: failure}
+	for _, r := range st.conflicts() {
+		if r.waiting() {
+			h := r.Conflict
+			cerr := &ConflictError{Step: h.Step, Resource: h.Resource, Expected: h.Expected, Observed: h.Observed, RestoreTo: h.RestoreTo, Why: h.Why}
+			x.addRollbackFailure(rb0, RollbackFailure{Step: h.Step, Kind: KindUndo, Reason: ReasonConflict, Message: cerr.Error(),
+				Run: st.ID, Entry: r.ID})
+		}
+	}
 	// The retried entries were inside their undo windows when the rollback
 	// they failed in started: that verdict stands (the rollback finishes).
 	rb := &RollbackRecord{Trigger: TriggerFailure, Compensated: true, Failure: failure, Generation: gen, WindowAt: st.RbWindowAt}

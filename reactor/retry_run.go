@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"time"
 
@@ -137,19 +136,20 @@ func (e *Engine) retryPlan(ctx context.Context, st *runState) (string, bool, err
 	default:
 		return refuse(ErrNotRetryable)
 	}
+	if n := st.effectsInPlace(); n > 0 {
+		// Its rollbacks left effects in place (an undo failed or was
+		// blocked, a conflict waits for a person or was left applied, an
+		// undo window had closed, or its map elements hold some): running
+		// it again would repeat them on top of what still stands.
+		return refuse(fmt.Errorf("%w: its rollback left %d effect(s) in place (see its rollback status); "+
+			"retrying would repeat them", ErrNotRetryable, n))
+	}
 	if f := st.Failure; f != nil {
 		if n := len(f.RollbackFailures) + f.RollbackFailuresOmitted; n > 0 {
-			// Its rollback left effects in place: running it again would
-			// repeat them on top of what still stands.
+			// Rollback failures of a run stored before the entry book.
 			return refuse(fmt.Errorf("%w: its rollback left %d effect(s) in place (see its rollback failures); "+
 				"retrying would repeat them", ErrNotRetryable, n))
 		}
-	}
-	if slices.ContainsFunc(st.Human, func(h *humanRec) bool { return h.Resolution != ResolvedManuallyReverted }) {
-		// A conflicted undo waits for a person, or a person left the
-		// effects applied: running the run again would repeat them.
-		return refuse(fmt.Errorf("%w: a conflicted undo is unresolved or was left applied (see its rollback status); "+
-			"retrying would repeat effects still in place", ErrNotRetryable))
 	}
 	if st.RetryOf != "" {
 		// One retry chain has one live copy at most: it grows from the

@@ -130,7 +130,7 @@ func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frame
 		// are reported kept (no_compensation_registered), in their turn.
 		// (A targeted undo reports only the steps it was asked for.)
 		x.reportKept(f, e.Step)
-		if err := x.undoEntry(ctx, f, f.def, e, f.path); err != nil {
+		if err := x.undoEntry(ctx, f, f.def, e, f.path, f.key); err != nil {
 			return nil, err
 		}
 		f.st.Ledger = f.st.Ledger[:len(f.st.Ledger)-1]
@@ -164,7 +164,7 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		return false, nil
 	}
 	if s.compensate == nil && s.kind != kindConstruct {
-		f.st.Undone = append(f.st.Undone, StepRollback{Step: path, Kind: KindCompensate, Status: RollbackNoCompensation,
+		x.settle(f, StepRollback{Step: path, Kind: KindCompensate, Status: RollbackNoCompensation,
 			At: x.e.now().UnixMilli(), Generation: rb.generation()})
 		x.audit(auditRec{kind: AuditNoCompensation, step: path, status: RollbackNoCompensation, action: ActionNone, generation: rb.generation()})
 		return false, nil
@@ -201,7 +201,7 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		err = x.keptParts(f, err)
 	}
 	rec := StepRollback{Step: path, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
-		StartedAt: startedAt, Attempt: x.attemptOf(f.st, path, KindCompensate), Generation: rb.generation()}
+		StartedAt: startedAt, Attempt: x.attemptOf(entryID(path, 0)), Generation: rb.generation()}
 	x.auditCompensating(rec, 0)
 	if err != nil {
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
@@ -213,15 +213,17 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		x.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: f.def.name, Step: path, Duration: time.Since(began)})
 	}
 	x.auditOutcome(rec, 0)
-	f.st.Undone = append(f.st.Undone, rec)
+	x.settle(f, rec)
 	return true, nil
 }
 
-// undoEntry undoes one ledger entry of definition d. A compose entry undoes
+// undoEntry undoes one ledger entry of definition d; base is the key of
+// the frame or compose entry it is in (entryRec.Key). A compose entry undoes
 // its folded child entries newest first, saving after each.
-func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *LedgerEntry, prefix string) error {
+func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *LedgerEntry, prefix string, base []int) error {
 	s := d.byName[e.Step]
 	path := prefix + e.Step
+	key := append(slices.Clip(base), e.Ordinal)
 	if s != nil && s.kind == kindCompose {
 		for len(e.Children) > 0 {
 			if lock.Lost(ctx) {
@@ -229,7 +231,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 			}
 			c := e.Children[len(e.Children)-1]
 			x.reportKeptChild(f, s.child, e, path+"/", c.Step)
-			if err := x.undoEntry(ctx, f, s.child, c, path+"/"); err != nil {
+			if err := x.undoEntry(ctx, f, s.child, c, path+"/", key); err != nil {
 				return err
 			}
 			e.Children = e.Children[:len(e.Children)-1]
@@ -243,6 +245,10 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		e.Status = RollbackCompensated
 		return nil
 	}
+	// The entry's record in the book, made when a rollback first reaches
+	// it (its key from where it is on the stack then; a re-triggered
+	// rollback's stack is rebuilt, so the first key stands).
+	own := x.st.book(entryID(path, e.Ordinal), path, e.Ordinal, key, e.Resource)
 	if e.Interrupted {
 		return x.compensateInterrupted(ctx, f, d, s, e, path)
 	}
@@ -252,10 +258,10 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackOutOfWindow, At: x.e.now().UnixMilli(),
 			Generation: f.st.Rollback.generation(), Resource: e.Resource}
 		x.auditOutcome(rec, e.Ordinal)
-		f.st.Undone = append(f.st.Undone, rec)
+		x.settle(f, rec)
 		return nil
 	}
-	if by, leftApplied, blocked := x.blocker(f, e); blocked && e.Status != RollbackCompensating {
+	if by, leftApplied, blocked := x.blocker(e, own); blocked && e.Status != RollbackCompensating {
 		x.recordBlocked(ctx, f, d, e, path, by, leftApplied)
 		return nil
 	}
@@ -272,14 +278,14 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		called = true
 		if e.Status != RollbackCompensating { // not a construct adopting its hand-off
 			x.auditCompensating(StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo,
-				Attempt: x.attemptOf(f.st, path, KindUndo), Generation: f.st.Rollback.generation()}, e.Ordinal)
+				Attempt: x.attemptOf(entryID(path, e.Ordinal)), Generation: f.st.Rollback.generation()}, e.Ordinal)
 		}
 		e.Status = RollbackCompensating
 		err = x.callUndo(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
 				cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
 					Step: path, Nested: x.element, TraceID: x.st.Trace, state: e.Args, gen: x.rollbackGen(),
-					windowAt: rollbackWindowAt(f)}
+					windowAt: rollbackWindowAt(f), hold: func(h Held) { x.hold(path, h) }}
 				return s.construct.Undo(cctx, cc)
 			}
 			return s.undo(cctx, e.Args, e.Result)
@@ -306,7 +312,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
 		Generation: f.st.Rollback.generation(), Resource: e.Resource}
 	if called {
-		rec.StartedAt, rec.Attempt = startedAt, x.attemptOf(f.st, path, KindUndo)
+		rec.StartedAt, rec.Attempt = startedAt, x.attemptOf(entryID(path, e.Ordinal))
 	}
 	x.recordEntry(ctx, f, d, e, rec, err, "", time.Since(began), EventStepUndone, EventStepUndoFailed)
 	return nil
@@ -331,7 +337,7 @@ func (x *execution) recordEntry(ctx context.Context, f *frame, d *Definition, e 
 		x.emit(ctx, Event{Kind: done, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Duration: took})
 	}
 	x.auditOutcome(rec, e.Ordinal)
-	f.st.Undone = append(f.st.Undone, rec)
+	x.settle(f, rec)
 }
 
 // reportKept records, as kept (no_compensation_registered), the completed
@@ -420,16 +426,13 @@ func keptSteps(d *Definition, st *runState) []string {
 	return out
 }
 
-// attemptOf is the attempt number of the next call of kind for step path:
-// one more than the calls recorded by the run's rollbacks so far.
-func (x *execution) attemptOf(st *runState, path string, kind RollbackFailureKind) int {
-	n := 1
-	for _, u := range st.Undone {
-		if u.Step == path && u.Kind == kind && u.Attempt > 0 {
-			n++
-		}
+// attemptOf is the attempt number of the next call of entry id's Undo or
+// Compensate: one more than the calls its book record counts.
+func (x *execution) attemptOf(id string) int {
+	if r := x.st.entry(id); r != nil {
+		return r.Attempts + 1
 	}
-	return n
+	return 1
 }
 
 // ErrStepInterrupted is the cause a step's Compensate receives when the
@@ -457,7 +460,7 @@ func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Defi
 	case s == nil:
 		err = fmt.Errorf("reactor: step %q was interrupted and is no longer in definition %q; whatever it did was not undone", e.Step, d.name)
 	case s.compensate != nil:
-		rec.StartedAt, rec.Attempt = x.e.now().UnixMilli(), x.attemptOf(f.st, path, KindCompensate)
+		rec.StartedAt, rec.Attempt = x.e.now().UnixMilli(), x.attemptOf(entryID(path, e.Ordinal))
 		x.auditCompensating(rec, e.Ordinal)
 		e.Status = RollbackCompensating
 		err = x.callUndo(ctx, Call{Kind: CallCompensate, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
@@ -475,7 +478,7 @@ func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Defi
 	default:
 		e.Status, rec.Status = RollbackNoCompensation, RollbackNoCompensation
 		x.auditOutcome(rec, e.Ordinal)
-		f.st.Undone = append(f.st.Undone, rec)
+		x.settle(f, rec)
 		return nil
 	}
 	reason := ""
@@ -558,7 +561,7 @@ func (x *execution) keptParts(f *frame, err error) error {
 	for _, p := range many.OutOfWindow {
 		u := StepRollback{Step: p, Kind: KindUndo, Status: RollbackOutOfWindow, At: x.e.now().UnixMilli(), Generation: gen}
 		x.auditOutcome(u, 0)
-		f.st.Undone = append(f.st.Undone, u)
+		x.settle(f, u) // its effect stays in place: the book counts it
 	}
 	if len(many.Failures)+many.Omitted == 0 {
 		return nil
@@ -658,7 +661,7 @@ func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args R
 		f.st.Children[s.name] = cst
 	}
 	x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1})
-	res, err := x.runFrame(ctx, &frame{def: s.child, st: cst, path: path + "/", notStarted: fresh})
+	res, err := x.runFrame(ctx, &frame{def: s.child, st: cst, path: path + "/", key: append(slices.Clip(f.key), f.st.Seq+1), notStarted: fresh})
 	if err != nil {
 		return stepOutcome{}, err
 	}

@@ -43,9 +43,13 @@ type runState struct {
 	// RbWindowAt is the server time at which the latest rollback judged
 	// the undo windows (0: none did); a re-triggered rollback keeps it.
 	RbWindowAt int64 `msgpack:"rwa,omitempty"`
-	// Human holds the entries whose guarded undo conflicted, resolved or
-	// not (resolve.go).
-	Human []*humanRec `msgpack:"hu,omitempty"`
+	// Book holds one record per ledger entry a rollback reached, in the
+	// order they were first reached: what every generation reads and
+	// writes (book.go).
+	Book []*entryRec `msgpack:"bk,omitempty"`
+	// Held is what the elements of the run's maps still hold after their
+	// rollbacks, by map step path (as the maps counted it).
+	Held map[string]Held `msgpack:"hd,omitempty"`
 
 	// Starts holds when each step that started and has no record yet
 	// (running, or the step that failed) started, in Unix ms: the step's
@@ -315,6 +319,9 @@ type Run struct {
 	// RetriedBy lists the ids of the runs that retry this one, oldest
 	// first.
 	RetriedBy []string
+	// Held counts what the run's rollbacks left in place that someone must
+	// know of (see Result.Held).
+	Held Held
 	// Steps are the steps with a record (completed or skipped), in
 	// definition order when the engine knows the definition, else by start
 	// time.
@@ -357,7 +364,7 @@ type StepAttempt struct {
 
 // Result returns the run's result as a Result.
 func (r *Run) Result() *Result {
-	res := &Result{RunID: r.ID, Reactor: r.Reactor, Status: r.Status, Value: r.Value, Failure: r.Failure, Reason: r.Reason}
+	res := &Result{RunID: r.ID, Reactor: r.Reactor, Status: r.Status, Value: r.Value, Failure: r.Failure, Reason: r.Reason, Held: r.Held}
 	for _, u := range r.Rollbacks {
 		if u.Status == RollbackOutOfWindow && max(u.Generation, 1) == r.RollbackGeneration {
 			res.OutOfWindow = append(res.OutOfWindow, u.Step)
@@ -367,7 +374,8 @@ func (r *Run) Result() *Result {
 }
 
 func (st *runState) result() *Result {
-	r := &Result{RunID: st.ID, Reactor: st.Reactor, Status: st.Status, Value: st.Value, Failure: st.Failure, Reason: st.Reason}
+	r := &Result{RunID: st.ID, Reactor: st.Reactor, Status: st.Status, Value: st.Value, Failure: st.Failure, Reason: st.Reason,
+		Held: st.held()}
 	if st.RbGen > 0 {
 		for _, u := range st.Undone {
 			if u.Status == RollbackOutOfWindow && max(u.Generation, 1) == st.RbGen {
@@ -382,7 +390,7 @@ func (st *runState) view(d *Definition, version int64) *Run {
 	r := &Run{ID: st.ID, Reactor: st.Reactor, Status: st.Status, Version: version, Inputs: st.Inputs,
 		Ledger: st.Ledger, Rollback: st.Rollback, Rollbacks: st.Undone, Value: st.Value,
 		Failure: st.Failure, Reason: st.Reason, Wake: st.Wake, Queue: st.Queue, TraceID: st.Trace,
-		RetryOf: st.RetryOf, RetriedBy: st.RetriedBy, RollbackGeneration: st.rollbackGen(),
+		RetryOf: st.RetryOf, RetriedBy: st.RetriedBy, RollbackGeneration: st.rollbackGen(), Held: st.held(),
 		CreatedAt: time.UnixMilli(st.CreatedAt), UpdatedAt: time.UnixMilli(st.UpdatedAt)}
 	if st.Deadline != 0 {
 		r.Deadline = time.UnixMilli(st.Deadline)

@@ -97,8 +97,12 @@ const (
 	// classHuman: a person must look at it.
 	classHuman
 	// classOutOfWindow: kept because its undo window had closed: listed,
-	// not a failure.
+	// not a failure, but an effect still in place.
 	classOutOfWindow
+	// classLeftApplied: kept in place by a person's decision (a resolved
+	// conflict, or an entry under one): nobody waits for it, and it is an
+	// effect still in place.
+	classLeftApplied
 )
 
 // rollbackStatuses is the closed set of rollback statuses, in lifecycle
@@ -120,7 +124,7 @@ var rollbackStatuses = []struct {
 	{RollbackNeedsPerson, classHuman},
 	{RollbackBlocked, classHuman},
 	{RollbackManuallyReverted, classReverted},
-	{RollbackLeftApplied, classKept},
+	{RollbackLeftApplied, classLeftApplied},
 }
 
 // RollbackStatuses lists every rollback status, in lifecycle order.

@@ -11,15 +11,26 @@ import (
 	"github.com/goreactor/goreactor/internal/store"
 )
 
-// RollbackOutcome is a rollback's summary: one of three, never "partial".
+// RollbackOutcome is a rollback's summary, from a closed set; never
+// "partial": each outcome says what is still in place and who must act.
 type RollbackOutcome string
 
 // Rollback outcomes.
 const (
+	// RollbackInProgress: the rollback is under way; some entry is still
+	// pending or compensating, and nothing is final yet.
+	RollbackInProgress RollbackOutcome = "in_progress"
 	// RollbackReverted: every entry that needed compensation was
-	// compensated. Entries with no compensation registered may be among
-	// them: their effects are kept and listed (RollbackSummary.Kept).
+	// compensated (or a person put it back: manually_reverted). Entries
+	// with no compensation registered may be among them: their effects are
+	// kept and listed (RollbackSummary.Kept). No effect that could be
+	// undone is in place.
 	RollbackReverted RollbackOutcome = "reverted"
+	// RollbackKeptInPlace: settled, and nobody has to act, but effects
+	// that could have been undone stay in place by decision: a person left
+	// them applied (RollbackSummary.LeftApplied), or their undo windows had
+	// closed (RollbackSummary.OutOfWindow). A Retry of the run is refused.
+	RollbackKeptInPlace RollbackOutcome = "kept_in_place"
 	// RollbackNothingToDo: no entry needed compensation (none completed,
 	// or none that completed has an Undo).
 	RollbackNothingToDo RollbackOutcome = "nothing_to_do"
@@ -69,9 +80,8 @@ type RollbackEntry struct {
 
 // RollbackSummary is what a rollback's entries add up to (SummarizeRollback).
 type RollbackSummary struct {
-	// Outcome is reverted, nothing_to_do or needs_human. It is final only
-	// when Settled: entries still pending or compensating are not counted
-	// in it.
+	// Outcome is in_progress until Settled, then reverted,
+	// kept_in_place, nothing_to_do or needs_human.
 	Outcome RollbackOutcome `json:"outcome"`
 	// Settled is false while some entry is pending or compensating.
 	Settled bool `json:"settled"`
@@ -89,21 +99,31 @@ type RollbackSummary struct {
 	// undo window had closed (out_of_window), in rollback order: "roll
 	// back everything" never quietly means less than it says.
 	OutOfWindow []string `json:"out_of_window,omitempty"`
+	// LeftApplied lists the steps whose effects a person decided to keep
+	// (a resolved conflict left_applied, and the entries under it), in
+	// rollback order.
+	LeftApplied []string `json:"left_applied,omitempty"`
 	// NeedsHuman lists the steps a person must look at, in rollback order.
 	NeedsHuman []string `json:"needs_human,omitempty"`
 }
 
+// Outcomes lists every rollback outcome.
+func Outcomes() []RollbackOutcome {
+	return []RollbackOutcome{RollbackInProgress, RollbackReverted, RollbackKeptInPlace, RollbackNothingToDo, RollbackNeedsHuman}
+}
+
 // SummarizeRollback derives a rollback's summary from its entries alone (a
-// pure function; the order of entries only orders Kept and NeedsHuman):
-// needs_human when any entry needs a person (compensation_failed);
-// otherwise reverted when some entry was compensated; otherwise
-// nothing_to_do. An entry with no compensation registered is an
-// irreversible effect its step's author declared (a sent e-mail has no
-// undo): it does not make the rollback needs_human, since no person can do
-// what the author could not, but it is listed in Kept, never hidden. An
-// entry out of its undo window is kept by the definition's own policy and
-// listed in OutOfWindow, likewise. An unknown status counts as needing a
-// person.
+// pure function; the order of entries only orders the lists): in_progress
+// while any entry is pending or compensating; else needs_human when any
+// entry needs a person (compensation_failed, needs_human, blocked); else
+// kept_in_place when an effect that could be undone stays in place by
+// decision (left_applied, out_of_window); else reverted when some entry was
+// compensated or manually reverted; otherwise nothing_to_do. So it never
+// says reverted while an undoable effect is in place. An entry with no
+// compensation registered is an irreversible effect its step's author
+// declared (a sent e-mail has no undo): it does not change the outcome,
+// since no person can do what the author could not, but it is listed in
+// Kept, never hidden. An unknown status counts as needing a person.
 func SummarizeRollback(entries []RollbackEntry) RollbackSummary {
 	s := RollbackSummary{Total: len(entries)}
 	for _, e := range entries {
@@ -116,6 +136,8 @@ func SummarizeRollback(entries []RollbackEntry) RollbackSummary {
 			s.Kept = append(s.Kept, e.Step)
 		case classOutOfWindow:
 			s.OutOfWindow = append(s.OutOfWindow, e.Step)
+		case classLeftApplied:
+			s.LeftApplied = append(s.LeftApplied, e.Step)
 		default:
 			s.Failed++
 			s.NeedsHuman = append(s.NeedsHuman, e.Step)
@@ -123,8 +145,12 @@ func SummarizeRollback(entries []RollbackEntry) RollbackSummary {
 	}
 	s.Settled = s.Outstanding == 0
 	switch {
+	case !s.Settled:
+		s.Outcome = RollbackInProgress
 	case s.Failed > 0:
 		s.Outcome = RollbackNeedsHuman
+	case len(s.LeftApplied)+len(s.OutOfWindow) > 0:
+		s.Outcome = RollbackKeptInPlace
 	case s.Compensated > 0:
 		s.Outcome = RollbackReverted
 	default:
@@ -156,6 +182,11 @@ type RollbackReport struct {
 	// guarded undo conflicted and that no one resolved yet, with the
 	// fingerprints and why (FormatActionRequired turns it into text).
 	ActionRequired []ActionItem `json:"action_required"`
+	// ElementsHeld counts what the run's map elements still hold, over
+	// every rollback generation: it can exceed what ActionRequired lists
+	// (a run keeps its first MaxRollbackFailures failures); NeedsHuman lists
+	// every element run that waits.
+	ElementsHeld Held `json:"elements_held,omitzero"`
 }
 
 // ActionItem is an entry a person must resolve (Engine.Resolve).
@@ -307,12 +338,35 @@ func rollbackReport(st *runState) (*RollbackReport, error) {
 	}
 	for i := range r.Entries {
 		r.Entries[i].Order = i + 1
+		// The book says where each entry stands now: a later generation
+		// (or a person) may have settled what an earlier one reported.
+		if b := st.entry(r.Entries[i].ID); b != nil && b.State != RollbackPending && b.State != RollbackCompensating {
+			r.Entries[i].Status = b.State
+			r.Entries[i].Attempts = max(r.Entries[i].Attempts, b.Attempts)
+		}
 	}
 	r.Summary = SummarizeRollback(r.Entries)
-	for _, h := range st.Human {
-		if h.Resolution != "" {
+	for _, h := range st.Held {
+		r.ElementsHeld.Waiting += h.Waiting
+		r.ElementsHeld.LeftApplied += h.LeftApplied
+		r.ElementsHeld.Failed += h.Failed
+	}
+	switch {
+	case st.Status == StatusRollingBack:
+		r.Summary.Settled, r.Summary.Outcome = false, RollbackInProgress
+	case r.Summary.Outcome == RollbackNeedsHuman:
+	case r.ElementsHeld.Waiting+r.ElementsHeld.Failed > 0:
+		// A map's elements wait for a person or failed to undo, though
+		// the run's own entries settled.
+		r.Summary.Outcome = RollbackNeedsHuman
+	case r.ElementsHeld.LeftApplied > 0:
+		r.Summary.Outcome = RollbackKeptInPlace
+	}
+	for _, c := range st.conflicts() {
+		if !c.waiting() {
 			continue
 		}
+		h := c.Conflict
 		a := ActionItem{ID: h.ID, Run: st.ID, Step: h.Step, Resource: h.Resource, Label: h.Label, Expected: h.Expected, Observed: h.Observed,
 			RestoreTo: h.RestoreTo, Why: h.Why}
 		for _, e := range r.Entries {

@@ -403,11 +403,11 @@ func (x *execution) rollbackTargets(ctx context.Context, f *frame) error {
 		if lock.Lost(ctx) {
 			return ErrLockLost
 		}
-		d, prefix, e := newestTarget(f.def, f.st.Ledger, "")
+		d, prefix, base, e := newestTarget(f.def, f.st.Ledger, "", f.key)
 		if e == nil {
 			return nil
 		}
-		if err := x.undoEntry(ctx, f, d, e, prefix); err != nil {
+		if err := x.undoEntry(ctx, f, d, e, prefix, base); err != nil {
 			return err
 		}
 		e.Target = false
@@ -421,8 +421,9 @@ func (x *execution) rollbackTargets(ctx context.Context, f *frame) error {
 }
 
 // newestTarget finds the newest marked leaf entry of ledger (of definition
-// d), with the definition that declares its step and its path prefix.
-func newestTarget(d *Definition, ledger []*LedgerEntry, prefix string) (*Definition, string, *LedgerEntry) {
+// d, under key base), with the definition that declares its step, its path
+// prefix and the key of the compose entries it is in.
+func newestTarget(d *Definition, ledger []*LedgerEntry, prefix string, base []int) (*Definition, string, []int, *LedgerEntry) {
 	for i := len(ledger) - 1; i >= 0; i-- {
 		e := ledger[i]
 		if len(e.Children) > 0 {
@@ -433,16 +434,16 @@ func newestTarget(d *Definition, ledger []*LedgerEntry, prefix string) (*Definit
 			if cd == nil {
 				cd = &Definition{name: e.Step, byName: map[string]*stepDef{}}
 			}
-			if fd, fp, fe := newestTarget(cd, e.Children, prefix+e.Step+"/"); fe != nil {
-				return fd, fp, fe
+			if fd, fp, fb, fe := newestTarget(cd, e.Children, prefix+e.Step+"/", append(slices.Clip(base), e.Ordinal)); fe != nil {
+				return fd, fp, fb, fe
 			}
 			continue
 		}
 		if e.Target {
-			return d, prefix, e
+			return d, prefix, base, e
 		}
 	}
-	return nil, "", nil
+	return nil, "", nil, nil
 }
 
 // removeEntry takes leaf entry e off ledger, and the compose entries it

@@ -45,7 +45,7 @@ func TestUndoWindowInsideAndOutside(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"b=out_of_window", "a=out_of_window"}, reportOf(rep))
 	require.Equal(t, []string{"b", "a"}, rep.Summary.OutOfWindow)
-	require.Equal(t, reactor.RollbackNothingToDo, rep.Summary.Outcome)
+	require.Equal(t, reactor.RollbackKeptInPlace, rep.Summary.Outcome, "effects kept by the window are in place: not reverted, not nothing to do")
 	require.Equal(t, reactor.ActionNone, rep.Entries[0].Action)
 	require.Contains(t, auditKinds(t, env, "w-out"), "out_of_window:b")
 	require.Empty(t, res.Failure.RollbackFailures, "a closed window is not a failure")

@@ -129,6 +129,11 @@ func (k Keys) MapFailed(id string) string { return k.mapKey(id, "failed") }
 // MapSignalled is claimed (SET NX) by the one settle that resumes the owner.
 func (k Keys) MapSignalled(id string) string { return k.mapKey(id, "owner_signalled") }
 
+// MapHeld is what a map's elements still hold after their rollbacks: one
+// field per element holding any ("<waiting>:<left applied>:<failed>"), and
+// the totals (#w, #l, #f), over every rollback generation.
+func (k Keys) MapHeld(id string) string { return k.mapKey(id, "held") }
+
 // SweeperLeader is the lock a sweeper pass holds, so that replicas of
 // cmd/sweeper do not sweep at the same time.
 func (k Keys) SweeperLeader() string { return k.prefix + ":{sweeper}:leader" }
