@@ -159,6 +159,9 @@ func (h Held) IsZero() bool { return h.total() == 0 }
 func (st *runState) held() Held {
 	var h Held
 	for _, r := range st.Book {
+		if !st.Held[r.Step].IsZero() {
+			continue // a map's entry: its elements' counts say it better
+		}
 		switch {
 		case r.waiting():
 			h.Waiting++
