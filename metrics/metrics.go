@@ -142,7 +142,7 @@ func New(opts Options) *Metrics {
 	m.sweepDuration = prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: namespace, Name: "sweeper_pass_duration_seconds",
 		Help: "Duration of sweeper passes run as leader.", Buckets: opts.DurationBuckets})
 	m.collectors = append(m.collectors, m.sweepDuration)
-	m.sweepTrimmed = counter0("sweeper_index_trimmed_total", "Listing-index entries (idx:runs, idx:status:*) of gone runs removed.")
+	m.sweepTrimmed = counter0("sweeper_index_trimmed_total", "Listing-index entries (idx:runs, idx:status:*, ...) of gone runs, and idx:needs_human entries of runs no longer waiting, removed.")
 	m.sweepDropped = counter0("sweeper_runs_dropped_total", "Finished or vanished runs taken off the active index.")
 	m.sweepRemoved = counter0("sweeper_maps_removed_total", "Maps taken off the map index.")
 

@@ -35,8 +35,9 @@ type Config struct {
 	// RunPage and MapPage bound the runs and maps examined per pass.
 	// Defaults 200 and 100.
 	RunPage, MapPage int
-	// TrimPage bounds the entries of each listing index (idx:runs and
-	// idx:status:<s>) the trim examines per pass. Default 100.
+	// TrimPage bounds the entries of each listing index (idx:runs,
+	// idx:status:<s>, the dashboard's and idx:needs_human) the trim
+	// examines per pass. Default 100.
 	TrimPage int
 	// Retention is how long a finished run's state lives: listing-index
 	// entries older than this whose run is gone are trimmed. Default: the

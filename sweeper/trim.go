@@ -33,8 +33,9 @@ type TrimConfig struct {
 	// indexes older than this (by their score) are examined. Default: the
 	// Engine's Retention.
 	Retention time.Duration
-	// StaleAfter bounds the page of the non-terminal status indexes: their
-	// entries younger than this are not examined. Default 10 s.
+	// StaleAfter bounds the page of the non-terminal status indexes and of
+	// idx:needs_human: their entries younger than this are not examined.
+	// Default 10 s.
 	StaleAfter time.Duration
 	// Page bounds the entries examined per index per pass. Default 100.
 	Page int
@@ -70,7 +71,8 @@ func (c TrimConfig) WithDefaults() TrimConfig {
 type TrimReport struct {
 	// Examined is the number of index entries looked at, over every index.
 	Examined int
-	// Trimmed is the number of entries removed: their run's state is gone.
+	// Trimmed is the number of entries removed: their run's state is gone
+	// (or, in idx:needs_human, the run no longer waits for a person).
 	Trimmed int
 }
 
@@ -99,6 +101,13 @@ type TrimReport struct {
 // index instead, held in memory (a restarted sweeper starts from the oldest
 // again, which costs reads, never correctness), and starts over from the
 // oldest once it reaches the end of the old entries.
+//
+// The index of runs waiting for a person, idx:needs_human, is trimmed in the
+// same pass with the same paging (its entries older than StaleAfter): an
+// entry goes when its run (a root run, or a map element run) no longer
+// waits for a person, because its state expired or because the run was
+// settled or finished otherwise after the entry was added, and its lock is
+// free; see trimNeedsHuman.
 type IndexTrimmer struct {
 	cfg  TrimConfig
 	keys keys.Keys
@@ -128,7 +137,8 @@ func NewIndexTrimmer(cfg TrimConfig) (*IndexTrimmer, error) {
 		cursors: map[string]trimCursor{}}, nil
 }
 
-// Trim runs one pass: a page of each listing index. An error on one index
+// Trim runs one pass: a page of each listing index, then a page of
+// idx:needs_human. An error on one index
 // is logged and the pass goes on with the next; the errors are returned
 // joined with the report.
 func (t *IndexTrimmer) Trim(ctx context.Context) (TrimReport, error) {
@@ -173,6 +183,14 @@ func (t *IndexTrimmer) Trim(ctx context.Context) (TrimReport, error) {
 			t.cfg.Logger.Error("cannot trim index", "event", "reactor.sweep.error", "index", ix.key, "error", err)
 			errs = append(errs, fmt.Errorf("sweeper: trim %s: %w", ix.key, err))
 		}
+	}
+	if err := ctx.Err(); err != nil {
+		return rep, errors.Join(append(errs, err)...)
+	}
+	if err := t.trimNeedsHuman(ctx, recent, &rep); err != nil {
+		key := t.keys.NeedsHuman()
+		t.cfg.Logger.Error("cannot trim index", "event", "reactor.sweep.error", "index", key, "error", err)
+		errs = append(errs, fmt.Errorf("sweeper: trim %s: %w", key, err))
 	}
 	for _, name := range names {
 		if err := t.dropName(ctx, name); err != nil {
@@ -336,6 +354,68 @@ func (t *IndexTrimmer) trimIndex(ctx context.Context, ix trimIndex, rep *TrimRep
 			continue
 		}
 		rep.Trimmed++
+	}
+	return nil
+}
+
+// trimNeedsHuman examines the next page of idx:needs_human among the
+// entries scored before before (ms), and removes those whose run no longer
+// waits for a person: its state is gone (a root run, or a map element run
+// "<mapID>.<i>", expired), or it exists but waits no more (the terminal
+// write that followed the entry's add failed and the run was settled
+// later, or the run was made live again and finished otherwise). The
+// engine decides (engineapi.WaitsForPerson, the same test its terminal
+// write uses).
+//
+// An entry whose run's lock is held (root or element) stays: the run is
+// live, or between the entry's add and its terminal write. The locks are
+// read before the states. A run comes to wait only through a terminal
+// write made under its lock and preceded by a fresh add; so if the pass
+// saw the lock free and then read a state that does not wait, either that
+// write's add came after the page was read, with a new score that the
+// removal (store.RemoveIfScore with the score the page read) refuses, or
+// that lists the run again after the removal, or the write failed. Only entries older than StaleAfter (plus
+// ClockMargin) are examined, so a re-add never has the score of the entry
+// it replaces.
+func (t *IndexTrimmer) trimNeedsHuman(ctx context.Context, before int64, rep *TrimReport) error {
+	key := t.keys.NeedsHuman()
+	page, err := t.page(ctx, key, before)
+	if err != nil || len(page) == 0 {
+		return err
+	}
+	ids := make([]string, len(page))
+	roots := make([]*redis.IntCmd, len(page))
+	elems := make([]*redis.IntCmd, len(page))
+	if _, err := t.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, z := range page {
+			ids[i], _ = z.Member.(string)
+			// Two commands: the two locks are in different slots.
+			roots[i] = p.Exists(ctx, t.keys.RunLock(ids[i]))
+			elems[i] = p.Exists(ctx, t.keys.ElemLock(ids[i]))
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("read the locks of a page: %w", err)
+	}
+	waiting, err := engineapi.WaitsForPerson(t.cfg.Engine, ctx, ids)
+	if err != nil {
+		return fmt.Errorf("read the runs of a page: %w", err)
+	}
+	for i, z := range page {
+		rep.Examined++
+		if roots[i].Val() == 1 || elems[i].Val() == 1 || waiting[i] {
+			continue
+		}
+		if t.beforeRemove != nil {
+			t.beforeRemove(key, ids[i])
+		}
+		removed, err := store.RemoveIfScore(ctx, t.rdb, key, ids[i], z.Score)
+		if err != nil {
+			return err
+		}
+		if removed {
+			rep.Trimmed++
+		}
 	}
 	return nil
 }

@@ -96,7 +96,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.IntVar(&cfg.runPage, "run-page", env.Int("GOREACTOR_SWEEP_RUN_PAGE", 200), "runs examined per pass; env GOREACTOR_SWEEP_RUN_PAGE")
 	fs.IntVar(&cfg.mapPage, "map-page", env.Int("GOREACTOR_SWEEP_MAP_PAGE", 100), "maps examined per pass; env GOREACTOR_SWEEP_MAP_PAGE")
 	fs.IntVar(&cfg.trimPage, "trim-page", env.Int("GOREACTOR_SWEEP_TRIM_PAGE", 100),
-		"entries of each listing index (idx:runs, idx:status:*) the trim examines per pass; env GOREACTOR_SWEEP_TRIM_PAGE")
+		"entries of each listing index (idx:runs, idx:status:*, idx:needs_human, ...) the trim examines per pass; env GOREACTOR_SWEEP_TRIM_PAGE")
 	fs.DurationVar(&cfg.retention, "retention", env.Duration("GOREACTOR_RETENTION", 7*24*time.Hour),
 		"how long your engines keep a finished run (their Config.Retention); older listing entries of gone runs are trimmed; env GOREACTOR_RETENTION")
 	fs.DurationVar(&cfg.leaderTTL, "leader-ttl", env.Duration("GOREACTOR_SWEEP_LEADER_TTL", 30*time.Second),

@@ -82,6 +82,14 @@ func Runs(e *reactor.Engine, ctx context.Context, ids []string) ([]*reactor.Run,
 	return out, nil
 }
 
+// WaitsForPerson reports, for each of ids (root or map element runs, as
+// the needs-human index lists them), whether its stored run still waits for
+// a person: false when the run's state is gone (a root id's, else the
+// element's) or the run no longer waits; true for a state it cannot decode.
+func WaitsForPerson(e *reactor.Engine, ctx context.Context, ids []string) ([]bool, error) {
+	return enginehook.WaitsForPerson(e, ctx, ids)
+}
+
 // Client is the engine's Redis client.
 func Client(e *reactor.Engine) redis.UniversalClient { return enginehook.Client(e) }
 

@@ -26,6 +26,8 @@ var (
 	UndoElement    func(e any, ctx context.Context, id string, wait time.Duration) (any, error)
 	// RetryElementRollback is set by reactor/retrigger.go.
 	RetryElementRollback func(e any, ctx context.Context, id string, gen int, wait time.Duration) (any, error)
+	// WaitsForPerson is set by reactor/needs_human.go.
+	WaitsForPerson func(e any, ctx context.Context, ids []string) ([]bool, error)
 	// SetClockSkew is set by reactor/window.go (tests only).
 	SetClockSkew func(e any, d time.Duration)
 	StopElement  func(e any, ctx context.Context, reactorName, id string, fn func(ctx context.Context) error) error

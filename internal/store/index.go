@@ -182,11 +182,50 @@ func (s *Store) MarkNeedsHuman(ctx context.Context, id string, waiting bool, now
 	return nil
 }
 
-// NeedsHuman lists up to limit runs waiting for a person, newest first.
+// NeedsHuman lists up to limit runs waiting for a person, newest first. An
+// entry whose run's state is gone (neither a root run's nor a map element
+// run's state exists: the run expired, or the entry was added before a
+// terminal write that failed) is skipped, so that a reader never sees a run
+// it cannot open; the sweeper's trim removes such entries for good. The
+// index is read a page at a time until limit runs are found or it ends.
 func (s *Store) NeedsHuman(ctx context.Context, limit int) ([]string, error) {
-	ids, err := s.rdb.ZRevRange(ctx, s.keys.NeedsHuman(), 0, int64(limit)-1).Result()
-	if err != nil {
-		return nil, fmt.Errorf("store: read needs-human index: %w", err)
+	if limit <= 0 {
+		return nil, nil
 	}
-	return ids, nil
+	page := max(limit, 100)
+	var out []string
+	seen := map[string]bool{}
+	for start := int64(0); len(out) < limit; start += int64(page) {
+		ids, err := s.rdb.ZRevRange(ctx, s.keys.NeedsHuman(), start, start+int64(page)-1).Result()
+		if err != nil {
+			return nil, fmt.Errorf("store: read needs-human index: %w", err)
+		}
+		if len(ids) == 0 {
+			break
+		}
+		roots := make([]*redis.IntCmd, len(ids))
+		elems := make([]*redis.IntCmd, len(ids))
+		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, id := range ids {
+				// Two commands: the two states are in different slots.
+				roots[i] = p.Exists(ctx, s.keys.RunState(id))
+				elems[i] = p.Exists(ctx, s.keys.ElemState(id))
+			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("store: read the runs of the needs-human index: %w", err)
+		}
+		for i, id := range ids {
+			// An entry removed meanwhile shifts the next page: one read
+			// twice is listed once.
+			if (roots[i].Val() == 1 || elems[i].Val() == 1) && !seen[id] && len(out) < limit {
+				seen[id] = true
+				out = append(out, id)
+			}
+		}
+		if len(ids) < page {
+			break
+		}
+	}
+	return out, nil
 }
