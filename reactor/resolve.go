@@ -295,12 +295,30 @@ func (e *Engine) openForResolve(ctx context.Context, id string) (*execution, err
 	return x, nil
 }
 
-// NeedsHuman lists up to limit runs (root or map element runs) with a
-// conflicted undo that no person has resolved, newest first: what an
-// operator's queue of work holds. RollbackStatus of each says what to do.
+// NeedsHuman lists up to limit runs (root or map element runs) that wait
+// for a person, newest first: a conflicted undo of their own that no person
+// has resolved, or, for an owner, map elements with one (however many its
+// failure lists). It is what an operator's queue of work holds;
+// RollbackStatus of each says what to do.
 func (e *Engine) NeedsHuman(ctx context.Context, limit int) ([]string, error) {
 	if limit <= 0 {
 		limit = 100
 	}
-	return e.store.NeedsHuman(ctx, limit)
+	ids, err := e.store.NeedsHuman(ctx, limit)
+	if err != nil {
+		return nil, err
+	}
+	// An entry whose run settled, but whose removal was lost, waits for
+	// the sweeper's trim; it is not shown meanwhile.
+	waiting, err := e.waitingForPerson(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	out := ids[:0]
+	for i, id := range ids {
+		if waiting[i] {
+			out = append(out, id)
+		}
+	}
+	return out, nil
 }
