@@ -629,9 +629,30 @@ func (x *execution) addRollbackFailure(rb *RollbackRecord, rf RollbackFailure) {
 }
 
 func codeOf(err error) string {
+	var many *RollbackFailures
+	if errors.As(err, &many) {
+		// A construct's parts failed to undo: the code says what holds it,
+		// a conflict first (it waits for a person).
+		for _, f := range many.Failures {
+			if f.Reason == ReasonConflict {
+				return ReasonConflict
+			}
+		}
+		for _, f := range many.Failures {
+			if f.Reason != "" {
+				return f.Reason
+			}
+		}
+		return ReasonPartsFailed
+	}
 	code, _ := encodeError(err)
 	return code
 }
+
+// ReasonPartsFailed is the reason of a construct's entry (a map step)
+// whose parts failed to undo for reasons of their own (the owner's
+// failure lists them).
+const ReasonPartsFailed = "reactor.parts_failed"
 
 // ---- compose
 
@@ -764,6 +785,7 @@ func pushInterrupted(d *Definition, st *runState) {
 	if in == nil {
 		return
 	}
+	st.stopped(in.Step, StopInterrupted)
 	st.Intent = nil
 	e := &LedgerEntry{Step: in.Step, Status: RollbackPending, Interrupted: true}
 	if d != nil {
