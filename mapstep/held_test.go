@@ -246,7 +246,7 @@ func TestOwnerRetryRollbackKeepsItsElementsConflicts(t *testing.T) {
 			// Another generation of the owner does not drop the marker.
 			res, err = hf.engine.RetryRollback(ctx, id)
 			if err == nil {
-				res = hf.finish(t, ctx, res)
+				require.Equal(t, reactor.StatusFailed, hf.finish(t, ctx, res).Status)
 			} else {
 				require.ErrorIs(t, err, reactor.ErrNothingToRetry)
 			}

@@ -39,6 +39,7 @@ func TestRetriggeredRollbackNeverUndoesUnderAnEntryKeptOutOfWindow(t *testing.T)
 	for gen := 2; gen <= 3; gen++ {
 		res, err = env.engine.RetryRollback(ctx, "book-window")
 		require.NoError(t, err)
+		require.Equal(t, reactor.StatusCancelled, res.Status)
 		require.Empty(t, undos(tr), "generation %d undid nothing under the kept change", gen)
 		rep, err = env.engine.RollbackStatus(ctx, "book-window")
 		require.NoError(t, err)

@@ -67,7 +67,7 @@ type runState struct {
 	// Stop is the step the run stopped at without completing it: the one
 	// that failed or halted, or the one cut short that its rollback found
 	// (nil otherwise), with its attempt.
-	Stop *stopRec `msgpack:"sp,omitempty"`
+	Stop *StepStop `msgpack:"sp,omitempty"`
 
 	// Wake is the id of the last wake-up task enqueued for the run, saved
 	// before the enqueue, so the sweeper can tell whether it is still queued.
@@ -118,13 +118,6 @@ type intentRec struct {
 	Scheduled bool `msgpack:"sch,omitempty"`
 }
 
-// stopRec is the step a run stopped at (runState.Stop).
-type stopRec struct {
-	Step    string   `msgpack:"s"`
-	Attempt int      `msgpack:"a,omitempty"`
-	How     StopKind `msgpack:"h"`
-}
-
 // StopKind says how a step stopped without completing.
 type StopKind string
 
@@ -143,9 +136,9 @@ const (
 // StepStop is the step a run stopped at without completing it, with the
 // attempt it was on and how it stopped.
 type StepStop struct {
-	Step    string
-	Attempt int
-	How     StopKind
+	Step    string   `msgpack:"s"`
+	Attempt int      `msgpack:"a,omitempty"`
+	How     StopKind `msgpack:"h"`
 }
 
 // stopped records that step name of st stopped (how), on the attempt its
@@ -155,7 +148,7 @@ func (st *runState) stopped(name string, how StopKind) {
 	if in := st.Intent; in != nil && in.Step == name {
 		attempt = max(in.Attempt, 1)
 	}
-	st.Stop = &stopRec{Step: name, Attempt: attempt, How: how}
+	st.Stop = &StepStop{Step: name, Attempt: attempt, How: how}
 }
 
 type stepRec struct {
@@ -496,7 +489,8 @@ func (st *runState) view(d *Definition, version int64) *Run {
 		r.Current = &StepAttempt{Step: in.Step, Attempt: max(in.Attempt, 1)}
 	}
 	if sp := st.Stop; sp != nil {
-		r.Stopped = &StepStop{Step: sp.Step, Attempt: sp.Attempt, How: sp.How}
+		c := *sp
+		r.Stopped = &c
 	}
 	if r.Failure == nil && st.Rollback != nil {
 		// Under way: the failure the run will end with, as it stands.
