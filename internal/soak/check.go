@@ -56,7 +56,10 @@ import (
 //     active on a worker that was not killed. A run sweeper wake-up of an
 //     owner whose map resume is queued or just picked up (the run sweeper
 //     does not look for that task) is noted, not a violation: the extra
-//     wake-up finds the run locked or already moved on.
+//     wake-up finds the run locked or already moved on. So is the map
+//     sweeper's resume of an owner whose run sweeper wake-up is queued or
+//     just picked up (the map sweeper does not look for that one): both
+//     recover the same lost resume, the run sweeper first in a pass.
 
 // findings is what the checks found.
 type findings struct {
@@ -184,7 +187,8 @@ func (s *soak) check(ctx context.Context, plans []runPlan) *findings {
 		stats = map[string]string{}
 	}
 	for _, k := range []string{"passes", "runs_woken", "elements", "rollbacks", "resumes", "claims", "fresh_ids",
-		"pass_errors", "checked_locks", "spent_dead", "spent_inactive", "spent_live", "wakes_with_queued_resume"} {
+		"pass_errors", "checked_locks", "spent_dead", "spent_inactive", "spent_live", "wakes_with_queued_resume",
+		"resumes_with_queued_wake"} {
 		if stats[k] == "" {
 			stats[k] = "0"
 		}
@@ -197,8 +201,10 @@ func (s *soak) check(ctx context.Context, plans []runPlan) *findings {
 		stats["passes"], stats["runs_woken"], stats["elements"], stats["rollbacks"], stats["resumes"], stats["claims"],
 		stats["fresh_ids"], stats["pass_errors"])
 	f.note("sweeper checks: locks checked=%s; redeliveries under a fresh id of a task still active on no live worker=%s, "+
-		"no longer active=%s, active on a live worker=%s; wake-ups with the owner's resume queued=%s",
-		stats["checked_locks"], stats["spent_dead"], stats["spent_inactive"], stats["spent_live"], stats["wakes_with_queued_resume"])
+		"no longer active=%s, active on a live worker=%s; wake-ups with the owner's resume queued=%s; "+
+		"resumes with the owner's wake-up queued=%s",
+		stats["checked_locks"], stats["spent_dead"], stats["spent_inactive"], stats["spent_live"], stats["wakes_with_queued_resume"],
+		stats["resumes_with_queued_wake"])
 	c.queue()
 	return f
 }

@@ -218,6 +218,32 @@ func TestSweepEnqueuerFlags(t *testing.T) {
 	got, err = rdb.LRange(ctx, violationsKey, 1, -1).Result()
 	require.NoError(t, err)
 	require.Equal(t, []string{"sweeper enqueued 3 tasks for map " + mapID + " in one pass (batch size 2)"}, got)
+
+	// An owner's resume enqueued while its lock is held is flagged, unless
+	// the run sweeper's wake-up of it is queued: both recover the same lost
+	// resume, and that is noted.
+	const owner = "soak-y"
+	require.NoError(t, rdb.Set(ctx, k.RunLock(owner), "someone", time.Minute).Err())
+	q.begin()
+	require.NoError(t, q.Enqueue(ctx, reactor.Wake{ID: "resume:" + owner + ":rb:" + owner + "~fan:1", RunID: owner, Reactor: "r"}))
+	q.end(ctx, sweeper.Report{Leader: true}, nil)
+	got, err = rdb.LRange(ctx, violationsKey, 2, -1).Result()
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.True(t, strings.HasPrefix(got[0], "sweeper enqueued run "+owner+" (task resume:"+owner+":rb:"+owner+"~fan:1) while its lock was held"), got[0])
+
+	wake := "resume:" + owner + ":sweep:4"
+	require.NoError(t, worker.NewClient(rdb, queue).Enqueue(ctx, reactor.Wake{ID: wake, RunID: owner, Reactor: "r"}))
+	q.begin()
+	require.NoError(t, q.Enqueue(ctx, reactor.Wake{ID: "resume:" + owner + ":fwd:" + owner + "~fan:r1", RunID: owner, Reactor: "r"}))
+	q.end(ctx, sweeper.Report{Leader: true}, nil)
+	n, err := rdb.LLen(ctx, violationsKey).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n, "no new violation")
+	notes, err := rdb.LRange(ctx, notesKey, 0, -1).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{"map sweeper resumed " + owner + " (resume:" + owner + ":fwd:" + owner + "~fan:r1) while the run sweeper's wake-up " +
+		wake + " was pending"}, notes)
 }
 
 func TestPlansFollowTheSeed(t *testing.T) {
