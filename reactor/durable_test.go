@@ -756,3 +756,61 @@ func owner2() *reactor.Definition {
 		Run: func(context.Context, reactor.Args) (int, error) { return 1, nil },
 	}))
 }
+
+// A run resumed after a crash inside a step, whose first checkpoint finds a
+// cancel request, rolls that step back as cut short (its Compensate gets
+// ErrStepInterrupted): the dead execution may have had its effect, so the
+// step is never discarded as never started.
+func TestCancelFoundOnResumeCompensatesTheStepCutShort(t *testing.T) {
+	t.Parallel()
+	var env *env
+	var armed atomic.Bool
+	env = newEnv(t, func(c *reactor.Config) {
+		c.LockExpiry = 100 * time.Millisecond
+		c.Hooks = []reactor.Hook{reactor.HookFunc(func(_ context.Context, e reactor.Event) {
+			// The cancel comes in after the resume loaded the run, so the
+			// first checkpoint (the one counting the interruption) finds it.
+			if e.Kind == reactor.EventRunResumed && armed.Load() {
+				if err := reactor.StoreCancelRequest(env.engine, e.RunID); err != nil {
+					panic(err)
+				}
+			}
+		})}
+	})
+	tr := env.trail
+	crash := true
+	var cause error
+	def := reactor.MustDefine("crash-cancel",
+		simple(tr, "a", nil),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"a"},
+			Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+				tr.add("run:b")
+				if crash {
+					crash = false
+					env.rdb.Set(context.Background(), env.prefix+":{run:crash-cancel-1}:lock", "someone-else", time.Second)
+					<-ctx.Done()
+					return 0, ctx.Err()
+				}
+				return 2, nil
+			},
+			Compensate: func(_ context.Context, _ reactor.Args, err error) error {
+				cause = err
+				tr.add("compensate:b")
+				return nil
+			},
+		}),
+	)
+	ctx := ctxTimeout(t)
+	_, err := env.engine.Run(ctx, def, nil, reactor.WithRunID("crash-cancel-1"))
+	require.ErrorIs(t, err, reactor.ErrLockLost)
+	require.NoError(t, env.rdb.Del(ctx, env.prefix+":{run:crash-cancel-1}:lock").Err())
+	armed.Store(true)
+	res, err := env.engine.Resume(ctx, "crash-cancel-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, res.Status)
+	require.Equal(t, 1, tr.count("run:b"), "not run again")
+	require.Equal(t, 1, tr.count("compensate:b"), "the step cut short is compensated, not discarded")
+	require.ErrorIs(t, cause, reactor.ErrStepInterrupted)
+	require.Equal(t, 1, tr.count("undo:a"))
+}

@@ -518,7 +518,9 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		if err := x.checkpoint(ctx); err != nil { // the count is on record before the step runs again
 			return stepOutcome{}, err
 		}
-		f.notStarted = true
+		// Still not known unstarted: a cancel found by that checkpoint
+		// rolls the step back as cut short (the dead execution may have
+		// had its effect), never discards it.
 		if x.cancel {
 			return stepOutcome{kind: outCancel, failure: newCancelFailure("cancelled on request")}, nil
 		}
