@@ -22,6 +22,8 @@ const (
 	stepCompleted  = "completed"
 	stepSkipped    = "skipped"
 	stepFailed     = "failed"
+	stepHalted     = "halted"
+	stepCut        = "interrupted"
 	stepUndone     = "undone"
 	stepUndoFailed = "undo_failed"
 )
@@ -347,6 +349,24 @@ func steps(run *reactor.Run) []stepView {
 			idx[f.Step] = len(out)
 			out = append(out, stepView{Name: f.Step, Status: stepFailed, Error: f.Message})
 		}
+	}
+	if sp := run.Stopped; sp != nil {
+		// How the step the run stopped at ended, as it happened: failed
+		// (on its last attempt), halted, or cut short mid-step.
+		i, ok := idx[sp.Step]
+		if !ok {
+			idx[sp.Step] = len(out)
+			i = len(out)
+			out = append(out, stepView{Name: sp.Step})
+		}
+		if out[i].Status == stepPending || out[i].Status == stepRunning || out[i].Status == "" {
+			out[i].Status = map[reactor.StopKind]string{reactor.StopFailed: stepFailed, reactor.StopHalted: stepHalted,
+				reactor.StopInterrupted: stepCut}[sp.How]
+		}
+		if out[i].Status == stepHalted && out[i].Error == "" {
+			out[i].Error = run.Reason
+		}
+		out[i].Attempts = max(out[i].Attempts, sp.Attempt)
 	}
 	for _, rb := range run.Rollbacks {
 		i, ok := idx[rb.Step]

@@ -254,3 +254,31 @@ func TestDetailFailedInChild(t *testing.T) {
 	require.Contains(t, undone, "book/reserve:compensated")
 	require.Nil(t, d.Rollback)
 }
+
+// The step a run stopped at shows as it happened: failed on its third
+// attempt, or halted with its reason; never pending.
+func TestDetailStoppedSteps(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	ctx := ctxTimeout(t, 20*time.Second)
+	flaky := reactor.MustDefine("stop-flaky", reactor.Step("call", reactor.StepConfig[reactor.Args, string]{
+		Retry: reactor.Retry{MaxAttempts: 3, Backoff: reactor.Fixed(time.Millisecond)},
+		Run:   func(context.Context, reactor.Args) (string, error) { return "", errors.New("still down") },
+	}))
+	halting := reactor.MustDefine("stop-halt", reactor.Step("check", reactor.StepConfig[reactor.Args, string]{
+		Run: func(context.Context, reactor.Args) (string, error) { return "", reactor.Halt("out of stock") },
+	}))
+	_, err := e.engine.Run(ctx, flaky, nil, reactor.WithRunID("stop-1"))
+	require.NoError(t, err)
+	_, err = e.engine.Run(ctx, halting, nil, reactor.WithRunID("stop-2"))
+	require.NoError(t, err)
+	var d runDetail
+	e.get("/api/runs/stop-1", http.StatusOK, &d)
+	require.Len(t, d.Steps, 1)
+	require.Equal(t, "failed", d.Steps[0].Status)
+	require.Equal(t, 3, d.Steps[0].Attempts)
+	e.get("/api/runs/stop-2", http.StatusOK, &d)
+	require.Len(t, d.Steps, 1)
+	require.Equal(t, "halted", d.Steps[0].Status)
+	require.Equal(t, 1, d.Steps[0].Attempts)
+}

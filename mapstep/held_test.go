@@ -194,6 +194,15 @@ func TestOwnerRetryRollbackKeepsItsElementsConflicts(t *testing.T) {
 			require.Equal(t, reactor.StatusFailed, res.Status)
 			require.ElementsMatch(t, []string{"each[1]/upgrade=" + reactor.ReasonConflict, "each[2]/note="}, reasons(res.Failure))
 			elem1 := mapstep.MapID(id, "each") + ".1"
+			trail, err := hf.engine.Audit(ctx, id)
+			require.NoError(t, err)
+			var mapReasons []string
+			for _, a := range trail {
+				if a.Step == "each" && a.Status == reactor.RollbackFailed {
+					mapReasons = append(mapReasons, a.Reason)
+				}
+			}
+			require.Equal(t, []string{reactor.ReasonConflict}, mapReasons, "the owner's audit says what holds its map entry")
 
 			res, err = hf.engine.RetryRollback(ctx, id)
 			require.NoError(t, err)
@@ -237,7 +246,7 @@ func TestOwnerRetryRollbackKeepsItsElementsConflicts(t *testing.T) {
 			// Another generation of the owner does not drop the marker.
 			res, err = hf.engine.RetryRollback(ctx, id)
 			if err == nil {
-				res = hf.finish(t, ctx, res)
+				require.Equal(t, reactor.StatusFailed, hf.finish(t, ctx, res).Status)
 			} else {
 				require.ErrorIs(t, err, reactor.ErrNothingToRetry)
 			}

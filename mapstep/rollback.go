@@ -606,7 +606,7 @@ func rollbackElement(ctx context.Context, e *reactor.Engine, ms mapStore, md met
 	if err != nil {
 		return rbOutcome{Index: i}, err
 	}
-	return rollbackElementWith(ctx, e, md, mapID, i, fwd[0], wait, rb.WindowAt)
+	return rollbackElementWith(ctx, e, md, mapID, i, fwd[0], rb.Gen, wait, rb.WindowAt)
 }
 
 // retryElement brings element i, which an earlier generation could not
@@ -648,8 +648,15 @@ func undoneOutcome(md meta, i int, res *reactor.Result) rbOutcome {
 	return o
 }
 
-// rollbackElementWith rolls back element i given its forward outcome.
-func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID string, i int, fwd *outcome, wait time.Duration, windowAt int64) (rbOutcome, error) {
+// rollbackElementWith rolls back element i given its forward outcome, in
+// rollback generation gen.
+func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID string, i int, fwd *outcome, gen int, wait time.Duration, windowAt int64) (rbOutcome, error) {
+	if fwd != nil && fwd.Status == outcomeFailed && !fwd.Held.IsZero() {
+		// It failed and rolled itself back, leaving something in place:
+		// the map's rollback reports it (and a later generation retries
+		// what failed) instead of passing it over.
+		return retryElement(ctx, e, md, mapID, i, gen, wait, windowAt)
+	}
 	o := rbOutcome{Index: i}
 	// Skipped and failed elements (a failed element rolled itself back)
 	// have nothing for the map to undo. A halted element kept what it
@@ -824,7 +831,7 @@ func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackT
 	if rb.Work {
 		o, err = retryElement(ctx, e, md, t.MapID, t.Index, t.Gen, 0, rb.WindowAt)
 	} else {
-		o, err = rollbackElementWith(ctx, e, md, t.MapID, t.Index, fwd, 0, rb.WindowAt)
+		o, err = rollbackElementWith(ctx, e, md, t.MapID, t.Index, fwd, t.Gen, 0, rb.WindowAt)
 	}
 	if errors.Is(err, reactor.ErrRunLocked) {
 		// Snooze (the position stays outstanding) while the lock is held.

@@ -373,6 +373,7 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 				}
 			}
 		case outHalt:
+			f.st.stopped(s.name, StopHalted)
 			f.st.Intent = nil
 			f.st.Status, f.st.Reason = StatusHalted, out.reason
 			return x.finish(ctx, f, EventRunHalted)
@@ -380,6 +381,7 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 			return x.startRollback(ctx, f, TriggerUndo, "", out.failure, nil)
 		case outFail:
 			// The failing step is compensated as the rollback's trigger.
+			f.st.stopped(s.name, StopFailed)
 			f.st.Intent = nil
 			return x.startRollback(ctx, f, TriggerFailure, s.name, out.failure, out.err)
 		}

@@ -259,6 +259,32 @@ func (e *Engine) settleOwner(ctx context.Context, elem *runState, settled map[st
 			}
 		}
 	}
+	if st.Failure != nil && !treeRollingBack(st) {
+		// The map's own entry stands as its elements do now.
+		var left []RollbackFailure
+		for _, rf := range st.Failure.RollbackFailures {
+			if strings.HasPrefix(rf.Step, el.Step+"[") {
+				left = append(left, rf)
+			}
+		}
+		var parts error
+		if len(left) > 0 {
+			parts = &RollbackFailures{Failures: left}
+		}
+		for _, r := range st.Book {
+			switch r.State {
+			case RollbackFailed, RollbackNeedsPerson, RollbackLeftApplied, RollbackCompensated:
+			default:
+				continue
+			}
+			if r.Step != el.Step {
+				continue
+			}
+			if s := x.partsState(el.Step, parts); s != r.State {
+				r.State, changed = s, true
+			}
+		}
+	}
 	if !changed {
 		// The element's resolve write took its expiry off: it goes with
 		// its owner's tree again, on what is left of the owner's retention.

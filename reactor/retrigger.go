@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -193,11 +194,32 @@ func retriable(st *runState) error {
 		return se(StatusRollingBack, ErrRollbackInProgress)
 	case st.Status != StatusFailed && st.Status != StatusCancelled:
 		return se(st.Status, ErrNoRollbackToRetry)
-	case st.Retry == nil || len(st.Retry.Entries) == 0:
+	case len(st.retryable()) == 0:
 		return se(st.Status, ErrNothingToRetry)
 	}
 	return nil
 }
+
+// retryable are the entries of the retry list a new generation undoes
+// again: those whose record in the book says their undo failed or was
+// blocked. An entry that waits for a person (a map whose elements' only
+// failures are conflicts) stays on the list for when a resolution makes
+// it retryable again; one left applied leaves it.
+func (st *runState) retryable() []*retryEntry {
+	if st.Retry == nil {
+		return nil
+	}
+	var out []*retryEntry
+	for _, r := range st.Retry.Entries {
+		if b := st.entry(r.id()); b == nil || b.State == RollbackFailed || b.State == RollbackBlocked {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// id is the id of the entry's record in the book.
+func (r *retryEntry) id() string { return entryID(r.Path+r.Entry.Step, r.Entry.Ordinal) }
 
 // retryRollback starts rollback generation gen of the finished run over the
 // entries the previous one could not undo: they go back on the undo stack
@@ -208,12 +230,14 @@ func retriable(st *runState) error {
 // ordinary rollback, resumable as any other.
 func (x *execution) retryRollback(ctx context.Context, gen int) (*frameResult, error) {
 	st := x.st
-	entries := st.Retry.Entries
-	st.Retry.Entries, st.Retry.Gen = nil, gen
+	entries := st.retryable()
+	st.Retry.Entries = slices.DeleteFunc(st.Retry.Entries, func(r *retryEntry) bool { return slices.Contains(entries, r) })
+	st.Retry.Gen = gen
 	failure := st.Failure.clone()
 	if failure == nil {
 		failure = newCancelFailure("rolled back")
 	}
+	prior := failure.RollbackFailures
 	failure.RollbackFailures, failure.RollbackFailuresOmitted = nil, 0
 	// What still waits for a person stays on the failure: the new
 	// generation does not retry a conflict, and must not forget it.
@@ -224,6 +248,13 @@ func (x *execution) retryRollback(ctx context.Context, gen int) (*frameResult, e
 			cerr := &ConflictError{Step: h.Step, Resource: h.Resource, Expected: h.Expected, Observed: h.Observed, RestoreTo: h.RestoreTo, Why: h.Why}
 			x.addRollbackFailure(rb0, RollbackFailure{Step: h.Step, Kind: KindUndo, Reason: ReasonConflict, Message: cerr.Error(),
 				Run: st.ID, Entry: r.ID})
+		}
+	}
+	// So do its map elements' conflicts, and what a person left applied
+	// in them (a map the generation retries reports them again, once).
+	for _, rf := range prior {
+		if rf.Reason == ReasonLeftApplied || (rf.Reason == ReasonConflict && rf.Run != "" && rf.Run != st.ID) {
+			x.addRollbackFailure(rb0, rf)
 		}
 	}
 	// The retried entries were inside their undo windows when the rollback

@@ -203,8 +203,14 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 	rec := StepRollback{Step: path, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
 		StartedAt: startedAt, Attempt: x.attemptOf(entryID(path, 0)), Generation: rb.generation()}
 	x.auditCompensating(rec, 0)
+	if s.kind == kindConstruct {
+		rec.Status = x.partsState(path, err)
+	}
 	if err != nil {
-		rec.Status, rec.Reason, rec.Message = RollbackFailed, codeOf(err), err.Error()
+		rec.Reason, rec.Message = codeOf(err), err.Error()
+		if s.kind != kindConstruct {
+			rec.Status = RollbackFailed
+		}
 		rb.CompensationError = err.Error()
 		x.keepFailedCompensate(f, s, args) // retrigger.go
 		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: KindCompensate, Reason: rec.Reason, Message: rec.Message})
@@ -329,11 +335,21 @@ func (x *execution) recordEntry(ctx context.Context, f *frame, d *Definition, e 
 		}
 		e.Status = RollbackFailed
 		rec.Status, rec.Reason, rec.Message = RollbackFailed, reason, err.Error()
+		if s := d.byName[e.Step]; s != nil && s.kind == kindConstruct {
+			// A construct's entry stands as its parts do: waiting for a
+			// person when their only failures are conflicts.
+			e.Status = x.partsState(rec.Step, err)
+			rec.Status = e.Status
+		}
 		x.keepFailed(rec.Step, e) // retrigger.go
 		x.addRollbackFailures(f.st.Rollback, err, RollbackFailure{Step: rec.Step, Kind: rec.Kind, Reason: rec.Reason, Message: rec.Message})
 		x.emit(ctx, Event{Kind: failed, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Err: err, Duration: took})
 	} else {
 		e.Status = RollbackCompensated
+		if s := d.byName[e.Step]; s != nil && s.kind == kindConstruct {
+			e.Status = x.partsState(rec.Step, nil) // what its parts still hold
+			rec.Status = e.Status
+		}
 		x.emit(ctx, Event{Kind: done, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Duration: took})
 	}
 	x.auditOutcome(rec, e.Ordinal)
@@ -618,9 +634,54 @@ func (x *execution) handOffRollback(ctx context.Context, ho *RollbackHandedOff) 
 	return ho
 }
 
+// partsState is the rollback status of construct entry path whose undo
+// reported err (its parts' failures, nil for none), with what its parts
+// hold (runState.Held): compensation_failed while a part failed or was
+// blocked (a RetryRollback retries them), else needs_human while a part
+// waits for a person, else left_applied when a person left some applied,
+// else compensated.
+func (x *execution) partsState(path string, err error) RollbackStatus {
+	h := x.st.Held[path]
+	var many *RollbackFailures
+	if err != nil && !errors.As(err, &many) {
+		return RollbackFailed
+	}
+	conflicts := 0
+	if many != nil {
+		for _, f := range many.Failures {
+			switch f.Reason {
+			case ReasonConflict:
+				conflicts++
+			case ReasonLeftApplied:
+			default:
+				return RollbackFailed
+			}
+		}
+		if many.Omitted > 0 && h.Waiting+h.LeftApplied < conflicts+many.Omitted {
+			return RollbackFailed // more omitted than the holds explain
+		}
+	}
+	switch {
+	case h.Failed > 0:
+		return RollbackFailed
+	case h.Waiting > 0 || conflicts > 0:
+		return RollbackNeedsPerson
+	case h.LeftApplied > 0:
+		return RollbackLeftApplied
+	}
+	return RollbackCompensated
+}
+
 // addRollbackFailure keeps the first MaxRollbackFailures and counts the rest,
-// so a huge rollback cannot grow the run without bound.
+// so a huge rollback cannot grow the run without bound. The same failure
+// twice (a map's failing element, reported by the step's failure and again
+// by its rollback) is kept once.
 func (x *execution) addRollbackFailure(rb *RollbackRecord, rf RollbackFailure) {
+	if slices.ContainsFunc(rb.Failure.RollbackFailures, func(o RollbackFailure) bool {
+		return o.Step == rf.Step && o.Reason == rf.Reason && o.Run == rf.Run && o.Entry == rf.Entry
+	}) {
+		return
+	}
 	if len(rb.Failure.RollbackFailures) < x.e.cfg.MaxRollbackFailures {
 		rb.Failure.RollbackFailures = append(rb.Failure.RollbackFailures, rf)
 	} else {
@@ -629,9 +690,30 @@ func (x *execution) addRollbackFailure(rb *RollbackRecord, rf RollbackFailure) {
 }
 
 func codeOf(err error) string {
+	var many *RollbackFailures
+	if errors.As(err, &many) {
+		// A construct's parts failed to undo: the code says what holds it,
+		// a conflict first (it waits for a person).
+		for _, f := range many.Failures {
+			if f.Reason == ReasonConflict {
+				return ReasonConflict
+			}
+		}
+		for _, f := range many.Failures {
+			if f.Reason != "" {
+				return f.Reason
+			}
+		}
+		return ReasonPartsFailed
+	}
 	code, _ := encodeError(err)
 	return code
 }
+
+// ReasonPartsFailed is the reason of a construct's entry (a map step)
+// whose parts failed to undo for reasons of their own (the owner's
+// failure lists them).
+const ReasonPartsFailed = "reactor.parts_failed"
 
 // ---- compose
 
@@ -765,6 +847,7 @@ func pushInterrupted(d *Definition, st *runState) {
 	if in == nil {
 		return
 	}
+	st.stopped(in.Step, StopInterrupted)
 	st.Intent = nil
 	e := &LedgerEntry{Step: in.Step, Status: RollbackPending, Interrupted: true}
 	if d != nil {

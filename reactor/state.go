@@ -64,6 +64,11 @@ type runState struct {
 	// it (or reports it) instead of forgetting it.
 	Intent *intentRec `msgpack:"it,omitempty"`
 
+	// Stop is the step the run stopped at without completing it: the one
+	// that failed or halted, or the one cut short that its rollback found
+	// (nil otherwise), with its attempt.
+	Stop *StepStop `msgpack:"sp,omitempty"`
+
 	// Wake is the id of the last wake-up task enqueued for the run, saved
 	// before the enqueue, so the sweeper can tell whether it is still queued.
 	Wake string `msgpack:"w,omitempty"`
@@ -113,6 +118,39 @@ type intentRec struct {
 	// Scheduled marks an intent saved with a scheduled retry wake-up: the
 	// process left on purpose, nothing was cut short.
 	Scheduled bool `msgpack:"sch,omitempty"`
+}
+
+// StopKind says how a step stopped without completing.
+type StopKind string
+
+// How a step stopped (Run.Stopped).
+const (
+	// StopFailed: the step failed (its last attempt returned an error).
+	StopFailed StopKind = "failed"
+	// StopHalted: the step halted the run (reactor.Halt).
+	StopHalted StopKind = "halted"
+	// StopInterrupted: the step's Run was called but its result never
+	// recorded (a dead process, a run cut short mid-step): its rollback
+	// compensates it.
+	StopInterrupted StopKind = "interrupted"
+)
+
+// StepStop is the step a run stopped at without completing it, with the
+// attempt it was on and how it stopped.
+type StepStop struct {
+	Step    string   `msgpack:"s"`
+	Attempt int      `msgpack:"a,omitempty"`
+	How     StopKind `msgpack:"h"`
+}
+
+// stopped records that step name of st stopped (how), on the attempt its
+// intent holds (1 when none does).
+func (st *runState) stopped(name string, how StopKind) {
+	attempt := 1
+	if in := st.Intent; in != nil && in.Step == name {
+		attempt = max(in.Attempt, 1)
+	}
+	st.Stop = &StepStop{Step: name, Attempt: attempt, How: how}
 }
 
 type stepRec struct {
@@ -337,6 +375,11 @@ type Run struct {
 	// rollback report are returned here as any run's; show them to people
 	// only as the dashboard does (to holders of its token).
 	Sensitive bool
+	// Stopped is the step the run stopped at without completing it (it
+	// failed, halted, or was cut short and found by the rollback), with
+	// its attempt; nil when there is none. For a composed child's step it
+	// names the compose step.
+	Stopped *StepStop
 	// Steps are the steps with a record (completed or skipped), in
 	// definition order when the engine knows the definition, else by start
 	// time.
@@ -459,6 +502,14 @@ func (st *runState) view(d *Definition, version int64) *Run {
 	}
 	if in := st.Intent; in != nil && !st.Status.Terminal() {
 		r.Current = &StepAttempt{Step: in.Step, Attempt: max(in.Attempt, 1)}
+	}
+	if sp := st.Stop; sp != nil {
+		c := *sp
+		r.Stopped = &c
+	}
+	if r.Failure == nil && st.Rollback != nil {
+		// Under way: the failure the run will end with, as it stands.
+		r.Failure = st.Rollback.Failure
 	}
 	for n, c := range st.Children {
 		if r.Children == nil {

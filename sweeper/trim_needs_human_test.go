@@ -334,13 +334,11 @@ func TestNeedsHumanSkipsGoneRuns(t *testing.T) {
 	srv, err := e.rdb.Time(ctx).Result()
 	require.NoError(t, err)
 	newer := float64(srv.Add(time.Hour).UnixMilli())
-	var gone []string
 	for i := range 250 {
 		id := fmt.Sprintf("gone-%03d", i)
 		if i%2 == 1 {
 			id = element("gone", i)
 		}
-		gone = append(gone, id)
 		e.list(ctx, newer+float64(i), id)
 	}
 

@@ -233,8 +233,12 @@ func (q *sweepEnqueuer) Enqueue(ctx context.Context, w reactor.Wake) error {
 	// A run sweeper wake-up of an owner whose map resume is queued or
 	// running is a known redundancy (noted, not a violation); so is the
 	// owner's lock, held by that resume, when the check comes a moment
-	// after the sweeper's.
-	if !(strings.HasPrefix(w.ID, "resume:"+w.RunID+":sweep:") && q.redundantWake(ctx, w)) {
+	// after the sweeper's. So is the converse: the map sweeper's resume of
+	// an owner the run sweeper has just woken.
+	switch {
+	case strings.HasPrefix(w.ID, "resume:"+w.RunID+":sweep:") && q.redundantWake(ctx, w):
+	case isOwnerResume(w) && q.redundantResume(ctx, w):
+	default:
 		q.lockFree(ctx, q.keys.RunLock(w.RunID), "run "+w.RunID+" (task "+w.ID+")", "resume:"+w.RunID+":")
 	}
 	if m := runFresh.FindStringSubmatch(w.ID); m != nil {
@@ -322,6 +326,55 @@ func (q *sweepEnqueuer) redundantWake(ctx context.Context, w reactor.Wake) bool 
 		q.tally("wakes_with_queued_resume")
 		q.mu.Lock()
 		q.notes = append(q.notes, fmt.Sprintf("run sweeper woke %s (%s) while its resume %s was %s", w.RunID, w.ID, id, state))
+		q.mu.Unlock()
+		return true
+	}
+	return false
+}
+
+// isOwnerResume reports whether w is a map's resume of its owner, forward
+// or rolling back, or a redelivery of one.
+func isOwnerResume(w reactor.Wake) bool {
+	return strings.HasPrefix(w.ID, "resume:"+w.RunID+":fwd:") || strings.HasPrefix(w.ID, "resume:"+w.RunID+":rb:")
+}
+
+// redundantResume notes, and reports, the map sweeper's resume of an owner
+// (the map settled, its resume lost) that the run sweeper has woken for the
+// same loss, in this pass (the run sweeper goes first) or just before: its
+// wake-up is still queued, or running on a live worker, where it holds or
+// will hold the owner's lock. The map sweeper checks the owner's lock but
+// does not look for that wake-up, so the lock can be taken between its
+// check and this one; the resume then finds the run locked or moved on.
+func (q *sweepEnqueuer) redundantResume(ctx context.Context, w reactor.Wake) bool {
+	taskKey := "asynq:{" + queue + "}:t:"
+	iter := q.rdb.Scan(ctx, 0, taskKey+"resume:"+w.RunID+":sweep:*", 1000).Iterator()
+	for iter.Next(ctx) {
+		id := strings.TrimPrefix(iter.Val(), taskKey)
+		info, err := q.insp.GetTaskInfo(queue, id)
+		if err != nil {
+			continue
+		}
+		state := info.State.String()
+		switch info.State {
+		case asynq.TaskStatePending, asynq.TaskStateRetry, asynq.TaskStateScheduled:
+		case asynq.TaskStateActive:
+			pid, holder := q.holder(ctx, id)
+			switch {
+			case holder == holderLive:
+				state = fmt.Sprintf("active on live worker pid %d", pid)
+			case holder == holderUnlisted && q.leaseAhead(ctx, id) > 25*time.Second:
+				// Picked up within the last heartbeat (5 s), so not listed
+				// yet: a worker killed that soon left an expired lock.
+				state = "active, just picked up"
+			default:
+				continue // orphaned by a kill: the resume is the recovery
+			}
+		default:
+			continue
+		}
+		q.tally("resumes_with_queued_wake")
+		q.mu.Lock()
+		q.notes = append(q.notes, fmt.Sprintf("map sweeper resumed %s (%s) while the run sweeper's wake-up %s was %s", w.RunID, w.ID, id, state))
 		q.mu.Unlock()
 		return true
 	}

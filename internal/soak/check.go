@@ -35,6 +35,15 @@ import (
 //     allows one more call, so an entry is undone at most twice unless two
 //     interruptions hit it in a row (noted with the evidence). No element
 //     failed unless its plan says so.
+//   - A step cut short mid-Run (its effect on record, its result not) in a
+//     run that rolled back was compensated: its Compensate found the effect
+//     and reversed it. One the engine holds as interrupted whose Run never
+//     got to its effect has nothing to reverse, and is only counted. Only
+//     an effect is compensated, never a completed step (its Undo reverses
+//     it), and nothing of a run that completed. No rollback, of a run or an
+//     element, reports an interrupted step it could not compensate
+//     (reactor.step_interrupted): every undoable step of the soak has a
+//     Compensate.
 //   - Each map: no element beyond its claimed offset ever ran (back
 //     pressure), one outcome per claimed position, settled when its run
 //     ended; a run that rolled back has its map's rollback settled over
@@ -47,14 +56,17 @@ import (
 //     active on a worker that was not killed. A run sweeper wake-up of an
 //     owner whose map resume is queued or just picked up (the run sweeper
 //     does not look for that task) is noted, not a violation: the extra
-//     wake-up finds the run locked or already moved on.
+//     wake-up finds the run locked or already moved on. So is the map
+//     sweeper's resume of an owner whose run sweeper wake-up is queued or
+//     just picked up (the map sweeper does not look for that one): both
+//     recover the same lost resume, the run sweeper first in a pass.
 
 // findings is what the checks found.
 type findings struct {
 	runs       int
 	statuses   map[reactor.Status]int
 	elements   int
-	undone     int
+	undone     int // entries undone or compensated
 	undoTwice  int
 	undoMore   int // entries undone more than twice, each earlier undo cut short
 	fwdTwice   int
@@ -63,6 +75,15 @@ type findings struct {
 	recovered  int
 	violations []string
 	notes      []string
+
+	// interrupted counts the entries the engine held as interrupted (a
+	// step's Run called, its result never recorded) when it rolled their
+	// run back; compensated, the entries whose Compensate found an effect
+	// and reversed it; noEffect, the interrupted entries whose Run never
+	// got to its effect.
+	interrupted int
+	compensated int
+	noEffect    int
 }
 
 func (f *findings) violate(format string, args ...any) {
@@ -79,7 +100,7 @@ type call struct {
 	at  time.Time
 }
 
-// parseCalls groups a soak-check:fwd or :undo hash by "<index>/<step>",
+// parseCalls groups a soak-check:fwd, :undo or :comp hash by "<index>/<step>",
 // oldest call first.
 func parseCalls(h map[string]string) map[string][]call {
 	out := map[string][]call{}
@@ -166,20 +187,24 @@ func (s *soak) check(ctx context.Context, plans []runPlan) *findings {
 		stats = map[string]string{}
 	}
 	for _, k := range []string{"passes", "runs_woken", "elements", "rollbacks", "resumes", "claims", "fresh_ids",
-		"pass_errors", "checked_locks", "spent_dead", "spent_inactive", "spent_live", "wakes_with_queued_resume"} {
+		"pass_errors", "checked_locks", "spent_dead", "spent_inactive", "spent_live", "wakes_with_queued_resume",
+		"resumes_with_queued_wake"} {
 		if stats[k] == "" {
 			stats[k] = "0"
 		}
 	}
 	f.recovered, _ = strconv.Atoi(stats["recovered"])
-	f.note("seed=%d fwd_twice=%d undo_more=%d in_flight_lost=%d finish_unobserved=%d lock_losses=%d",
-		s.cfg.seed, f.fwdTwice, f.undoMore, f.inFlight, f.unobserved, len(lost))
+	f.note("seed=%d fwd_twice=%d undo_more=%d in_flight_lost=%d finish_unobserved=%d lock_losses=%d "+
+		"interrupted=%d interrupted_no_effect=%d compensated=%d",
+		s.cfg.seed, f.fwdTwice, f.undoMore, f.inFlight, f.unobserved, len(lost), f.interrupted, f.noEffect, f.compensated)
 	f.note("sweeper: passes=%s runs_woken=%s elements=%s rollbacks=%s resumes=%s claims=%s fresh_ids=%s pass_errors=%s",
 		stats["passes"], stats["runs_woken"], stats["elements"], stats["rollbacks"], stats["resumes"], stats["claims"],
 		stats["fresh_ids"], stats["pass_errors"])
 	f.note("sweeper checks: locks checked=%s; redeliveries under a fresh id of a task still active on no live worker=%s, "+
-		"no longer active=%s, active on a live worker=%s; wake-ups with the owner's resume queued=%s",
-		stats["checked_locks"], stats["spent_dead"], stats["spent_inactive"], stats["spent_live"], stats["wakes_with_queued_resume"])
+		"no longer active=%s, active on a live worker=%s; wake-ups with the owner's resume queued=%s; "+
+		"resumes with the owner's wake-up queued=%s",
+		stats["checked_locks"], stats["spent_dead"], stats["spent_inactive"], stats["spent_live"], stats["wakes_with_queued_resume"],
+		stats["resumes_with_queued_wake"])
 	c.queue()
 	return f
 }
@@ -247,7 +272,11 @@ func (c *checker) run(ctx context.Context, p runPlan) error {
 	if err != nil {
 		return err
 	}
-	fwd, undo := parseCalls(fh), parseCalls(uh)
+	ch, err := c.s.rdb.HGetAll(ctx, compKey(p.ID)).Result()
+	if err != nil {
+		return err
+	}
+	calls := stepCalls{fwd: parseCalls(fh), undo: parseCalls(uh), comp: parseCalls(ch)}
 	rule := undoUnknown
 	switch run.Status {
 	case reactor.StatusFailed, reactor.StatusCancelled:
@@ -255,9 +284,81 @@ func (c *checker) run(ctx context.Context, p runPlan) error {
 	case reactor.StatusCompleted:
 		rule = undoForbidden
 	}
-	c.entry(p.ID, p.ID+" step prep", fwd["-1/prep"], undo["-1/prep"], slices.Contains(run.Completed, "prep"), rule)
-	c.entry(p.ID, p.ID+" step post", fwd["-1/post"], undo["-1/post"], slices.Contains(run.Completed, "post"), undoForbidden)
-	return c.elements(ctx, p, run, rule, m, fwd, undo)
+	interrupted := interruptedSteps(run)
+	c.entry(p.ID, calls.of(p.ID+" step prep", "-1/prep", run, interrupted), rule)
+	c.entry(p.ID, calls.of(p.ID+" step post", "-1/post", run, interrupted), undoForbidden)
+	return c.elements(ctx, p, run, rule, m, calls)
+}
+
+// stepCalls are an owner's recorded calls, by "<index>/<step>".
+type stepCalls struct {
+	fwd, undo, comp map[string][]call
+}
+
+// stepEntry is what is known of one step of a run: its calls on record and
+// what the run's state says of it.
+type stepEntry struct {
+	label           string
+	fwd, undo, comp []call
+	done            bool // the step completed
+	interrupted     bool // the run's rollback held it as interrupted
+}
+
+// of is the entry of step key ("<index>/<step>") of run; interrupted is the
+// steps run's rollback held as interrupted.
+func (sc stepCalls) of(label, key string, run *reactor.Run, interrupted map[string]bool) stepEntry {
+	_, step, _ := strings.Cut(key, "/")
+	return stepEntry{label: label, fwd: sc.fwd[key], undo: sc.undo[key], comp: sc.comp[key],
+		done: slices.Contains(run.Completed, step), interrupted: interrupted[step]}
+}
+
+// interruptedSteps returns the steps run's rollback held as interrupted: it
+// found each one's intent on record (its Run perhaps called, its result
+// never recorded) and put it on top of the ledger, to be compensated. Once
+// rolled back, what is left of such an entry is its compensate record in
+// the rollback report (one with an ordinal: the failing step's own
+// compensation has none); while rolling back, the entry itself.
+func interruptedSteps(run *reactor.Run) map[string]bool {
+	out := map[string]bool{}
+	for _, e := range run.Ledger {
+		if e.Interrupted {
+			out[e.Step] = true
+		}
+	}
+	for _, r := range run.Rollbacks {
+		if r.Kind == reactor.KindCompensate && r.Ordinal > 0 {
+			out[r.Step] = true
+		}
+	}
+	return out
+}
+
+// reasonInterrupted is the reason of the rollback failure the engine
+// reports for an interrupted step that has an Undo and no Compensate.
+const reasonInterrupted = "reactor.step_interrupted"
+
+// rollbackFailures checks the rollback failures of run, which are
+// reported by who (the run, or an element's label).
+func (c *checker) rollbackFailures(who string, f *reactor.Failure) {
+	if f == nil || (len(f.RollbackFailures) == 0 && f.RollbackFailuresOmitted == 0) {
+		return
+	}
+	rf := f.RollbackFailures
+	first := "(omitted)"
+	if len(rf) > 0 {
+		first = fmt.Sprintf("%s %s %s: %s", rf[0].Step, rf[0].Kind, rf[0].Reason, rf[0].Message)
+	}
+	c.violate("%s: its rollback reported %d failures; first: %s", who, len(rf)+f.RollbackFailuresOmitted, first)
+	var steps []string
+	for _, r := range rf {
+		if r.Reason == reasonInterrupted {
+			steps = append(steps, r.Step)
+		}
+	}
+	if len(steps) > 0 {
+		c.violate("%s: its rollback could not compensate %d interrupted step(s) (%s), though every undoable step has a Compensate: %s",
+			who, len(steps), reasonInterrupted, strings.Join(steps, ", "))
+	}
 }
 
 // status checks how the run ended against its plan.
@@ -276,14 +377,7 @@ func (c *checker) status(p runPlan, run *reactor.Run, l launch) {
 	if got == reactor.StatusFailed && run.Failure != nil {
 		c.failingStep(p, run.Failure)
 	}
-	if run.Failure != nil && (len(run.Failure.RollbackFailures) > 0 || run.Failure.RollbackFailuresOmitted > 0) {
-		rf := run.Failure.RollbackFailures
-		first := "(omitted)"
-		if len(rf) > 0 {
-			first = fmt.Sprintf("%s %s %s: %s", rf[0].Step, rf[0].Kind, rf[0].Reason, rf[0].Message)
-		}
-		c.violate("%s: its rollback reported %d failures; first: %s", p.ID, len(rf)+run.Failure.RollbackFailuresOmitted, first)
-	}
+	c.rollbackFailures(p.ID, run.Failure)
 }
 
 // failingStep checks that a failed run failed where its plan fails it: at
@@ -308,8 +402,10 @@ func failureText(f *reactor.Failure) string {
 	return fmt.Sprintf(" (failure at %q: %s)", f.Step, f.Message)
 }
 
-// entry checks one undoable step entry: its executions and its undos.
-func (c *checker) entry(runID, label string, fwd, undo []call, done bool, rule undoRule) {
+// entry checks one undoable step entry: its executions, its undos and its
+// compensations.
+func (c *checker) entry(runID string, e stepEntry, rule undoRule) {
+	label, fwd, undo, comp, done := e.label, e.fwd, e.undo, e.comp, e.done
 	if done && len(fwd) == 0 {
 		c.violate("%s completed without an execution on record", label)
 	}
@@ -322,27 +418,63 @@ func (c *checker) entry(runID, label string, fwd, undo []call, done bool, rule u
 	case rule == undoForbidden && len(undo) > 0:
 		c.violate("%s was undone although its run did not roll back", label)
 	}
+	// A compensation reverses an effect whose step never completed.
+	switch {
+	case len(comp) > 0 && done:
+		c.violate("%s was compensated %d time(s) although it completed (its Undo reverses it)", label, len(comp))
+	case len(comp) > 0 && len(fwd) == 0:
+		c.violate("%s was compensated %d time(s) with no execution on record", label, len(comp))
+	case len(comp) > 0 && rule == undoForbidden:
+		c.violate("%s was compensated although its run did not roll back", label)
+	case !done && len(fwd) > 0 && len(comp) == 0 && rule == undoRequired && e.interrupted:
+		c.violate("%s was interrupted with its effect on record (%s) and never compensated", label, c.describe(runID, fwd))
+	case !done && len(fwd) > 0 && len(comp) == 0 && rule == undoRequired:
+		// Its intent was on record before its Run was called: a rollback
+		// should have found it, and compensated it as interrupted.
+		c.violate("%s ran (%s) but never completed, and its run rolled back without compensating it (its rollback did not hold it as interrupted)",
+			label, c.describe(runID, fwd))
+	}
+	if e.interrupted {
+		c.f.interrupted++
+		if len(fwd) == 0 {
+			c.f.noEffect++
+		}
+	}
 	if !done && len(fwd) > 0 {
 		c.f.inFlight++
 	}
-	if len(undo) > 0 {
+	if len(comp) > 0 {
+		c.f.compensated++
+	}
+	// An entry is undone or compensated, never both (see above).
+	reversals := len(undo) + len(comp)
+	if reversals > 0 {
 		c.f.undone++
 	}
-	if len(undo) == 2 {
+	if reversals == 2 {
 		c.f.undoTwice++
 	}
-	if len(undo) > 2 {
-		// More than twice is allowed only if every earlier undo was cut
+	if reversals > 2 {
+		// More than twice is allowed only if every earlier call was cut
 		// short (repeats says so otherwise): two kills in a row on the
 		// same entry.
 		c.f.undoMore++
-		c.f.note("%s was undone %d times: %s", label, len(undo), c.describe(runID, undo))
+		verb := "was undone"
+		switch {
+		case len(undo) == 0:
+			verb = "was compensated"
+		case len(comp) > 0:
+			verb = "was undone or compensated"
+		}
+		all := slices.SortedFunc(slices.Values(slices.Concat(undo, comp)), func(a, b call) int { return a.at.Compare(b.at) })
+		c.f.note("%s %s %d times: %s", label, verb, reversals, c.describe(runID, all))
 	}
 	if len(fwd) > 1 {
 		c.f.fwdTwice++
 	}
 	c.repeats(runID, label, "ran", fwd)
 	c.repeats(runID, label, "was undone", undo)
+	c.repeats(runID, label, "was compensated", comp)
 }
 
 // outageSlack widens an outage: a call made shortly before Redis went down
@@ -399,10 +531,10 @@ func (c *checker) describe(runID string, calls []call) string {
 func (c *checker) clock(t time.Time) string { return fmt.Sprintf("%.1fs", t.Sub(c.s.start).Seconds()) }
 
 // elements checks a run's map and each of its elements.
-func (c *checker) elements(ctx context.Context, p runPlan, run *reactor.Run, rule undoRule, m mapView, fwd, undo map[string][]call) error {
+func (c *checker) elements(ctx context.Context, p runPlan, run *reactor.Run, rule undoRule, m mapView, calls stepCalls) error {
 	mapID := mapstep.MapID(p.ID, mapStep)
 	if !m.exists {
-		for k := range fwd {
+		for k := range calls.fwd {
 			if !strings.HasPrefix(k, "-1/") {
 				c.violate("%s: element step %s ran but the map never started", p.ID, k)
 			}
@@ -411,11 +543,14 @@ func (c *checker) elements(ctx context.Context, p runPlan, run *reactor.Run, rul
 	}
 	c.mapState(p, run, rule, m)
 	for i := range m.total {
-		ea, eb := fwd[fmt.Sprintf("%d/a", i)], fwd[fmt.Sprintf("%d/b", i)]
-		ua, ub := undo[fmt.Sprintf("%d/a", i)], undo[fmt.Sprintf("%d/b", i)]
+		ka, kb := fmt.Sprintf("%d/a", i), fmt.Sprintf("%d/b", i)
+		recorded := 0
+		for _, k := range []string{ka, kb} {
+			recorded += len(calls.fwd[k]) + len(calls.undo[k]) + len(calls.comp[k])
+		}
 		label := fmt.Sprintf("%s element %d", p.ID, i)
 		if i >= m.offset {
-			if len(ea)+len(eb)+len(ua)+len(ub) > 0 {
+			if recorded > 0 {
 				c.violate("%s ran beyond the claimed offset %d (back pressure broken)", label, m.offset)
 			}
 			continue
@@ -423,7 +558,7 @@ func (c *checker) elements(ctx context.Context, p runPlan, run *reactor.Run, rul
 		elemID := mapstep.ElementID(mapID, i)
 		el, err := engineapi.Element(c.s.engine, ctx, elemID)
 		if errors.Is(err, reactor.ErrNotFound) {
-			if len(ea)+len(eb)+len(ua)+len(ub) > 0 {
+			if recorded > 0 {
 				c.violate("%s ran but has no run state", label)
 			}
 			continue
@@ -447,8 +582,10 @@ func (c *checker) elements(ctx context.Context, p runPlan, run *reactor.Run, rul
 		if el.Status == reactor.StatusFailed {
 			erule = undoRequired // a failed element rolls itself back
 		}
-		c.entry(elemID, label+" step a", ea, ua, slices.Contains(el.Completed, "a"), erule)
-		c.entry(elemID, label+" step b", eb, ub, slices.Contains(el.Completed, "b"), erule)
+		c.rollbackFailures(label, el.Failure)
+		interrupted := interruptedSteps(el)
+		c.entry(elemID, calls.of(label+" step a", ka, el, interrupted), erule)
+		c.entry(elemID, calls.of(label+" step b", kb, el, interrupted), erule)
 	}
 	return nil
 }

@@ -18,23 +18,26 @@
 // When every run has ended, or at the bound, it stops the workers and checks
 // the invariants from what Redis holds (see check.go): every completed step
 // of a run that rolled back was undone, and nothing of a run that completed;
-// a step ran, or was undone, again only where a kill, a Redis restart or a
-// lost lock cut the earlier call short (so an undo runs at most twice,
-// unless two interruptions hit the same entry in a row); every owner
-// finished once, with the status its plan implies; nobody claimed a batch
-// or an owner signal twice; the sweepers never enqueued more than a batch
-// per map per pass, nor for a run or element that was alive; and no run was
-// left unfinished. It prints each violation on a line of its own, notes
-// (counters, and what is worth a look without being a violation), then a
-// one-line summary last, and exits 1 on any violation (2 when it could not
-// set up). The whole soak, drain and checks included, stays within
-// -duration (at most 5 minutes). Child processes are killed on exit, on
-// Ctrl-C, and should the soak itself die; the temporary directory is
-// removed unless -keep.
+// a step cut short mid-Run in a run that rolled back was compensated if its
+// effect had happened; a step ran, or was undone or compensated, again only
+// where a kill, a Redis restart or a lost lock cut the earlier call short
+// (so an undo runs at most twice, unless two interruptions hit the same
+// entry in a row); every owner finished once, with the status its plan
+// implies; nobody claimed a batch or an owner signal twice; the sweepers
+// never enqueued more than a batch per map per pass, nor for a run or
+// element that was alive; and no run was left unfinished. It prints each
+// violation on a line of its own, notes (counters, and what is worth a look
+// without being a violation), then a one-line summary last, and exits 1 on
+// any violation (2 when it could not set up). The whole soak, drain and
+// checks included, stays within -duration (at most 5 minutes). Child
+// processes are killed on exit, on Ctrl-C, and should the soak itself die;
+// the temporary directory is removed unless -keep.
 //
 // Summary fields: runs (owner runs) by final status; elements (element runs
-// that started); undone (undoable step entries undone, each counted once,
-// the owners' included) and undo_twice (entries undone twice); worker_kills;
+// that started); undone (undoable step entries undone or compensated, each
+// counted once, the owners' included) and undo_twice (entries undone or
+// compensated twice); compensated (entries of steps cut short mid-Run whose
+// Compensate found their effect and reversed it); worker_kills;
 // redis_restarts; sweeper_recovered (tasks the sweepers enqueued); and the
 // number of violations.
 package main
@@ -523,8 +526,8 @@ func (f *findings) summary(s *soak) string {
 	s.mu.Lock()
 	kills, restarts := len(s.kills), len(s.outages)
 	s.mu.Unlock()
-	return fmt.Sprintf("soak: runs=%d completed=%d failed=%d cancelled=%d elements=%d undone=%d undo_twice=%d "+
+	return fmt.Sprintf("soak: runs=%d completed=%d failed=%d cancelled=%d elements=%d undone=%d undo_twice=%d compensated=%d "+
 		"worker_kills=%d redis_restarts=%d sweeper_recovered=%d violations=%d duration=%ds",
 		f.runs, f.statuses[reactor.StatusCompleted], f.statuses[reactor.StatusFailed], f.statuses[reactor.StatusCancelled],
-		f.elements, f.undone, f.undoTwice, kills, restarts, f.recovered, len(f.violations), int(time.Since(s.start).Seconds()))
+		f.elements, f.undone, f.undoTwice, f.compensated, kills, restarts, f.recovered, len(f.violations), int(time.Since(s.start).Seconds()))
 }

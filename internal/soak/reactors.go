@@ -29,6 +29,7 @@ const (
 //
 //	soak-check:fwd:<owner>     "<element>/<step>/<token>" -> "<pid>/<ms>"  one per forward execution
 //	soak-check:undo:<owner>    the same per undo call
+//	soak-check:comp:<owner>    the same per compensation that found its step's effect and reversed it
 //	soak-check:finish:<owner>  "<token>" -> "<pid>/<ms>"  one per terminal event of the owner
 //	soak-check:locklost        "<run>|<pid>|<token>" -> "<ms>"  one per lost run lock
 //	soak-check:claims:<map>    "<kind>:<from>:<token>" -> "<to>/<pid>/<ms>"  one per claim
@@ -41,6 +42,7 @@ const (
 // The owner's own steps use element index -1.
 func fwdKey(owner string) string    { return own + "fwd:" + owner }
 func undoKey(owner string) string   { return own + "undo:" + owner }
+func compKey(owner string) string   { return own + "comp:" + owner }
 func finishKey(owner string) string { return own + "finish:" + owner }
 func claimsKey(mapID string) string { return own + "claims:" + mapID }
 
@@ -110,6 +112,37 @@ func (r *recorder) effect(ctx context.Context, key string, index int, step strin
 	}
 	pause(ctx, upTo)
 	return nil
+}
+
+// compensate is the Compensate of the soak's undoable steps: it reverses
+// what step of element index of owner may have done. The engine calls it
+// for a step whose Run was called but whose result was never recorded (a
+// kill or a lost lock mid-step, the run then rolled back), and for a step
+// whose Run failed: either way the effect may or may not have happened, so
+// it looks for it first. Finding one, it reverses it, which it records
+// (kind "comp") before taking its time like an undo; finding none, it has
+// nothing to reverse and records nothing.
+func (r *recorder) compensate(ctx context.Context, owner string, index int, step string, upTo time.Duration) error {
+	var happened bool
+	err := persist(ctx, func(ctx context.Context) error {
+		var err error
+		happened, err = r.happened(ctx, owner, index, step)
+		return err
+	})
+	if err != nil || !happened {
+		return err
+	}
+	return r.effect(ctx, compKey(owner), index, step, upTo)
+}
+
+// happened reports whether step of element index of owner has an effect on
+// record: one execution marked at least.
+func (r *recorder) happened(ctx context.Context, owner string, index int, step string) (bool, error) {
+	it := r.rdb.HScan(ctx, fwdKey(owner), 0, fmt.Sprintf("%d/%s/*", index, step), 1000).Iterator()
+	if it.Next(ctx) {
+		return true, nil
+	}
+	return false, it.Err()
 }
 
 // elementLatency is the latency of an element step: up to 10 ms, and one
@@ -194,7 +227,9 @@ type postIn struct {
 // definitions returns the element reactor (two undoable steps; the second
 // fails for a failing item) and one owner reactor per shape: prep
 // (undoable), the fan-out map, and post, which fails when the run's
-// fail_after input says so.
+// fail_after input says so. Every undoable step has a Compensate as well as
+// an Undo: without one, the rollback of a step interrupted mid-Run could not
+// reverse what it may have done, and would report it as a failure.
 func (r *recorder) definitions() []*reactor.Definition {
 	elemArgs := reactor.Bindings{"item": reactor.FromInput("item")}
 	elem := reactor.MustDefine("soak.element",
@@ -206,6 +241,9 @@ func (r *recorder) definitions() []*reactor.Definition {
 			},
 			Undo: func(ctx context.Context, in elemIn, _ string) error {
 				return r.effect(ctx, undoKey(in.Item.Owner), in.Item.Index, "a", elementLatency())
+			},
+			Compensate: func(ctx context.Context, in elemIn, _ error) error {
+				return r.compensate(ctx, in.Item.Owner, in.Item.Index, "a", elementLatency())
 			},
 		}),
 		reactor.Step("b", reactor.StepConfig[elemIn, string]{
@@ -219,6 +257,10 @@ func (r *recorder) definitions() []*reactor.Definition {
 			},
 			Undo: func(ctx context.Context, in elemIn, _ string) error {
 				return r.effect(ctx, undoKey(in.Item.Owner), in.Item.Index, "b", elementLatency())
+			},
+			// Called with b's own failure too, when nothing happened.
+			Compensate: func(ctx context.Context, in elemIn, _ error) error {
+				return r.compensate(ctx, in.Item.Owner, in.Item.Index, "b", elementLatency())
 			},
 		}),
 	)
@@ -235,6 +277,9 @@ func (r *recorder) definitions() []*reactor.Definition {
 				},
 				Undo: func(ctx context.Context, in prepIn, _ string) error {
 					return r.effect(ctx, undoKey(in.Owner), -1, "prep", ownerLatency)
+				},
+				Compensate: func(ctx context.Context, in prepIn, _ error) error {
+					return r.compensate(ctx, in.Owner, -1, "prep", ownerLatency)
 				},
 			}),
 			mapstep.Map(mapStep, mapstep.Config{

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
@@ -108,6 +109,10 @@ func TestChecksFindDamage(t *testing.T) {
 	require.NoError(t, s.rdb.HSet(ctx, undoKey(back.ID), "6/b/x1", "4242/1", "6/b/x2", "4242/2").Err())
 	require.NoError(t, s.rdb.HSet(ctx, claimsKey(backMap), "fwd:20:again", "39/1/1").Err())
 	require.NoError(t, s.rdb.HSet(ctx, fwdKey(partial.ID), "7/a/again", "4242/1").Err())
+	// An effect of the failing step b left in place, and a compensation
+	// of a step that completed.
+	require.NoError(t, s.rdb.HSet(ctx, fwdKey(partial.ID), "3/b/lost", "4242/1").Err())
+	require.NoError(t, s.rdb.HSet(ctx, compKey(back.ID), "6/a/x1", "4242/1").Err())
 
 	f = s.check(ctx, []runPlan{back, partial})
 	require.Equal(t, map[string]int{
@@ -115,6 +120,8 @@ func TestChecksFindDamage(t *testing.T) {
 		"soak-back element 6 step b was undone 3 times; call":          2,
 		"map soak-back~fan: fwd:20 claimed 2 times":                    1,
 		"soak-partial element 7 step a ran 2 times; call 1 was cut sh": 1,
+		"soak-partial element 3 step b ran (pid 4242":                  1,
+		"soak-back element 6 step a was compensated 1 time(s) althoug": 1,
 	}, classify(f.violations), "%q", f.violations)
 
 	// Repeats after a kill are what at-least-once allows (here the kill
@@ -122,8 +129,10 @@ func TestChecksFindDamage(t *testing.T) {
 	s.kills = append(s.kills, kill{pid: 4242, at: time.UnixMilli(2)})
 	f = s.check(ctx, []runPlan{back, partial})
 	require.Equal(t, map[string]int{
-		"soak-back element 5 step a completed and was never undone": 1,
-		"map soak-back~fan: fwd:20 claimed 2 times":                 1,
+		"soak-back element 5 step a completed and was never undone":    1,
+		"map soak-back~fan: fwd:20 claimed 2 times":                    1,
+		"soak-partial element 3 step b ran (pid 4242":                  1,
+		"soak-back element 6 step a was compensated 1 time(s) althoug": 1,
 	}, classify(f.violations), "%q", f.violations)
 	require.True(t, slices.ContainsFunc(f.notes, func(n string) bool {
 		return strings.HasPrefix(n, "soak-back element 6 step b was undone 3 times: pid 4242")
@@ -138,6 +147,8 @@ func classify(violations []string) map[string]int {
 		"soak-back element 6 step b was undone 3 times; call",
 		"map soak-back~fan: fwd:20 claimed 2 times",
 		"soak-partial element 7 step a ran 2 times; call 1 was cut sh",
+		"soak-partial element 3 step b ran (pid 4242",
+		"soak-back element 6 step a was compensated 1 time(s) althoug",
 	}
 	out := map[string]int{}
 	for _, v := range violations {
@@ -151,6 +162,29 @@ func classify(violations []string) map[string]int {
 		out[key]++
 	}
 	return out
+}
+
+// A step's Compensate reverses its effect when one is on record, and
+// records nothing when its Run never got to one.
+func TestCompensateReversesOnlyAnEffect(t *testing.T) {
+	srv := redistest.StartServer(t)
+	ctx := context.Background()
+	rdb, rec := newClient(srv.Addr, 7, 0)
+	t.Cleanup(func() { _ = rdb.Close() })
+	const owner = "soak-c"
+	require.NoError(t, rec.mark(ctx, fwdKey(owner), 1, "a"))
+	require.NoError(t, rec.mark(ctx, fwdKey(owner), 11, "b"))
+	require.NoError(t, rec.mark(ctx, fwdKey(owner), -1, "prep"))
+	for _, c := range []struct {
+		index int
+		step  string
+	}{{1, "a"}, {1, "b"}, {11, "a"}, {2, "a"}, {-1, "prep"}} {
+		require.NoError(t, rec.compensate(ctx, owner, c.index, c.step, time.Millisecond))
+	}
+	comp, err := rdb.HGetAll(ctx, compKey(owner)).Result()
+	require.NoError(t, err)
+	got := slices.Sorted(maps.Keys(parseCalls(comp)))
+	require.Equal(t, []string{"-1/prep", "1/a"}, got)
 }
 
 // The sweeper's Enqueuer reports a pass that enqueues more than a batch for
@@ -184,6 +218,32 @@ func TestSweepEnqueuerFlags(t *testing.T) {
 	got, err = rdb.LRange(ctx, violationsKey, 1, -1).Result()
 	require.NoError(t, err)
 	require.Equal(t, []string{"sweeper enqueued 3 tasks for map " + mapID + " in one pass (batch size 2)"}, got)
+
+	// An owner's resume enqueued while its lock is held is flagged, unless
+	// the run sweeper's wake-up of it is queued: both recover the same lost
+	// resume, and that is noted.
+	const owner = "soak-y"
+	require.NoError(t, rdb.Set(ctx, k.RunLock(owner), "someone", time.Minute).Err())
+	q.begin()
+	require.NoError(t, q.Enqueue(ctx, reactor.Wake{ID: "resume:" + owner + ":rb:" + owner + "~fan:1", RunID: owner, Reactor: "r"}))
+	q.end(ctx, sweeper.Report{Leader: true}, nil)
+	got, err = rdb.LRange(ctx, violationsKey, 2, -1).Result()
+	require.NoError(t, err)
+	require.Len(t, got, 1)
+	require.True(t, strings.HasPrefix(got[0], "sweeper enqueued run "+owner+" (task resume:"+owner+":rb:"+owner+"~fan:1) while its lock was held"), got[0])
+
+	wake := "resume:" + owner + ":sweep:4"
+	require.NoError(t, worker.NewClient(rdb, queue).Enqueue(ctx, reactor.Wake{ID: wake, RunID: owner, Reactor: "r"}))
+	q.begin()
+	require.NoError(t, q.Enqueue(ctx, reactor.Wake{ID: "resume:" + owner + ":fwd:" + owner + "~fan:r1", RunID: owner, Reactor: "r"}))
+	q.end(ctx, sweeper.Report{Leader: true}, nil)
+	n, err := rdb.LLen(ctx, violationsKey).Result()
+	require.NoError(t, err)
+	require.EqualValues(t, 3, n, "no new violation")
+	notes, err := rdb.LRange(ctx, notesKey, 0, -1).Result()
+	require.NoError(t, err)
+	require.Equal(t, []string{"map sweeper resumed " + owner + " (resume:" + owner + ":fwd:" + owner + "~fan:r1) while the run sweeper's wake-up " +
+		wake + " was pending"}, notes)
 }
 
 func TestPlansFollowTheSeed(t *testing.T) {
