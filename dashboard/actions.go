@@ -84,6 +84,17 @@ func (h *Handler) authorized(w http.ResponseWriter, r *http.Request) bool {
 	return true
 }
 
+// tokenHolder reports whether r carries the configured token (never, when
+// none is configured). It answers nothing: a read without the token is
+// served, with a sensitive run's values redacted (sensitive.go).
+func (h *Handler) tokenHolder(r *http.Request) bool {
+	if h.cfg.Token == "" {
+		return false
+	}
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return ok && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(h.cfg.Token)) == 1
+}
+
 // request asks for action on run id and maps the outcome to an answer: its
 // status code, and for a 409 the run's status.
 func (h *Handler) request(r *http.Request, id, action string) (batchResult, reactor.Status) {

@@ -312,6 +312,11 @@ func TestBrowserResolveConflict(t *testing.T) {
 		`+item+`.querySelector('.ai-restore-to').textContent === `+q(restoreTo)+` &&
 		`+item+`.querySelector('.ai-blocked').textContent.includes('book/fix1#1') &&
 		document.getElementById('action-required-text').textContent.includes(`+q(observed)+`)`)
+	poll("beside each fingerprint, the value", item+`.querySelector('.ai-expected-value').textContent === `+q(`"`+GuardNewer+`"`)+` &&
+		`+item+`.querySelector('.ai-observed-value').textContent === `+q(`"`+GuardClobbered+`"`)+` &&
+		`+item+`.querySelector('.ai-restore-to-value').textContent === `+q(`"`+GuardNew+`"`)+` &&
+		document.getElementById('action-required-text').textContent.includes(`+q(`"`+GuardClobbered+`"`)+`) &&
+		[...document.querySelectorAll('#rbstatus tbody tr[data-entry="book/fix2#2"] .fp-val')].some(v => v.textContent === `+q(`"`+GuardClobbered+`"`)+`)`)
 	poll("the status table shows the blocked entry and the fingerprints", `[...document.querySelectorAll('#rbstatus tbody tr')].some(r =>
 		r.dataset.entry === 'book/fix1#1' && r.dataset.status === 'blocked' && r.querySelector('.rb-blocked-by').textContent === 'book/fix2#2') &&
 		[...document.querySelectorAll('#rbstatus tbody tr[data-entry="book/fix2#2"] .fp')].some(f => f.title === `+q(observed)+`)`)

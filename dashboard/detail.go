@@ -46,6 +46,11 @@ type runDetail struct {
 	RetriedBy []string       `json:"retried_by"`
 	Deadline  string         `json:"deadline,omitempty"`
 	Element   *elementOf     `json:"element,omitempty"`
+	// Sensitive marks a sensitive run (reactor.Run.Sensitive);
+	// InputsRedacted says its inputs' values were replaced with
+	// reactor.RedactedValue (the request did not carry the token).
+	Sensitive      bool `json:"sensitive"`
+	InputsRedacted bool `json:"inputs_redacted"`
 }
 
 // elementOf says which map element a run is (element runs only).
@@ -210,13 +215,21 @@ func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
 		h.serverError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, detailOf(run, maps, time.Now()))
+	d := detailOf(run, maps, time.Now())
+	if !h.mayReadValues(r, run) {
+		for k := range d.Inputs {
+			d.Inputs[k] = reactor.RedactedValue
+		}
+		d.InputsRedacted = true
+	}
+	writeJSON(w, http.StatusOK, d)
 }
 
 func detailOf(run *reactor.Run, maps []inspect.Map, now time.Time) runDetail {
 	d := runDetail{runSummary: summarize(run, now), Inputs: map[string]any{}, Value: decode(run.Value),
 		Reason: run.Reason, TraceID: run.TraceID, Queue: run.Queue, Steps: steps(run), Children: []childView{},
-		Maps: []mapView{}, Rollbacks: []rollbackView{}, Ledger: ledgerOf(run.Ledger, "", []ledgerView{}), RetryOf: run.RetryOf, RetriedBy: []string{}}
+		Maps: []mapView{}, Rollbacks: []rollbackView{}, Ledger: ledgerOf(run.Ledger, "", []ledgerView{}), RetryOf: run.RetryOf, RetriedBy: []string{},
+		Sensitive: run.Sensitive}
 	d.RetriedBy = append(d.RetriedBy, run.RetriedBy...)
 	for k, v := range run.Inputs {
 		d.Inputs[k] = decode(v)

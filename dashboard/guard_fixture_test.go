@@ -34,6 +34,12 @@ const (
 
 // NewGuardFixture defines reactor name (and its child name+"-book") on key.
 func NewGuardFixture(rdb *redis.Client, name, key string) *GuardFixture {
+	return NewGuardFixtureWith(rdb, name, key)
+}
+
+// NewGuardFixtureWith is NewGuardFixture with more parts in the parent
+// (inputs, say).
+func NewGuardFixtureWith(rdb *redis.Client, name, key string, parts ...reactor.Part) *GuardFixture {
 	f := &GuardFixture{RDB: rdb, Key: key}
 	g := reactor.Guarded(reactor.GuardConfig[string]{
 		Probe: func(ctx context.Context, k string) (string, error) { return f.Get(ctx), nil },
@@ -55,7 +61,7 @@ func NewGuardFixture(rdb *redis.Client, name, key string) *GuardFixture {
 		})
 	}
 	child := reactor.MustDefine(name+"-book", set("fix1", GuardNew), set("fix2", GuardNewer, "fix1"))
-	f.Def = reactor.MustDefine(name, reactor.Compose("book", child, reactor.ComposeConfig{}),
+	f.Def = reactor.MustDefine(name, append(parts, reactor.Compose("book", child, reactor.ComposeConfig{}),
 		reactor.Step("support", reactor.StepConfig[reactor.Args, string]{
 			After: []string{"book"},
 			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
@@ -66,7 +72,7 @@ func NewGuardFixture(rdb *redis.Client, name, key string) *GuardFixture {
 				}
 				return "", reactor.Permanent(errors.New("downstream refused"))
 			},
-		}))
+		}))...)
 	return f
 }
 
@@ -85,10 +91,15 @@ func (f *GuardFixture) Get(ctx context.Context) string {
 // Run sets Key to GuardOld and runs the reactor in-process on engine (which
 // must have Def registered), returning the run id of the failed run.
 func (f *GuardFixture) Run(ctx context.Context, engine *reactor.Engine, id string) (string, error) {
+	return f.RunInputs(ctx, engine, id, nil)
+}
+
+// RunInputs is Run with the run's inputs.
+func (f *GuardFixture) RunInputs(ctx context.Context, engine *reactor.Engine, id string, inputs map[string]any) (string, error) {
 	if err := f.RDB.Set(ctx, f.Key, GuardOld, 0).Err(); err != nil {
 		return "", err
 	}
-	res, err := engine.Run(ctx, f.Def, nil, reactor.WithRunID(id))
+	res, err := engine.Run(ctx, f.Def, inputs, reactor.WithRunID(id))
 	if err != nil {
 		return "", err
 	}

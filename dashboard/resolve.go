@@ -105,7 +105,7 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request, id, entry stri
 		h.serverError(w, r, err)
 		return
 	}
-	writeJSON(w, http.StatusOK, viewOf(rep))
+	writeJSON(w, http.StatusOK, viewOf(h.shownReport(r, rep)))
 }
 
 // needsHumanRun is one run of GET /api/needs-human.
@@ -118,6 +118,10 @@ type needsHumanRun struct {
 	UpdatedAt      string               `json:"updated_at"`
 	RollbackID     string               `json:"rollback_id"`
 	ActionRequired []reactor.ActionItem `json:"action_required"`
+	// Sensitive marks a sensitive run; ValuesRedacted says its items'
+	// values were replaced (the request did not carry the token).
+	Sensitive      bool `json:"sensitive,omitempty"`
+	ValuesRedacted bool `json:"values_redacted,omitempty"`
 }
 
 // needsHumanPage is GET /api/needs-human.
@@ -173,8 +177,9 @@ func (h *Handler) needsHuman(w http.ResponseWriter, r *http.Request) {
 		if len(rep.ActionRequired) == 0 {
 			continue // resolved since it was listed
 		}
+		rep = h.shownReport(r, rep)
 		item := needsHumanRun{ID: id, Reactor: run.Reactor, Status: string(run.Status), UpdatedAt: stamp(run.UpdatedAt),
-			RollbackID: rep.RollbackID, ActionRequired: rep.ActionRequired}
+			RollbackID: rep.RollbackID, ActionRequired: rep.ActionRequired, Sensitive: rep.Sensitive, ValuesRedacted: rep.ValuesRedacted}
 		if el := run.Element; el != nil {
 			item.Element = &elementOf{Owner: el.Owner, Step: el.Step, Index: el.Index}
 		}

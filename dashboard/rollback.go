@@ -25,7 +25,7 @@ func (h *Handler) rollbackStatus(w http.ResponseWriter, r *http.Request, id stri
 	case err != nil:
 		h.serverError(w, r, err)
 	default:
-		writeJSON(w, http.StatusOK, viewOf(rep))
+		writeJSON(w, http.StatusOK, viewOf(h.shownReport(r, rep)))
 	}
 }
 

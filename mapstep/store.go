@@ -72,6 +72,7 @@ type meta struct {
 	Input             string
 	With              codec.Raw
 	Trace             string // the owner's trace id, inherited by element runs
+	Sensitive         bool   // the owner is a sensitive run: so are the element runs
 	Settled, Failures int
 	Offset            int
 	Failed            bool
@@ -114,7 +115,7 @@ func parseMeta(f map[string]string, offset string, failed *redis.StringCmd) meta
 	m = meta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Atomic: f["atomic"] == "1",
 		FanOut: f["fanout"] == "1", Paged: f["paged"] == "1", Owner: f["owner"], OwnerReact: f["owner_reactor"], Element: f["element"],
 		Step: f["step"], Input: f["input"], With: codec.Raw(f["with"]), Trace: f["trace"], Settled: atoi("settled"), Failures: atoi("failures"),
-		RbGen: atoi("rbgen")}
+		RbGen: atoi("rbgen"), Sensitive: f["sensitive"] == "1"}
 	m.Offset, _ = strconv.Atoi(offset)
 	if fi, err := failed.Result(); err == nil {
 		m.Failed = true
@@ -139,7 +140,8 @@ func (s mapStore) start(ctx context.Context, mapID string, m meta) (created bool
 		return "0"
 	}
 	res, err := startScript.Run(ctx, s.rdb, []string{s.keys.MapMeta(mapID), s.keys.MapOffset(mapID)},
-		m.Total, m.BatchSize, b2s(m.Atomic), m.Owner, m.OwnerReact, m.Element, m.Step, []byte(m.With), m.Input, b2s(m.FanOut), b2s(m.Paged), m.Trace).Slice()
+		m.Total, m.BatchSize, b2s(m.Atomic), m.Owner, m.OwnerReact, m.Element, m.Step, []byte(m.With), m.Input, b2s(m.FanOut), b2s(m.Paged), m.Trace,
+		b2s(m.Sensitive)).Slice()
 	if err != nil {
 		return false, 0, fmt.Errorf("mapstep: start map %s: %w", mapID, err)
 	}

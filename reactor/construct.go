@@ -53,6 +53,10 @@ type ConstructContext struct {
 	// TraceID is the run's trace id (RunInfo.TraceID), for the construct
 	// to hand to the element runs it starts.
 	TraceID string
+	// Sensitive is true when the run is a sensitive run (Run.Sensitive):
+	// the element runs the construct starts, whose inputs come from it,
+	// are to be sensitive too (mapstep hands it on).
+	Sensitive bool
 
 	state Raw
 	gen   int // the rollback generation (RollbackGeneration)
@@ -182,7 +186,7 @@ func ConstructStep(name string, c Construct, cfg ConstructConfig) Part {
 func (x *execution) constructContext(f *frame, s *stepDef, args Raw) *ConstructContext {
 	return &ConstructContext{
 		Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
-		Step: f.path + s.name, Args: args, Nested: x.element, TraceID: x.st.Trace,
+		Step: f.path + s.name, Args: args, Nested: x.element, TraceID: x.st.Trace, Sensitive: f.st.Sensitive || x.st.Sensitive,
 		state: f.st.Constructs[s.name], gen: x.rollbackGen(), windowAt: rollbackWindowAt(f),
 		hold: func(h Held) { x.hold(f.path+s.name, h) },
 	}

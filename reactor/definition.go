@@ -24,6 +24,8 @@ type Definition struct {
 	// undoWindow bounds how long after completing a step may be undone
 	// (UndoWindow; 0: no bound).
 	undoWindow time.Duration
+	// sensitive: its runs are sensitive runs (hasSensitive, sensitive.go).
+	sensitive bool
 }
 
 // Name returns the definition's name.
@@ -76,6 +78,7 @@ func Define(name string, parts ...Part) (*Definition, error) {
 	if err := d.validate(); err != nil {
 		return nil, err
 	}
+	d.sensitive = d.hasSensitive()
 	return d, nil
 }
 
@@ -97,6 +100,8 @@ type inputDef struct {
 	def      Raw
 	defType  reflect.Type
 	check    func(Raw) error // decodes into the input's type and validates
+	// sensitive: declared Sensitive (sensitive.go).
+	sensitive bool
 }
 
 // InputOption configures an input.
@@ -116,7 +121,11 @@ func Input[T any](name string, opts ...InputOption) Part {
 		in.check = func(raw Raw) error {
 			var v T
 			if err := codec.Unmarshal(raw, &v); err != nil {
-				return errors.New(explainDecode(raw, in.typ).String())
+				m := explainDecode(raw, in.typ)
+				if in.sensitive {
+					m.got = redactKind(m.got)
+				}
+				return errors.New(m.String())
 			}
 			for _, f := range validators {
 				if err := f(raw); err != nil {

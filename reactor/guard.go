@@ -7,7 +7,6 @@ import (
 	"reflect"
 	"sync"
 
-	"github.com/goreactor/goreactor/fingerprint"
 	"github.com/goreactor/goreactor/internal/codec"
 )
 
@@ -173,6 +172,12 @@ type effectRec struct {
 	// otherwise: msgpack decodes integers by width).
 	BeforeFP string `msgpack:"bf"`
 	AfterFP  string `msgpack:"af"`
+	// BeforeEnc and AfterEnc are the states' fingerprint encodings
+	// (fingerprint.Encode), kept so that a report can show a person the
+	// values, not only their fingerprints; nil in effects recorded before
+	// they were kept, or whose encoding is over maxShownValue.
+	BeforeEnc []byte `msgpack:"be,omitempty"`
+	AfterEnc  []byte `msgpack:"ae,omitempty"`
 }
 
 // effectRecorder collects the effect a guarded step's Run records.
@@ -212,11 +217,11 @@ func recordEffect(ctx context.Context, e Effect, verify bool) error {
 	if e.Resource == "" {
 		return errors.New("reactor: RecordEffect: the effect's Resource is empty")
 	}
-	before, err := fingerprint.Of(e.Before)
+	before, beforeEnc, err := fingerprintOf(e.Before)
 	if err != nil {
 		return fmt.Errorf("reactor: RecordEffect on %q: before: %w", e.Resource, err)
 	}
-	after, err := fingerprint.Of(e.After)
+	after, afterEnc, err := fingerprintOf(e.After)
 	if err != nil {
 		return fmt.Errorf("reactor: RecordEffect on %q: after: %w", e.Resource, err)
 	}
@@ -232,7 +237,7 @@ func recordEffect(ctx context.Context, e Effect, verify bool) error {
 		if err != nil {
 			return fmt.Errorf("reactor: RecordVerifiedEffect on %q: probe: %w", e.Resource, err)
 		}
-		probed, err := fingerprint.Of(got)
+		probed, _, err := fingerprintOf(got)
 		if err != nil {
 			return fmt.Errorf("reactor: RecordVerifiedEffect on %q: probe: %w", e.Resource, err)
 		}
@@ -246,7 +251,8 @@ func recordEffect(ctx context.Context, e Effect, verify bool) error {
 		return ErrEffectRecorded
 	}
 	r.resource = e.Resource
-	r.rec = &effectRec{Label: e.Label, Before: raw, BeforeFP: before, AfterFP: after}
+	r.rec = &effectRec{Label: e.Label, Before: raw, BeforeFP: before, AfterFP: after,
+		BeforeEnc: shownEncoding(beforeEnc), AfterEnc: shownEncoding(afterEnc)}
 	return nil
 }
 

@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-
-	"github.com/goreactor/goreactor/fingerprint"
 )
 
 // Reason codes of guarded undo and resource blocking (RollbackFailure.Reason,
@@ -54,7 +52,10 @@ const (
 type verdict struct {
 	kind     verdictKind
 	observed string
-	why      string
+	// observedEnc is the encoding of what the probe read (nil when it is
+	// over maxShownValue), for a person to read beside observed.
+	observedEnc []byte
+	why         string
 }
 
 // guardedOnce is one compare-and-set attempt: probe and fingerprint; at
@@ -65,27 +66,30 @@ func guardedOnce(ctx context.Context, g *Guard, resource string, ef *effectRec) 
 	if err != nil {
 		return verdict{}, fmt.Errorf("probe %q: %w", resource, err)
 	}
-	fp, err := fingerprint.Of(cur)
+	fp, enc, err := fingerprintOf(cur)
 	if err != nil {
 		return verdict{}, fmt.Errorf("probe %q read a value that cannot be fingerprinted: %w", resource, err)
 	}
+	enc = shownEncoding(enc)
 	switch fp {
 	case ef.BeforeFP:
-		return verdict{kind: verdictAlready, observed: fp}, nil
+		return verdict{kind: verdictAlready, observed: fp, observedEnc: enc}, nil
 	case ef.AfterFP:
 	default:
-		return verdict{kind: verdictConflict, observed: fp,
+		return verdict{kind: verdictConflict, observed: fp, observedEnc: enc,
 			why: "the resource is neither at the state the step left nor at the state before it: somebody else changed it"}, nil
 	}
 	res, err := g.restore(ctx, resource, ef.Before)
 	if err != nil {
-		return verdict{observed: fp}, fmt.Errorf("restore %q: %w", resource, err)
+		return verdict{observed: fp, observedEnc: enc}, fmt.Errorf("restore %q: %w", resource, err)
 	}
 	switch res {
 	case RestoreApplied:
-		return verdict{kind: verdictReverted, observed: fp}, nil
+		return verdict{kind: verdictReverted, observed: fp, observedEnc: enc}, nil
 	case RestorePreconditionFailed:
-		return verdict{kind: verdictConflict, observed: fp,
+		// What the store's compare found is unknown: the probe before it
+		// read after, which is what observed says.
+		return verdict{kind: verdictConflict, observed: fp, observedEnc: enc,
 			why: "the store's atomic compare found the resource changed between the read and the write; nothing was written"}, nil
 	case RestoreWritten:
 	default:
@@ -93,19 +97,20 @@ func guardedOnce(ctx context.Context, g *Guard, resource string, ef *effectRec) 
 	}
 	back, err := g.probe(ctx, resource)
 	if err != nil {
-		return verdict{observed: fp}, fmt.Errorf("probe %q after the restore: %w", resource, err)
+		return verdict{observed: fp, observedEnc: enc}, fmt.Errorf("probe %q after the restore: %w", resource, err)
 	}
-	fp2, err := fingerprint.Of(back)
+	fp2, enc2, err := fingerprintOf(back)
 	if err != nil {
 		return verdict{}, fmt.Errorf("probe %q after the restore read a value that cannot be fingerprinted: %w", resource, err)
 	}
+	enc2 = shownEncoding(enc2)
 	switch fp2 {
 	case ef.BeforeFP:
-		return verdict{kind: verdictReverted, observed: fp}, nil
+		return verdict{kind: verdictReverted, observed: fp, observedEnc: enc}, nil
 	case ef.AfterFP:
-		return verdict{kind: verdictIneffective, observed: fp2}, nil
+		return verdict{kind: verdictIneffective, observed: fp2, observedEnc: enc2}, nil
 	}
-	return verdict{kind: verdictConflict, observed: fp2,
+	return verdict{kind: verdictConflict, observed: fp2, observedEnc: enc2,
 		why: "the resource changed between the restore and the read that confirms it: somebody else wrote in between"}, nil
 }
 
@@ -130,6 +135,7 @@ func (x *execution) guardedUndo(ctx context.Context, f *frame, d *Definition, s 
 	ef := e.Effect
 	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, Generation: gen,
 		Resource: e.Resource, Label: ef.Label, Expected: ef.AfterFP, RestoreTo: ef.BeforeFP,
+		ExpectedEnc: ef.AfterEnc, RestoreToEnc: ef.BeforeEnc,
 		StartedAt: x.e.now().UnixMilli(), Attempt: x.attemptOf(entryID(path, e.Ordinal))}
 	if e.Status != RollbackCompensating {
 		x.auditCompensating(rec, e.Ordinal)
@@ -156,7 +162,7 @@ func (x *execution) guardedUndo(ctx context.Context, f *frame, d *Definition, s 
 		e.Status = RollbackPending
 		return ierr
 	}
-	rec.At, rec.Observed = x.e.now().UnixMilli(), v.observed
+	rec.At, rec.Observed, rec.ObservedEnc = x.e.now().UnixMilli(), v.observed, v.observedEnc
 	switch {
 	case err != nil:
 	case v.kind == verdictIneffective:
@@ -184,6 +190,7 @@ func (x *execution) recordConflict(ctx context.Context, f *frame, d *Definition,
 	// later undo found the resource changed once more) waits again.
 	x.settle(f, rec).Conflict = &humanRec{ID: id, Step: rec.Step, Ordinal: e.Ordinal,
 		Resource: e.Resource, Label: rec.Label, Expected: rec.Expected, Observed: v.observed, RestoreTo: rec.RestoreTo,
+		ExpectedEnc: rec.ExpectedEnc, ObservedEnc: v.observedEnc, RestoreToEnc: rec.RestoreToEnc,
 		Why: v.why, Generation: rec.Generation, At: rec.At}
 	a := auditRec{kind: AuditConflict, step: rec.Step, ordinal: e.Ordinal, status: RollbackNeedsPerson, action: ActionUndo,
 		attempt: rec.Attempt, generation: rec.Generation, reason: ReasonConflict, message: v.why,
@@ -237,6 +244,7 @@ func (x *execution) recordBlocked(ctx context.Context, f *frame, d *Definition, 
 	}
 	if e.Effect != nil {
 		rec.Label, rec.Expected, rec.RestoreTo = e.Effect.Label, e.Effect.AfterFP, e.Effect.BeforeFP
+		rec.ExpectedEnc, rec.RestoreToEnc = e.Effect.AfterEnc, e.Effect.BeforeEnc
 	}
 	a := auditRec{kind: AuditBlocked, step: path, ordinal: e.Ordinal, status: RollbackBlocked, generation: rec.Generation,
 		reason: ReasonBlocked, resource: e.Resource, blockedBy: by}
@@ -259,7 +267,7 @@ func (x *execution) recordBlocked(ctx context.Context, f *frame, d *Definition, 
 		rec.Status, rec.Reason, rec.BlockedBy = RollbackNeedsPerson, ReasonConflict, ""
 		rec.Message = "not attempted again: its conflict waits for a person (Resolve it first)"
 		if c := own.Conflict; c != nil {
-			rec.Observed = c.Observed
+			rec.Observed, rec.ObservedEnc = c.Observed, c.ObservedEnc
 		}
 		e.Status = RollbackNeedsPerson
 		if rb := f.st.Rollback; rb != nil {

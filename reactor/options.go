@@ -35,6 +35,9 @@ type runOptions struct {
 	noWait bool
 	// retryOf is the run a new run retries (Engine.Retry, retry_run.go).
 	retryOf string
+	// sensitive makes the new run a sensitive run whatever its definition
+	// says (the retry of a sensitive run).
+	sensitive bool
 }
 
 // callKind is the call a set of options was given to.
@@ -169,6 +172,7 @@ func (o runOptions) startDelay(now time.Time) time.Duration {
 // applyTo stores what the options ask of a new run on its state.
 func (o runOptions) applyTo(st *runState) {
 	st.Queue, st.Trace, st.RetryOf = o.queue, o.trace, o.retryOf
+	st.Sensitive = st.Sensitive || o.sensitive
 	if !o.deadline.IsZero() {
 		st.Deadline = o.deadline.UnixMilli()
 	}

@@ -46,6 +46,13 @@ type humanRec struct {
 	Why        string `msgpack:"why,omitempty"`
 	Generation int    `msgpack:"g"`
 	At         int64  `msgpack:"at"`
+	// ExpectedEnc, ObservedEnc and RestoreToEnc are the encodings
+	// (fingerprint.Encode) of the three states, for a person to read; nil
+	// when not known (a conflict recorded before they were kept, a state
+	// too large to keep).
+	ExpectedEnc  []byte `msgpack:"exv,omitempty"`
+	ObservedEnc  []byte `msgpack:"obv,omitempty"`
+	RestoreToEnc []byte `msgpack:"tov,omitempty"`
 	// Resolution, Note and ResolvedAt are set by Resolve.
 	Resolution Resolution `msgpack:"res,omitempty"`
 	Note       string     `msgpack:"n,omitempty"`
@@ -121,7 +128,8 @@ func (e *Engine) Resolve(ctx context.Context, id, entry string, kind Resolution,
 	status := RollbackStatus(kind)
 	r.State, r.Gen, r.Reason, r.BlockedBy = status, gen, "", ""
 	rec := StepRollback{Step: h.Step, Ordinal: h.Ordinal, Kind: KindUndo, Status: status, At: h.ResolvedAt, Generation: gen,
-		Resource: h.Resource, Label: h.Label, Expected: h.Expected, Observed: h.Observed, RestoreTo: h.RestoreTo, Message: note}
+		Resource: h.Resource, Label: h.Label, Expected: h.Expected, Observed: h.Observed, RestoreTo: h.RestoreTo, Message: note,
+		ExpectedEnc: h.ExpectedEnc, ObservedEnc: h.ObservedEnc, RestoreToEnc: h.RestoreToEnc}
 	st.Undone = append(st.Undone, rec)
 	x.audit(auditRec{kind: AuditResolved, step: h.Step, ordinal: h.Ordinal, status: status, generation: gen,
 		reason: string(kind), message: note, resource: h.Resource})

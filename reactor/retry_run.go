@@ -96,7 +96,7 @@ func (e *Engine) Retry(ctx context.Context, id string) (*Result, error) {
 	for k, v := range st.Inputs {
 		inputs[k] = v // Raw encodes as itself
 	}
-	opts := []RunOption{WithRunID(newID), func(o *runOptions) { o.retryOf = id }}
+	opts := []RunOption{WithRunID(newID), func(o *runOptions) { o.retryOf, o.sensitive = id, st.Sensitive }}
 	if st.Queue != "" {
 		opts = append(opts, WithQueue(st.Queue))
 	}

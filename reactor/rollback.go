@@ -290,7 +290,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		err = x.callUndo(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
 				cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
-					Step: path, Nested: x.element, TraceID: x.st.Trace, state: e.Args, gen: x.rollbackGen(),
+					Step: path, Nested: x.element, TraceID: x.st.Trace, Sensitive: f.st.Sensitive || x.st.Sensitive, state: e.Args, gen: x.rollbackGen(),
 					windowAt: rollbackWindowAt(f), hold: func(h Held) { x.hold(path, h) }}
 				return s.construct.Undo(cctx, cc)
 			}
@@ -737,6 +737,7 @@ func (x *execution) runCompose(ctx context.Context, f *frame, s *stepDef, args R
 			return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
 		}
 		cst = newState(x.st.ID+"/"+path, s.child, inputs, x.e.now())
+		cst.Sensitive = cst.Sensitive || f.st.Sensitive // its inputs come from a sensitive run
 		if f.st.Children == nil {
 			f.st.Children = map[string]*runState{}
 		}

@@ -149,6 +149,7 @@ func adoptElement(ctx context.Context, st *runState) {
 	if st.Elem == nil {
 		st.Elem = &elementRec{Owner: el.Owner, Step: el.Step, Index: el.Index}
 	}
+	st.Sensitive = st.Sensitive || el.Sensitive
 	if st.Trace == "" {
 		st.Trace = el.Trace
 		if st.Trace == "" {

@@ -87,6 +87,8 @@ type runState struct {
 	// created (retry_run.go).
 	RetryOf   string   `msgpack:"rof,omitempty"`
 	RetriedBy []string `msgpack:"rby,omitempty"`
+	// Sensitive marks a sensitive run (Run.Sensitive), from its creation.
+	Sensitive bool `msgpack:"sen,omitempty"`
 
 	Value     Raw      `msgpack:"v,omitempty"`
 	Failure   *Failure `msgpack:"f,omitempty"`
@@ -311,6 +313,12 @@ type StepRollback struct {
 	Expected  string `msgpack:"ex,omitempty"`
 	Observed  string `msgpack:"ob,omitempty"`
 	RestoreTo string `msgpack:"to,omitempty"`
+	// ExpectedEnc, ObservedEnc and RestoreToEnc are the encodings
+	// (fingerprint.Encode) of those states, for a person to read; nil when
+	// not known (see effectRec.BeforeEnc).
+	ExpectedEnc  []byte `msgpack:"exv,omitempty"`
+	ObservedEnc  []byte `msgpack:"obv,omitempty"`
+	RestoreToEnc []byte `msgpack:"tov,omitempty"`
 	// BlockedBy is the entry (entryID) that blocked this one.
 	BlockedBy string `msgpack:"by,omitempty"`
 }
@@ -360,6 +368,13 @@ type Run struct {
 	// Held counts what the run's rollbacks left in place that someone must
 	// know of (see Result.Held).
 	Held Held
+	// Sensitive is true for a sensitive run: its definition, or one it
+	// composes or maps over, declares a Sensitive input, or it is a
+	// composed child, map element or retry of a sensitive run. It is
+	// decided when the run is created. Its inputs and the values in its
+	// rollback report are returned here as any run's; show them to people
+	// only as the dashboard does (to holders of its token).
+	Sensitive bool
 	// Stopped is the step the run stopped at without completing it (it
 	// failed, halted, or was cut short and found by the rollback), with
 	// its attempt; nil when there is none. For a composed child's step it
@@ -433,7 +448,7 @@ func (st *runState) view(d *Definition, version int64) *Run {
 	r := &Run{ID: st.ID, Reactor: st.Reactor, Status: st.Status, Version: version, Inputs: st.Inputs,
 		Ledger: st.Ledger, Rollback: st.Rollback, Rollbacks: st.Undone, Value: st.Value,
 		Failure: st.Failure, Reason: st.Reason, Wake: st.Wake, Queue: st.Queue, TraceID: st.Trace,
-		RetryOf: st.RetryOf, RetriedBy: st.RetriedBy, RollbackGeneration: st.rollbackGen(), Held: st.held(),
+		RetryOf: st.RetryOf, RetriedBy: st.RetriedBy, RollbackGeneration: st.rollbackGen(), Held: st.held(), Sensitive: st.Sensitive,
 		CreatedAt: time.UnixMilli(st.CreatedAt), UpdatedAt: time.UnixMilli(st.UpdatedAt)}
 	if st.Deadline != 0 {
 		r.Deadline = time.UnixMilli(st.Deadline)
@@ -506,6 +521,6 @@ func (st *runState) view(d *Definition, version int64) *Run {
 }
 
 func newState(id string, d *Definition, inputs map[string]Raw, now time.Time) *runState {
-	return &runState{ID: id, Reactor: d.name, Status: StatusRunning, Inputs: inputs,
+	return &runState{ID: id, Reactor: d.name, Status: StatusRunning, Inputs: inputs, Sensitive: d.sensitive,
 		Steps: map[string]*stepRec{}, CreatedAt: now.UnixMilli(), UpdatedAt: now.UnixMilli()}
 }

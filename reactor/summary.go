@@ -74,6 +74,13 @@ type RollbackEntry struct {
 	Expected  string `json:"expected,omitempty"`
 	Observed  string `json:"observed,omitempty"`
 	RestoreTo string `json:"restore_to,omitempty"`
+	// ExpectedValue, ObservedValue and RestoreToValue are those states as
+	// a person reads them (fingerprint.Format: indented, one map entry or
+	// list element a line); "" when not known. For a sensitive run they
+	// are there too: RollbackReport.Redacted hides them.
+	ExpectedValue  string `json:"expected_value,omitempty"`
+	ObservedValue  string `json:"observed_value,omitempty"`
+	RestoreToValue string `json:"restore_to_value,omitempty"`
 	// BlockedBy is the id of the newer entry that blocked this one.
 	BlockedBy string `json:"blocked_by,omitempty"`
 }
@@ -187,6 +194,14 @@ type RollbackReport struct {
 	// (a run keeps its first MaxRollbackFailures failures); NeedsHuman lists
 	// every element run that waits.
 	ElementsHeld Held `json:"elements_held,omitzero"`
+	// Sensitive is the run's Run.Sensitive (see Sensitive). The report
+	// still carries the states' values (the caller of RollbackStatus is
+	// trusted code); whatever shows the report to people who may not read
+	// them should show Redacted instead.
+	Sensitive bool `json:"sensitive,omitempty"`
+	// ValuesRedacted: the states' values were replaced with RedactedValue
+	// (Redacted).
+	ValuesRedacted bool `json:"values_redacted,omitempty"`
 }
 
 // ActionItem is an entry a person must resolve (Engine.Resolve).
@@ -205,6 +220,14 @@ type ActionItem struct {
 	Expected  string `json:"expected"`
 	Observed  string `json:"observed"`
 	RestoreTo string `json:"restore_to"`
+	// ExpectedValue, ObservedValue and RestoreToValue are those states as
+	// a person reads them (fingerprint.Format), what "restore to" means in
+	// practice; "" when not known (a conflict recorded before values were
+	// kept, a state too large to keep, a map element's conflict listed on
+	// its owner).
+	ExpectedValue  string `json:"expected_value,omitempty"`
+	ObservedValue  string `json:"observed_value,omitempty"`
+	RestoreToValue string `json:"restore_to_value,omitempty"`
 	// Why the rollback stopped.
 	Why string `json:"why"`
 	// Blocked lists the ids of the older entries on the resource waiting
@@ -223,7 +246,7 @@ func FormatActionRequired(r *RollbackReport) string {
 		map[bool]string{true: "y", false: "ies"}[len(r.ActionRequired) == 1])
 	for _, a := range r.ActionRequired {
 		if a.Run != "" && a.Run != r.RunID {
-			fmt.Fprintf(&b, "\n- %s of map element run %s (step %s)\n  why:        %s\n  resolve it on that run (its report has the fingerprints)\n",
+			fmt.Fprintf(&b, "\n- %s of map element run %s (step %s)\n  why:        %s\n  resolve it on that run (its report has the fingerprints and values)\n",
 				a.ID, a.Run, a.Step, a.Why)
 			continue
 		}
@@ -231,8 +254,10 @@ func FormatActionRequired(r *RollbackReport) string {
 		if a.Label != "" {
 			fmt.Fprintf(&b, ": %s", a.Label)
 		}
-		fmt.Fprintf(&b, "\n  why:        %s\n  expected:   %s (the state the step left)\n  observed:   %s\n  restore to: %s (the state before the step)\n",
-			a.Why, a.Expected, a.Observed, a.RestoreTo)
+		fmt.Fprintf(&b, "\n  why:        %s\n", a.Why)
+		writeState(&b, "expected:  ", a.Expected, " (the state the step left)", a.ExpectedValue)
+		writeState(&b, "observed:  ", a.Observed, "", a.ObservedValue)
+		writeState(&b, "restore to:", a.RestoreTo, " (the state before the step)", a.RestoreToValue)
 		if len(a.Blocked) > 0 {
 			fmt.Fprintf(&b, "  blocked:    %s\n", strings.Join(a.Blocked, ", "))
 		}
@@ -280,7 +305,7 @@ func rollbackReport(st *runState) (*RollbackReport, error) {
 		return nil, fmt.Errorf("%w (run %s is %s)", ErrNoRollback, st.ID, st.Status)
 	}
 	r := &RollbackReport{RunID: st.ID, RollbackID: st.ID + ":rb:" + strconv.Itoa(gen), Generation: gen, Status: st.Status,
-		Entries: []RollbackEntry{}, ActionRequired: []ActionItem{}}
+		Entries: []RollbackEntry{}, ActionRequired: []ActionItem{}, Sensitive: st.Sensitive}
 	if st.Rollback != nil {
 		r.Trigger = st.Rollback.Trigger
 	}
@@ -330,6 +355,7 @@ func rollbackReport(st *runState) (*RollbackReport, error) {
 					ID: entryID(prefix+le.Step, le.Ordinal), Resource: le.Resource}
 				if le.Effect != nil {
 					re.Label, re.Expected, re.RestoreTo = le.Effect.Label, le.Effect.AfterFP, le.Effect.BeforeFP
+					re.ExpectedValue, re.RestoreToValue = shownValue(le.Effect.AfterEnc), shownValue(le.Effect.BeforeEnc)
 				}
 				r.Entries = append(r.Entries, re)
 			}
@@ -368,7 +394,8 @@ func rollbackReport(st *runState) (*RollbackReport, error) {
 		}
 		h := c.Conflict
 		a := ActionItem{ID: h.ID, Run: st.ID, Step: h.Step, Resource: h.Resource, Label: h.Label, Expected: h.Expected, Observed: h.Observed,
-			RestoreTo: h.RestoreTo, Why: h.Why}
+			RestoreTo: h.RestoreTo, Why: h.Why,
+			ExpectedValue: shownValue(h.ExpectedEnc), ObservedValue: shownValue(h.ObservedEnc), RestoreToValue: shownValue(h.RestoreToEnc)}
 		for _, e := range r.Entries {
 			if e.BlockedBy == h.ID && e.Status == RollbackBlocked {
 				a.Blocked = append(a.Blocked, e.ID)
@@ -410,7 +437,8 @@ func reportEntry(u StepRollback) RollbackEntry {
 	e := RollbackEntry{Step: u.Step, Ordinal: u.Ordinal, Status: u.Status, Action: actionOf(u.Kind, u.Status),
 		Attempts: u.Attempt, StartedAt: ms(u.StartedAt), FinishedAt: ms(u.At), Reason: u.Reason, Message: u.Message,
 		ID: entryID(u.Step, u.Ordinal), Resource: u.Resource, Label: u.Label, Expected: u.Expected, Observed: u.Observed,
-		RestoreTo: u.RestoreTo, BlockedBy: u.BlockedBy}
+		RestoreTo: u.RestoreTo, BlockedBy: u.BlockedBy,
+		ExpectedValue: shownValue(u.ExpectedEnc), ObservedValue: shownValue(u.ObservedEnc), RestoreToValue: shownValue(u.RestoreToEnc)}
 	if e.Action == ActionNone {
 		e.FinishedAt = time.Time{}
 	}

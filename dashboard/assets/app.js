@@ -155,7 +155,10 @@
     opts = opts || {};
     var headers = { Accept: 'application/json' };
     if (opts.body !== undefined) headers['Content-Type'] = 'application/json';
-    if (opts.token) headers.Authorization = 'Bearer ' + opts.token;
+    // Every request carries the tab's token, if one is set: a read with it
+    // shows a sensitive run's values (docs/dashboard-api.md).
+    var token = opts.token || GR.token();
+    if (token) headers.Authorization = 'Bearer ' + token;
     return fetch(GR.base + path, {
       method: opts.method || 'GET',
       headers: headers,

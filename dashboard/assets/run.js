@@ -402,9 +402,10 @@
   }
 
   // ---- side panels ---------------------------------------------------------
-  function renderInputs(inputs) {
+  function renderInputs(inputs, redacted) {
     var box = GR.clear($('inputs'));
     var keys = Object.keys(inputs || {});
+    if (redacted) box.appendChild(redactedNote('inputs-redacted', 'This is a sensitive run: its input values are shown only with the dashboard token.'));
     if (!keys.length) { box.appendChild(h('p', { class: 'muted' }, 'No inputs.')); return; }
     box.appendChild(h('table', { class: 'table kv' }, h('tbody', null, keys.sort().map(function (k) {
       return h('tr', null, h('th', { class: 'mono' }, k), h('td', null, GR.valueEl(inputs[k])));
@@ -468,7 +469,8 @@
           h('td', null, e.action || ''),
           h('td', { class: 'num' }, e.attempts ? String(e.attempts) : ''),
           h('td', { class: 'mono muted rb-resource', title: e.label || '' }, e.resource || ''),
-          h('td', { class: 'fp-cell' }, fpLine('expected', e.expected), fpLine('observed', e.observed), fpLine('restore to', e.restore_to)),
+          h('td', { class: 'fp-cell' }, fpLine('expected', e.expected, e.expected_value), fpLine('observed', e.observed, e.observed_value),
+            fpLine('restore to', e.restore_to, e.restore_to_value)),
           h('td', { class: 'mono rb-blocked-by' }, e.blocked_by || ''),
           h('td', { class: 'muted' }, e.finished_at ? GR.fmtClock(e.finished_at) : ''),
           h('td', { class: 'rb-reason ' + (e.message ? 'bad-text small' : 'muted small'), title: e.message || '' }, [e.reason, e.message].filter(Boolean).join(': ')));
@@ -482,9 +484,35 @@
     return fp.length > 19 ? fp.slice(0, 18) + '…' : fp;
   }
 
-  function fpLine(label, fp) {
+  // fpLine is one state of a guarded entry: its fingerprint, shortened,
+  // and its value (fingerprint.Format's text) under it when the report has
+  // it.
+  function fpLine(label, fp, value) {
     if (!fp) return null;
-    return h('div', null, h('span', { class: 'fp-k' }, label), h('span', { class: 'fp', title: fp, dataset: { fp: fp } }, fpShort(fp)));
+    return h('div', null, h('span', { class: 'fp-k' }, label), h('span', { class: 'fp', title: fp, dataset: { fp: fp } }, fpShort(fp)),
+      value ? h('pre', { class: 'fp-val' + (value === redactedValue ? ' redacted' : '') }, value) : null);
+  }
+
+  // redactedValue is what replaces a value of a sensitive run for a request
+  // without the token (reactor.RedactedValue).
+  var redactedValue = '(redacted: sensitive run)';
+
+  // redactedNote says why values are hidden, with a button to set the token
+  // (closing the dialog refreshes the page's data).
+  function redactedNote(cls, text) {
+    var wrong = !!GR.token();
+    var b = h('button', { type: 'button', class: 'btn btn-link' }, wrong ? 'Change token' : 'Set token');
+    b.addEventListener('click', function () { GR.askToken(wrong ? 'The token set in this tab was not accepted.' : ''); });
+    return h('p', { class: 'muted small redacted-note ' + cls },
+      text + (wrong ? ' The token set in this tab was not accepted.' : '') + ' ', b);
+  }
+
+  // stateRow is one state of an action item: the fingerprint, and the value
+  // under it when known.
+  function stateRow(label, cls, help, fp, value) {
+    return h('tr', null, h('th', null, label), h('td', { title: help },
+      h('div', { class: cls }, fp),
+      value ? h('pre', { class: 'ai-value ' + cls + '-value' + (value === redactedValue ? ' redacted' : '') }, value) : null));
   }
 
   // ---- action required (guarded undo conflicts) ------------------------------
@@ -504,6 +532,7 @@
     Object.keys(drafts).forEach(function (k) { if (!want[k]) delete drafts[k]; });
     if (!items.length) return;
     $('action-text').textContent = items.length + (items.length === 1 ? ' entry needs' : ' entries need') + ' a person';
+    if (rep.values_redacted) box.appendChild(redactedNote('values-redacted', 'This is a sensitive run: the values of these states are shown only with the dashboard token.'));
     items.forEach(function (a, i) { box.appendChild(actionItem(a, i)); });
   }
 
@@ -555,9 +584,9 @@
         a.label ? h('span', { class: 'muted ai-label' }, '· ' + a.label) : null),
       h('p', { class: 'action-why bad-text ai-why' }, a.why),
       h('table', { class: 'table compact kv action-fps' }, h('tbody', null,
-        h('tr', null, h('th', null, 'expected'), h('td', { class: 'ai-expected', title: 'the state the step left' }, a.expected)),
-        h('tr', null, h('th', null, 'observed'), h('td', { class: 'ai-observed', title: 'what the rollback read instead' }, a.observed)),
-        h('tr', null, h('th', null, 'restore to'), h('td', { class: 'ai-restore-to', title: 'the state before the step' }, a.restore_to)))),
+        stateRow('expected', 'ai-expected', 'the state the step left', a.expected, a.expected_value),
+        stateRow('observed', 'ai-observed', 'what the rollback read instead', a.observed, a.observed_value),
+        stateRow('restore to', 'ai-restore-to', 'the state before the step', a.restore_to, a.restore_to_value))),
       blocked.length ? h('div', { class: 'small ai-blocked' }, h('span', { class: 'muted' }, 'blocked by it, not attempted: '),
         h('span', { class: 'mono' }, blocked.join(', '))) : null,
       h('div', { class: 'action-form' },
@@ -658,7 +687,7 @@
       if (changed('failure', r.failure)) renderFailure(r.failure);
       if (changed('rollback', r.rollback)) renderRollback(r.rollback);
       if (changed('steps', r.steps) || running) renderTimeline(r);
-      if (changed('inputs', r.inputs)) renderInputs(r.inputs);
+      if (changed('inputs', [r.inputs, r.inputs_redacted])) renderInputs(r.inputs, r.inputs_redacted);
       if (changed('value', r.value)) renderValue(r);
       if (changed('children', r.children)) renderChildren(r.children || []);
       if (changed('rollbacks', r.rollbacks)) renderRollbacks(r.rollbacks || []);

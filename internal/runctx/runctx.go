@@ -17,6 +17,9 @@ type Element struct {
 	// rollback judges undo windows (0: none): an element's rollback judges
 	// its own entries' windows at that time, not when its job runs.
 	WindowAt int64
+	// Sensitive: the owner is a sensitive run, so the element run is one
+	// too (its inputs come from the owner).
+	Sensitive bool
 }
 
 type elementKey struct{}
