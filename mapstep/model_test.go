@@ -1108,7 +1108,7 @@ func (h *mmHist) pickOp(r *rand.Rand) mmOp {
 				case err == nil && refusal != nil:
 					// The engine went on; what it changed shows in the
 					// checks after this operation.
-					if res, err = h.finish(res); err != nil {
+					if _, err = h.finish(res); err != nil {
 						return desc, "RetryRollback: Wait failed", err.Error(), true
 					}
 					return desc, fmt.Sprintf("RetryRollback accepted, model refuses it (%v)", refusal), h.m.statusSet(), false

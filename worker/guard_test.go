@@ -19,8 +19,8 @@ import (
 // before the owner fails. The rollback, run by element rollback jobs,
 // restores every account but 2, which is left as the other writer made it
 // (Restore never called on it); its element's entry needs a person. Once a
-// person resolves it (manually_reverted after putting the value back), a
-// re-triggered rollback of the owner undoes nothing twice and reports
+// person resolves it (manually_reverted after putting the value back), the
+// owner's rollback is settled: nothing to retry, nothing undone twice,
 // everything reverted. Resources are scoped to their element run: the
 // conflict on account 2 blocks nothing in the other elements.
 func TestGuardedUndoInAFanOutMapThroughWorkers(t *testing.T) {
@@ -75,14 +75,21 @@ func TestGuardedUndoInAFanOutMapThroughWorkers(t *testing.T) {
 	require.NoError(t, f.rdb.Set(ctx, key(2), "basic", 0).Err(), "the person puts the value back")
 	require.NoError(t, api.Resolve(ctx, elemID, "upgrade#1", reactor.ResolvedManuallyReverted, "support agreed; set back to basic"))
 
-	again, err := api.RetryRollback(ctx, res.RunID)
+	// The element had nothing else in place: its owner's map entry is
+	// settled by the resolution, nothing is left to retry, and the run may
+	// be retried.
+	_, err = api.RetryRollback(ctx, res.RunID)
+	require.ErrorIs(t, err, reactor.ErrNothingToRetry)
+	again, err := api.Get(ctx, res.RunID)
 	require.NoError(t, err)
-	if again.Status == reactor.StatusRollingBack {
-		again, err = api.Wait(ctx, res.RunID)
-		require.NoError(t, err)
-	}
 	require.Equal(t, reactor.StatusFailed, again.Status)
 	require.Empty(t, again.Failure.RollbackFailures, "the resolved element has nothing left to undo")
+	require.True(t, again.Held.IsZero(), "%+v", again.Held)
+	rep, err := api.RollbackStatus(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.RollbackReverted, rep.Summary.Outcome)
+	_, err = api.Check(ctx, res.RunID, reactor.OpRetry)
+	require.NoError(t, err)
 	for n := range 5 {
 		if n != 2 {
 			require.Equal(t, int32(1), restored[n].Load(), "account %d restored once", n)
