@@ -313,6 +313,11 @@ func TestConflictsPastTheFailureCapKeepTheOwnerWaiting(t *testing.T) {
 	require.Len(t, res.Failure.RollbackFailures, 1)
 	require.Equal(t, 2, res.Failure.RollbackFailuresOmitted)
 	require.Equal(t, reactor.Held{Waiting: 3}, res.Held)
+	rep, err := hf.engine.RollbackStatus(ctx, "held-cap-run")
+	require.NoError(t, err)
+	require.Len(t, rep.ActionRequired, 1)
+	require.Equal(t, 3, rep.ElementsHeld.Waiting)
+	require.Contains(t, reactor.FormatActionRequired(rep), "2 more conflict(s) of map element runs")
 	mapID := mapstep.MapID("held-cap-run", "each")
 	for i := range 3 {
 		waiting, err := hf.engine.NeedsHuman(ctx, 10)

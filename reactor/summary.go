@@ -238,12 +238,22 @@ type ActionItem struct {
 // FormatActionRequired renders what a person must act on in a report as
 // plain text, for a page or a ticket ("" when nothing is required).
 func FormatActionRequired(r *RollbackReport) string {
-	if r == nil || len(r.ActionRequired) == 0 {
+	if r == nil {
+		return ""
+	}
+	elements := 0
+	for _, a := range r.ActionRequired {
+		if a.Run != "" && a.Run != r.RunID {
+			elements++
+		}
+	}
+	unlisted := r.ElementsHeld.Waiting - elements
+	if len(r.ActionRequired) == 0 && unlisted <= 0 {
 		return ""
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "Run %s: rollback %s needs a person (%d entr%s).\n", r.RunID, r.RollbackID, len(r.ActionRequired),
-		map[bool]string{true: "y", false: "ies"}[len(r.ActionRequired) == 1])
+	fmt.Fprintf(&b, "Run %s: rollback %s needs a person (%d entr%s).\n", r.RunID, r.RollbackID, len(r.ActionRequired)+max(unlisted, 0),
+		map[bool]string{true: "y", false: "ies"}[len(r.ActionRequired)+max(unlisted, 0) == 1])
 	for _, a := range r.ActionRequired {
 		if a.Run != "" && a.Run != r.RunID {
 			fmt.Fprintf(&b, "\n- %s of map element run %s (step %s)\n  why:        %s\n  resolve it on that run (its report has the fingerprints and values)\n",
@@ -262,6 +272,10 @@ func FormatActionRequired(r *RollbackReport) string {
 			fmt.Fprintf(&b, "  blocked:    %s\n", strings.Join(a.Blocked, ", "))
 		}
 		b.WriteString("  resolve:    manually_reverted (you put it back to the before state) or left_applied (it stays), with a note\n")
+	}
+	if unlisted > 0 {
+		fmt.Fprintf(&b, "\n- %d more conflict(s) of map element runs, past what the run's failure lists: "+
+			"Engine.NeedsHuman (the dashboard's \"Needs a person\") lists every element run that waits\n", unlisted)
 	}
 	return b.String()
 }

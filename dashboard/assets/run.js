@@ -524,14 +524,21 @@
 
   function renderActionRequired(rep) {
     var items = (rep && rep.action_required) || [];
-    show('action-panel', items.length > 0);
+    // Element conflicts past what the owner's failure lists are counted
+    // in elements_held; the element runs are on the overview's list.
+    var listed = items.filter(function (a) { return a.run && a.run !== rep.run_id; }).length;
+    var unlisted = Math.max(((rep && rep.elements_held && rep.elements_held.waiting) || 0) - listed, 0);
+    show('action-panel', items.length + unlisted > 0);
     var box = GR.clear($('action-required'));
     $('action-required-text').textContent = (rep && rep.action_required_text) || '';
     var want = {};
     items.forEach(function (a) { want[a.id] = true; });
     Object.keys(drafts).forEach(function (k) { if (!want[k]) delete drafts[k]; });
-    if (!items.length) return;
-    $('action-text').textContent = items.length + (items.length === 1 ? ' entry needs' : ' entries need') + ' a person';
+    if (!items.length && !unlisted) return;
+    var n = items.length + unlisted;
+    $('action-text').textContent = n + (n === 1 ? ' entry needs' : ' entries need') + ' a person';
+    if (unlisted) box.appendChild(h('p', { class: 'muted small elements-unlisted' }, unlisted +
+      ' more conflict(s) of this run\'s map elements are not listed here: the overview\'s "Needs a person" lists every element run that waits.'));
     if (rep.values_redacted) box.appendChild(redactedNote('values-redacted', 'This is a sensitive run: the values of these states are shown only with the dashboard token.'));
     items.forEach(function (a, i) { box.appendChild(actionItem(a, i)); });
   }
