@@ -813,4 +813,9 @@ func TestCancelFoundOnResumeCompensatesTheStepCutShort(t *testing.T) {
 	require.Equal(t, 1, tr.count("compensate:b"), "the step cut short is compensated, not discarded")
 	require.ErrorIs(t, cause, reactor.ErrStepInterrupted)
 	require.Equal(t, 1, tr.count("undo:a"))
+	run, err := env.engine.Get(ctx, "crash-cancel-1")
+	require.NoError(t, err)
+	require.NotNil(t, run.Stopped)
+	require.Equal(t, "b", run.Stopped.Step)
+	require.Equal(t, reactor.StopInterrupted, run.Stopped.How, "reported as cut short, not pending")
 }

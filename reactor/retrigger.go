@@ -28,9 +28,11 @@ var (
 	// no finished rollback to retry.
 	ErrNoRollbackToRetry = errors.New("reactor: only a failed or cancelled run has a finished rollback to retry " +
 		"(undo a completed, halted or aborted run; wait for a live one to finish)")
-	// ErrNothingToRetry: the run's rollback left nothing applied: every
-	// entry was compensated (or had nothing to compensate).
-	ErrNothingToRetry = errors.New("reactor: the run's rollback left no failed entry to retry; nothing is still applied")
+	// ErrNothingToRetry: the run's rollback left no entry whose undo failed
+	// or was blocked: everything was compensated (or had nothing to
+	// compensate), or what stays applied waits for a person or stays by
+	// decision. The refusal's message says which.
+	ErrNothingToRetry = errors.New("reactor: the run's rollback left no failed entry to retry")
 	// ErrRollbackRetried: the generation named with FromGeneration is no
 	// longer the run's latest: its failures were retried already (the same
 	// request delivered twice, or another request).
@@ -195,7 +197,14 @@ func retriable(st *runState) error {
 	case st.Status != StatusFailed && st.Status != StatusCancelled:
 		return se(st.Status, ErrNoRollbackToRetry)
 	case len(st.retryable()) == 0:
-		return se(st.Status, ErrNothingToRetry)
+		if st.waitsForPerson() {
+			return se(st.Status, fmt.Errorf("%w: what it left applied waits for a person (resolve the conflicts first; "+
+				"a conflict is never attempted again)", ErrNothingToRetry))
+		}
+		if st.effectsInPlace() > 0 {
+			return se(st.Status, fmt.Errorf("%w: what it left applied stays by decision (left applied, or past its undo window)", ErrNothingToRetry))
+		}
+		return se(st.Status, fmt.Errorf("%w; nothing is still applied", ErrNothingToRetry))
 	}
 	return nil
 }
