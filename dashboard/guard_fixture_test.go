@@ -43,7 +43,7 @@ func NewGuardFixtureWith(rdb *redis.Client, name, key string, parts ...reactor.P
 	f := &GuardFixture{RDB: rdb, Key: key}
 	g := reactor.Guarded(reactor.GuardConfig[string]{
 		Probe: func(ctx context.Context, k string) (string, error) { return f.Get(ctx), nil },
-		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+		Restore: func(ctx context.Context, k, before, _ string) (reactor.RestoreResult, error) {
 			return reactor.RestoreWritten, rdb.Set(ctx, k, before, 0).Err()
 		},
 	})
@@ -123,7 +123,7 @@ func TierDefs(rdb *redis.Client, prefix string) (owner, element *reactor.Definit
 	}
 	guard := reactor.Guarded(reactor.GuardConfig[string]{
 		Probe: get,
-		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+		Restore: func(ctx context.Context, k, before, _ string) (reactor.RestoreResult, error) {
 			return reactor.RestoreWritten, rdb.Set(ctx, k, before, 0).Err()
 		},
 	})

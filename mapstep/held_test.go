@@ -72,7 +72,7 @@ func (hf *heldFixture) defs(name string, fanOut, partial bool, failSelf, clobber
 	}
 	guard := reactor.Guarded(reactor.GuardConfig[string]{
 		Probe: hf.get,
-		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+		Restore: func(ctx context.Context, k, before, _ string) (reactor.RestoreResult, error) {
 			return reactor.RestoreWritten, hf.rdb.Set(ctx, k, before, 0).Err()
 		},
 	})

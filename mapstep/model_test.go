@@ -756,7 +756,7 @@ func (h *mmHist) definitions(seed int64) (*reactor.Definition, *reactor.Definiti
 			k, _ := elemKey(resource)
 			return h.get(k), nil
 		},
-		Restore: func(ctx context.Context, resource, before string) (reactor.RestoreResult, error) {
+		Restore: func(ctx context.Context, resource, before, _ string) (reactor.RestoreResult, error) {
 			k, i := elemKey(resource)
 			return h.restore(ctx, fmt.Sprintf("each[%d]/g", i), k, before)
 		},
@@ -828,7 +828,7 @@ func (h *mmHist) definitions(seed int64) (*reactor.Definition, *reactor.Definiti
 		if st.guarded {
 			cfg.Guard = reactor.Guarded(reactor.GuardConfig[string]{
 				Probe: func(ctx context.Context, k string) (string, error) { return h.get(k), nil },
-				Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+				Restore: func(ctx context.Context, k, before, _ string) (reactor.RestoreResult, error) {
 					return h.restore(ctx, path, k, before)
 				},
 			})

@@ -142,7 +142,7 @@ func TestACutShortGuardedAttemptIsCounted(t *testing.T) {
 	runCtx, cut := context.WithCancel(ctx)
 	g := reactor.Guarded(reactor.GuardConfig[string]{
 		Probe: func(ctx context.Context, k string) (string, error) { return kv.get(ctx, k), nil },
-		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+		Restore: func(ctx context.Context, k, before, _ string) (reactor.RestoreResult, error) {
 			err := env.rdb.Set(ctx, k, before, 0).Err()
 			cut() // the process goes away before the save that records it
 			return reactor.RestoreWritten, err
@@ -170,4 +170,41 @@ func TestACutShortGuardedAttemptIsCounted(t *testing.T) {
 	require.Equal(t, reactor.ReasonAlreadyReverted, set.Reason)
 	require.Equal(t, 2, set.Attempts, "the attempt cut short is counted")
 	require.Equal(t, "before", kv.get(ctx, key))
+}
+
+// Restore receives the effect's after state as well as its before state,
+// so a store that compares and writes atomically compares with what the
+// step left.
+func TestRestoreReceivesBeforeAndAfter(t *testing.T) {
+	t.Parallel()
+	env := newEnv(t)
+	kv := newKV(env)
+	ctx := ctxTimeout(t)
+	key := env.prefix + ":cas:1"
+	require.NoError(t, env.rdb.Set(ctx, key, "v0", 0).Err())
+	var got [2]string
+	g := reactor.Guarded(reactor.GuardConfig[string]{
+		Probe: func(ctx context.Context, k string) (string, error) { return kv.get(ctx, k), nil },
+		Restore: func(ctx context.Context, k, before, after string) (reactor.RestoreResult, error) {
+			got = [2]string{before, after}
+			ok, err := casScript.Run(ctx, env.rdb, []string{k}, after, before).Int()
+			if err != nil {
+				return "", err
+			}
+			if ok == 0 {
+				return reactor.RestorePreconditionFailed, nil
+			}
+			return reactor.RestoreApplied, nil
+		},
+	})
+	def := reactor.MustDefine("cas-after", kv.setStep("set", key, "v1", g))
+	res, err := env.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	_, err = env.engine.Undo(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, [2]string{"v0", "v1"}, got)
+	require.Equal(t, "v0", kv.get(ctx, key), "the atomic compare with after passed and wrote before")
+	rep, err := env.engine.RollbackStatus(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.RollbackReverted, rep.Summary.Outcome)
 }

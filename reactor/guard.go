@@ -64,10 +64,12 @@ type GuardConfig[S any] struct {
 	// Probe reads the resource's current state. Required.
 	Probe func(ctx context.Context, resource string) (S, error)
 	// Restore writes before back. Required. It is only ever called on a
-	// resource Probe has just read at the effect's after state. A store
-	// that can compare and write atomically should, and report
-	// RestoreApplied or RestorePreconditionFailed.
-	Restore func(ctx context.Context, resource string, before S) (RestoreResult, error)
+	// resource Probe has just read at the effect's after state, and gets
+	// that after state too, so that a store that can compare and write
+	// atomically (compare with after, then set before) does, and reports
+	// RestoreApplied or RestorePreconditionFailed. (after is S's zero
+	// value for an effect recorded before Restore received it.)
+	Restore func(ctx context.Context, resource string, before, after S) (RestoreResult, error)
 	// Retry bounds the attempts of Probe and Restore that fail with a
 	// Transient error (a dropped connection, a 503). Any other error
 	// fails the undo (compensation_failed); a conflict is never retried,
@@ -79,7 +81,7 @@ type GuardConfig[S any] struct {
 type Guard struct {
 	stateType reflect.Type
 	probe     func(ctx context.Context, resource string) (any, error)
-	restore   func(ctx context.Context, resource string, before Raw) (RestoreResult, error)
+	restore   func(ctx context.Context, resource string, before, after Raw) (RestoreResult, error)
 	retry     Retry
 }
 
@@ -90,12 +92,17 @@ func Guarded[S any](cfg GuardConfig[S]) *Guard {
 		g.probe = func(ctx context.Context, resource string) (any, error) { return cfg.Probe(ctx, resource) }
 	}
 	if cfg.Restore != nil {
-		g.restore = func(ctx context.Context, resource string, before Raw) (RestoreResult, error) {
-			var s S
-			if err := codec.Unmarshal(before, &s); err != nil {
+		g.restore = func(ctx context.Context, resource string, before, after Raw) (RestoreResult, error) {
+			var b, a S
+			if err := codec.Unmarshal(before, &b); err != nil {
 				return "", fmt.Errorf("reactor: decode the effect's before state into %s: %w", reflect.TypeFor[S](), err)
 			}
-			return cfg.Restore(ctx, resource, s)
+			if len(after) > 0 {
+				if err := codec.Unmarshal(after, &a); err != nil {
+					return "", fmt.Errorf("reactor: decode the effect's after state into %s: %w", reflect.TypeFor[S](), err)
+				}
+			}
+			return cfg.Restore(ctx, resource, b, a)
 		}
 	}
 	return g
@@ -165,8 +172,10 @@ func (e *EffectMismatchError) Error() string {
 // effectRec is a recorded effect as the ledger stores it.
 type effectRec struct {
 	Label string `msgpack:"l,omitempty"`
-	// Before is the before state, encoded, for Restore.
+	// Before and After are the states, encoded, for Restore (After is nil
+	// in effects recorded before Restore received it).
 	Before Raw `msgpack:"b"`
+	After  Raw `msgpack:"a,omitempty"`
 	// BeforeFP and AfterFP are the fingerprints computed on the Go values
 	// when the effect was recorded (a value decoded back could encode
 	// otherwise: msgpack decodes integers by width).
@@ -232,6 +241,10 @@ func recordEffect(ctx context.Context, e Effect, verify bool) error {
 	if err != nil {
 		return fmt.Errorf("reactor: RecordEffect on %q: encode before: %w", e.Resource, err)
 	}
+	rawAfter, err := codec.Marshal(e.After)
+	if err != nil {
+		return fmt.Errorf("reactor: RecordEffect on %q: encode after: %w", e.Resource, err)
+	}
 	if verify {
 		got, err := r.guard.probe(ctx, e.Resource)
 		if err != nil {
@@ -251,7 +264,7 @@ func recordEffect(ctx context.Context, e Effect, verify bool) error {
 		return ErrEffectRecorded
 	}
 	r.resource = e.Resource
-	r.rec = &effectRec{Label: e.Label, Before: raw, BeforeFP: before, AfterFP: after,
+	r.rec = &effectRec{Label: e.Label, Before: raw, After: rawAfter, BeforeFP: before, AfterFP: after,
 		BeforeEnc: shownEncoding(beforeEnc), AfterEnc: shownEncoding(afterEnc)}
 	return nil
 }

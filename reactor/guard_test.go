@@ -48,7 +48,7 @@ func (s *kvStore) guard(retry reactor.Retry) *reactor.Guard {
 			}
 			return s.get(ctx, key), nil
 		},
-		Restore: func(ctx context.Context, key, before string) (reactor.RestoreResult, error) {
+		Restore: func(ctx context.Context, key, before, _ string) (reactor.RestoreResult, error) {
 			s.restores.Add(1)
 			if s.silent.Load() {
 				return reactor.RestoreWritten, nil
@@ -267,9 +267,9 @@ func TestGuardedUndoVerdicts(t *testing.T) {
 				require.NoError(t, env.rdb.Set(ctx, k, "racer", 0).Err())
 				return v, nil
 			},
-			Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+			Restore: func(ctx context.Context, k, before, after string) (reactor.RestoreResult, error) {
 				restores.Add(1)
-				ok, err := casScript.Run(ctx, env.rdb, []string{k}, "v1", before).Int()
+				ok, err := casScript.Run(ctx, env.rdb, []string{k}, after, before).Int()
 				if err != nil {
 					return "", err
 				}
@@ -306,7 +306,7 @@ func TestRecordEffectRefusals(t *testing.T) {
 	g := reactor.Guarded(reactor.GuardConfig[string]{
 		// Reads one field, while the effect describes the whole record.
 		Probe: func(ctx context.Context, k string) (string, error) { return env.rdb.HGet(ctx, k, "email").Result() },
-		Restore: func(context.Context, string, string) (reactor.RestoreResult, error) {
+		Restore: func(context.Context, string, string, string) (reactor.RestoreResult, error) {
 			return reactor.RestoreWritten, nil
 		},
 	})

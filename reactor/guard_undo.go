@@ -79,7 +79,7 @@ func guardedOnce(ctx context.Context, g *Guard, resource string, ef *effectRec) 
 		return verdict{kind: verdictConflict, observed: fp, observedEnc: enc,
 			why: "the resource is neither at the state the step left nor at the state before it: somebody else changed it"}, nil
 	}
-	res, err := g.restore(ctx, resource, ef.Before)
+	res, err := g.restore(ctx, resource, ef.Before, ef.After)
 	if err != nil {
 		return verdict{observed: fp, observedEnc: enc}, fmt.Errorf("restore %q: %w", resource, err)
 	}

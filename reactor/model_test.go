@@ -717,7 +717,7 @@ func (h *hist) part(st *mStep, path string, childWindow time.Duration, seed int6
 	case mGuarded:
 		g := reactor.Guarded(reactor.GuardConfig[string]{
 			Probe: func(ctx context.Context, k string) (string, error) { return h.get(k), nil },
-			Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+			Restore: func(ctx context.Context, k, before, _ string) (reactor.RestoreResult, error) {
 				h.mu.Lock()
 				h.calls[path]++
 				h.oks[path]++

@@ -30,7 +30,7 @@ func hashGuard(rdb *redis.Client) *reactor.Guard {
 		Probe: func(ctx context.Context, key string) (map[string]string, error) {
 			return rdb.HGetAll(ctx, key).Result()
 		},
-		Restore: func(ctx context.Context, key string, before map[string]string) (reactor.RestoreResult, error) {
+		Restore: func(ctx context.Context, key string, before, _ map[string]string) (reactor.RestoreResult, error) {
 			_, err := rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				p.Del(ctx, key)
 				if len(before) > 0 {

@@ -29,7 +29,7 @@ func newTierFix(e *env, name string) *tierFix {
 	f := &tierFix{e: e}
 	guard := reactor.Guarded(reactor.GuardConfig[string]{
 		Probe: f.get,
-		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+		Restore: func(ctx context.Context, k, before, _ string) (reactor.RestoreResult, error) {
 			return reactor.RestoreWritten, e.rdb.Set(ctx, k, before, 0).Err()
 		},
 	})

@@ -38,7 +38,7 @@ func TestGuardedUndoClobberScenarioThroughAWorker(t *testing.T) {
 	var restores atomic.Int32
 	guard := reactor.Guarded(reactor.GuardConfig[string]{
 		Probe: get,
-		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+		Restore: func(ctx context.Context, k, before, _ string) (reactor.RestoreResult, error) {
 			restores.Add(1)
 			return reactor.RestoreWritten, f.rdb.Set(ctx, k, before, 0).Err()
 		},

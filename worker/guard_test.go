@@ -112,7 +112,7 @@ func newTiers(f *fixture, name string, clobbered int) *tiers {
 	tt := &tiers{f: f}
 	guard := reactor.Guarded(reactor.GuardConfig[string]{
 		Probe: tt.get,
-		Restore: func(ctx context.Context, k, before string) (reactor.RestoreResult, error) {
+		Restore: func(ctx context.Context, k, before, _ string) (reactor.RestoreResult, error) {
 			var n int
 			if _, err := fmt.Sscanf(k, f.prefix+":acct:%d:tier", &n); err == nil {
 				tt.restored[n].Add(1)
