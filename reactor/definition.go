@@ -63,8 +63,9 @@ func (f partFunc) apply(d *Definition) error { return f(d) }
 
 // Define builds and validates a definition. It fails, naming the step at
 // fault, on duplicate names, references to unknown inputs or steps,
-// dependency cycles, and bindings that name no field of the step's In type
-// (or no input of a composed child).
+// dependency cycles, bindings that name no field of the step's In type (or
+// no input of a composed child), and FromStep paths that name a field the
+// step's result type does not have (see FromStep).
 func Define(name string, parts ...Part) (*Definition, error) {
 	d := &Definition{name: name, byName: map[string]*stepDef{}}
 	if name == "" {
@@ -214,7 +215,13 @@ type Ref struct {
 func FromInput(name string, path ...string) Ref { return Ref{kind: refInput, name: name, path: path} }
 
 // FromStep refers to the result of an earlier step, optionally to a field
-// inside it. The reference makes the step depend on it.
+// inside it (a path of field names as encoded, map keys and list indexes).
+// The reference makes the step depend on it. When the step's result type is
+// known (a plain step's Out; a compose or construct that reports it), Define
+// follows the path through its structs, pointers and lists and refuses a
+// name the type has no field for, listing the fields it has; past a map, an
+// interface, Raw or a type that encodes itself the path is checked only
+// when the run reads it.
 func FromStep(step string, path ...string) Ref { return Ref{kind: refStep, name: step, path: path} }
 
 // Const is a constant argument.
@@ -539,6 +546,9 @@ func (d *Definition) validate() error {
 			if err := checkRef(s.name, r); err != nil {
 				return err
 			}
+			if err := d.checkStepPath(s.name, name, r); err != nil {
+				return err
+			}
 			if r.kind == refStep {
 				deps[r.name] = true
 			}
@@ -567,6 +577,9 @@ func (d *Definition) validate() error {
 	if d.returns != nil {
 		if err := checkRef("", *d.returns); err != nil {
 			return &DefinitionError{Reactor: d.name, Reason: "Returns " + err.(*DefinitionError).Reason}
+		}
+		if err := d.checkStepPath("", "", *d.returns); err != nil {
+			return err
 		}
 	}
 	if err := d.checkConstructBindings(); err != nil {
