@@ -114,7 +114,12 @@ type inputOptionFunc func(in *inputDef) error
 
 func (f inputOptionFunc) applyInput(in *inputDef) error { return f(in) }
 
-// Input declares an input of type T.
+// Input declares an input of type T. A value given for it must decode into
+// T, with one conversion: numbers as encoding/json decodes them into a map
+// (float64, or json.Number with UseNumber) convert to an integer T, or an
+// integer field, element or map value inside T, when they are whole numbers
+// in range (a float64 below 2^53 in magnitude), and a json.Number to a
+// float; other numbers are refused with an *InputError saying why.
 func Input[T any](name string, opts ...InputOption) Part {
 	return partFunc(func(d *Definition) error {
 		in := &inputDef{name: name, typ: reflect.TypeFor[T]()}

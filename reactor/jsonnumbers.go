@@ -47,7 +47,10 @@ var (
 
 // numberError says why a number given for a numeric type was refused.
 type numberError struct {
-	path []string // struct fields, map keys and list indexes to the value
+	// path leads to the value: struct fields, list indexes, and map keys,
+	// marked with mapKeyMark (a key is data, and not shown for a
+	// sensitive input).
+	path []string
 	want reflect.Type
 	got  string // as describeEncoded puts it: `float 2.5`, `number "2.5"`
 	why  string
@@ -60,10 +63,21 @@ func (e *numberError) message(sensitive bool) string {
 	}
 	m := fmt.Sprintf("want %s, got %s: %s", e.want, got, e.why)
 	if len(e.path) > 0 {
-		m = fmt.Sprintf("field %q: %s", strings.Join(e.path, "."), m)
+		path := make([]string, len(e.path))
+		for i, p := range e.path {
+			key, isKey := strings.CutPrefix(p, mapKeyMark)
+			if isKey && sensitive {
+				key = "(a key)"
+			}
+			path[i] = key
+		}
+		m = fmt.Sprintf("field %q: %s", strings.Join(path, "."), m)
 	}
 	return m
 }
+
+// mapKeyMark starts a map key's segment in numberError's path.
+const mapKeyMark = "\x00"
 
 // fitNumbers returns v with the JSON numbers in it converted for type t,
 // or the first number that does not fit.
@@ -121,7 +135,7 @@ func fitNumbers(v any, t reflect.Type, path []string) (any, *numberError) {
 		out := make(map[string]any, len(m))
 		for k, e := range m {
 			var err *numberError
-			if out[k], err = fitNumbers(e, t.Elem(), append(slices.Clip(path), k)); err != nil {
+			if out[k], err = fitNumbers(e, t.Elem(), append(slices.Clip(path), mapKeyMark+k)); err != nil {
 				return nil, err
 			}
 		}

@@ -122,6 +122,8 @@ func TestInputsFromJSONNumbersRefused(t *testing.T) {
 		reactor.Input[[]Line]("lines"),
 		reactor.Input[string]("card", reactor.Sensitive()),
 		reactor.Input[int]("pin", reactor.Sensitive()),
+		reactor.Input[map[string]int]("stock"),
+		reactor.Input[map[string]int]("codes", reactor.Sensitive()),
 		reactor.Step("noop", reactor.StepConfig[reactor.Args, int]{
 			Run: func(context.Context, reactor.Args) (int, error) { return 0, nil },
 		}),
@@ -149,6 +151,8 @@ func TestInputsFromJSONNumbersRefused(t *testing.T) {
 		{map[string]any{"lines": []any{map[string]any{"qty": 1.0}, map[string]any{"qty": json.Number("1.5")}}},
 			`input "lines": field "1.qty": want int, got number "1.5": not a whole number`},
 		{map[string]any{"pin": json.Number("12.5")}, `input "pin": want int, got number (value not shown: sensitive input): not a whole number`},
+		{map[string]any{"stock": map[string]any{"b-1": 1.5}}, `input "stock": field "b-1": want int, got float 1.5: not a whole number`},
+		{map[string]any{"codes": map[string]any{"alice@example.com": 1.5}}, `input "codes": field "(a key)": want int, got float (value not shown: sensitive input): not a whole number`},
 	} {
 		_, err := env.engine.Run(ctxTimeout(t), def, tc.inputs)
 		var ie *reactor.InputError
