@@ -63,8 +63,9 @@ func (f partFunc) apply(d *Definition) error { return f(d) }
 
 // Define builds and validates a definition. It fails, naming the step at
 // fault, on duplicate names, references to unknown inputs or steps,
-// dependency cycles, and bindings that name no field of the step's In type
-// (or no input of a composed child).
+// dependency cycles, bindings that name no field of the step's In type (or
+// no input of a composed child), and FromStep paths that name a field the
+// step's result type does not have (see FromStep).
 func Define(name string, parts ...Part) (*Definition, error) {
 	d := &Definition{name: name, byName: map[string]*stepDef{}}
 	if name == "" {
@@ -113,7 +114,12 @@ type inputOptionFunc func(in *inputDef) error
 
 func (f inputOptionFunc) applyInput(in *inputDef) error { return f(in) }
 
-// Input declares an input of type T.
+// Input declares an input of type T. A value given for it must decode into
+// T, with one conversion: numbers as encoding/json decodes them into a map
+// (float64, or json.Number with UseNumber) convert to an integer T, or an
+// integer field, element or map value inside T, when they are whole numbers
+// in range (a float64 below 2^53 in magnitude), and a json.Number to a
+// float; other numbers are refused with an *InputError saying why.
 func Input[T any](name string, opts ...InputOption) Part {
 	return partFunc(func(d *Definition) error {
 		in := &inputDef{name: name, typ: reflect.TypeFor[T]()}
@@ -214,7 +220,13 @@ type Ref struct {
 func FromInput(name string, path ...string) Ref { return Ref{kind: refInput, name: name, path: path} }
 
 // FromStep refers to the result of an earlier step, optionally to a field
-// inside it. The reference makes the step depend on it.
+// inside it (a path of field names as encoded, map keys and list indexes).
+// The reference makes the step depend on it. When the step's result type is
+// known (a plain step's Out; a compose or construct that reports it), Define
+// follows the path through its structs, pointers and lists and refuses a
+// name the type has no field for, listing the fields it has; past a map, an
+// interface, Raw or a type that encodes itself the path is checked only
+// when the run reads it.
 func FromStep(step string, path ...string) Ref { return Ref{kind: refStep, name: step, path: path} }
 
 // Const is a constant argument.
@@ -539,6 +551,9 @@ func (d *Definition) validate() error {
 			if err := checkRef(s.name, r); err != nil {
 				return err
 			}
+			if err := d.checkStepPath(s.name, name, r); err != nil {
+				return err
+			}
 			if r.kind == refStep {
 				deps[r.name] = true
 			}
@@ -567,6 +582,9 @@ func (d *Definition) validate() error {
 	if d.returns != nil {
 		if err := checkRef("", *d.returns); err != nil {
 			return &DefinitionError{Reactor: d.name, Reason: "Returns " + err.(*DefinitionError).Reason}
+		}
+		if err := d.checkStepPath("", "", *d.returns); err != nil {
+			return err
 		}
 	}
 	if err := d.checkConstructBindings(); err != nil {

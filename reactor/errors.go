@@ -53,10 +53,12 @@ func (e *InputError) Error() string {
 type DefinitionError struct {
 	Reactor, Step, Reason string
 	// Binding is the binding at fault, when one is: a name that matches no
-	// field of the step's In type (or no input of a composed child).
+	// field of the step's In type (or no input of a composed child), or a
+	// binding whose FromStep path the step's result cannot have.
 	Binding string
 	// Fields are the names that binding could have used: the In type's
-	// fields as the codec decodes them, or the child's inputs.
+	// fields as the codec decodes them, the child's inputs, or the fields
+	// of the result's type where its FromStep path went wrong.
 	Fields []string
 }
 

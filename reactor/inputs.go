@@ -14,9 +14,22 @@ import (
 // present, defaults fill the rest, every value must decode into its declared
 // type and pass its validators. Unknown inputs are rejected so that a typo
 // does not silently become a missing input.
+// Numbers decoded from JSON are converted first where the input's type
+// wants a number (fitNumbers, jsonnumbers.go).
 func (d *Definition) prepareInputs(given map[string]any) (map[string]Raw, error) {
+	declared := make(map[string]*inputDef, len(d.inputs))
+	for _, in := range d.inputs {
+		declared[in.name] = in
+	}
 	raw := make(map[string]Raw, len(given))
 	for k, v := range given {
+		if in := declared[k]; in != nil {
+			fit, nerr := fitNumbers(v, in.typ, nil)
+			if nerr != nil {
+				return nil, &InputError{Reactor: d.name, Input: k, Reason: nerr.message(in.sensitive)}
+			}
+			v = fit
+		}
 		b, err := codec.Marshal(v)
 		if err != nil {
 			return nil, &InputError{Reactor: d.name, Input: k, Reason: "cannot be encoded: " + err.Error()}

@@ -31,7 +31,7 @@ func TestInputTypeErrorsSpeakUserTerms(t *testing.T) {
 		want   string
 	}{
 		{map[string]any{"qty": "three"}, `reactor: order: input "qty": want int, got string "three"`},
-		{map[string]any{"qty": 1.5}, `reactor: order: input "qty": want int, got float 1.5`},
+		{map[string]any{"qty": 1.5}, `reactor: order: input "qty": want int, got float 1.5: not a whole number`},
 		{map[string]any{"qty": []int{1, 2}}, `reactor: order: input "qty": want int, got list of 2`},
 		{map[string]any{"line": map[string]any{"sku": "b-1", "qty": "two"}},
 			`reactor: order: input "line": field "qty": want int, got string "two"`},

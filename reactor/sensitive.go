@@ -53,7 +53,7 @@ func (d *Definition) hasSensitive() bool {
 // a sensitive input: `string "4111..."` becomes `string (value not shown:
 // sensitive input)`.
 func redactKind(got string) string {
-	for _, k := range []string{"string", "bool", "int", "float", "bytes", "list", "map"} {
+	for _, k := range []string{"string", "bool", "int", "float", "number", "bytes", "list", "map"} {
 		if got == k || strings.HasPrefix(got, k+" ") {
 			return k + " (value not shown: sensitive input)"
 		}
