@@ -274,7 +274,9 @@ func TestDetailPanicStack(t *testing.T) {
 	require.Contains(t, d.Failure.Stack, "panicWhilePaying")
 
 	plain := reactor.MustDefine("ps-plain", reactor.Step("pay", reactor.StepConfig[reactor.Args, string]{
-		Run: func(context.Context, reactor.Args) (string, error) { return "", reactor.Permanent(errors.New("card declined")) },
+		Run: func(context.Context, reactor.Args) (string, error) {
+			return "", reactor.Permanent(errors.New("card declined"))
+		},
 	}))
 	_, err = e.engine.Run(ctx, plain, nil, reactor.WithRunID("ps-2"))
 	require.NoError(t, err)
