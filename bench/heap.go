@@ -106,6 +106,20 @@ func (b *bench) heapCompare(ctx context.Context) (*heapReport, error) {
 	return r, nil
 }
 
+// missed names the heap ratios above the target.
+func (r *heapReport) missed() []string {
+	var out []string
+	for _, m := range []struct {
+		name  string
+		ratio float64
+	}{{"inline_heap_ratio", r.InlineRatio}, {"fanout_heap_ratio", r.FanoutRatio}} {
+		if m.ratio > r.Target {
+			out = append(out, fmt.Sprintf("%s %.2f (want <= %.2f)", m.name, m.ratio, r.Target))
+		}
+	}
+	return out
+}
+
 func (r *heapReport) print(w io.Writer) {
 	fmt.Fprintf(w, "\ngoreactor bench -heap: this process's heap in use (max after GC) during the rollback; paging source, no undo latency\n")
 	fmt.Fprintf(w, "redis: %s\nmachine: %s\nworkers: %d in this process, batch %d\n\n", r.Redis, r.Machine, r.Workers, r.BatchSize)

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -18,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/goreactor/goreactor/internal/redistest"
+	"github.com/goreactor/goreactor/internal/version"
 )
 
 // TestMain doubles as the worker subprocess: with -procs > 0 the benchmark
@@ -25,6 +27,10 @@ import (
 func TestMain(m *testing.M) {
 	if spec := os.Getenv(workerEnv); spec != "" {
 		os.Exit(workerMain(spec, os.Stdin, os.Stdout, os.Stderr))
+	}
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		return
 	}
 	code := m.Run()
 	redistest.Shutdown()
@@ -40,7 +46,23 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// tiny is a benchmark configuration small enough for a test.
+// runMainEnv makes the test binary the bench command (main), for tests of
+// its exit status.
+const runMainEnv = "GOREACTOR_TEST_RUN_BENCH_MAIN"
+
+// -version prints the version and exits 0 without touching Redis.
+func TestVersionFlag(t *testing.T) {
+	t.Parallel()
+	cmd := exec.CommandContext(t.Context(), os.Args[0], "-version")
+	cmd.Env = append(os.Environ(), runMainEnv+"=1", "REDIS_URL=redis://127.0.0.1:1/0")
+	out, err := cmd.Output()
+	require.NoError(t, err)
+	require.Equal(t, version.Line()+"\n", string(out))
+}
+
+// tiny is a benchmark configuration small enough for a test. It reports
+// missed targets without failing (-no-fail): the speed targets are set for
+// the default run, and a loaded machine misses them.
 func tiny(t *testing.T) config {
 	t.Helper()
 	opts := redistest.Options()
@@ -54,6 +76,7 @@ func tiny(t *testing.T) config {
 		json:         true,
 		sweepWorkers: []int{1, 2},
 		doubleUndo:   -1,
+		noFail:       true,
 	}
 }
 
@@ -134,6 +157,12 @@ func TestDefaultRunJSON(t *testing.T) {
 			require.Greater(t, waiting, 0.0)
 			require.LessOrEqual(t, waiting, 30.0) // B + B/2
 			require.Len(t, out["targets"], 4)
+			for _, tg := range out["targets"].([]any) {
+				tg := tg.(map[string]any)
+				// The speedup target is set for 10 workers and 2,000
+				// elements: not this run's.
+				require.Equal(t, tg["name"] != "speedup", tg["enforced"], "%v", tg)
+			}
 			own := redis.NewClient(&redis.Options{Addr: srv.Addr})
 			defer own.Close()
 			requireNoKeysAt(t, own, out)
@@ -247,6 +276,31 @@ func TestCancelStopsWorkers(t *testing.T) {
 	}
 }
 
+// A missed enforced target fails the run after the report, naming the
+// target; -no-fail, a target not enforced, or a report without targets
+// (the sweep) do not.
+func TestMissedTargetsFail(t *testing.T) {
+	t.Parallel()
+	r := &report{Targets: []targetCheck{
+		{Name: "speedup", Want: ">= 8", Got: 2, Note: "the target is set for 10 workers, 10 ms, 2,000 elements: not enforced"},
+		{Name: "baseline_ratio", Want: ">= 0.33", Got: 0.21, Enforced: true},
+		{Name: "roundtrips_per_element_forward", Want: "<= 6", Got: 5, Met: true, Enforced: true},
+	}}
+	err := missedTargets(r, false)
+	var missed *missedError
+	require.ErrorAs(t, err, &missed)
+	require.Equal(t, []string{"baseline_ratio 0.21 (want >= 0.33)"}, missed.targets)
+	require.EqualError(t, err, "performance target(s) missed: baseline_ratio 0.21 (want >= 0.33) (-no-fail reports them without failing)")
+	require.NoError(t, missedTargets(r, true))
+	r.Targets[1].Met = true
+	require.NoError(t, missedTargets(r, false))
+
+	h := &heapReport{InlineRatio: 1.1, FanoutRatio: 1.4, Target: heapTarget}
+	require.EqualError(t, missedTargets(h, false), "performance target(s) missed: fanout_heap_ratio 1.40 (want <= 1.25) (-no-fail reports them without failing)")
+	require.NoError(t, missedTargets(h, true))
+	require.NoError(t, missedTargets(&sweepReport{}, false))
+}
+
 func TestParseFlags(t *testing.T) {
 	t.Parallel()
 	cfg, err := parseFlags(nil, &bytes.Buffer{})
@@ -257,6 +311,15 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 50, cfg.batch)
 	require.Equal(t, 10*time.Millisecond, cfg.undoLatency)
 	require.Equal(t, defaultSweep, cfg.sweepWorkers)
+	require.False(t, cfg.noFail)
+
+	cfg, err = parseFlags([]string{"-no-fail"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	require.True(t, cfg.noFail)
+	// -version needs nothing else, and wins over flags it makes moot.
+	cfg, err = parseFlags([]string{"-version", "-heap", "5"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	require.True(t, cfg.version)
 
 	cfg, err = parseFlags([]string{"-heap", "10000, 100000"}, &bytes.Buffer{})
 	require.NoError(t, err)

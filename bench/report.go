@@ -70,13 +70,27 @@ type report struct {
 }
 
 // targetCheck is one performance target of issue #7 and whether this run
-// met it. A missed target is reported, not an error.
+// met it. A missed target fails the run (exit status 1, unless -no-fail)
+// when it is enforced: a target set for another configuration than the
+// run's is reported with a note saying so, and does not count.
 type targetCheck struct {
-	Name string  `json:"name"`
-	Want string  `json:"want"`
-	Got  float64 `json:"got"`
-	Met  bool    `json:"met"`
-	Note string  `json:"note,omitempty"`
+	Name     string  `json:"name"`
+	Want     string  `json:"want"`
+	Got      float64 `json:"got"`
+	Met      bool    `json:"met"`
+	Note     string  `json:"note,omitempty"`
+	Enforced bool    `json:"enforced"`
+}
+
+// missed names the enforced targets the run missed, with what it got.
+func (r *report) missed() []string {
+	var out []string
+	for _, t := range r.Targets {
+		if t.Enforced && !t.Met {
+			out = append(out, fmt.Sprintf("%s %.2f (want %s)", t.Name, t.Got, t.Want))
+		}
+	}
+	return out
 }
 
 // defaultRun is the run without -sweep or -heap.
@@ -176,13 +190,14 @@ func (b *bench) defaultRun(ctx context.Context) (*report, error) {
 
 	speedNote := ""
 	if c.workers != 10 || c.undoLatency != 10*time.Millisecond || c.elements != 2000 {
-		speedNote = "the target is set for 10 workers, 10 ms, 2,000 elements"
+		speedNote = "the target is set for 10 workers, 10 ms, 2,000 elements: not enforced"
 	}
 	r.Targets = []targetCheck{
-		{Name: "speedup", Want: ">= 8", Got: r.Speedup, Met: r.Speedup >= 8, Note: speedNote},
-		{Name: "baseline_ratio", Want: ">= 0.33", Got: r.BaselineRatio, Met: r.BaselineRatio >= 0.33},
-		{Name: "roundtrips_per_element_forward", Want: "<= 6", Got: r.RoundtripsPerElementForward, Met: r.RoundtripsPerElementForward <= 6},
-		{Name: "roundtrips_per_element_rollback", Want: "<= 7 (6 + 1 undone entry)", Got: r.RoundtripsPerElementRollback, Met: r.RoundtripsPerElementRollback <= 7},
+		{Name: "speedup", Want: ">= 8", Got: r.Speedup, Met: r.Speedup >= 8, Note: speedNote, Enforced: speedNote == ""},
+		{Name: "baseline_ratio", Want: ">= 0.33", Got: r.BaselineRatio, Met: r.BaselineRatio >= 0.33, Enforced: true},
+		{Name: "roundtrips_per_element_forward", Want: "<= 6", Got: r.RoundtripsPerElementForward, Met: r.RoundtripsPerElementForward <= 6, Enforced: true},
+		{Name: "roundtrips_per_element_rollback", Want: "<= 7 (6 + 1 undone entry)", Got: r.RoundtripsPerElementRollback,
+			Met: r.RoundtripsPerElementRollback <= 7, Enforced: true},
 	}
 	b.mu.Lock()
 	r.Failures = append([]string{}, b.failures...)

@@ -61,8 +61,11 @@ type elementOf struct {
 }
 
 type failureDetail struct {
-	Step             string            `json:"step"`
-	Message          string            `json:"message"`
+	Step    string `json:"step"`
+	Message string `json:"message"`
+	// Stack is the goroutine's stack when the step panicked (the stored
+	// failure's reactor.PanicError), else "".
+	Stack            string            `json:"stack,omitempty"`
 	RollbackFailures []rollbackFailure `json:"rollback_failures"`
 }
 
@@ -242,6 +245,9 @@ func detailOf(run *reactor.Run, maps []inspect.Map, now time.Time) runDetail {
 	}
 	if f := run.Failure; f != nil {
 		d.Failure = &failureDetail{Step: f.Step, Message: f.Message, RollbackFailures: []rollbackFailure{}}
+		if p := (*reactor.PanicError)(nil); errors.As(f, &p) {
+			d.Failure.Stack = p.Stack
+		}
 		for _, rf := range f.RollbackFailures {
 			d.Failure.RollbackFailures = append(d.Failure.RollbackFailures, rollbackFailure{Step: rf.Step, Kind: string(rf.Kind), Message: rf.Message})
 		}

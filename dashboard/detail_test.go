@@ -255,6 +255,39 @@ func TestDetailFailedInChild(t *testing.T) {
 	require.Nil(t, d.Rollback)
 }
 
+// A step that panicked: the run's failure carries the panic's stack; a
+// plain failure has none.
+func TestDetailPanicStack(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	ctx := ctxTimeout(t, 20*time.Second)
+	def := reactor.MustDefine("ps-panic", reactor.Step("pay", reactor.StepConfig[reactor.Args, string]{
+		Run: func(context.Context, reactor.Args) (string, error) { panicWhilePaying(); return "", nil },
+	}))
+	res, err := e.engine.Run(ctx, def, nil, reactor.WithRunID("ps-1"))
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	var d runDetail
+	e.get("/api/runs/ps-1", http.StatusOK, &d)
+	require.Equal(t, "pay", d.Failure.Step)
+	require.Contains(t, d.Failure.Message, "step panicked: the card reader caught fire")
+	require.Contains(t, d.Failure.Stack, "panicWhilePaying")
+
+	plain := reactor.MustDefine("ps-plain", reactor.Step("pay", reactor.StepConfig[reactor.Args, string]{
+		Run: func(context.Context, reactor.Args) (string, error) {
+			return "", reactor.Permanent(errors.New("card declined"))
+		},
+	}))
+	_, err = e.engine.Run(ctx, plain, nil, reactor.WithRunID("ps-2"))
+	require.NoError(t, err)
+	var p runDetail
+	e.get("/api/runs/ps-2", http.StatusOK, &p)
+	require.Equal(t, "card declined", p.Failure.Message)
+	require.Empty(t, p.Failure.Stack)
+}
+
+func panicWhilePaying() { panic("the card reader caught fire") }
+
 // The step a run stopped at shows as it happened: failed on its third
 // attempt, or halted with its reason; never pending.
 func TestDetailStoppedSteps(t *testing.T) {

@@ -160,6 +160,7 @@ type runDetail struct {
 	Failure *struct {
 		Step             string `json:"step"`
 		Message          string `json:"message"`
+		Stack            string `json:"stack"`
 		RollbackFailures []struct {
 			Step, Kind, Message string
 		} `json:"rollback_failures"`

@@ -121,16 +121,21 @@ func (x *execution) emit(ctx context.Context, ev Event) {
 	x.e.emit(ctx, ev)
 }
 
-// eventLevel is an event's log level. Warn is kept for what an operator
-// must act on: an undo or compensate that failed (something stays applied),
-// a run that ended with rollback failures, a lost run lock. A failing step
-// or a failed run that rolled back cleanly is the system working (Info for
-// runs, Info for a step's failure and retries, Debug for other step
-// events). An element run's events are all Debug: its map reports the
+// eventLevel is an event's log level. Error is kept for a step's Run, Undo
+// or Compensate that panicked: a bug in the step, logged with its stack
+// (see panicOf). Warn is for what an operator must act on: an undo or
+// compensate that failed (something stays applied), a run that ended with
+// rollback failures, a lost run lock. A failing step or a failed run that
+// rolled back cleanly is the system working (Info for runs, Info for a
+// step's failure and retries, Debug for other step events). An element
+// run's events are all Debug, its panics included: its map reports the
 // failures on the owner.
 func eventLevel(ev Event) slog.Level {
 	if ev.Element {
 		return slog.LevelDebug
+	}
+	if panicOf(ev) != nil {
+		return slog.LevelError
 	}
 	switch ev.Kind {
 	case EventStepUndoFailed, EventCompensateFail, EventRunLockLost:
@@ -147,6 +152,23 @@ func eventLevel(ev Event) slog.Level {
 		return slog.LevelDebug // a step, or a composed child's run event
 	}
 	return slog.LevelInfo
+}
+
+// panicOf is the panic of a step's call that an event reports: its Run
+// failing or retrying, its Undo or Compensate failing. Only these events
+// carry a panic's stack, so each panic is logged with it once: the run's
+// failure that follows repeats the message alone.
+func panicOf(ev Event) *PanicError {
+	switch ev.Kind {
+	case EventStepFailed, EventStepRetrying, EventStepUndoFailed, EventCompensateFail:
+	default:
+		return nil
+	}
+	var p *PanicError
+	if errors.As(ev.Err, &p) {
+		return p
+	}
+	return nil
 }
 
 func (e *Engine) emit(ctx context.Context, ev Event) {
@@ -169,6 +191,9 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	}
 	if ev.Err != nil {
 		attrs = append(attrs, slog.String("error", ev.Err.Error()))
+	}
+	if p := panicOf(ev); p != nil {
+		attrs = append(attrs, slog.String("stack", p.Stack))
 	}
 	if ev.TraceID != "" {
 		attrs = append(attrs, slog.String("trace_id", ev.TraceID))

@@ -21,6 +21,7 @@ import (
 	"github.com/goreactor/goreactor/internal/envflag"
 	"github.com/goreactor/goreactor/internal/metricshttp"
 	"github.com/goreactor/goreactor/internal/redisurl"
+	"github.com/goreactor/goreactor/internal/version"
 	"github.com/goreactor/goreactor/metrics"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
@@ -47,6 +48,9 @@ import (
 //	-sweep-interval    GOREACTOR_SWEEP_INTERVAL    0 (off)
 //	-metrics-addr      GOREACTOR_METRICS_ADDR      "" (off; e.g. :9101 serves /metrics)
 //
+// -version prints "goreactor <version>" (the goreactor module's version
+// this program was built with) on stdout and exits 0.
+//
 // The queues are read in one place for both sides of the worker: it serves
 // every queue listed, and its engine's Enqueuer (a Client: hand-offs,
 // map elements, sweeps) enqueues on the first one. With -sweep-interval
@@ -66,18 +70,18 @@ import (
 // running ones, whose runs stay checkpointed and are delivered again if cut
 // short; a second signal during that wait kills the process.
 //
-// Exit status: 0 after a graceful stop (or -h), 2 for a malformed flag or
+// Exit status: 0 after a graceful stop (or -h, -version), 2 for a malformed flag or
 // environment variable, 1 for anything else, such as a Redis that does not
 // answer at startup (the message names the URL, password redacted).
 //
 // Use Run instead to embed the worker in a program of your own or to set
 // engine options (hooks, middleware, retention) that have no flag.
 func Main(defs ...*reactor.Definition) {
-	os.Exit(mainStatus(defs, os.Args[1:], os.Getenv, os.Stderr))
+	os.Exit(mainStatus(defs, os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
 // mainStatus is Main up to its exit status.
-func mainStatus(defs []*reactor.Definition, args []string, getenv func(string) string, stderr io.Writer) int {
+func mainStatus(defs []*reactor.Definition, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	// Once the first signal arrived the handlers are released, so a second
@@ -85,7 +89,7 @@ func mainStatus(defs []*reactor.Definition, args []string, getenv func(string) s
 	context.AfterFunc(ctx, stop)
 
 	var log *slog.Logger
-	err := run(ctx, Options{Definitions: defs, Args: args, Getenv: getenv, Stderr: stderr}, func(l *slog.Logger) {
+	err := run(ctx, Options{Definitions: defs, Args: args, Getenv: getenv, Stdout: stdout, Stderr: stderr}, func(l *slog.Logger) {
 		log = l
 		slog.SetDefault(l)
 		redis.SetLogger(redisLogger{l})
@@ -121,6 +125,8 @@ type Options struct {
 	Getenv func(string) string
 	// Stderr receives the JSON logs and the flags' usage. Default os.Stderr.
 	Stderr io.Writer
+	// Stdout receives the line -version prints. Default os.Stdout.
+	Stdout io.Writer
 	// Engine, when set, adjusts the engine's config after the flags filled
 	// it in and before the engine is made: set Hooks, Middleware,
 	// Retention, UndoTimeout and the like here. Client, Prefix and Enqueuer
@@ -149,7 +155,8 @@ func (e *UsageError) Unwrap() error { return e.Err }
 // opts.Definitions until ctx ends, then shuts down gracefully (up to
 // -shutdown-timeout for running tasks) and returns. It returns nil after a
 // graceful stop, flag.ErrHelp when the arguments ask for help (the usage is
-// on opts.Stderr), a *UsageError for a malformed setting, and any other
+// on opts.Stderr), nil at once for -version (its line on opts.Stdout,
+// nothing connected), a *UsageError for a malformed setting, and any other
 // error when the worker could not start or stop.
 //
 // Unlike Main, Run sets no process-wide state: slog's default logger and
@@ -170,7 +177,14 @@ func run(ctx context.Context, opts Options, logger func(*slog.Logger)) error {
 	if opts.Stderr == nil {
 		opts.Stderr = os.Stderr
 	}
+	if opts.Stdout == nil {
+		opts.Stdout = os.Stdout
+	}
 	cfg, err := parseSettings(opts.Args, opts.Getenv, opts.Stderr)
+	if errors.Is(err, errVersion) {
+		_, err = fmt.Fprintln(opts.Stdout, version.Line())
+		return err
+	}
 	if err != nil {
 		return err
 	}
@@ -198,14 +212,18 @@ type settings struct {
 	metricsAddr     string
 }
 
+// errVersion is parseSettings' answer to -version.
+var errVersion = errors.New("worker: -version")
+
 // parseSettings reads the flags, each defaulting to its environment
 // variable and then to its built-in default. Every error is a *UsageError,
-// except flag.ErrHelp.
+// except flag.ErrHelp and errVersion.
 func parseSettings(args []string, getenv func(string) string, stderr io.Writer) (settings, error) {
 	var (
-		cfg    settings
-		queues string
-		level  string
+		cfg         settings
+		queues      string
+		level       string
+		showVersion bool
 	)
 	env := envflag.New(getenv)
 
@@ -226,13 +244,17 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 		"run the sweeper (runs and maps) every interval in this process (0: off); env GOREACTOR_SWEEP_INTERVAL")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env.String("GOREACTOR_METRICS_ADDR", ""),
 		"serve Prometheus metrics at http://ADDR/metrics (empty: off); env GOREACTOR_METRICS_ADDR")
+	fs.BoolVar(&showVersion, "version", false, "print goreactor's version and exit")
 	usage := func(err error) (settings, error) { return cfg, &UsageError{Err: err} }
-	if err := env.Err(); err != nil {
-		return usage(err)
-	}
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return cfg, err
 	} else if err != nil {
+		return usage(err)
+	}
+	if showVersion { // whatever the environment holds
+		return cfg, errVersion
+	}
+	if err := env.Err(); err != nil {
 		return usage(err)
 	}
 	if fs.NArg() > 0 {

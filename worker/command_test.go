@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/redistest"
+	"github.com/goreactor/goreactor/internal/version"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -119,6 +120,13 @@ func TestRunRefuses(t *testing.T) {
 	require.ErrorContains(t, err, "-concurrency 0: must be at least 1")
 
 	require.ErrorIs(t, run(worker.Options{Args: []string{"-help"}}), flag.ErrHelp)
+
+	// -version: its line on Stdout and nil, before the environment or Redis.
+	var out strings.Builder
+	require.NoError(t, worker.Run(t.Context(), worker.Options{Definitions: []*reactor.Definition{def}, Args: []string{"-version"},
+		Getenv: func(k string) string { return map[string]string{"GOREACTOR_CONCURRENCY": "many", "REDIS_URL": "redis://127.0.0.1:1/0"}[k] },
+		Stdout: &out, Stderr: &strings.Builder{}}))
+	require.Equal(t, version.Line()+"\n", out.String())
 
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)

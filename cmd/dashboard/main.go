@@ -15,6 +15,7 @@
 //	-control-queue GOREACTOR_CONTROL_QUEUE goreactor (where actions on runs without a queue of their own go:
 //	                                          a queue your workers serve)
 //	-log-level  GOREACTOR_LOG_LEVEL       info
+//	-version                              print "goreactor <version>" and exit
 //
 // The actions need a token, read only from the environment so that it never
 // shows in a process list: GOREACTOR_DASHBOARD_TOKEN. Without it they are
@@ -44,11 +45,12 @@ import (
 	"github.com/goreactor/goreactor/dashboard"
 	"github.com/goreactor/goreactor/internal/envflag"
 	"github.com/goreactor/goreactor/internal/redisurl"
+	"github.com/goreactor/goreactor/internal/version"
 	"github.com/goreactor/goreactor/worker"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Getenv, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
 const (
@@ -64,6 +66,7 @@ type config struct {
 	control  string
 	token    string
 	logLevel slog.Level
+	version  bool // -version: print the version, nothing else
 }
 
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
@@ -82,10 +85,14 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&cfg.control, "control-queue", env.String("GOREACTOR_CONTROL_QUEUE", worker.DefaultQueue),
 		"asynq queue of the actions' control tasks for runs enqueued without a queue of their own (one the workers serve); env GOREACTOR_CONTROL_QUEUE")
 	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"), "debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
-	if err := env.Err(); err != nil {
+	fs.BoolVar(&cfg.version, "version", false, "print goreactor's version and exit")
+	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
-	if err := fs.Parse(args); err != nil {
+	if cfg.version { // whatever the environment holds
+		return cfg, nil
+	}
+	if err := env.Err(); err != nil {
 		return cfg, err
 	}
 	if fs.NArg() > 0 {
@@ -109,7 +116,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	return cfg, nil
 }
 
-func run(args []string, getenv func(string) string, stderr io.Writer) int {
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	cfg, err := parseConfig(args, getenv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -117,6 +124,10 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "dashboard: %v\n", err)
 		return 2
+	}
+	if cfg.version {
+		fmt.Fprintln(stdout, version.Line())
+		return 0
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
 	slog.SetDefault(log)

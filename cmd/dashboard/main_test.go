@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/redistest"
+	"github.com/goreactor/goreactor/internal/version"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -42,7 +43,17 @@ func TestParseConfig(t *testing.T) {
 		_, err := parseConfig(args, env(nil), io.Discard)
 		require.Error(t, err, "%q", args)
 	}
-	require.Equal(t, 2, run([]string{"-addr", "x"}, env(nil), io.Discard))
+	require.Equal(t, 2, run([]string{"-addr", "x"}, env(nil), io.Discard, io.Discard))
+}
+
+// -version prints the version on stdout and exits 0, before anything else
+// is read or checked (a malformed environment, no Redis).
+func TestVersion(t *testing.T) {
+	var out strings.Builder
+	bad := env(map[string]string{"GOREACTOR_DASHBOARD_ADDR": "nohost", "REDIS_URL": "redis://127.0.0.1:1/0"})
+	require.Equal(t, 0, run([]string{"-version"}, bad, &out, io.Discard))
+	require.Equal(t, version.Line()+"\n", out.String())
+	require.Regexp(t, `^goreactor \S+\n$`, out.String())
 }
 
 // The binary serves the API against a real Redis and shuts down when its

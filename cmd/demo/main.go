@@ -3,6 +3,7 @@
 // back, and a composed trip that is undone afterwards.
 //
 //	go run ./cmd/demo
+//	go run ./cmd/demo -version   # prints "goreactor <version>"
 //
 // It uses the Redis named by REDIS_URL, and fails if that does not answer;
 // with REDIS_URL unset, one on 127.0.0.1:6379, else an embedded in-process
@@ -16,7 +17,9 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -31,16 +34,40 @@ import (
 
 	"github.com/goreactor/goreactor/examples"
 	"github.com/goreactor/goreactor/internal/redisurl"
+	"github.com/goreactor/goreactor/internal/version"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
 func main() {
-	if err := run(); err != nil {
-		fmt.Fprintf(os.Stderr, "\ndemo FAILED: %v\n", err)
-		os.Exit(1)
+	os.Exit(mainStatus(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// mainStatus is main up to its exit status: 0, 1 when the demo failed, 2
+// for a bad command line. Its only flag is -version.
+func mainStatus(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	showVersion := fs.Bool("version", false, "print goreactor's version and exit")
+	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
+		return 0
+	} else if err != nil {
+		return 2
 	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "demo: unexpected arguments %q\n", fs.Args())
+		return 2
+	}
+	if *showVersion {
+		fmt.Fprintln(stdout, version.Line())
+		return 0
+	}
+	if err := run(); err != nil {
+		fmt.Fprintf(stderr, "\ndemo FAILED: %v\n", err)
+		return 1
+	}
+	return 0
 }
 
 // The demo takes a few seconds on a real Redis (longer on the embedded

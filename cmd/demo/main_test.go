@@ -10,6 +10,8 @@ import (
 	"testing"
 
 	"go.uber.org/goleak"
+
+	"github.com/goreactor/goreactor/internal/version"
 )
 
 func TestMain(m *testing.M) {
@@ -37,8 +39,7 @@ func TestDemoEmbedded(t *testing.T) {
 // an embedded Redis. The test binary runs main itself as the subprocess.
 func TestHardeningRedisURLNotAnswering(t *testing.T) {
 	if os.Getenv(runMainEnv) == "1" {
-		main()
-		return
+		os.Exit(mainStatus(nil, os.Stdout, os.Stderr))
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -57,6 +58,21 @@ func TestHardeningRedisURLNotAnswering(t *testing.T) {
 	}
 	if !strings.Contains(string(out), url) || !strings.Contains(string(out), "does not answer") {
 		t.Fatalf("output does not name %s as not answering:\n%s", url, out)
+	}
+}
+
+// -version prints the version and exits 0 without running the demo; a bad
+// command line exits 2.
+func TestVersionFlag(t *testing.T) {
+	var out, errs strings.Builder
+	if code := mainStatus([]string{"-version"}, &out, &errs); code != 0 || out.String() != version.Line()+"\n" {
+		t.Fatalf("-version: exit %d, output %q (stderr %q), want 0 and %q", code, out.String(), errs.String(), version.Line()+"\n")
+	}
+	if code := mainStatus([]string{"-nope"}, &out, &errs); code != 2 {
+		t.Fatalf("-nope: exit %d, want 2", code)
+	}
+	if code := mainStatus([]string{"extra"}, &out, &errs); code != 2 {
+		t.Fatalf("extra: exit %d, want 2", code)
 	}
 }
 

@@ -21,6 +21,7 @@
 //	-metrics-addr  GOREACTOR_METRICS_ADDR      "" (off; e.g. :9102 serves /metrics)
 //	-log-level     GOREACTOR_LOG_LEVEL         info
 //	-once                                      run one pass and exit
+//	-version                                   print "goreactor <version>" and exit
 //
 // Each pass takes a leader lock first, so any number of replicas (or a cron
 // job overlapping a loop) sweep one at a time; a replica that finds the lock
@@ -48,6 +49,7 @@ import (
 	"github.com/goreactor/goreactor/internal/envflag"
 	"github.com/goreactor/goreactor/internal/metricshttp"
 	"github.com/goreactor/goreactor/internal/redisurl"
+	"github.com/goreactor/goreactor/internal/version"
 	"github.com/goreactor/goreactor/metrics"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
@@ -55,7 +57,7 @@ import (
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Getenv, os.Stderr))
+	os.Exit(run(os.Args[1:], os.Getenv, os.Stdout, os.Stderr))
 }
 
 const pingTimeout = 5 * time.Second
@@ -74,6 +76,7 @@ type config struct {
 	leaderTTL   time.Duration
 	metricsAddr string
 	logLevel    slog.Level
+	version     bool // -version: print the version, nothing else
 }
 
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
@@ -104,10 +107,14 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env.String("GOREACTOR_METRICS_ADDR", ""),
 		"serve Prometheus metrics (the sweeper's, the runs gauge, Go runtime and process) at http://ADDR/metrics; empty: off; env GOREACTOR_METRICS_ADDR")
 	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"), "debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
-	if err := env.Err(); err != nil {
+	fs.BoolVar(&cfg.version, "version", false, "print goreactor's version and exit")
+	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
-	if err := fs.Parse(args); err != nil {
+	if cfg.version { // whatever the environment holds
+		return cfg, nil
+	}
+	if err := env.Err(); err != nil {
 		return cfg, err
 	}
 	if fs.NArg() > 0 {
@@ -135,7 +142,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	return cfg, nil
 }
 
-func run(args []string, getenv func(string) string, stderr io.Writer) int {
+func run(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	cfg, err := parseConfig(args, getenv, stderr)
 	if errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -143,6 +150,10 @@ func run(args []string, getenv func(string) string, stderr io.Writer) int {
 	if err != nil {
 		fmt.Fprintf(stderr, "sweeper: %v\n", err)
 		return 2
+	}
+	if cfg.version {
+		fmt.Fprintln(stdout, version.Line())
+		return 0
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
 	slog.SetDefault(log)

@@ -18,6 +18,7 @@ import (
 	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/internal/promtest"
 	"github.com/goreactor/goreactor/internal/redistest"
+	"github.com/goreactor/goreactor/internal/version"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -62,14 +63,24 @@ func TestParseConfig(t *testing.T) {
 	if _, err := parseConfig(nil, envOf(map[string]string{"GOREACTOR_SWEEP_RUN_PAGE": "many"}), io.Discard); err == nil {
 		t.Error("a non-integer env var was accepted")
 	}
-	if code := run([]string{"-interval", "soon"}, envOf(nil), io.Discard); code != 2 {
+	if code := run([]string{"-interval", "soon"}, envOf(nil), io.Discard, io.Discard); code != 2 {
 		t.Errorf("bad flag: exit %d, want 2", code)
+	}
+}
+
+// -version prints the version on stdout and exits 0, whatever the
+// environment holds and with no Redis.
+func TestVersion(t *testing.T) {
+	var out strings.Builder
+	bad := envOf(map[string]string{"GOREACTOR_SWEEP_RUN_PAGE": "many", "REDIS_URL": "redis://127.0.0.1:1/0"})
+	if code := run([]string{"-version"}, bad, &out, io.Discard); code != 0 || out.String() != version.Line()+"\n" {
+		t.Errorf("-version: exit %d, output %q, want 0 and %q", code, out.String(), version.Line()+"\n")
 	}
 }
 
 func TestNoRedisExitsOne(t *testing.T) {
 	var out bytes.Buffer
-	if code := run([]string{"-once", "-redis", "redis://127.0.0.1:1/0"}, envOf(nil), &out); code != 1 {
+	if code := run([]string{"-once", "-redis", "redis://127.0.0.1:1/0"}, envOf(nil), io.Discard, &out); code != 1 {
 		t.Fatalf("exit %d, want 1; output:\n%s", code, out.String())
 	}
 	if !strings.Contains(out.String(), "does not answer PING") {
@@ -92,7 +103,7 @@ func passLine(t *testing.T, out string) map[string]any {
 func TestOnceSweepsAndLogsASummary(t *testing.T) {
 	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
 	var out bytes.Buffer
-	if code := run([]string{"-once", "-redis", redisURL(), "-prefix", prefix, "-queue", queue}, envOf(nil), &out); code != 0 {
+	if code := run([]string{"-once", "-redis", redisURL(), "-prefix", prefix, "-queue", queue}, envOf(nil), io.Discard, &out); code != 0 {
 		t.Fatalf("exit %d; output:\n%s", code, out.String())
 	}
 	m := passLine(t, out.String())
@@ -123,7 +134,7 @@ func TestHardeningOnceTrimsTheListingIndexes(t *testing.T) {
 		}
 	}
 	var out bytes.Buffer
-	if code := run([]string{"-once", "-retention", "24h", "-redis", redisURL(), "-prefix", prefix, "-queue", queue}, envOf(nil), &out); code != 0 {
+	if code := run([]string{"-once", "-retention", "24h", "-redis", redisURL(), "-prefix", prefix, "-queue", queue}, envOf(nil), io.Discard, &out); code != 0 {
 		t.Fatalf("exit %d; output:\n%s", code, out.String())
 	}
 	m := passLine(t, out.String())
@@ -144,7 +155,7 @@ func TestOnceSkipsWhileAnotherSweeperLeads(t *testing.T) {
 	}
 	defer func() { _ = lease.Release(context.Background()) }()
 	var out bytes.Buffer
-	if code := run([]string{"-once", "-log-level", "debug", "-redis", redisURL(), "-prefix", prefix, "-queue", queue}, envOf(nil), &out); code != 0 {
+	if code := run([]string{"-once", "-log-level", "debug", "-redis", redisURL(), "-prefix", prefix, "-queue", queue}, envOf(nil), io.Discard, &out); code != 0 {
 		t.Fatalf("exit %d; output:\n%s", code, out.String())
 	}
 	if passLine(t, out.String()) != nil || !strings.Contains(out.String(), "reactor.sweep.skipped") {

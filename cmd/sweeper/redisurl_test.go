@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -19,7 +20,7 @@ func TestHardeningRedisURLNotAnswering(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out bytes.Buffer
-	if code := run([]string{"-once"}, envOf(map[string]string{"REDIS_URL": url}), &out); code != 1 {
+	if code := run([]string{"-once"}, envOf(map[string]string{"REDIS_URL": url}), io.Discard, &out); code != 1 {
 		t.Fatalf("exit %d, want 1; output:\n%s", code, out.String())
 	}
 	if !strings.Contains(out.String(), url) {

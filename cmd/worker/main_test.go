@@ -18,6 +18,7 @@ import (
 
 	"github.com/goreactor/goreactor/examples"
 	"github.com/goreactor/goreactor/internal/redistest"
+	"github.com/goreactor/goreactor/internal/version"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -80,6 +81,11 @@ func TestExitStatus(t *testing.T) {
 	code, out := exitCode(t, command(t, []string{"-h"}))
 	if code != 0 || !strings.Contains(out, "-sweep-interval") || !strings.Contains(out, "GOREACTOR_QUEUE") {
 		t.Errorf("-h: exit %d, output:\n%s", code, out)
+	}
+	// -version: its line alone, whatever the environment holds, no Redis.
+	code, out = exitCode(t, command(t, []string{"-version"}, "GOREACTOR_CONCURRENCY=many", "REDIS_URL=redis://127.0.0.1:1/0"))
+	if code != 0 || out != version.Line()+"\n" {
+		t.Errorf("-version: exit %d, output %q, want 0 and %q", code, out, version.Line()+"\n")
 	}
 	for _, tc := range []struct {
 		args []string

@@ -49,6 +49,12 @@
     box.appendChild(h('div', { class: 'failure-main' },
       h('span', { class: 'fail-step' }, f.step || '(run)'),
       h('span', { class: 'failure-msg' }, f.message)));
+    // A step that panicked: its stack, folded (it can run to many lines).
+    if (f.stack) {
+      box.appendChild(h('details', { class: 'failure-stack' },
+        h('summary', null, 'stack (the step panicked)'),
+        h('pre', { class: 'json' }, f.stack)));
+    }
     var rf = f.rollback_failures || [];
     if (rf.length) {
       box.appendChild(h('h3', { class: 'sub' }, 'Rollback failures (' + rf.length + ')'));

@@ -1,0 +1,73 @@
+package reactor_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// A step whose Run panics, and an undo that panics during the rollback, are
+// each logged once at Error with the panic's stack as an attribute; the
+// run's failure stored in Redis carries the step's stack.
+func TestPanicLoggedAtErrorWithStack(t *testing.T) {
+	t.Parallel()
+	var buf syncBuffer
+	env := newEnv(t, func(c *reactor.Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	def := reactor.MustDefine("panic-logs",
+		reactor.Step("a", reactor.StepConfig[reactor.Args, int]{
+			Run:  func(context.Context, reactor.Args) (int, error) { return 1, nil },
+			Undo: func(context.Context, reactor.Args, int) error { panicInUndo(); return nil },
+		}),
+		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"a"},
+			Run:   func(context.Context, reactor.Args) (int, error) { panicInRun(); return 0, nil },
+		}),
+	)
+	ctx := ctxTimeout(t)
+	res, err := env.engine.Run(ctx, def, nil)
+	require.NoError(t, err)
+	run, err := env.engine.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, run.Status)
+
+	stacks := map[string]string{} // event/step -> stack
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &rec), l)
+		ev, _ := rec["event"].(string)
+		stack, has := rec["stack"].(string)
+		switch ev {
+		case string(reactor.EventStepFailed), string(reactor.EventStepUndoFailed):
+			require.Equal(t, "ERROR", rec["level"], l)
+			require.True(t, has, "no stack attribute: %s", l)
+			key := ev + "/" + rec["step"].(string)
+			require.NotContains(t, stacks, key, "logged twice: %s", l)
+			stacks[key] = stack
+		default:
+			require.False(t, has, "only the step's own event carries the stack: %s", l)
+			require.NotEqual(t, "ERROR", rec["level"], l)
+		}
+	}
+	require.Contains(t, stacks[string(reactor.EventStepFailed)+"/b"], "panicInRun")
+	require.Contains(t, stacks[string(reactor.EventStepUndoFailed)+"/a"], "panicInUndo")
+
+	// The stored failure, read back from Redis, unwraps to the PanicError.
+	require.NotNil(t, run.Failure)
+	require.Equal(t, "b", run.Failure.Step)
+	var p *reactor.PanicError
+	require.True(t, errors.As(run.Failure, &p), "failure %v", run.Failure)
+	require.Equal(t, "run went wrong", p.Value)
+	require.Contains(t, p.Stack, "panicInRun")
+}
+
+func panicInRun()  { panic("run went wrong") }
+func panicInUndo() { panic("undo went wrong") }
