@@ -124,7 +124,9 @@ func TestRunRefuses(t *testing.T) {
 	// -version: its line on Stdout and nil, before the environment or Redis.
 	var out strings.Builder
 	require.NoError(t, worker.Run(t.Context(), worker.Options{Definitions: []*reactor.Definition{def}, Args: []string{"-version"},
-		Getenv: func(k string) string { return map[string]string{"GOREACTOR_CONCURRENCY": "many", "REDIS_URL": "redis://127.0.0.1:1/0"}[k] },
+		Getenv: func(k string) string {
+			return map[string]string{"GOREACTOR_CONCURRENCY": "many", "REDIS_URL": "redis://127.0.0.1:1/0"}[k]
+		},
 		Stdout: &out, Stderr: &strings.Builder{}}))
 	require.Equal(t, version.Line()+"\n", out.String())
 
