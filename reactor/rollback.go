@@ -678,7 +678,7 @@ func (x *execution) partsState(path string, err error) RollbackStatus {
 // by its rollback) is kept once.
 func (x *execution) addRollbackFailure(rb *RollbackRecord, rf RollbackFailure) {
 	if slices.ContainsFunc(rb.Failure.RollbackFailures, func(o RollbackFailure) bool {
-		return o.Step == rf.Step && o.Reason == rf.Reason && o.Run == rf.Run && o.Entry == rf.Entry
+		return o.Step == rf.Step && o.Kind == rf.Kind && o.Reason == rf.Reason && o.Run == rf.Run && o.Entry == rf.Entry
 	}) {
 		return
 	}
