@@ -184,10 +184,12 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 		attrs = append(attrs, slog.String("status", string(ev.Status)))
 	}
 	if ev.Duration > 0 {
-		attrs = append(attrs, slog.Duration("duration", ev.Duration))
+		// As text ("1.25s"): slog's JSON handler writes a Duration as
+		// nanoseconds, which nobody reads at a glance.
+		attrs = append(attrs, slog.String("duration", ev.Duration.String()))
 	}
 	if ev.Delay > 0 {
-		attrs = append(attrs, slog.Duration("delay", ev.Delay))
+		attrs = append(attrs, slog.String("delay", ev.Delay.String()))
 	}
 	if ev.Err != nil {
 		attrs = append(attrs, slog.String("error", ev.Err.Error()))

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -71,3 +72,41 @@ func TestPanicLoggedAtErrorWithStack(t *testing.T) {
 
 func panicInRun()  { panic("run went wrong") }
 func panicInUndo() { panic("undo went wrong") }
+
+// Durations in the engine's logs read as durations ("5ms"), not as raw
+// nanoseconds.
+func TestLoggedDurationsAreText(t *testing.T) {
+	t.Parallel()
+	var buf syncBuffer
+	env := newEnv(t, func(c *reactor.Config) {
+		c.Logger = slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	calls := 0
+	def := reactor.MustDefine("log-durations", reactor.Step("flaky", reactor.StepConfig[reactor.Args, int]{
+		Retry: reactor.Retry{MaxAttempts: 2, Backoff: reactor.Fixed(5 * time.Millisecond)},
+		Run: func(context.Context, reactor.Args) (int, error) {
+			if calls++; calls == 1 {
+				return 0, errors.New("not yet")
+			}
+			return 1, nil
+		},
+	}))
+	_, err := env.engine.Run(ctxTimeout(t), def, nil)
+	require.NoError(t, err)
+	seen := map[string]string{}
+	for _, l := range strings.Split(strings.TrimSpace(buf.String()), "\n") {
+		var rec map[string]any
+		require.NoError(t, json.Unmarshal([]byte(l), &rec), l)
+		for _, k := range []string{"duration", "delay"} {
+			if v, ok := rec[k]; ok {
+				s, isText := v.(string)
+				require.True(t, isText, "%s is %T in %s", k, v, l)
+				_, perr := time.ParseDuration(s)
+				require.NoError(t, perr, l)
+				seen[k] = s
+			}
+		}
+	}
+	require.Equal(t, "5ms", seen["delay"], "the retry's backoff is logged as text")
+	require.Contains(t, seen, "duration")
+}
