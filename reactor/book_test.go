@@ -187,14 +187,7 @@ func TestRestoreReceivesBeforeAndAfter(t *testing.T) {
 		Probe: func(ctx context.Context, k string) (string, error) { return kv.get(ctx, k), nil },
 		Restore: func(ctx context.Context, k, before, after string) (reactor.RestoreResult, error) {
 			got = [2]string{before, after}
-			ok, err := casScript.Run(ctx, env.rdb, []string{k}, after, before).Int()
-			if err != nil {
-				return "", err
-			}
-			if ok == 0 {
-				return reactor.RestorePreconditionFailed, nil
-			}
-			return reactor.RestoreApplied, nil
+			return casRestore(ctx, env.rdb, k, before, after)
 		},
 	})
 	def := reactor.MustDefine("cas-after", kv.setStep("set", key, "v1", g))

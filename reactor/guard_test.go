@@ -27,6 +27,19 @@ type kvStore struct {
 
 var casScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('SET', KEYS[1], ARGV[2]) return 1 end return 0`)
 
+// casRestore is a Restore of a store that compares and writes atomically:
+// key goes back to before only if it still holds after.
+func casRestore(ctx context.Context, rdb *redis.Client, key, before, after string) (reactor.RestoreResult, error) {
+	ok, err := casScript.Run(ctx, rdb, []string{key}, after, before).Int()
+	if err != nil {
+		return "", err
+	}
+	if ok == 0 {
+		return reactor.RestorePreconditionFailed, nil
+	}
+	return reactor.RestoreApplied, nil
+}
+
 func (s *kvStore) get(ctx context.Context, key string) string {
 	v, err := s.rdb.Get(ctx, key).Result()
 	if errors.Is(err, redis.Nil) {
@@ -269,14 +282,7 @@ func TestGuardedUndoVerdicts(t *testing.T) {
 			},
 			Restore: func(ctx context.Context, k, before, after string) (reactor.RestoreResult, error) {
 				restores.Add(1)
-				ok, err := casScript.Run(ctx, env.rdb, []string{k}, after, before).Int()
-				if err != nil {
-					return "", err
-				}
-				if ok == 0 {
-					return reactor.RestorePreconditionFailed, nil
-				}
-				return reactor.RestoreApplied, nil
+				return casRestore(ctx, env.rdb, k, before, after)
 			},
 		})
 		def := reactor.MustDefine("verdict-cas", kv.setStep("set", key, "v1", g))

@@ -298,29 +298,11 @@ func (q *sweepEnqueuer) redundantWake(ctx context.Context, w reactor.Wake) bool 
 		ids = append(ids, replaced(base, "r4")...) // and its redeliveries
 	}
 	for _, id := range ids {
-		info, err := q.insp.GetTaskInfo(queue, id)
-		if err != nil {
-			continue
-		}
-		state := info.State.String()
-		switch info.State {
-		case asynq.TaskStatePending, asynq.TaskStateRetry, asynq.TaskStateScheduled:
-		case asynq.TaskStateActive:
-			pid, holder := q.holder(ctx, id)
-			switch {
-			case holder == holderLive:
-				state = fmt.Sprintf("active on live worker pid %d", pid)
-			case holder == holderUnlisted && q.leaseAhead(ctx, id) > 25*time.Second &&
-				q.rdb.Exists(ctx, q.keys.RunLock(w.RunID)).Val() == 1:
-				// Picked up within the last heartbeat (5 s), so not listed
-				// yet, and holding the run: its worker lives (a worker
-				// killed that soon left an expired lock, which is why the
-				// sweeper woke the run).
-				state = "active, just picked up"
-			default:
-				continue // orphaned by a kill: the wake-up is the recovery
-			}
-		default:
+		// A task picked up that recently is still the run's only if it
+		// holds the run (a worker killed that soon left an expired lock,
+		// which is why the sweeper woke the run).
+		state, ok := q.stillQueued(ctx, id, func() bool { return q.rdb.Exists(ctx, q.keys.RunLock(w.RunID)).Val() == 1 })
+		if !ok {
 			continue
 		}
 		q.tally("wakes_with_queued_resume")
@@ -350,26 +332,8 @@ func (q *sweepEnqueuer) redundantResume(ctx context.Context, w reactor.Wake) boo
 	iter := q.rdb.Scan(ctx, 0, taskKey+"resume:"+w.RunID+":sweep:*", 1000).Iterator()
 	for iter.Next(ctx) {
 		id := strings.TrimPrefix(iter.Val(), taskKey)
-		info, err := q.insp.GetTaskInfo(queue, id)
-		if err != nil {
-			continue
-		}
-		state := info.State.String()
-		switch info.State {
-		case asynq.TaskStatePending, asynq.TaskStateRetry, asynq.TaskStateScheduled:
-		case asynq.TaskStateActive:
-			pid, holder := q.holder(ctx, id)
-			switch {
-			case holder == holderLive:
-				state = fmt.Sprintf("active on live worker pid %d", pid)
-			case holder == holderUnlisted && q.leaseAhead(ctx, id) > 25*time.Second:
-				// Picked up within the last heartbeat (5 s), so not listed
-				// yet: a worker killed that soon left an expired lock.
-				state = "active, just picked up"
-			default:
-				continue // orphaned by a kill: the resume is the recovery
-			}
-		default:
+		state, ok := q.stillQueued(ctx, id, func() bool { return true })
+		if !ok {
 			continue
 		}
 		q.tally("resumes_with_queued_wake")
@@ -379,6 +343,31 @@ func (q *sweepEnqueuer) redundantResume(ctx context.Context, w reactor.Wake) boo
 		return true
 	}
 	return false
+}
+
+// stillQueued reports whether task id is still queued, or running on a
+// live worker, and says how. An active task on no listed worker counts only
+// if it was picked up within the last heartbeat (5 s: its worker is not
+// listed yet) and picked() confirms it; any other active task was orphaned
+// by a kill.
+func (q *sweepEnqueuer) stillQueued(ctx context.Context, id string, picked func() bool) (string, bool) {
+	info, err := q.insp.GetTaskInfo(queue, id)
+	if err != nil {
+		return "", false
+	}
+	switch info.State {
+	case asynq.TaskStatePending, asynq.TaskStateRetry, asynq.TaskStateScheduled:
+		return info.State.String(), true
+	case asynq.TaskStateActive:
+		pid, holder := q.holder(ctx, id)
+		switch {
+		case holder == holderLive:
+			return fmt.Sprintf("active on live worker pid %d", pid), true
+		case holder == holderUnlisted && q.leaseAhead(ctx, id) > 25*time.Second && picked():
+			return "active, just picked up", true
+		}
+	}
+	return "", false
 }
 
 // lockFree flags an enqueue for a run or element whose lock is held. The
