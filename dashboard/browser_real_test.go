@@ -348,7 +348,7 @@ func TestBrowserResolveConflict(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, os.WriteFile(filepath.Join(shot, "resolve.png"), png, 0o644))
 
-	rep, err := st.engine.RollbackStatus(bg, id)
+	rep, err := st.engine.RollbackReport(bg, id)
 	require.NoError(t, err)
 	require.Empty(t, rep.ActionRequired)
 	waiting, err := st.engine.NeedsHuman(bg, 10)
@@ -401,7 +401,7 @@ func TestBrowserResolveAnElementConflictFromItsOwner(t *testing.T) {
 	poll("the owner's panel empties", `document.getElementById('action-panel').hidden &&
 		document.querySelectorAll('#action-required .action-item').length === 0`)
 
-	rep, err := st.engine.RollbackStatus(bg, elemID)
+	rep, err := st.engine.RollbackReport(bg, elemID)
 	require.NoError(t, err)
 	require.Empty(t, rep.ActionRequired, "resolved on the element run")
 	waiting, err := st.engine.NeedsHuman(bg, 10)

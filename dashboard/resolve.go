@@ -100,7 +100,7 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request, id, entry stri
 	}
 	h.log.Info("a conflicted undo was resolved from the dashboard", "event", "reactor.dashboard.resolve", "run", id, "entry", entry,
 		"resolution", string(req.Kind))
-	rep, err := h.engine.RollbackStatus(context.WithoutCancel(ctx), id)
+	rep, err := h.engine.RollbackReport(context.WithoutCancel(ctx), id)
 	if err != nil {
 		h.serverError(w, r, err)
 		return
@@ -166,7 +166,7 @@ func (h *Handler) needsHuman(w http.ResponseWriter, r *http.Request) {
 			h.serverError(w, r, err)
 			return
 		}
-		rep, err := h.engine.RollbackStatus(ctx, id)
+		rep, err := h.engine.RollbackReport(ctx, id)
 		if errors.Is(err, reactor.ErrNotFound) || errors.Is(err, reactor.ErrNoRollback) {
 			continue
 		}

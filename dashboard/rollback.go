@@ -16,7 +16,7 @@ func (h *Handler) rollbackStatus(w http.ResponseWriter, r *http.Request, id stri
 		writeError(w, http.StatusBadRequest, "run id: "+err.Error())
 		return
 	}
-	rep, err := h.engine.RollbackStatus(r.Context(), id)
+	rep, err := h.engine.RollbackReport(r.Context(), id)
 	switch {
 	case errors.Is(err, reactor.ErrNotFound):
 		writeError(w, http.StatusNotFound, "no run "+id+" is stored (unknown id, or its retention expired)")
@@ -44,7 +44,7 @@ func (h *Handler) audit(w http.ResponseWriter, r *http.Request, id string) {
 	}
 	ctx := r.Context()
 	if _, err := h.engine.Get(ctx, id); errors.Is(err, reactor.ErrNotFound) {
-		if _, eerr := h.engine.RollbackStatus(ctx, id); errors.Is(eerr, reactor.ErrNotFound) {
+		if _, eerr := h.engine.RollbackReport(ctx, id); errors.Is(eerr, reactor.ErrNotFound) {
 			writeError(w, http.StatusNotFound, "no run "+id+" is stored (unknown id, or its retention expired)")
 			return
 		}

@@ -259,7 +259,7 @@ func TestHardeningFailingElementRollbackFailuresKeepTheirPath(t *testing.T) {
 		require.Len(t, f.RollbackFailures, 1, "%+v", f.RollbackFailures)
 		rf := f.RollbackFailures[0]
 		require.Equal(t, fmt.Sprintf("each[%d]/reserve", bad), rf.Step)
-		require.Equal(t, reactor.KindUndo, rf.Kind)
+		require.Equal(t, reactor.ActionUndo, rf.Kind)
 		require.Contains(t, rf.Message, "cannot release the reservation of item 3")
 	}
 	hxSameFailure(t, inline, fanOut)

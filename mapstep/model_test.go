@@ -1149,7 +1149,7 @@ func (h *mmHist) pickOp(r *rand.Rand) mmOp {
 			run := h.runOf(e)
 			desc := fmt.Sprintf("Resolve %s of %s %s", e.id, run, kind)
 			// The entry id, as the run's report gives it.
-			rep, err := h.eng.RollbackStatus(h.ctx, run)
+			rep, err := h.eng.RollbackReport(h.ctx, run)
 			if err != nil {
 				return desc, "RollbackStatus of a run with a conflict failed: " + mmErrClass(err), err.Error(), true
 			}
@@ -1318,7 +1318,7 @@ func (h *mmHist) checkState() (category, detail string, soft bool) {
 			continue
 		}
 		id := h.elemID(i)
-		rep, err := h.eng.RollbackStatus(ctx, id)
+		rep, err := h.eng.RollbackReport(ctx, id)
 		if err != nil {
 			return "RollbackStatus of a rolled back element failed: " + mmErrClass(err), err.Error(), false
 		}
@@ -1353,7 +1353,7 @@ func (h *mmHist) checkState() (category, detail string, soft bool) {
 	// The owner's report.
 	open := m.open(h)
 	if m.gen > 0 {
-		rep, err := h.eng.RollbackStatus(ctx, h.runID)
+		rep, err := h.eng.RollbackReport(ctx, h.runID)
 		if err != nil {
 			return "RollbackStatus of the owner failed: " + mmErrClass(err), err.Error(), false
 		}
@@ -1488,7 +1488,7 @@ func (h *mmHist) checkState() (category, detail string, soft bool) {
 // ownerReport is the engine's report of the owner, for a divergence's
 // detail.
 func (h *mmHist) ownerReport() string {
-	rep, err := h.eng.RollbackStatus(h.ctx, h.runID)
+	rep, err := h.eng.RollbackReport(h.ctx, h.runID)
 	if err != nil {
 		return "engine's owner report: " + mmErrClass(err)
 	}

@@ -246,7 +246,7 @@ func rollbackSteps(t *testing.T, fs []reactor.RollbackFailure) []string {
 	t.Helper()
 	out := make([]string, len(fs))
 	for i, f := range fs {
-		require.Equal(t, reactor.KindUndo, f.Kind, "%+v", f)
+		require.Equal(t, reactor.ActionUndo, f.Kind, "%+v", f)
 		out[i] = f.Step
 	}
 	slices.Sort(out)

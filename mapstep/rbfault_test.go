@@ -925,7 +925,7 @@ func TestRbFaultExpiredElementRun(t *testing.T) {
 				res, err = h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
 				require.NoError(t, err)
 			}
-			requireBoom(t, res, reactor.RollbackFailure{Step: "each[2]", Kind: reactor.KindUndo, Reason: "context_unavailable"})
+			requireBoom(t, res, reactor.RollbackFailure{Step: "each[2]", Kind: reactor.ActionUndo, Reason: "context_unavailable"})
 			require.Contains(t, res.Failure.RollbackFailures[0].Message, "element 2")
 
 			o := h.outcome(ctx, mapID, n-1-gone)

@@ -53,7 +53,7 @@ func rtItems(n int) []int {
 func rtFailures(failed ...int) []reactor.RollbackFailure {
 	var out []reactor.RollbackFailure
 	for j := len(failed) - 1; j >= 0; j-- {
-		out = append(out, reactor.RollbackFailure{Step: fmt.Sprintf("each[%d]/s2", failed[j]), Kind: reactor.KindUndo, Reason: ""})
+		out = append(out, reactor.RollbackFailure{Step: fmt.Sprintf("each[%d]/s2", failed[j]), Kind: reactor.ActionUndo, Reason: ""})
 	}
 	return out
 }

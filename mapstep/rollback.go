@@ -625,7 +625,7 @@ func retryElement(ctx context.Context, e *reactor.Engine, md meta, mapID string,
 }
 
 func unavailable(md meta, i int) rbOutcome {
-	return rbOutcome{Index: i, Outcome: rbContextUnavailable, Failures: []reactor.RollbackFailure{{Step: elementPath(md.Step, i), Kind: reactor.KindUndo, Reason: rbContextUnavailable,
+	return rbOutcome{Index: i, Outcome: rbContextUnavailable, Failures: []reactor.RollbackFailure{{Step: elementPath(md.Step, i), Kind: reactor.ActionUndo, Reason: rbContextUnavailable,
 		Message: fmt.Sprintf("element %d completed but its run is gone (expired?); its steps were not undone", i)}}}
 }
 

@@ -56,7 +56,7 @@ func TestUndoStepsOfAFanOutMap(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, run.Ledger, 1)
 	require.Equal(t, "hold", run.Ledger[0].Step)
-	rep, err := f.engine.RollbackStatus(ctx, "tg")
+	rep, err := f.engine.RollbackReport(ctx, "tg")
 	require.NoError(t, err)
 	require.Equal(t, 1, rep.Generation)
 	require.Len(t, rep.Entries, 1)
@@ -72,7 +72,7 @@ func TestUndoStepsOfAFanOutMap(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCancelled, und.Status)
 	require.Equal(t, 1, keptUndone)
-	rep, err = f.engine.RollbackStatus(ctx, "tg")
+	rep, err = f.engine.RollbackReport(ctx, "tg")
 	require.NoError(t, err)
 	require.Equal(t, 2, rep.Generation)
 }

@@ -79,12 +79,12 @@ func TestElementUndoWindowsAreJudgedAtTheOwnersRollbackStart(t *testing.T) {
 			f.mu.Lock()
 			require.Empty(t, f.undone, "past their windows: none undone")
 			f.mu.Unlock()
-			rep, err := f.engine.RollbackStatus(ctx, mapstep.MapID("after", "each")+".3")
+			rep, err := f.engine.RollbackReport(ctx, mapstep.MapID("after", "each")+".3")
 			require.NoError(t, err)
 			require.Equal(t, reactor.RollbackOutOfWindow, rep.Entries[0].Status)
 			// The owner lists them: "roll back everything" never quietly
 			// means less than it says.
-			rep, err = f.engine.RollbackStatus(ctx, "after")
+			rep, err = f.engine.RollbackReport(ctx, "after")
 			require.NoError(t, err)
 			require.Equal(t, []string{"each[4]/do", "each[3]/do", "each[2]/do", "each[1]/do", "each[0]/do"}, rep.Summary.OutOfWindow)
 			require.Empty(t, res.Failure.RollbackFailures, "kept out of window is not a failure")

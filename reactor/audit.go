@@ -72,20 +72,6 @@ const (
 	AuditDiscarded AuditKind = "discarded"
 )
 
-// CompensatingAction is what a rollback calls for an entry.
-type CompensatingAction string
-
-// Compensating actions.
-const (
-	// ActionUndo: the step's Undo (a completed step).
-	ActionUndo CompensatingAction = "undo"
-	// ActionCompensate: the step's Compensate (the failing step, or one cut
-	// short).
-	ActionCompensate CompensatingAction = "compensate"
-	// ActionNone: nothing is registered to reverse the step.
-	ActionNone CompensatingAction = "none"
-)
-
 // AuditEntry is one entry of a run's audit stream.
 type AuditEntry struct {
 	// ID is the entry's stream id ("<ms>-<seq>"), increasing.
@@ -123,7 +109,7 @@ type AuditEntry struct {
 	Reason string `json:"reason,omitempty"`
 	// MessageHash is "sha256:<hex>" of a failure's message: the audit
 	// never holds free text, which may carry personal data; the readable
-	// message stays on the run (Run.Rollbacks, RollbackStatus).
+	// message stays on the run (Run.Rollbacks, Engine.RollbackReport).
 	MessageHash string `json:"message_sha256,omitempty"`
 	// Resource is the entry's resource, if it names one.
 	Resource string `json:"resource,omitempty"`

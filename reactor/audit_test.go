@@ -66,7 +66,7 @@ func TestRollbackReportAndAuditTrail(t *testing.T) {
 		"compensate:d", "undo:c", "undo:z", "undo:x", "undo:a"}, env.trail.all(),
 		"newest first, the child's entries inside the compose step's turn, and c's failure stops nothing")
 
-	rep, err := env.engine.RollbackStatus(ctx, "saga-1")
+	rep, err := env.engine.RollbackReport(ctx, "saga-1")
 	require.NoError(t, err)
 	require.Equal(t, "saga-1:rb:1", rep.RollbackID)
 	require.Equal(t, 1, rep.Generation)
@@ -211,7 +211,7 @@ func TestUndoTimeoutFailsTheEntry(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusFailed, res.Status)
 	require.Less(t, time.Since(began), 5*time.Second)
-	rep, err := env.engine.RollbackStatus(ctx, "hang")
+	rep, err := env.engine.RollbackReport(ctx, "hang")
 	require.NoError(t, err)
 	byStep := map[string]reactor.RollbackEntry{}
 	for _, e := range rep.Entries {
@@ -255,14 +255,14 @@ func TestUndoOfACompletedRunReportsKeptEffects(t *testing.T) {
 		onLedger = append(onLedger, e.Step)
 	}
 	require.Equal(t, []string{"a", "b"}, onLedger, "a step without Undo is not on the ledger")
-	_, err = env.engine.RollbackStatus(ctx, "kept")
+	_, err = env.engine.RollbackReport(ctx, "kept")
 	require.ErrorIs(t, err, reactor.ErrNoRollback)
-	_, err = env.engine.RollbackStatus(ctx, "no-such-run")
+	_, err = env.engine.RollbackReport(ctx, "no-such-run")
 	require.ErrorIs(t, err, reactor.ErrNotFound)
 
 	_, err = env.engine.Undo(ctx, "kept")
 	require.NoError(t, err)
-	rep, err := env.engine.RollbackStatus(ctx, "kept")
+	rep, err := env.engine.RollbackReport(ctx, "kept")
 	require.NoError(t, err)
 	var got []string
 	for _, e := range rep.Entries {
@@ -283,7 +283,7 @@ func TestUndoOfACompletedRunReportsKeptEffects(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusFailed, res.Status)
 	require.Empty(t, res.Failure.RollbackFailures, "kept effects do not fail the rollback")
-	rep, err = env.engine.RollbackStatus(ctx, "none")
+	rep, err = env.engine.RollbackReport(ctx, "none")
 	require.NoError(t, err)
 	require.Equal(t, reactor.RollbackNothingToDo, rep.Summary.Outcome)
 	require.Equal(t, []string{"fail", "n2", "n1"}, rep.Summary.Kept)
@@ -445,7 +445,7 @@ func TestRollbackStatusWhileRollingBack(t *testing.T) {
 		done <- err
 	}()
 	<-entered
-	rep, err := env.engine.RollbackStatus(ctx, "live")
+	rep, err := env.engine.RollbackReport(ctx, "live")
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusRollingBack, rep.Status)
 	require.Equal(t, reactor.TriggerFailure, rep.Trigger)
@@ -458,7 +458,7 @@ func TestRollbackStatusWhileRollingBack(t *testing.T) {
 	require.Equal(t, 2, rep.Summary.Outstanding)
 	close(release)
 	require.NoError(t, <-done)
-	rep, err = env.engine.RollbackStatus(ctx, "live")
+	rep, err = env.engine.RollbackReport(ctx, "live")
 	require.NoError(t, err)
 	require.True(t, rep.Summary.Settled)
 	require.Equal(t, reactor.RollbackReverted, rep.Summary.Outcome)

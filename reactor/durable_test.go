@@ -66,7 +66,7 @@ func TestComposeFoldsChildEntriesAndRollsBackIntoTheChild(t *testing.T) {
 	require.NoError(t, err)
 	var undone []string
 	for _, r := range run.Rollbacks {
-		if r.Kind == reactor.KindUndo {
+		if r.Kind == reactor.ActionUndo {
 			undone = append(undone, r.Step)
 		}
 	}

@@ -188,9 +188,9 @@ func TestUndoFailuresAreCollectedAndRollbackContinues(t *testing.T) {
 	require.Equal(t, reactor.StatusFailed, res.Status)
 	require.Equal(t, "boom", res.Failure.Message)
 	require.Equal(t, []reactor.RollbackFailure{
-		{Step: "c", Kind: reactor.KindCompensate, Message: "cleanup failed"},
-		{Step: "slow_undo", Kind: reactor.KindUndo, Reason: "reactor.deadline_exceeded", Message: context.DeadlineExceeded.Error()},
-		{Step: "b", Kind: reactor.KindUndo, Message: "refund service down"},
+		{Step: "c", Kind: reactor.ActionCompensate, Message: "cleanup failed"},
+		{Step: "slow_undo", Kind: reactor.ActionUndo, Reason: "reactor.deadline_exceeded", Message: context.DeadlineExceeded.Error()},
+		{Step: "b", Kind: reactor.ActionUndo, Message: "refund service down"},
 	}, res.Failure.RollbackFailures)
 	require.Equal(t, []string{"run:a", "run:b", "undo:slow_undo", "undo:b", "undo:a"}, tr.all(), "a is undone after b's undo failed")
 

@@ -45,7 +45,7 @@ func TestGuardedSecondConflictOfTheSameEntry(t *testing.T) {
 	require.NoError(t, err)
 	require.Contains(t, waiting, "again")
 	require.NoError(t, env.engine.Resolve(ctx, "again", id, reactor.ResolvedLeftApplied, "leave it"))
-	rep, err := env.engine.RollbackStatus(ctx, "again")
+	rep, err := env.engine.RollbackReport(ctx, "again")
 	require.NoError(t, err)
 	require.Empty(t, rep.ActionRequired)
 }
@@ -81,7 +81,7 @@ func TestGuardedStepCutShortIsAFailure(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, u.Failure.RollbackFailures, 1)
 	require.Equal(t, "reactor.step_interrupted", u.Failure.RollbackFailures[0].Reason)
-	rep, err := env.engine.RollbackStatus(ctx, "cut")
+	rep, err := env.engine.RollbackReport(ctx, "cut")
 	require.NoError(t, err)
 	require.Equal(t, reactor.RollbackNeedsHuman, rep.Summary.Outcome)
 }

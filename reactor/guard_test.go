@@ -122,7 +122,7 @@ func TestGuardedUndoNeverClobbersAConcurrentWrite(t *testing.T) {
 			require.Equal(t, "ada@corrected.test", kv.get(ctx, key), "the rollback left the concurrent write alone")
 			require.Equal(t, restores, kv.restores.Load(), "Restore was never called")
 
-			rep, err := env.engine.RollbackStatus(ctx, res.RunID)
+			rep, err := env.engine.RollbackReport(ctx, res.RunID)
 			require.NoError(t, err)
 			require.Equal(t, reactor.RollbackNeedsHuman, rep.Summary.Outcome)
 			byStep := map[string]reactor.RollbackEntry{}
@@ -184,7 +184,7 @@ func TestGuardedUndoNeverClobbersAConcurrentWrite(t *testing.T) {
 			require.NotContains(t, waiting, res.RunID)
 
 			final, err := env.engine.RetryRollback(ctx, res.RunID)
-			rep, rerr := env.engine.RollbackStatus(ctx, res.RunID)
+			rep, rerr := env.engine.RollbackReport(ctx, res.RunID)
 			require.NoError(t, rerr)
 			byStep = map[string]reactor.RollbackEntry{}
 			for _, e := range rep.Entries {
@@ -221,7 +221,7 @@ func TestGuardedUndoVerdicts(t *testing.T) {
 	env := newEnv(t)
 	ctx := ctxTimeout(t)
 	statusOf := func(t *testing.T, id string) reactor.RollbackEntry {
-		rep, err := env.engine.RollbackStatus(ctx, id)
+		rep, err := env.engine.RollbackReport(ctx, id)
 		require.NoError(t, err)
 		require.Len(t, rep.Entries, 1)
 		return rep.Entries[0]

@@ -133,7 +133,7 @@ func (x *execution) guardedAttempts(ctx context.Context, g *Guard, resource stri
 func (x *execution) guardedUndo(ctx context.Context, f *frame, d *Definition, s *stepDef, e *LedgerEntry, path string) error {
 	gen := f.st.Rollback.generation()
 	ef := e.Effect
-	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, Generation: gen,
+	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: ActionUndo, Status: RollbackCompensated, Generation: gen,
 		Resource: e.Resource, Label: ef.Label, Expected: ef.AfterFP, RestoreTo: ef.BeforeFP,
 		ExpectedEnc: ef.AfterEnc, RestoreToEnc: ef.BeforeEnc,
 		StartedAt: x.e.now().UnixMilli(), Attempt: x.attemptOf(entryID(path, e.Ordinal))}
@@ -197,7 +197,7 @@ func (x *execution) recordConflict(ctx context.Context, f *frame, d *Definition,
 		resource: e.Resource, expected: rec.Expected, observed: v.observed, restoreTo: rec.RestoreTo}
 	x.audit(a)
 	if rb := f.st.Rollback; rb != nil {
-		x.addRollbackFailure(rb, RollbackFailure{Step: rec.Step, Kind: KindUndo, Reason: ReasonConflict, Message: cerr.Error(),
+		x.addRollbackFailure(rb, RollbackFailure{Step: rec.Step, Kind: ActionUndo, Reason: ReasonConflict, Message: cerr.Error(),
 			Run: x.st.ID, Entry: id})
 	}
 	x.emit(ctx, Event{Kind: EventStepUndoFailed, RunID: x.st.ID, Reactor: d.name, Step: rec.Step, Err: cerr, Duration: took})
@@ -236,7 +236,7 @@ func (x *execution) blocker(e *LedgerEntry, own *entryRec) (by string, leftAppli
 // zero attempts. It stays applied: kept for a re-triggered rollback (or on
 // the stack of an UndoSteps), unless a person left the blocker applied.
 func (x *execution) recordBlocked(ctx context.Context, f *frame, d *Definition, e *LedgerEntry, path, by string, leftApplied bool) {
-	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackBlocked, At: x.e.now().UnixMilli(),
+	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: ActionUndo, Status: RollbackBlocked, At: x.e.now().UnixMilli(),
 		Generation: f.st.Rollback.generation(), Resource: e.Resource, BlockedBy: by, Reason: ReasonBlocked,
 		Message: fmt.Sprintf("not attempted: entry %s, newer on resource %q, is still applied", by, e.Resource)}
 	if by == entryID(path, e.Ordinal) {
@@ -271,7 +271,7 @@ func (x *execution) recordBlocked(ctx context.Context, f *frame, d *Definition, 
 		}
 		e.Status = RollbackNeedsPerson
 		if rb := f.st.Rollback; rb != nil {
-			x.addRollbackFailure(rb, RollbackFailure{Step: path, Kind: KindUndo, Reason: ReasonConflict, Message: rec.Message,
+			x.addRollbackFailure(rb, RollbackFailure{Step: path, Kind: ActionUndo, Reason: ReasonConflict, Message: rec.Message,
 				Run: x.st.ID, Entry: own.ID})
 		}
 		x.settle(f, rec)
@@ -281,7 +281,7 @@ func (x *execution) recordBlocked(ctx context.Context, f *frame, d *Definition, 
 	x.audit(a)
 	x.keepFailed(path, e)
 	if rb := f.st.Rollback; rb != nil {
-		x.addRollbackFailure(rb, RollbackFailure{Step: path, Kind: KindUndo, Reason: ReasonBlocked, Message: rec.Message})
+		x.addRollbackFailure(rb, RollbackFailure{Step: path, Kind: ActionUndo, Reason: ReasonBlocked, Message: rec.Message})
 	}
 	x.emit(ctx, Event{Kind: EventStepUndoFailed, RunID: x.st.ID, Reactor: d.name, Step: path,
 		Err: errors.New("reactor: " + rec.Message)})

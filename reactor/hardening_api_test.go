@@ -168,7 +168,7 @@ func TestHardeningUndoDroppedFields(t *testing.T) {
 			require.Len(t, res.Failure.RollbackFailures, 1, "%v", res.Failure)
 			rf := res.Failure.RollbackFailures[0]
 			require.Equal(t, "reserve", rf.Step)
-			require.Equal(t, reactor.KindUndo, rf.Kind)
+			require.Equal(t, reactor.ActionUndo, rf.Kind)
 			require.Equal(t, "reactor.fields_dropped", rf.Reason)
 			require.Contains(t, rf.Message, "["+tc.dropped+"]")
 			require.Contains(t, rf.Message, tc.what)

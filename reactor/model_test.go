@@ -1125,7 +1125,7 @@ func (h *hist) checkState() (rep *reactor.RollbackReport, category, detail strin
 		return nil, fmt.Sprintf("run status: engine %s, model %s", run.Status, m.status), ""
 	}
 	// 5. the per-entry report.
-	rep, err = h.eng.RollbackStatus(ctx, h.runID)
+	rep, err = h.eng.RollbackReport(ctx, h.runID)
 	switch {
 	case m.gen == 0 && !errors.Is(err, reactor.ErrNoRollback):
 		return nil, "RollbackStatus of a run never rolled back", fmt.Sprint(err)

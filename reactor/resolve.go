@@ -127,7 +127,7 @@ func (e *Engine) Resolve(ctx context.Context, id, entry string, kind Resolution,
 	gen := max(st.RbGen, 1)
 	status := RollbackStatus(kind)
 	r.State, r.Gen, r.Reason, r.BlockedBy = status, gen, "", ""
-	rec := StepRollback{Step: h.Step, Ordinal: h.Ordinal, Kind: KindUndo, Status: status, At: h.ResolvedAt, Generation: gen,
+	rec := StepRollback{Step: h.Step, Ordinal: h.Ordinal, Kind: ActionUndo, Status: status, At: h.ResolvedAt, Generation: gen,
 		Resource: h.Resource, Label: h.Label, Expected: h.Expected, Observed: h.Observed, RestoreTo: h.RestoreTo, Message: note,
 		ExpectedEnc: h.ExpectedEnc, ObservedEnc: h.ObservedEnc, RestoreToEnc: h.RestoreToEnc}
 	st.Undone = append(st.Undone, rec)
@@ -142,7 +142,7 @@ func (e *Engine) Resolve(ctx context.Context, id, entry string, kind Resolution,
 				continue
 			}
 			o.State, o.Gen, o.Reason, o.BlockedBy = RollbackLeftApplied, gen, "", h.ID
-			st.Undone = append(st.Undone, StepRollback{Step: o.Step, Ordinal: o.Ordinal, Kind: KindUndo, Status: RollbackLeftApplied,
+			st.Undone = append(st.Undone, StepRollback{Step: o.Step, Ordinal: o.Ordinal, Kind: ActionUndo, Status: RollbackLeftApplied,
 				At: h.ResolvedAt, Generation: gen, Resource: h.Resource, BlockedBy: h.ID,
 				Message: fmt.Sprintf("kept: entry %s, newer on resource %q, was left applied by a person", h.ID, h.Resource)})
 			x.audit(auditRec{kind: AuditBlocked, step: o.Step, ordinal: o.Ordinal, status: RollbackLeftApplied, generation: gen,
@@ -333,7 +333,7 @@ func (e *Engine) openForResolve(ctx context.Context, id string) (*execution, err
 // for a person, newest first: a conflicted undo of their own that no person
 // has resolved, or, for an owner, map elements with one (however many its
 // failure lists). It is what an operator's queue of work holds;
-// RollbackStatus of each says what to do.
+// RollbackReport of each says what to do.
 func (e *Engine) NeedsHuman(ctx context.Context, limit int) ([]string, error) {
 	if limit <= 0 {
 		limit = 100

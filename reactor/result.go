@@ -7,15 +7,22 @@ import (
 	"github.com/goreactor/goreactor/internal/codec"
 )
 
-// RollbackFailureKind says which half of a step's rollback failed.
-type RollbackFailureKind string
+// CompensatingAction is which of a step's two reversing functions a
+// rollback calls for it, or called when it failed: the Action of a
+// RollbackEntry and an AuditEntry, the Kind of a RollbackFailure and a
+// StepRollback.
+type CompensatingAction string
 
-// Kinds of rollback failure.
+// Compensating actions.
 const (
-	// KindUndo: the undo of a completed step failed.
-	KindUndo RollbackFailureKind = "undo"
-	// KindCompensate: the failing step's own compensate failed.
-	KindCompensate RollbackFailureKind = "compensate"
+	// ActionUndo: the step's Undo (a completed step).
+	ActionUndo CompensatingAction = "undo"
+	// ActionCompensate: the step's Compensate (the failing step, or one cut
+	// short).
+	ActionCompensate CompensatingAction = "compensate"
+	// ActionNone: nothing is registered to reverse the step (reports and
+	// audit entries only: a failure is always an undo's or a compensate's).
+	ActionNone CompensatingAction = "none"
 )
 
 // RollbackFailure is one undo or compensate that failed during a rollback.
@@ -24,8 +31,8 @@ type RollbackFailure struct {
 	// Step is the step's path: its name, prefixed by the compose steps it
 	// ran inside ("book/reserve_seat").
 	Step string `msgpack:"step"`
-	// Kind is undo or compensate.
-	Kind RollbackFailureKind `msgpack:"kind"`
+	// Kind is the function that failed: ActionUndo or ActionCompensate.
+	Kind CompensatingAction `msgpack:"kind"`
 	// Reason is the stable code of the error ("" when it was not registered).
 	Reason string `msgpack:"reason"`
 	// Message is the error's text.

@@ -255,7 +255,7 @@ func (x *execution) retryRollback(ctx context.Context, gen int) (*frameResult, e
 		if r.waiting() {
 			h := r.Conflict
 			cerr := &ConflictError{Step: h.Step, Resource: h.Resource, Expected: h.Expected, Observed: h.Observed, RestoreTo: h.RestoreTo, Why: h.Why}
-			x.addRollbackFailure(rb0, RollbackFailure{Step: h.Step, Kind: KindUndo, Reason: ReasonConflict, Message: cerr.Error(),
+			x.addRollbackFailure(rb0, RollbackFailure{Step: h.Step, Kind: ActionUndo, Reason: ReasonConflict, Message: cerr.Error(),
 				Run: st.ID, Entry: r.ID})
 		}
 	}

@@ -115,7 +115,7 @@ func TestRetryRollbackRetriesOnlyTheFailedEntry(t *testing.T) {
 
 	// The report of generation 2 accounts for every entry, each as its
 	// newest generation left it, and the audit has the second start.
-	rep, err := env.engine.RollbackStatus(ctx, res.RunID)
+	rep, err := env.engine.RollbackReport(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Equal(t, 2, rep.Generation)
 	require.Equal(t, res.RunID+":rb:2", rep.RollbackID)

@@ -164,7 +164,7 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		return false, nil
 	}
 	if s.compensate == nil && s.kind != kindConstruct {
-		x.settle(f, StepRollback{Step: path, Kind: KindCompensate, Status: RollbackNoCompensation,
+		x.settle(f, StepRollback{Step: path, Kind: ActionCompensate, Status: RollbackNoCompensation,
 			At: x.e.now().UnixMilli(), Generation: rb.generation()})
 		x.audit(auditRec{kind: AuditNoCompensation, step: path, status: RollbackNoCompensation, action: ActionNone, generation: rb.generation()})
 		return false, nil
@@ -200,7 +200,7 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 	if s.kind == kindConstruct {
 		err = x.keptParts(f, err)
 	}
-	rec := StepRollback{Step: path, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
+	rec := StepRollback{Step: path, Kind: ActionCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
 		StartedAt: startedAt, Attempt: x.attemptOf(entryID(path, 0)), Generation: rb.generation()}
 	x.auditCompensating(rec, 0)
 	if s.kind == kindConstruct {
@@ -213,7 +213,7 @@ func (x *execution) compensate(ctx context.Context, f *frame, rb *RollbackRecord
 		}
 		rb.CompensationError = err.Error()
 		x.keepFailedCompensate(f, s, args) // retrigger.go
-		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: KindCompensate, Reason: rec.Reason, Message: rec.Message})
+		x.addRollbackFailures(rb, err, RollbackFailure{Step: path, Kind: ActionCompensate, Reason: rec.Reason, Message: rec.Message})
 		x.emit(ctx, Event{Kind: EventCompensateFail, RunID: x.st.ID, Reactor: f.def.name, Step: path, Err: err, Duration: time.Since(began)})
 	} else {
 		x.emit(ctx, Event{Kind: EventStepCompensated, RunID: x.st.ID, Reactor: f.def.name, Step: path, Duration: time.Since(began)})
@@ -261,7 +261,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 	if e.Status == RollbackOutOfWindow {
 		// Judged past its undo window when the rollback started: kept,
 		// nothing called.
-		rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackOutOfWindow, At: x.e.now().UnixMilli(),
+		rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: ActionUndo, Status: RollbackOutOfWindow, At: x.e.now().UnixMilli(),
 			Generation: f.st.Rollback.generation(), Resource: e.Resource}
 		x.auditOutcome(rec, e.Ordinal)
 		x.settle(f, rec)
@@ -283,7 +283,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 	} else {
 		called = true
 		if e.Status != RollbackCompensating { // not a construct adopting its hand-off
-			x.auditCompensating(StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo,
+			x.auditCompensating(StepRollback{Step: path, Ordinal: e.Ordinal, Kind: ActionUndo,
 				Attempt: x.attemptOf(entryID(path, e.Ordinal)), Generation: f.st.Rollback.generation()}, e.Ordinal)
 		}
 		e.Status = RollbackCompensating
@@ -315,7 +315,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 			err = x.keptParts(f, err)
 		}
 	}
-	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
+	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: ActionUndo, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
 		Generation: f.st.Rollback.generation(), Resource: e.Resource}
 	if called {
 		rec.StartedAt, rec.Attempt = startedAt, x.attemptOf(entryID(path, e.Ordinal))
@@ -386,7 +386,7 @@ func (x *execution) reportKept(f *frame, newer string) {
 		}) {
 			continue
 		}
-		u := StepRollback{Step: path, Kind: KindUndo, Status: RollbackNoCompensation, At: x.e.now().UnixMilli(), Generation: gen}
+		u := StepRollback{Step: path, Kind: ActionUndo, Status: RollbackNoCompensation, At: x.e.now().UnixMilli(), Generation: gen}
 		x.auditOutcome(u, 0)
 		f.st.Undone = append(f.st.Undone, u)
 	}
@@ -421,7 +421,7 @@ func (x *execution) reportKeptChild(f *frame, d *Definition, e *LedgerEntry, pre
 		}) {
 			continue
 		}
-		u := StepRollback{Step: path, Kind: KindUndo, Status: RollbackNoCompensation, At: x.e.now().UnixMilli(), Generation: gen}
+		u := StepRollback{Step: path, Kind: ActionUndo, Status: RollbackNoCompensation, At: x.e.now().UnixMilli(), Generation: gen}
 		x.auditOutcome(u, 0)
 		f.st.Undone = append(f.st.Undone, u)
 	}
@@ -468,7 +468,7 @@ const reasonInterrupted = "reactor.step_interrupted"
 // interruption is reported as a rollback failure; a step with neither has
 // nothing to reverse.
 func (x *execution) compensateInterrupted(ctx context.Context, f *frame, d *Definition, s *stepDef, e *LedgerEntry, path string) error {
-	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: KindCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
+	rec := StepRollback{Step: path, Ordinal: e.Ordinal, Kind: ActionCompensate, Status: RollbackCompensated, At: x.e.now().UnixMilli(),
 		Generation: f.st.Rollback.generation()}
 	var err error
 	began := time.Now()
@@ -575,7 +575,7 @@ func (x *execution) keptParts(f *frame, err error) error {
 	}
 	gen := f.st.Rollback.generation()
 	for _, p := range many.OutOfWindow {
-		u := StepRollback{Step: p, Kind: KindUndo, Status: RollbackOutOfWindow, At: x.e.now().UnixMilli(), Generation: gen}
+		u := StepRollback{Step: p, Kind: ActionUndo, Status: RollbackOutOfWindow, At: x.e.now().UnixMilli(), Generation: gen}
 		x.auditOutcome(u, 0)
 		x.settle(f, u) // its effect stays in place: the book counts it
 	}

@@ -285,12 +285,12 @@ func (rb *RollbackRecord) generation() int {
 // StepRollback is what a rollback did for one step: the per-step rollback
 // status report.
 type StepRollback struct {
-	Step    string              `msgpack:"step"`
-	Ordinal int                 `msgpack:"o,omitempty"`
-	Kind    RollbackFailureKind `msgpack:"kind"`
-	Status  RollbackStatus      `msgpack:"status"`
-	Reason  string              `msgpack:"reason,omitempty"`
-	Message string              `msgpack:"message,omitempty"`
+	Step    string             `msgpack:"step"`
+	Ordinal int                `msgpack:"o,omitempty"`
+	Kind    CompensatingAction `msgpack:"kind"`
+	Status  RollbackStatus     `msgpack:"status"`
+	Reason  string             `msgpack:"reason,omitempty"`
+	Message string             `msgpack:"message,omitempty"`
 	// At is when the compensation returned (or the status was decided), in
 	// Unix ms.
 	At int64 `msgpack:"at"`

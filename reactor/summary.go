@@ -114,8 +114,8 @@ type RollbackSummary struct {
 	NeedsHuman []string `json:"needs_human,omitempty"`
 }
 
-// Outcomes lists every rollback outcome.
-func Outcomes() []RollbackOutcome {
+// RollbackOutcomes lists every rollback outcome.
+func RollbackOutcomes() []RollbackOutcome {
 	return []RollbackOutcome{RollbackInProgress, RollbackReverted, RollbackKeptInPlace, RollbackNothingToDo, RollbackNeedsHuman}
 }
 
@@ -167,7 +167,7 @@ func SummarizeRollback(entries []RollbackEntry) RollbackSummary {
 }
 
 // RollbackReport is the per-entry account of a run's latest rollback
-// (Engine.RollbackStatus).
+// (Engine.RollbackReport).
 type RollbackReport struct {
 	// RunID is the run.
 	RunID string `json:"run_id"`
@@ -195,7 +195,7 @@ type RollbackReport struct {
 	// every element run that waits.
 	ElementsHeld Held `json:"elements_held,omitzero"`
 	// Sensitive is the run's Run.Sensitive (see Sensitive). The report
-	// still carries the states' values (the caller of RollbackStatus is
+	// still carries the states' values (the caller of RollbackReport is
 	// trusted code); whatever shows the report to people who may not read
 	// them should show Redacted instead.
 	Sensitive bool `json:"sensitive,omitempty"`
@@ -280,16 +280,16 @@ func FormatActionRequired(r *RollbackReport) string {
 	return b.String()
 }
 
-// ErrNoRollback is returned by RollbackStatus for a run that never rolled
+// ErrNoRollback is returned by RollbackReport for a run that never rolled
 // back (it is running, or finished keeping what it did).
 var ErrNoRollback = errors.New("reactor: the run has not rolled back")
 
-// RollbackStatus reports run id's latest rollback, entry by entry, with its
+// RollbackReport reports run id's latest rollback, entry by entry, with its
 // summary. id may be a root run's or a map element run's ("<mapID>.<i>").
 // It reads the stored run only (no definitions needed), so any process can
 // call it, a dashboard included. A run that never rolled back returns
 // ErrNoRollback; an unknown one ErrNotFound.
-func (e *Engine) RollbackStatus(ctx context.Context, id string) (*RollbackReport, error) {
+func (e *Engine) RollbackReport(ctx context.Context, id string) (*RollbackReport, error) {
 	st, _, err := e.load(ctx, id)
 	if errors.Is(err, ErrNotFound) {
 		snap, lerr := e.store.Load(ctx, e.store.ElemTarget(id))
@@ -460,11 +460,11 @@ func reportEntry(u StepRollback) RollbackEntry {
 }
 
 // actionOf is the compensating action of a rollback record.
-func actionOf(k RollbackFailureKind, s RollbackStatus) CompensatingAction {
+func actionOf(k CompensatingAction, s RollbackStatus) CompensatingAction {
 	switch {
 	case s == RollbackNoCompensation, s == RollbackOutOfWindow:
 		return ActionNone
-	case k == KindCompensate:
+	case k == ActionCompensate:
 		return ActionCompensate
 	}
 	return ActionUndo

@@ -70,7 +70,7 @@ type StepsUndone struct {
 	// Result is the run's result. Its status is the one the run had
 	// (completed, halted or aborted) once the undo is done, or
 	// rolling_back while a fan-out map's workers undo its elements (Wait
-	// for the run, then read RollbackStatus).
+	// for the run, then read RollbackReport).
 	Result *Result
 	// Rollback reports the run's rollbacks so far, this one included:
 	// each named entry with its status (compensated, compensation_failed,
@@ -103,7 +103,7 @@ type targetedRec struct {
 // UndoSteps. A step is named by its path: "charge", or "book/reserve" for a
 // step of composed child book; naming a compose step ("book") or a map step
 // names all it did. The named entries are undone newest first, in one new
-// rollback generation (RollbackStatus reports it; the audit trail records
+// rollback generation (RollbackReport reports it; the audit trail records
 // it), even when other steps sit between them.
 //
 // Before anything runs, the request is refused with a *ResourceOrderError
@@ -379,7 +379,7 @@ func (x *execution) undoTargets(ctx context.Context, p *targetPlan, steps []stri
 		Failure: newCancelFailure("steps undone on request"), Targeted: &targetedRec{Prior: prior, Steps: steps}}
 	x.audit(auditRec{kind: AuditRollbackStarted, trigger: TriggerTargeted, generation: gen})
 	for _, name := range p.kept {
-		u := StepRollback{Step: name, Kind: KindUndo, Status: RollbackNoCompensation, At: x.e.now().UnixMilli(), Generation: gen}
+		u := StepRollback{Step: name, Kind: ActionUndo, Status: RollbackNoCompensation, At: x.e.now().UnixMilli(), Generation: gen}
 		x.auditOutcome(u, 0)
 		st.Undone = append(st.Undone, u)
 	}

@@ -125,7 +125,7 @@ func TestUndoStepsUndoesOnlyTheNamedSteps(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCancelled, und.Status)
 	require.Equal(t, []string{"undo:d", "undo:b", "undo:c", "undo:a"}, undos(tr))
-	rep, err := env.engine.RollbackStatus(ctx, "tb")
+	rep, err := env.engine.RollbackReport(ctx, "tb")
 	require.NoError(t, err)
 	require.Equal(t, 2, rep.Generation)
 	for _, e := range rep.Entries {
@@ -317,7 +317,7 @@ func TestKeptStepsOfAComposedChildAreReported(t *testing.T) {
 	require.NoError(t, err)
 	_, err = env.engine.Undo(ctx, "kept")
 	require.NoError(t, err)
-	rep, err := env.engine.RollbackStatus(ctx, "kept")
+	rep, err := env.engine.RollbackReport(ctx, "kept")
 	require.NoError(t, err)
 	require.Equal(t, []string{"note/log=no_compensation_registered", "book/pay=compensated",
 		"book/mail=no_compensation_registered", "book/reserve=compensated"}, reportOf(rep))

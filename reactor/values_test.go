@@ -95,7 +95,7 @@ func TestGuardedConflictReportShowsValues(t *testing.T) {
 
 	after := map[string]string{"email": "ada@new.test", "plan": "gold"}
 	observed := map[string]string{"email": "ada@corrected.test", "plan": "gold"}
-	rep, err := env.engine.RollbackStatus(ctx, res.RunID)
+	rep, err := env.engine.RollbackReport(ctx, res.RunID)
 	require.NoError(t, err)
 	require.False(t, rep.Sensitive)
 	require.Len(t, rep.ActionRequired, 1)
@@ -132,7 +132,7 @@ func TestGuardedConflictReportShowsValues(t *testing.T) {
 	// Resolved, the entry's report still says what the states were.
 	require.NoError(t, env.rdb.HSet(ctx, key, before).Err())
 	require.NoError(t, env.engine.Resolve(ctx, res.RunID, item.ID, reactor.ResolvedManuallyReverted, "put the old record back"))
-	rep, err = env.engine.RollbackStatus(ctx, res.RunID)
+	rep, err = env.engine.RollbackReport(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Empty(t, rep.ActionRequired)
 	for _, e := range rep.Entries {
@@ -160,7 +160,7 @@ func TestSensitiveRunReportRedacted(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, run.Sensitive)
 
-	rep, err := env.engine.RollbackStatus(ctx, res.RunID)
+	rep, err := env.engine.RollbackReport(ctx, res.RunID)
 	require.NoError(t, err)
 	require.True(t, rep.Sensitive)
 	require.False(t, rep.ValuesRedacted)

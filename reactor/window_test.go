@@ -41,7 +41,7 @@ func TestUndoWindowInsideAndOutside(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCancelled, res.Status)
 	require.Len(t, undos(tr), 2, "no undo was called past the window")
-	rep, err := env.engine.RollbackStatus(ctx, "w-out")
+	rep, err := env.engine.RollbackReport(ctx, "w-out")
 	require.NoError(t, err)
 	require.Equal(t, []string{"b=out_of_window", "a=out_of_window"}, reportOf(rep))
 	require.Equal(t, []string{"b", "a"}, rep.Summary.OutOfWindow)
@@ -112,7 +112,7 @@ func TestUndoWindowRollbackStartedInsideFinishes(t *testing.T) {
 	require.NoError(t, err)
 	require.Empty(t, again.Failure.RollbackFailures)
 	require.Equal(t, 2, tr.count("undo:a"), "the retry keeps the verdict of the rollback it retries")
-	rep, err := env.engine.RollbackStatus(ctx, "w-cross")
+	rep, err := env.engine.RollbackReport(ctx, "w-cross")
 	require.NoError(t, err)
 	require.Equal(t, []string{"b=compensated", "a=compensated"}, reportOf(rep))
 }
@@ -169,7 +169,7 @@ func TestUndoWindowPerDefinition(t *testing.T) {
 	_, err = env.engine.Undo(ctx, "w-def")
 	require.NoError(t, err)
 	require.Equal(t, []string{"undo:outer"}, undos(tr))
-	rep, err := env.engine.RollbackStatus(ctx, "w-def")
+	rep, err := env.engine.RollbackReport(ctx, "w-def")
 	require.NoError(t, err)
 	require.Equal(t, []string{"sub/inner=out_of_window", "outer=compensated"}, reportOf(rep))
 

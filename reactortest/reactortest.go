@@ -205,7 +205,7 @@ func (h *Harness) RequireUndone(t testing.TB, runID string, steps ...string) {
 	}
 	var undone []string
 	for _, r := range run.Rollbacks {
-		if r.Kind == reactor.KindUndo && r.Status == reactor.RollbackCompensated {
+		if r.Kind == reactor.ActionUndo && r.Status == reactor.RollbackCompensated {
 			undone = append(undone, r.Step)
 		}
 	}

@@ -79,7 +79,7 @@ func TestAuditOfAFanOutMapRollback(t *testing.T) {
 	}, lines)
 	require.Equal(t, reactor.RollbackReverted, audit[len(audit)-1].Outcome)
 
-	rep, err := e.RollbackStatus(ctx, "fan-audit")
+	rep, err := e.RollbackReport(ctx, "fan-audit")
 	require.NoError(t, err)
 	require.Equal(t, reactor.RollbackReverted, rep.Summary.Outcome)
 
@@ -94,7 +94,7 @@ func TestAuditOfAFanOutMapRollback(t *testing.T) {
 			got = append(got, line(a))
 		}
 		if len(got) > 0 {
-			er, err := e.RollbackStatus(ctx, mapstep.ElementID(mapID, i))
+			er, err := e.RollbackReport(ctx, mapstep.ElementID(mapID, i))
 			require.NoError(t, err, "element %d", i)
 			require.Equal(t, reactor.RollbackReverted, er.Summary.Outcome, "element %d", i)
 		}

@@ -97,7 +97,7 @@ func TestControlUndoStepsUndoesOnlyTheNamedSteps(t *testing.T) {
 	} else {
 		require.Equal(t, []string{"undo:d", "undo:b"}, undos, "newest first")
 	}
-	rep, err := api.RollbackStatus(ctx, done.RunID)
+	rep, err := api.RollbackReport(ctx, done.RunID)
 	require.NoError(t, err)
 	require.Equal(t, reactor.RollbackReverted, rep.Summary.Outcome)
 

@@ -86,7 +86,7 @@ func TestGuardedUndoClobberScenarioThroughAWorker(t *testing.T) {
 	require.Zero(t, restores.Load(), "Restore is never called")
 	statuses := func() map[string]reactor.RollbackEntry {
 		t.Helper()
-		rep, err := api.RollbackStatus(ctx, "clobber")
+		rep, err := api.RollbackReport(ctx, "clobber")
 		require.NoError(t, err)
 		out := map[string]reactor.RollbackEntry{}
 		for _, e := range rep.Entries {

@@ -45,7 +45,7 @@ func TestConflictedElementKeepsItsOwnerUntilResolved(t *testing.T) {
 	require.Equal(t, time.Duration(-1), f.rdb.PTTL(ctx, elemKey).Val())
 	_, err = api.Check(ctx, "tiers2", reactor.OpRetry)
 	require.ErrorIs(t, err, reactor.ErrNotRetryable)
-	rep, err := api.RollbackStatus(ctx, "tiers2")
+	rep, err := api.RollbackReport(ctx, "tiers2")
 	require.NoError(t, err)
 	require.Len(t, rep.ActionRequired, 1, "the owner lists its element's conflict")
 	require.Equal(t, elemID, rep.ActionRequired[0].Run)

@@ -63,7 +63,7 @@ func TestGuardedUndoInAFanOutMapThroughWorkers(t *testing.T) {
 	var elemID string
 	for i := range 5 {
 		id := fmt.Sprintf("%s.%d", mapstep.MapID("tiers", "each"), i)
-		rep, err := api.RollbackStatus(ctx, id)
+		rep, err := api.RollbackReport(ctx, id)
 		require.NoError(t, err)
 		if len(rep.ActionRequired) > 0 {
 			elemID = id
@@ -85,7 +85,7 @@ func TestGuardedUndoInAFanOutMapThroughWorkers(t *testing.T) {
 	require.Equal(t, reactor.StatusFailed, again.Status)
 	require.Empty(t, again.Failure.RollbackFailures, "the resolved element has nothing left to undo")
 	require.True(t, again.Held.IsZero(), "%+v", again.Held)
-	rep, err := api.RollbackStatus(ctx, res.RunID)
+	rep, err := api.RollbackReport(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Equal(t, reactor.RollbackReverted, rep.Summary.Outcome)
 	_, err = api.Check(ctx, res.RunID, reactor.OpRetry)

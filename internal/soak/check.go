@@ -326,7 +326,7 @@ func interruptedSteps(run *reactor.Run) map[string]bool {
 		}
 	}
 	for _, r := range run.Rollbacks {
-		if r.Kind == reactor.KindCompensate && r.Ordinal > 0 {
+		if r.Kind == reactor.ActionCompensate && r.Ordinal > 0 {
 			out[r.Step] = true
 		}
 	}
