@@ -12,8 +12,9 @@ const Module = "github.com/goreactor/goreactor"
 
 // Default is the version of this source tree, reported when the build
 // carries no module version for goreactor (a build inside a checkout, where
-// Go records "(devel)"). It is raised with each release.
-const Default = "0.1.0-dev"
+// Go records "(devel)"). It is the release's version in the release's
+// commit (CHANGELOG.md) and the next version with "-dev" after it.
+const Default = "0.1.0"
 
 // String is goreactor's version in this binary: the version Go recorded
 // for the goreactor module (the main module's, or a dependency's when a
