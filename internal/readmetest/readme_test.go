@@ -3,9 +3,12 @@ package readmetest_test
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -97,7 +100,7 @@ var (
 )
 `
 
-// snippets returns the README's Go code blocks.
+// snippets returns the Go code blocks of a Markdown text.
 func snippets(t *testing.T, readme string) []string {
 	t.Helper()
 	var out []string
@@ -164,17 +167,45 @@ func isFile(block string) bool {
 	return false
 }
 
-// TestREADMESnippetsCompile builds every Go block of the README as written,
-// its declarations at file level and its statements in a function body.
+// docs returns the Markdown files whose Go blocks the tests check: the
+// README and every page of docs/, by path from the repository's root.
+func docs(t *testing.T) map[string]string {
+	t.Helper()
+	paths, err := filepath.Glob("../../docs/*.md")
+	require.NoError(t, err)
+	paths = append([]string{"../../README.md"}, paths...)
+	out := map[string]string{}
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		require.NoError(t, err)
+		out[strings.TrimPrefix(p, "../../")] = string(b)
+	}
+	return out
+}
+
+// excerptOf returns the repository file a block is an excerpt of: a block
+// whose first line is a comment naming a .go file ("// examples/orders/orders.go")
+// shows part of that file, and is checked against it instead of compiled.
+func excerptOf(block string) (path string, ok bool) {
+	first, _, _ := strings.Cut(block, "\n")
+	m := excerptHeader.FindStringSubmatch(strings.TrimSpace(first))
+	if m == nil {
+		return "", false
+	}
+	return m[1], true
+}
+
+var excerptHeader = regexp.MustCompile(`^// ([\w./-]+\.go)$`)
+
+// TestREADMESnippetsCompile builds every Go block of the README and of
+// docs/*.md as written, its declarations at file level and its statements
+// in a function body, all in one package (so two blocks may not declare the
+// same name). Whole files (a package clause) and excerpts of repository
+// files are left to the go command and to TestExcerptsMatchTheirFiles.
 func TestREADMESnippetsCompile(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the README's snippets with the go command")
 	}
-	readme, err := os.ReadFile("../../README.md")
-	require.NoError(t, err)
-	blocks := snippets(t, string(readme))
-	require.NotEmpty(t, blocks)
-
 	pkgDir, err := filepath.Abs(".")
 	require.NoError(t, err)
 	tmp := t.TempDir()
@@ -185,18 +216,28 @@ func TestREADMESnippetsCompile(t *testing.T) {
 		overlay[filepath.Join(pkgDir, name)] = p
 	}
 	add("prelude.go", prelude)
-	for i, b := range blocks {
-		if isFile(b) {
-			// A whole program (the worker's main): it is a real file of the
-			// repository, kept identical by cmd/worker's own test.
-			continue
+	var compiled []string // "<doc> block <n>:\n<block>", for the log
+	pages := docs(t)
+	names := slices.Sorted(maps.Keys(pages))
+	for _, doc := range names {
+		blocks := snippets(t, pages[doc])
+		if doc == "README.md" {
+			require.NotEmpty(t, blocks)
 		}
-		decls, stmts := split(b)
-		src := snippetHeader + "\n" + decls + "\n"
-		if strings.TrimSpace(stmts) != "" {
-			src += fmt.Sprintf("\nfunc snippet%d(ctx context.Context, rdb *redis.Client, inputs map[string]any) error {\n%s\n\treturn nil\n}\n", i+1, stmts)
+		for i, b := range blocks {
+			if _, ok := excerptOf(b); ok || isFile(b) {
+				continue
+			}
+			name := strings.NewReplacer("/", "_", ".md", "", "-", "_").Replace(doc)
+			decls, stmts := split(b)
+			src := snippetHeader + "\n" + decls + "\n"
+			if strings.TrimSpace(stmts) != "" {
+				src += fmt.Sprintf("\nfunc %s_snippet%d(ctx context.Context, rdb *redis.Client, inputs map[string]any) error {\n%s\n\treturn nil\n}\n",
+					name, i+1, stmts)
+			}
+			add(fmt.Sprintf("%s_snippet%d.go", name, i+1), src)
+			compiled = append(compiled, fmt.Sprintf("%s Go block %d (%s_snippet%d.go):\n%s", doc, i+1, name, i+1, b))
 		}
-		add(fmt.Sprintf("snippet%d.go", i+1), src)
 	}
 	cfg, err := json.Marshal(map[string]any{"Replace": overlay})
 	require.NoError(t, err)
@@ -207,9 +248,73 @@ func TestREADMESnippetsCompile(t *testing.T) {
 	cmd.Dir = pkgDir
 	out, err := cmd.CombinedOutput()
 	if err != nil {
-		for i, b := range blocks {
-			t.Logf("README Go block %d:\n%s", i+1, b)
+		for _, c := range compiled {
+			t.Log(c)
 		}
 	}
-	require.NoError(t, err, "the README's Go blocks do not build as written:\n%s", out)
+	require.NoError(t, err, "the docs' Go blocks do not build as written:\n%s", out)
+}
+
+// TestExcerptsMatchTheirFiles checks every Go block that names a repository
+// file on its first line against that file: its other lines, cut into
+// pieces at lines that read "// ...", are each a run of consecutive lines
+// of the file, in the file's order. So what the README shows of
+// examples/orders is what the end-to-end test of examples/orders runs.
+func TestExcerptsMatchTheirFiles(t *testing.T) {
+	t.Parallel()
+	found := 0
+	for doc, text := range docs(t) {
+		for i, b := range snippets(t, text) {
+			path, ok := excerptOf(b)
+			if !ok {
+				continue
+			}
+			found++
+			src, err := os.ReadFile(filepath.Join("../..", path))
+			require.NoError(t, err, "%s Go block %d names %s", doc, i+1, path)
+			file := strings.Split(string(src), "\n")
+			lines := strings.Split(b, "\n")[1:]
+			from := 0 // the file line after the previous piece
+			for _, piece := range pieces(lines) {
+				at := find(file[from:], piece)
+				if at < 0 {
+					t.Errorf("%s Go block %d: these lines are not in %s as they are shown (in this order):\n%s",
+						doc, i+1, path, strings.Join(piece, "\n"))
+					break
+				}
+				from += at + len(piece)
+			}
+		}
+	}
+	require.NotZero(t, found, "no excerpt found: the README shows examples/orders")
+}
+
+// pieces cuts an excerpt's lines at the lines that read "// ...".
+func pieces(lines []string) [][]string {
+	var out [][]string
+	var cur []string
+	for _, l := range lines {
+		if strings.TrimSpace(l) == "// ..." {
+			if len(cur) > 0 {
+				out = append(out, cur)
+			}
+			cur = nil
+			continue
+		}
+		cur = append(cur, l)
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+// find returns where piece starts in file as consecutive lines, or -1.
+func find(file, piece []string) int {
+	for i := 0; i+len(piece) <= len(file); i++ {
+		if slices.Equal(file[i:i+len(piece)], piece) {
+			return i
+		}
+	}
+	return -1
 }
