@@ -9,6 +9,13 @@
 //		FanOut:  true,                         // default inline
 //	})
 //
+// An inline map needs nothing more than its owner's process. A fanned-out
+// map needs workers: its element tasks, rollback jobs and the owner's resume
+// go to the queue of the engine's Enqueuer (a worker.Client), so a worker
+// (worker.Main) given the owner's definition must serve that queue
+// (registering a definition registers its element reactors too). engine.Run of a reactor with a fan-out map waits
+// for those workers to finish the run.
+//
 // A later step takes the map's result as a Results[T] field, T being what the
 // element reactor returns (Define refuses a mismatch), and reads it lazily in
 // index order: Values, All, or the Elements iterator. ProgressOf and
@@ -37,4 +44,7 @@
 //     own state and lock in its own Redis Cluster slot; a redelivered element
 //     resumes its one run. The owner stores only the map's id, whatever its
 //     size, and the map's keys and element runs expire with the owner.
+//
+// The repository's docs/maps.md is the reference: back pressure, the
+// rollback protocol, and what each outcome means.
 package mapstep

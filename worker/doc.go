@@ -1,30 +1,70 @@
-// Package worker runs goreactor runs as asynq tasks.
+// Package worker runs goreactor runs as asynq tasks: the worker processes
+// that execute runs, the Client that hands runs to them, and the Controller
+// that queues an operator's actions for them.
 //
-// A worker process is one call: Main, given every reactor that may be
-// enqueued, reads its flags and environment, connects to Redis, serves until
-// SIGTERM and exits with a status; Run is the same inside a program of your
-// own. cmd/worker is that call with the reactors of package examples.
+// A service built on goreactor is two kinds of process compiling one package
+// of definitions: workers, which execute runs, and clients (an API, a CLI),
+// which start runs with reactor.Engine.Enqueue and read their results with
+// Wait. They meet only in Redis, and must agree on three settings: the Redis,
+// the key prefix (reactor.Config.Prefix) and the queue.
 //
-// Underneath, a Client implements reactor.Enqueuer: it turns a wake-up into
-// an asynq task of type TypeRun whose id names the cause
-// ("resume:<run>:start"), so a duplicate of the same cause is recognised as
-// already queued. A Worker is an asynq server whose handler executes the
-// run. The worker's engine enqueues too (hand-offs, map elements, sweeps),
-// so a Worker serves the queue of its engine's Client: Config.Queues
-// defaults to it, and Start refuses queues that leave it out.
+// # A worker program
+//
+// A worker process is one call: [Main], given every reactor that may be
+// enqueued. It reads its flags and environment (-redis or REDIS_URL, -prefix
+// or GOREACTOR_PREFIX, -queue or GOREACTOR_QUEUE, ...), connects to Redis,
+// registers the definitions, serves until SIGTERM, stops gracefully and exits
+// with a status. [Run] is the same inside a program of your own: it returns
+// when its context ends, and [Options].Engine sets engine options that have
+// no flag. cmd/worker is Main with the reactors of package examples.
+//
+//	func main() {
+//		worker.Main(orders.Checkout, orders.Refund)
+//	}
+//
+// Every worker must have every definition: a task of a reactor a worker does
+// not know is retried, not failed, because during a rolling deploy another
+// worker may know it.
+//
+// # The client side
+//
+// A [Client] is the reactor.Enqueuer of an engine that starts runs: it turns
+// each wake-up of a run into an asynq task of type [TypeRun] on its queue
+// ([NewClient]; [DefaultQueue] when the name is empty), whose id names the
+// cause ("resume:<run>:start"), so a duplicate of the same cause is
+// recognised as already queued. It is also a reactor.ServingReporter: when a
+// Wait gives up on a run still pending, it asks asynq's server registry
+// whether any worker serves the queue, and Wait's error says when none does
+// (*reactor.NotServedError).
+//
+//	queue := worker.NewClient(rdb, "orders")
+//	defer queue.Close()
+//	engine, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: "shop", Enqueuer: queue})
+//
+// # Assembling a worker yourself
+//
+// [New] makes a [Worker] of an engine (which has the definitions registered
+// and a Client as its Enqueuer) and a [Config]; Start begins serving, and
+// Stop, idempotent, stops fetching and waits up to Config.ShutdownTimeout for
+// running tasks, whose runs stay checkpointed and are delivered again if cut
+// short. The worker's engine enqueues too (hand-offs, map elements, sweeps),
+// so a Worker serves its engine's Client's queue: Config.Queues defaults to
+// it, and Start refuses queues that leave it out ([QueueMismatchError]).
 //
 // A task that finds its run locked by another process snoozes: it returns a
-// typed error that the server's RetryDelayFunc maps to a short jittered delay
-// and its IsFailure does not count, so asynq's retry budget is not spent on
-// waiting. A payload that cannot be decoded is archived with the reason; an
-// unknown reactor name is retried, because a rolling deploy may not have the
-// definition on every worker yet.
+// [SnoozeError], which the server's [RetryDelay] maps to a short jittered
+// delay and [IsFailure] does not count, so asynq's retry budget is not spent
+// on waiting. A payload that cannot be decoded is archived with the reason. A
+// panic in a step never kills the worker.
 //
-// A Controller is the operator's side: from a process without definitions
-// (a dashboard) it validates an undo, cancel or retry against the stored run
-// by the engine's own rules (reactor.Engine.Check) and queues a control task
-// (TypeControl) whose id names the request, "ctl:<run>:<action>:<version>",
-// so a double click queues one. A worker carries it out with Engine.Undo,
-// Cancel or Retry; a request that no longer applies by then is archived
-// with the engine's reason.
+// # Operator actions
+//
+// A [Controller] is the operator's side: from a process without definitions
+// (a dashboard, an admin tool) it checks an undo, cancel, retry, rollback
+// retry or undo of named steps ([Action]) against the stored run by the
+// engine's own rules (reactor.Engine.Check) and queues a control task
+// ([TypeControl]) whose id names the request, "ctl:<run>:<action>:<version>",
+// so a double click queues one. Every Worker carries control tasks out with
+// the engine call of the same name; a request that no longer applies by then
+// is archived with the engine's reason.
 package worker

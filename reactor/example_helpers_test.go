@@ -1,0 +1,27 @@
+package reactor_test
+
+import (
+	"context"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// deleteExampleData deletes what an example stored: every key under
+// prefix and, for a queue, asynq's keys of it and its entry in asynq's list
+// of queues. It is the examples' cleanup, not part of what they show.
+func deleteExampleData(rdb *redis.Client, prefix, queue string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	patterns := []string{prefix + ":*"}
+	if queue != "" {
+		patterns = append(patterns, "asynq:{"+queue+"}:*")
+		_ = rdb.SRem(ctx, "asynq:queues", queue).Err()
+	}
+	for _, p := range patterns {
+		iter := rdb.Scan(ctx, 0, p, 500).Iterator()
+		for iter.Next(ctx) {
+			_ = rdb.Unlink(ctx, iter.Val()).Err()
+		}
+	}
+}
