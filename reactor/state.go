@@ -282,8 +282,8 @@ func (rb *RollbackRecord) generation() int {
 	return rb.Generation
 }
 
-// StepRollback is what a rollback did for one step: the per-step rollback
-// status report.
+// StepRollback is the stored record of what a rollback did for one step
+// (Run.Rollbacks); Engine.RollbackReport derives its entries from these.
 type StepRollback struct {
 	Step    string             `msgpack:"step"`
 	Ordinal int                `msgpack:"o,omitempty"`
