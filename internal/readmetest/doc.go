@@ -1,6 +1,8 @@
-// Package readmetest compiles the Go snippets of the project's README, so the
-// code a new user copies first is code that builds. The package itself is
-// empty: its test lays the snippets over it (go build -overlay) with a
-// prelude that declares what the snippets take as given (a stock service, a
-// Redis client, a checkout definition).
+// Package readmetest keeps the code of the project's README and docs/*.md
+// true. The package itself is empty: its tests lay every Go snippet of those
+// pages over it (go vet -overlay) with a prelude that declares what the
+// snippets take as given (a stock service, a Redis client, a checkout
+// definition), and check every excerpt of a repository file (a block whose
+// first line names the file, as the README's first service does) against
+// the file, line for line.
 package readmetest
