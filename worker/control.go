@@ -25,7 +25,10 @@ import (
 // cancel, retry, rollback), enqueued by a Controller.
 const TypeControl = "goreactor:control"
 
-// Action is what a control request asks of a stored run.
+// Action is what a control request asks of a stored run. Each action has
+// the name of the reactor.Op it carries out (ActionUndo is reactor.OpUndo,
+// Engine.Undo of the whole run); reactor.OpResolve has no action, since a
+// resolution needs no worker (reactor.Engine.Resolve).
 type Action string
 
 // Control actions, each carried out by a worker with the engine call of the
