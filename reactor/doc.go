@@ -112,7 +112,7 @@
 //
 // # Durability
 //
-// Every write of a run goes through one Lua script that lands only if the
+// Every write of a run's state is one Lua script that lands only if the
 // writer still holds the run's lock (a redsync mutex kept alive by a
 // heartbeat) and read the version stored now. A process that loses the lock
 // runs no more user code and writes nothing; whoever holds the lock next
@@ -152,9 +152,10 @@
 // names one. Three other types say "undo" and mean something else: a
 // [CallKind] ([CallRun], [CallUndo], [CallCompensate]) is the user function a
 // [Middleware] wraps or a [RunInfo] describes; an [Op] ([OpUndo], [OpCancel],
-// [OpRetry], [OpRollback], [OpUndoSteps], [OpResolve]) is an operation on a
-// stored run that [Engine.Check] validates, OpUndo being [Engine.Undo] of the
-// whole run; and an [AuditKind] is what an audit entry records.
+// [OpRetry], [OpRollback], [OpUndoSteps], [OpResolve]) names an operation on
+// a stored run, the one a [StatusError] refused or [Engine.Check] validates,
+// OpUndo being [Engine.Undo] of the whole run; and an [AuditKind] is what an
+// audit entry records.
 //
 // # Operating stored runs
 //
