@@ -143,7 +143,7 @@ func TestARollingDeployNeverRunsARunUnderAnotherDefinition(t *testing.T) {
 	require.Equal(t, reactor.StatusRunning, run.Status, "refused, not finished")
 	require.Equal(t, []string{"reserve", "charge"}, run.Completed)
 	out := second.output()
-	require.Equal(t, 1, strings.Count(out, `"level":"WARN","msg":"refusing a run`), "one Warn however many refusals:\n%s", out)
+	require.Equal(t, 1, strings.Count(out, `"level":"WARN","msg":"refusing a task`), "one Warn however many refusals:\n%s", out)
 	require.Contains(t, out, v1.Fingerprint())
 	require.Contains(t, out, v2.Fingerprint())
 

@@ -420,13 +420,13 @@ func (w *Worker) refuse(ctx context.Context, kind, id string, err error) error {
 	for i, v := range mm.Have {
 		have[i] = v.String()
 	}
-	attrs := []any{"event", "worker.definition.mismatch", "reactor", mm.Reactor, "run", mm.Run, kind, id,
+	attrs := []any{"event", "worker.definition.mismatch", "reactor", mm.Reactor, "run", mm.Run, "task", kind, "id", id,
 		"wants", mm.Want.String(), "has", have}
 	if _, seen := w.warned.LoadOrStore(mm.Reactor+"\x00"+mm.Want.Fingerprint, true); !seen {
-		w.log.WarnContext(ctx, "refusing a "+kind+" that started under a definition this worker does not have; "+
+		w.log.WarnContext(ctx, "refusing a task whose run started under a definition this worker does not have; "+
 			"it waits for a worker that has it (keep the old Version registered beside the new one until its runs finish)", attrs...)
 	} else {
-		w.log.DebugContext(ctx, "refusing a "+kind+" that started under another definition", attrs...)
+		w.log.DebugContext(ctx, "refusing a task whose run started under another definition", attrs...)
 	}
 	return &SnoozeError{RunID: id, Base: w.cfg.DefinitionSnooze, Definition: true}
 }
