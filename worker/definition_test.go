@@ -146,3 +146,50 @@ func TestAWorkerRefusesARunOfADefinitionItLacks(t *testing.T) {
 	}
 	require.Equal(t, int32(4), ran.Load(), "every element ran once, under v1")
 }
+
+// A worker's first pick-up of an enqueued run is the run's start, not a
+// resume (its log says "started"); a later delivery resumes it.
+func TestAnEnqueuedRunStartsOnItsFirstPickUp(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	def := reactor.MustDefine("first-pickup", step(tr, "a", nil))
+	client := f.engine("client")
+	w := f.engine("worker")
+	require.NoError(t, w.Register(def))
+	f.startWorker(w)
+	_, err := client.Enqueue(ctx, def, nil, reactor.WithRunID("first-pickup-1"))
+	require.NoError(t, err)
+	res, err := client.Wait(ctx, "first-pickup-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+	require.Equal(t, []string{""}, f.events.steps("worker", reactor.EventRunStarted))
+	require.Empty(t, f.events.steps("worker", reactor.EventRunResumed))
+	require.Empty(t, f.events.steps("client", reactor.EventRunStarted), "enqueuing runs nothing")
+}
+
+// A run of a reactor no worker registered: the client's Wait says so when
+// it gives up, instead of a bare timeout.
+func TestWaitSaysNoWorkerHasTheReactor(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	def := reactor.MustDefine("nobody-has-it", step(&trail{}, "a", nil))
+	client := f.engine("client")
+	f.startWorker(f.engine("worker")) // registers nothing
+	_, err := client.Enqueue(ctx, def, nil, reactor.WithRunID("unknown-1"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		dw, err := client.DefinitionWait(ctx, "unknown-1")
+		require.NoError(t, err)
+		return dw != nil
+	}, 10*time.Second, 5*time.Millisecond)
+	wctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+	defer cancel()
+	_, err = client.Wait(wctx, "unknown-1")
+	var dwe *reactor.DefinitionWaitError
+	require.ErrorAs(t, err, &dwe)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	require.ErrorContains(t, err, `waiting for a worker that has reactor "nobody-has-it" registered`)
+}
