@@ -74,13 +74,13 @@ type meta struct {
 	// maps recorded them): only those execute its element tasks.
 	ElementDef, OwnerDef string
 	Input                string
-	With              codec.Raw
-	Trace             string // the owner's trace id, inherited by element runs
-	Sensitive         bool   // the owner is a sensitive run: so are the element runs
-	Settled, Failures int
-	Offset            int
-	Failed            bool
-	FailedIndex       int
+	With                 codec.Raw
+	Trace                string // the owner's trace id, inherited by element runs
+	Sensitive            bool   // the owner is a sensitive run: so are the element runs
+	Settled, Failures    int
+	Offset               int
+	Failed               bool
+	FailedIndex          int
 	// RbGen is the map's current rollback generation (rb_start.lua's
 	// rbgen; 0 before its first rollback).
 	RbGen     int

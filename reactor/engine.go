@@ -139,14 +139,14 @@ func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	return &Engine{
-		cfg:   cfg,
-		log:   cfg.Logger,
-		store: st,
-		locks: lock.New(cfg.Client, cfg.LockExpiry).WithGrace(cfg.LockGrace),
+		cfg:      cfg,
+		log:      cfg.Logger,
+		store:    st,
+		locks:    lock.New(cfg.Client, cfg.LockExpiry).WithGrace(cfg.LockGrace),
 		defs:     map[string]*Definition{},
 		versions: map[string][]*Definition{},
-		now:   time.Now,
-		sleep: sleepCtx,
+		now:      time.Now,
+		sleep:    sleepCtx,
 	}, nil
 }
 

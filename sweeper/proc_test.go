@@ -144,7 +144,7 @@ type workerProcess struct {
 	t      *testing.T
 	cmd    *exec.Cmd
 	pid    string
-	log    string // the path of its output
+	log    string        // the path of its output
 	exited chan struct{} // closed once the process is gone
 }
 
