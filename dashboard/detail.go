@@ -51,6 +51,13 @@ type runDetail struct {
 	// reactor.RedactedValue (the request did not carry the token).
 	Sensitive      bool `json:"sensitive"`
 	InputsRedacted bool `json:"inputs_redacted"`
+	// Definition is the version and fingerprint the run started with;
+	// Waiting says, for a run the workers refuse for want of that
+	// definition (a rolling deploy), what it waits for, and WaitingFor
+	// the details (reactor.DefinitionWait).
+	Definition reactor.DefinitionVersion `json:"definition"`
+	Waiting    string                    `json:"waiting,omitempty"`
+	WaitingFor *reactor.DefinitionWait   `json:"waiting_for,omitempty"`
 }
 
 // elementOf says which map element a run is (element runs only).
@@ -219,6 +226,16 @@ func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
 		return
 	}
 	d := detailOf(run, maps, time.Now())
+	if !run.Status.Terminal() && run.Element == nil {
+		dw, err := h.engine.DefinitionWait(ctx, id)
+		if err != nil {
+			h.serverError(w, r, err)
+			return
+		}
+		if dw != nil {
+			d.Waiting, d.WaitingFor = dw.String(), dw
+		}
+	}
 	if !h.mayReadValues(r, run) {
 		for k := range d.Inputs {
 			d.Inputs[k] = reactor.RedactedValue
@@ -232,7 +249,7 @@ func detailOf(run *reactor.Run, maps []inspect.Map, now time.Time) runDetail {
 	d := runDetail{runSummary: summarize(run, now), Inputs: map[string]any{}, Value: decode(run.Value),
 		Reason: run.Reason, TraceID: run.TraceID, Queue: run.Queue, Steps: steps(run), Children: []childView{},
 		Maps: []mapView{}, Rollbacks: []rollbackView{}, Ledger: ledgerOf(run.Ledger, "", []ledgerView{}), RetryOf: run.RetryOf, RetriedBy: []string{},
-		Sensitive: run.Sensitive}
+		Sensitive: run.Sensitive, Definition: run.Definition}
 	d.RetriedBy = append(d.RetriedBy, run.RetriedBy...)
 	for k, v := range run.Inputs {
 		d.Inputs[k] = decode(v)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/worker"
 )
 
 type itemIn struct {
@@ -314,4 +315,50 @@ func TestDetailStoppedSteps(t *testing.T) {
 	require.Len(t, d.Steps, 1)
 	require.Equal(t, "halted", d.Steps[0].Status)
 	require.Equal(t, 1, d.Steps[0].Attempts)
+}
+
+// A run that the workers refuse for want of the definition it started with
+// (a rolling deploy) says so on its page: which version it waits for, and
+// what the worker that refused it has.
+func TestDetailRunWaitingForItsDefinition(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	ctx := ctxTimeout(t, 20*time.Second)
+	step := reactor.Step("ship", reactor.StepConfig[reactor.Args, string]{
+		Run: func(context.Context, reactor.Args) (string, error) { return "shipped", nil },
+	})
+	v1 := reactor.MustDefine("deploy-order", step)
+	v2 := reactor.MustDefine("deploy-order", reactor.Version(2), reactor.Step("dispatch", reactor.StepConfig[reactor.Args, string]{
+		Run: func(context.Context, reactor.Args) (string, error) { return "dispatched", nil },
+	}))
+	_, err := e.engine.Enqueue(ctx, v1, nil, reactor.WithRunID("deploy-1"))
+	require.NoError(t, err)
+
+	// The new deploy's worker has v2 only.
+	next, err := reactor.NewEngine(ctx, reactor.Config{Client: e.rdb, Prefix: e.prefix, Logger: discard})
+	require.NoError(t, err)
+	require.NoError(t, next.Register(v2))
+	w := worker.New(next, e.rdb, worker.Config{Queues: map[string]int{e.queue: 1}, Logger: discard, DefinitionSnooze: 20 * time.Millisecond})
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+
+	var d runDetail
+	require.Eventually(t, func() bool {
+		e.get("/api/runs/deploy-1", http.StatusOK, &d)
+		return d.Waiting != ""
+	}, 10*time.Second, 20*time.Millisecond)
+	require.Equal(t, "pending", d.Status)
+	require.Equal(t, reactor.DefinitionVersion{Version: 1, Fingerprint: v1.Fingerprint()}, d.Definition)
+	require.Equal(t, `waiting for definition v1 (`+v1.Fingerprint()+`) of reactor "deploy-order"`, d.Waiting)
+	require.Equal(t, []reactor.DefinitionVersion{{Version: 2, Fingerprint: v2.Fingerprint()}}, d.WaitingFor.Have)
+
+	// Once a worker that has v1 took the run, it completes under v1.
+	e.startWorker(v1)
+	res, err := e.engine.Wait(ctx, "deploy-1")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, res.Status)
+	var done runDetail
+	e.get("/api/runs/deploy-1", http.StatusOK, &done)
+	require.Equal(t, "completed", done.Status)
+	require.Empty(t, done.Waiting, "a finished run waits for nothing")
 }

@@ -155,9 +155,12 @@ type progress struct {
 
 type runDetail struct {
 	runSummary
-	Inputs  map[string]any `json:"inputs"`
-	Value   any            `json:"value"`
-	Failure *struct {
+	Inputs     map[string]any            `json:"inputs"`
+	Value      any                       `json:"value"`
+	Definition reactor.DefinitionVersion `json:"definition"`
+	Waiting    string                    `json:"waiting"`
+	WaitingFor *reactor.DefinitionWait   `json:"waiting_for"`
+	Failure    *struct {
 		Step             string `json:"step"`
 		Message          string `json:"message"`
 		Stack            string `json:"stack"`

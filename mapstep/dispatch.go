@@ -131,9 +131,9 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 			return err
 		}
 	} else {
-		def, ok := e.Definition(md.Element)
-		if !ok {
-			return fmt.Errorf("%w %q (element of map %s): register it on this worker", reactor.ErrUnknownReactor, md.Element, t.MapID)
+		def, err := engineapi.DefinitionFor(e, md.Owner, md.Element, md.ElementDef)
+		if err != nil {
+			return fmt.Errorf("mapstep: element of map %s: %w", t.MapID, err)
 		}
 		item := t.Input
 		if len(item) == 0 {
@@ -196,9 +196,9 @@ func claimedItems(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, 
 	if !md.Paged {
 		return ms.sourceRange(ctx, mapID, from, to)
 	}
-	owner, ok := e.Definition(md.OwnerReact)
-	if !ok {
-		return nil, fmt.Errorf("%w %q (owner of map %s): register it on this worker", reactor.ErrUnknownReactor, md.OwnerReact, mapID)
+	owner, err := engineapi.DefinitionFor(e, md.Owner, md.OwnerReact, md.OwnerDef)
+	if err != nil {
+		return nil, fmt.Errorf("mapstep: owner of map %s: %w", mapID, err)
 	}
 	c, ok := engineapi.ConstructAt(owner, md.Step)
 	m, isMap := c.(*construct)

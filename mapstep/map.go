@@ -80,6 +80,12 @@ func (m *construct) UndoWindowed() bool {
 	return m.cfg.Element != nil && m.cfg.Element.UndoWindow() > 0
 }
 
+// Shape goes into the owner definition's fingerprint (reactor.Version):
+// what changes the meaning of a map's stored keys.
+func (m *construct) Shape() string {
+	return fmt.Sprintf("map fanout=%t partial=%t paged=%t input=%q", m.cfg.FanOut, m.cfg.Partial, m.cfg.Pages != nil, m.cfg.Input)
+}
+
 // Validate is called by reactor.Define.
 func (m *construct) Validate() error {
 	if m.cfg.Element == nil {
@@ -227,7 +233,8 @@ func (m *construct) begin(ctx context.Context, c *reactor.ConstructContext, ms m
 	}
 	md := meta{Total: st.Total, BatchSize: m.cfg.BatchSize, Atomic: !m.cfg.Partial, FanOut: st.FanOut, Paged: m.cfg.Pages != nil,
 		Owner: c.OwnerID, OwnerReact: c.OwnerReactor, Element: m.cfg.Element.Name(), Step: c.Step,
-		Input: m.cfg.Input, With: wenc, Trace: c.TraceID, Sensitive: c.Sensitive}
+		Input: m.cfg.Input, With: wenc, Trace: c.TraceID, Sensitive: c.Sensitive,
+		ElementDef: m.cfg.Element.Fingerprint(), OwnerDef: c.OwnerDefinition}
 	if !st.FanOut {
 		md.BatchSize = st.Total // inline: everything is claimed at once, nothing is enqueued
 		if err := ms.addToTree(ctx, st.MapID, c.OwnerID, c.Nested); err != nil {

@@ -619,9 +619,19 @@ func retryElement(ctx context.Context, e *reactor.Engine, md meta, mapID string,
 	case errors.Is(err, reactor.ErrNotFound):
 		return unavailable(md, i), nil
 	case err != nil:
-		return rbOutcome{Index: i}, err
+		return rbOutcome{Index: i}, forOwner(md, err)
 	}
 	return undoneOutcome(md, i, res), nil
+}
+
+// forOwner makes a refusal for want of an element's definition name the
+// map's owner, the run an operator looks at (and the dashboard shows
+// waiting).
+func forOwner(md meta, err error) error {
+	if mm, ok := errors.AsType[*reactor.DefinitionMismatchError](err); ok {
+		mm.Run = md.Owner
+	}
+	return err
 }
 
 func unavailable(md meta, i int) rbOutcome {
@@ -679,7 +689,7 @@ func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID 
 	case errors.Is(err, reactor.ErrNotFound):
 		return unavailable(md, i), nil
 	case err != nil:
-		return o, err
+		return o, forOwner(md, err)
 	case elementStopped(res):
 		// Sealed by its stopped settle before any delivery started it.
 		o.Outcome = rbNotNeeded

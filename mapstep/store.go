@@ -69,14 +69,18 @@ type meta struct {
 	Paged             bool
 	Owner, OwnerReact string
 	Element, Step     string
-	Input             string
-	With              codec.Raw
-	Trace             string // the owner's trace id, inherited by element runs
-	Sensitive         bool   // the owner is a sensitive run: so are the element runs
-	Settled, Failures int
-	Offset            int
-	Failed            bool
-	FailedIndex       int
+	// ElementDef and OwnerDef are the fingerprints of the element and
+	// owner definitions the map started under ("" in maps stored before
+	// maps recorded them): only those execute its element tasks.
+	ElementDef, OwnerDef string
+	Input                string
+	With                 codec.Raw
+	Trace                string // the owner's trace id, inherited by element runs
+	Sensitive            bool   // the owner is a sensitive run: so are the element runs
+	Settled, Failures    int
+	Offset               int
+	Failed               bool
+	FailedIndex          int
 	// RbGen is the map's current rollback generation (rb_start.lua's
 	// rbgen; 0 before its first rollback).
 	RbGen     int
@@ -115,7 +119,7 @@ func parseMeta(f map[string]string, offset string, failed *redis.StringCmd) meta
 	m = meta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Atomic: f["atomic"] == "1",
 		FanOut: f["fanout"] == "1", Paged: f["paged"] == "1", Owner: f["owner"], OwnerReact: f["owner_reactor"], Element: f["element"],
 		Step: f["step"], Input: f["input"], With: codec.Raw(f["with"]), Trace: f["trace"], Settled: atoi("settled"), Failures: atoi("failures"),
-		RbGen: atoi("rbgen"), Sensitive: f["sensitive"] == "1"}
+		RbGen: atoi("rbgen"), Sensitive: f["sensitive"] == "1", ElementDef: f["element_def"], OwnerDef: f["owner_def"]}
 	m.Offset, _ = strconv.Atoi(offset)
 	if fi, err := failed.Result(); err == nil {
 		m.Failed = true
@@ -141,7 +145,7 @@ func (s mapStore) start(ctx context.Context, mapID string, m meta) (created bool
 	}
 	res, err := startScript.Run(ctx, s.rdb, []string{s.keys.MapMeta(mapID), s.keys.MapOffset(mapID)},
 		m.Total, m.BatchSize, b2s(m.Atomic), m.Owner, m.OwnerReact, m.Element, m.Step, []byte(m.With), m.Input, b2s(m.FanOut), b2s(m.Paged), m.Trace,
-		b2s(m.Sensitive)).Slice()
+		b2s(m.Sensitive), m.ElementDef, m.OwnerDef).Slice()
 	if err != nil {
 		return false, 0, fmt.Errorf("mapstep: start map %s: %w", mapID, err)
 	}

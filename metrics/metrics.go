@@ -63,16 +63,17 @@ type Metrics struct {
 	opts Options
 	keys keys.Keys
 
-	runsStarted      *prometheus.CounterVec
-	runsFinished     *prometheus.CounterVec
-	elementsFinished *prometheus.CounterVec
-	stepDuration     *prometheus.HistogramVec
-	stepAttempts     *prometheus.CounterVec
-	stepRetries      *prometheus.CounterVec
-	undo             *prometheus.CounterVec
-	undoDuration     *prometheus.HistogramVec
-	batches          *prometheus.CounterVec
-	lockLost         prometheus.Counter
+	definitionRefusals *prometheus.CounterVec
+	runsStarted        *prometheus.CounterVec
+	runsFinished       *prometheus.CounterVec
+	elementsFinished   *prometheus.CounterVec
+	stepDuration       *prometheus.HistogramVec
+	stepAttempts       *prometheus.CounterVec
+	stepRetries        *prometheus.CounterVec
+	undo               *prometheus.CounterVec
+	undoDuration       *prometheus.HistogramVec
+	batches            *prometheus.CounterVec
+	lockLost           prometheus.Counter
 
 	runTasks     *prometheus.CounterVec
 	elementTasks *prometheus.CounterVec
@@ -109,6 +110,8 @@ func New(opts Options) *Metrics {
 		m.collectors = append(m.collectors, c)
 		return c
 	}
+	m.definitionRefusals = counter("definition_refusals_total", "Task deliveries a worker refused because their run started under a "+
+		"definition of the reactor that the worker does not have (snoozed for a worker that has it; see reactor.Version).", "reactor")
 	m.runsStarted = counter("runs_started_total", "Root runs started (first execution; composed children and map elements excluded).", "reactor")
 	m.runsFinished = counter("runs_finished_total", "Root runs that reached a terminal status.", "reactor", "status")
 	m.elementsFinished = counter("map_elements_finished_total", "Map element runs that reached a terminal status.", "reactor", "status")
@@ -271,6 +274,13 @@ func (m *Metrics) ObserveTask(task, outcome string) {
 	if outcome == OutcomeSnoozed {
 		m.snoozes.WithLabelValues(task).Inc()
 	}
+}
+
+// ObserveDefinitionMismatch implements worker.DefinitionObserver: a worker
+// refused a task because its run started under a definition of reactor
+// that the worker does not have (it snoozes it for one that has).
+func (m *Metrics) ObserveDefinitionMismatch(reactor string) {
+	m.definitionRefusals.WithLabelValues(reactor).Inc()
 }
 
 // ObserveOwnerResume implements worker.Observer: a worker resumed the owner

@@ -40,6 +40,10 @@ type ConstructContext struct {
 	// OwnerID and OwnerReactor name the top-level run (the root of a
 	// composed tree): all resumes go to it.
 	OwnerID, OwnerReactor string
+	// OwnerDefinition is the fingerprint of the definition the owner run
+	// started with (Definition.Fingerprint): what a worker must have to
+	// take the construct's work.
+	OwnerDefinition string
 	// RunID is the id of the run whose step this is (the owner, or a run
 	// nested in it).
 	RunID string
@@ -185,7 +189,7 @@ func ConstructStep(name string, c Construct, cfg ConstructConfig) Part {
 
 func (x *execution) constructContext(f *frame, s *stepDef, args Raw) *ConstructContext {
 	return &ConstructContext{
-		Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
+		Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, OwnerDefinition: x.st.Def, RunID: f.st.ID,
 		Step: f.path + s.name, Args: args, Nested: x.element, TraceID: x.st.Trace, Sensitive: f.st.Sensitive || x.st.Sensitive,
 		state: f.st.Constructs[s.name], gen: x.rollbackGen(), windowAt: rollbackWindowAt(f),
 		hold: func(h Held) { x.hold(f.path+s.name, h) },

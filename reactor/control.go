@@ -37,7 +37,7 @@ func (e *Engine) Check(ctx context.Context, id string, op Op) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, _ := e.Definition(st.Reactor)
+	d := e.viewDef(st)
 	run := st.view(d, version)
 	switch op {
 	case OpUndo:

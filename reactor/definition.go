@@ -26,6 +26,13 @@ type Definition struct {
 	undoWindow time.Duration
 	// sensitive: its runs are sensitive runs (hasSensitive, sensitive.go).
 	sensitive bool
+	// version is Version's (0: not declared, which is 1); fp is the
+	// fingerprint of the shape (version.go), fixed by Define.
+	version int
+	fp      string
+	// compatible lists the fingerprints of the earlier shapes whose runs
+	// this definition also executes (Compatible).
+	compatible []string
 }
 
 // Name returns the definition's name.
@@ -80,6 +87,7 @@ func Define(name string, parts ...Part) (*Definition, error) {
 		return nil, err
 	}
 	d.sensitive = d.hasSensitive()
+	d.fp = d.fingerprint()
 	return d, nil
 }
 

@@ -276,6 +276,24 @@ func (e *NotServedError) Error() string {
 
 func (e *NotServedError) Unwrap() error { return e.Err }
 
+// DefinitionWaitError is Wait's error when its context ended while the
+// workers that received the run refused it for want of the definition it
+// started with (or of any definition of its reactor): a rolling deploy
+// removed it, or the workers run an older build. It unwraps to the
+// context's error.
+type DefinitionWaitError struct {
+	RunID string
+	Wait  *DefinitionWait
+	Err   error
+}
+
+func (e *DefinitionWaitError) Error() string {
+	return fmt.Sprintf("reactor: wait for run %s: it is %s, and the workers that received it do not have it (refused by %s); "+
+		"register that definition on a worker (see reactor.Version): %v", e.RunID, e.Wait, e.Wait.By, e.Err)
+}
+
+func (e *DefinitionWaitError) Unwrap() error { return e.Err }
+
 const (
 	// servedWarnAfter is how long a run may stay pending in Wait before
 	// Wait checks whether its queue is served at all.
@@ -322,13 +340,33 @@ func (w *pendingWatch) served(ctx context.Context, queue string) (served, ok boo
 	return served, err == nil
 }
 
+// definitionWait reads the run's definition-wait note, bounded by
+// servedTimeout even when ctx ended; nil when there is none (or it cannot
+// be read).
+func (w *pendingWatch) definitionWait(ctx context.Context) *DefinitionWait {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), servedTimeout)
+	defer cancel()
+	dw, _ := w.e.DefinitionWait(cctx, w.id)
+	return dw
+}
+
 // observe warns, once, about a run that has been pending for a while on a
-// queue no worker serves.
+// queue no worker serves, or that the workers refuse for want of its
+// definition.
 func (w *pendingWatch) observe(ctx context.Context, st *runState) {
-	if w.sr == nil || w.warned || st.Status != StatusPending || time.Now().Before(w.next) {
+	if w.warned || time.Now().Before(w.next) {
 		return
 	}
 	w.next = time.Now().Add(servedCheckEvery)
+	if dw := w.definitionWait(ctx); dw != nil {
+		w.warned = true
+		w.e.log.WarnContext(ctx, "waiting for a run that the workers refuse: "+dw.String(),
+			"event", "reactor.wait.definition", "run", w.id, "reactor", dw.Reactor, "wants", dw.Want.String(), "refused_by", dw.By)
+		return
+	}
+	if w.sr == nil || st.Status != StatusPending {
+		return
+	}
 	if served, ok := w.served(ctx, w.queueOf(st)); ok && !served {
 		w.warned = true
 		w.e.log.WarnContext(ctx, "waiting for a pending run that no worker can take: no worker serves its queue",
@@ -337,8 +375,12 @@ func (w *pendingWatch) observe(ctx context.Context, st *runState) {
 }
 
 // notServed returns a *NotServedError when Wait ended on a pending run whose
-// queue no worker serves, else nil.
+// queue no worker serves, a *DefinitionWaitError when the workers that
+// received the run refused it for want of its definition, else nil.
 func (w *pendingWatch) notServed(ctx context.Context, st *runState, cause error) error {
+	if dw := w.definitionWait(ctx); dw != nil {
+		return &DefinitionWaitError{RunID: w.id, Wait: dw, Err: cause}
+	}
 	if st.Status != StatusPending || w.sr == nil {
 		return nil
 	}

@@ -114,8 +114,11 @@ type Engine struct {
 	store *store.Store
 	locks *lock.Locker
 
-	mu   sync.RWMutex
-	defs map[string]*Definition
+	mu sync.RWMutex
+	// defs holds the highest version registered under each name (what
+	// Definition returns), versions every version, lowest first.
+	defs     map[string]*Definition
+	versions map[string][]*Definition
 
 	now   func() time.Time
 	sleep func(ctx context.Context, d time.Duration) error
@@ -136,13 +139,14 @@ func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	return &Engine{
-		cfg:   cfg,
-		log:   cfg.Logger,
-		store: st,
-		locks: lock.New(cfg.Client, cfg.LockExpiry).WithGrace(cfg.LockGrace),
-		defs:  map[string]*Definition{},
-		now:   time.Now,
-		sleep: sleepCtx,
+		cfg:      cfg,
+		log:      cfg.Logger,
+		store:    st,
+		locks:    lock.New(cfg.Client, cfg.LockExpiry).WithGrace(cfg.LockGrace),
+		defs:     map[string]*Definition{},
+		versions: map[string][]*Definition{},
+		now:      time.Now,
+		sleep:    sleepCtx,
 	}, nil
 }
 
@@ -161,8 +165,11 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 }
 
 // Register makes definitions known by name, so that stored runs can be
-// resumed, undone and inspected. Registering a different definition under a
-// taken name is an error.
+// resumed, undone and inspected, with the children and element reactors
+// they run. Definitions of one name with different versions (Version) are
+// registered side by side: each stored run executes under the one it
+// started with. Registering a different definition under a taken name and
+// version is an error.
 func (e *Engine) Register(defs ...*Definition) error {
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -180,14 +187,21 @@ func (e *Engine) Register(defs ...*Definition) error {
 // registerLocked registers d and the definitions it runs: composed children
 // and the element reactors of constructs (Definitions() []*Definition).
 func (e *Engine) registerLocked(d *Definition) error {
-	if old, ok := e.defs[d.name]; ok {
-		if old != d {
-			return &DefinitionError{Reactor: d.name, Reason: "another definition is already registered under this name " +
-				"(define each reactor once, at package level, and reuse the *Definition)"}
+	vs := e.versions[d.name]
+	for _, old := range vs {
+		if old == d {
+			return nil
 		}
-		return nil
+		if old.Version() == d.Version() {
+			return &DefinitionError{Reactor: d.name, Reason: fmt.Sprintf("another definition is already registered under this name "+
+				"and version %d (define each reactor once, at package level, and reuse the *Definition; "+
+				"a changed reactor that must run beside the old one takes reactor.Version(%d))", d.Version(), maxVersion(vs)+1)}
+		}
 	}
-	e.defs[d.name] = d
+	vs = append(vs, d)
+	slices.SortFunc(vs, func(a, b *Definition) int { return a.Version() - b.Version() })
+	e.versions[d.name] = vs
+	e.defs[d.name] = vs[len(vs)-1]
 	for _, s := range d.steps {
 		var nested []*Definition
 		switch {
@@ -207,7 +221,16 @@ func (e *Engine) registerLocked(d *Definition) error {
 	return nil
 }
 
-// Definition returns the definition registered under name.
+func maxVersion(vs []*Definition) int {
+	n := 0
+	for _, d := range vs {
+		n = max(n, d.Version())
+	}
+	return n
+}
+
+// Definition returns the definition registered under name: its highest
+// version (Versions lists them all).
 func (e *Engine) Definition(name string) (*Definition, bool) {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
@@ -296,7 +319,7 @@ func (e *Engine) element(ctx context.Context, id string) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, _ := e.Definition(st.Reactor)
+	d := e.viewDef(st)
 	return st.view(d, snap.Version), nil
 }
 
@@ -399,6 +422,15 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 			return refuse(err)
 		}
 	}
+	if existing.Def != "" && existing.Def != def.fp && !existing.Status.Terminal() {
+		// The id's run started under another version: it goes on under
+		// that one, or not at all here.
+		d, err := e.lookupRun(existing)
+		if err != nil {
+			return refuse(err)
+		}
+		x.def = d
+	}
 	if existing.Status.Terminal() {
 		if !element {
 			_ = e.store.TakeBackStart(bg, id, def.name, string(StatusRunning), added, now)
@@ -474,7 +506,7 @@ func (e *Engine) resume(ctx context.Context, id string, inWorker bool) (*Result,
 	}
 	var def *Definition
 	if err == nil {
-		def, err = e.lookup(st.Reactor)
+		def, err = e.lookupRun(st)
 	}
 	if err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
@@ -517,7 +549,7 @@ func (e *Engine) Get(ctx context.Context, id string) (*Run, error) {
 	if err != nil {
 		return nil, err
 	}
-	d, _ := e.Definition(st.Reactor)
+	d := e.viewDef(st)
 	return st.view(d, version), nil
 }
 
@@ -549,7 +581,7 @@ func (e *Engine) runs(ctx context.Context, ids []string) ([]*Run, error) {
 				"event", "reactor.state.undecodable", "run", ids[valid[j]], "error", err)
 			continue
 		}
-		d, _ := e.Definition(st.Reactor)
+		d := e.viewDef(st)
 		out[valid[j]] = st.view(d, snap.Version)
 	}
 	return out, nil
@@ -614,7 +646,7 @@ func (e *Engine) Undo(ctx context.Context, id string) (*Result, error) {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	def, err := e.lookup(st.Reactor)
+	def, err := e.lookupRun(st)
 	if err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
@@ -656,7 +688,7 @@ func (e *Engine) undoElement(ctx context.Context, id string, wait time.Duration)
 		_ = lease.Release(bg)
 		return st.result(), nil
 	}
-	if x.def, err = e.lookup(st.Reactor); err != nil {
+	if x.def, err = e.lookupRun(st); err != nil {
 		_ = lease.Release(bg)
 		return nil, err
 	}
@@ -707,7 +739,7 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 	}
 	var def *Definition
 	if err == nil {
-		def, err = e.lookup(st.Reactor)
+		def, err = e.lookupRun(st)
 	}
 	if err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))

@@ -99,6 +99,9 @@ func (x *execution) executeTraced(ctx context.Context, started EventKind) (*Resu
 	from := x.st.Status
 	if x.st.Status == StatusPending {
 		x.st.Status = StatusRunning // saved with the first checkpoint
+		// Only Enqueue stores a pending run: this is its first execution,
+		// and it starts, whoever picked it up.
+		started = EventRunStarted
 	}
 	runCtx := x.lease.Keep(ctx)
 	defer x.lease.Stop() // also when a hook or middleware panics

@@ -118,12 +118,12 @@ func TestHardeningUndoDroppedFields(t *testing.T) {
 	)
 	for _, tc := range []struct {
 		name    string
-		v2      func(undone *[]string) *reactor.Definition
+		v2      func(undone *[]string, compat reactor.Part) *reactor.Definition
 		dropped string
 		what    string
 	}{
-		{name: "result field renamed", dropped: "id", what: "result", v2: func(undone *[]string) *reactor.Definition {
-			return reactor.MustDefine("reserve",
+		{name: "result field renamed", dropped: "id", what: "result", v2: func(undone *[]string, compat reactor.Part) *reactor.Definition {
+			return reactor.MustDefine("reserve", compatible(compat,
 				reactor.Input[string]("item"),
 				reactor.Step("reserve", reactor.StepConfig[hardeningReserveIn, reservationV2]{
 					Args: reactor.Bindings{"item": reactor.FromInput("item"), "qty": reactor.Const(2)},
@@ -133,10 +133,10 @@ func TestHardeningUndoDroppedFields(t *testing.T) {
 						return nil
 					},
 				}),
-			)
+			)...)
 		}},
-		{name: "argument field renamed", dropped: "item", what: "arguments", v2: func(undone *[]string) *reactor.Definition {
-			return reactor.MustDefine("reserve",
+		{name: "argument field renamed", dropped: "item", what: "arguments", v2: func(undone *[]string, compat reactor.Part) *reactor.Definition {
+			return reactor.MustDefine("reserve", compatible(compat,
 				reactor.Input[string]("item"),
 				reactor.Step("reserve", reactor.StepConfig[reserveInV2, reservationV1]{
 					Args: reactor.Bindings{"sku": reactor.FromInput("item"), "qty": reactor.Const(2)},
@@ -146,7 +146,7 @@ func TestHardeningUndoDroppedFields(t *testing.T) {
 						return nil
 					},
 				}),
-			)
+			)...)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -158,9 +158,16 @@ func TestHardeningUndoDroppedFields(t *testing.T) {
 			require.Equal(t, reactor.StatusCompleted, res.Status)
 
 			// The deploy: a new process, same Redis and prefix, v2 registered.
+			// As it stands, v2 refuses the run: it started under another shape.
 			var undone []string
 			after := newEnv(t, func(c *reactor.Config) { c.Prefix = before.prefix })
-			require.NoError(t, after.engine.Register(tc.v2(&undone)))
+			require.NoError(t, after.engine.Register(tc.v2(&undone, nil)))
+			_, err = after.engine.Undo(ctx, "order-1")
+			require.ErrorIs(t, err, reactor.ErrDefinitionMismatch)
+			// Declared compatible with v1 (wrongly: a field was renamed), it
+			// takes the run, and the undo still catches what the new type lost.
+			after = newEnv(t, func(c *reactor.Config) { c.Prefix = before.prefix })
+			require.NoError(t, after.engine.Register(tc.v2(&undone, reactor.Compatible(v1.Fingerprint()))))
 			res, err = after.engine.Undo(ctx, "order-1")
 			require.NoError(t, err)
 			require.Empty(t, undone, "the Undo ran with the value the renamed field lost")
@@ -181,6 +188,14 @@ func TestHardeningUndoDroppedFields(t *testing.T) {
 			require.True(t, strings.Contains(got.Failure.RollbackFailures[0].Message, tc.dropped))
 		})
 	}
+}
+
+// compatible is parts, with compat first when it is not nil.
+func compatible(compat reactor.Part, parts ...reactor.Part) []reactor.Part {
+	if compat == nil {
+		return parts
+	}
+	return append([]reactor.Part{compat}, parts...)
 }
 
 func TestDefinitionInputs(t *testing.T) {

@@ -295,7 +295,7 @@ func (e *Engine) settleOwner(ctx context.Context, elem *runState, settled map[st
 		}
 		return e.store.RetainTree(ctx, el.Owner, ttl)
 	}
-	x.def, _ = e.Definition(st.Reactor)
+	x.def = e.viewDef(st)
 	err = x.save(bg, st.Status.Terminal())
 	if !st.Status.Terminal() || err != nil {
 		_ = lease.Release(bg)
@@ -324,7 +324,7 @@ func (e *Engine) openForResolve(ctx context.Context, id string) (*execution, err
 	if err != nil {
 		return nil, err
 	}
-	x.def, _ = e.Definition(x.st.Reactor)
+	x.def = e.viewDef(x.st)
 	x.element, x.inWorker = element, true
 	return x, nil
 }

@@ -170,7 +170,7 @@ func (e *Engine) RetryRollback(ctx context.Context, id string, opts ...RollbackO
 	}
 	var def *Definition
 	if err == nil {
-		def, err = e.lookup(st.Reactor)
+		def, err = e.lookupRun(st)
 	}
 	if err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
@@ -356,7 +356,7 @@ func (e *Engine) openElement(ctx context.Context, id string, wait time.Duration)
 	if err != nil {
 		return nil, nil, err
 	}
-	if x.def, err = e.lookup(x.st.Reactor); err != nil {
+	if x.def, err = e.lookupRun(x.st); err != nil {
 		_ = x.lease.Release(context.WithoutCancel(ctx))
 		return nil, nil, err
 	}

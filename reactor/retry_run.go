@@ -69,6 +69,8 @@ func (e *Engine) Retry(ctx context.Context, id string) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The new run starts under the reactor's current definition (its
+	// highest version): a retry after a deploy runs the fixed reactor.
 	def, err := e.lookup(st.Reactor)
 	if err != nil {
 		return nil, err

@@ -289,7 +289,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		e.Status = RollbackCompensating
 		err = x.callUndo(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
 			if s.kind == kindConstruct {
-				cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, RunID: f.st.ID,
+				cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, OwnerDefinition: x.st.Def, RunID: f.st.ID,
 					Step: path, Nested: x.element, TraceID: x.st.Trace, Sensitive: f.st.Sensitive || x.st.Sensitive, state: e.Args, gen: x.rollbackGen(),
 					windowAt: rollbackWindowAt(f), hold: func(h Held) { x.hold(path, h) }}
 				return s.construct.Undo(cctx, cc)

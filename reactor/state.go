@@ -10,11 +10,16 @@ import (
 // progress is embedded in its parent's state, so one fenced write saves a
 // whole run tree.
 type runState struct {
-	ID      string              `msgpack:"id"`
-	Reactor string              `msgpack:"r"`
-	Status  Status              `msgpack:"s"`
-	Inputs  map[string]Raw      `msgpack:"in"`
-	Steps   map[string]*stepRec `msgpack:"st"`
+	ID      string `msgpack:"id"`
+	Reactor string `msgpack:"r"`
+	// Def and DefVersion are the fingerprint and version of the definition
+	// the run started with: only that definition executes or rolls it back
+	// (version.go). Empty in runs stored before runs recorded it.
+	Def        string              `msgpack:"df,omitempty"`
+	DefVersion int                 `msgpack:"dv,omitempty"`
+	Status     Status              `msgpack:"s"`
+	Inputs     map[string]Raw      `msgpack:"in"`
+	Steps      map[string]*stepRec `msgpack:"st"`
 	// Ledger is the undo stack, oldest first.
 	Ledger []*LedgerEntry `msgpack:"l,omitempty"`
 	// Seq numbers ledger entries.
@@ -327,7 +332,11 @@ type StepRollback struct {
 type Run struct {
 	ID      string
 	Reactor string
-	Status  Status
+	// Definition is the version and fingerprint of the definition the run
+	// started with, the only one that executes or rolls it back (zero for
+	// a run stored before runs recorded it).
+	Definition DefinitionVersion
+	Status     Status
 	// Version is the number of fenced writes the run has had.
 	Version int64
 	Inputs  map[string]Raw
@@ -445,7 +454,8 @@ func (st *runState) result() *Result {
 }
 
 func (st *runState) view(d *Definition, version int64) *Run {
-	r := &Run{ID: st.ID, Reactor: st.Reactor, Status: st.Status, Version: version, Inputs: st.Inputs,
+	r := &Run{ID: st.ID, Reactor: st.Reactor, Definition: DefinitionVersion{Version: st.DefVersion, Fingerprint: st.Def},
+		Status: st.Status, Version: version, Inputs: st.Inputs,
 		Ledger: st.Ledger, Rollback: st.Rollback, Rollbacks: st.Undone, Value: st.Value,
 		Failure: st.Failure, Reason: st.Reason, Wake: st.Wake, Queue: st.Queue, TraceID: st.Trace,
 		RetryOf: st.RetryOf, RetriedBy: st.RetriedBy, RollbackGeneration: st.rollbackGen(), Held: st.held(), Sensitive: st.Sensitive,
@@ -521,6 +531,6 @@ func (st *runState) view(d *Definition, version int64) *Run {
 }
 
 func newState(id string, d *Definition, inputs map[string]Raw, now time.Time) *runState {
-	return &runState{ID: id, Reactor: d.name, Status: StatusRunning, Inputs: inputs, Sensitive: d.sensitive,
+	return &runState{ID: id, Reactor: d.name, Def: d.fp, DefVersion: d.Version(), Status: StatusRunning, Inputs: inputs, Sensitive: d.sensitive,
 		Steps: map[string]*stepRec{}, CreatedAt: now.UnixMilli(), UpdatedAt: now.UnixMilli()}
 }

@@ -139,7 +139,7 @@ func (e *Engine) UndoSteps(ctx context.Context, id string, steps []string) (*Ste
 	}
 	var def *Definition
 	if err == nil {
-		def, err = e.lookup(st.Reactor)
+		def, err = e.lookupRun(st)
 	}
 	var p *targetPlan
 	if err == nil {
@@ -205,7 +205,7 @@ func (e *Engine) CheckUndoSteps(ctx context.Context, id string, steps []string) 
 	if err != nil {
 		return nil, err
 	}
-	d, _ := e.Definition(st.Reactor)
+	d := e.viewDef(st)
 	run := st.view(d, version)
 	if err := stepsUndoable(st); err != nil {
 		return run, err

@@ -73,6 +73,25 @@ func TestWorkerProcess(t *testing.T) {
 	switch set {
 	case "steps":
 		def, cfg.LockExpiry, level = killDefinition(rdb, prefix), killLockExpiry, slog.LevelDebug
+	case "order-v1", "order-v2", "order-both":
+		cfg.LockExpiry, level = deployLockExpiry, slog.LevelInfo
+		defs := map[string][]*reactor.Definition{"order-v1": {deployOrder(rdb, prefix, 1)}, "order-v2": {deployOrder(rdb, prefix, 2)},
+			"order-both": {deployOrder(rdb, prefix, 1), deployOrder(rdb, prefix, 2)}}[set]
+		def = defs[0]
+		cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+		if err := func() error {
+			e, err := reactor.NewEngine(context.Background(), cfg)
+			if err != nil {
+				return err
+			}
+			if err := e.Register(defs...); err != nil {
+				return err
+			}
+			return serveUntilKilled(e, rdb, queue, concurrency, cfg.Logger)
+		}(); err != nil {
+			t.Fatal(err)
+		}
+		return
 	case "rbmap":
 		k := rbkKeys{prefix}
 		def, cfg.LockExpiry, level = rbkOwner(rdb, k), rbkLockExpiry, slog.LevelError
@@ -88,12 +107,21 @@ func TestWorkerProcess(t *testing.T) {
 	if err := engine.Register(def); err != nil {
 		t.Fatal(err)
 	}
-	w := worker.New(engine, rdb, worker.Config{Queues: map[string]int{queue: 1}, Concurrency: concurrency, Logger: cfg.Logger})
-	if err := w.Start(context.Background()); err != nil {
+	if err := serveUntilKilled(engine, rdb, queue, concurrency, cfg.Logger); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// serveUntilKilled runs a worker of engine on queue, tells the parent it is
+// ready, and returns when the parent goes away or after two minutes.
+func serveUntilKilled(engine *reactor.Engine, rdb redis.UniversalClient, queue string, concurrency int, log *slog.Logger) error {
+	w := worker.New(engine, rdb, worker.Config{Queues: map[string]int{queue: 1}, Concurrency: concurrency, Logger: log,
+		DefinitionSnooze: 100 * time.Millisecond})
+	if err := w.Start(context.Background()); err != nil {
+		return err
+	}
 	if err := os.WriteFile(filepath.Join(os.Getenv(envMarkerDir), "ready"), []byte(strconv.Itoa(os.Getpid())), 0o644); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	// Run until killed. Should the parent die first, its end of stdin
 	// closes: exit with it rather than linger; and never outlive two
@@ -108,7 +136,7 @@ func TestWorkerProcess(t *testing.T) {
 		os.Exit(3)
 	case <-time.After(2 * time.Minute):
 	}
-	_ = w.Stop(context.Background())
+	return w.Stop(context.Background())
 }
 
 // workerProcess is a running worker subprocess.
@@ -116,6 +144,7 @@ type workerProcess struct {
 	t      *testing.T
 	cmd    *exec.Cmd
 	pid    string
+	log    string        // the path of its output
 	exited chan struct{} // closed once the process is gone
 }
 
@@ -145,7 +174,7 @@ func startWorkerProcess(t *testing.T, prefix, queue string, spec workerSpec) *wo
 	_, err = cmd.StdinPipe()
 	require.NoError(t, err)
 	require.NoError(t, cmd.Start())
-	p := &workerProcess{t: t, cmd: cmd, pid: strconv.Itoa(cmd.Process.Pid), exited: make(chan struct{})}
+	p := &workerProcess{t: t, cmd: cmd, pid: strconv.Itoa(cmd.Process.Pid), log: logPath, exited: make(chan struct{})}
 	go func() {
 		_ = cmd.Wait()
 		close(p.exited)
@@ -168,6 +197,12 @@ func startWorkerProcess(t *testing.T, prefix, queue string, spec workerSpec) *wo
 	}, 30*time.Second, 10*time.Millisecond, "the worker process did not start")
 	require.False(t, p.gone(), "the worker process exited: %s", cmd.ProcessState)
 	return p
+}
+
+// output is what the process wrote so far.
+func (p *workerProcess) output() string {
+	b, _ := os.ReadFile(p.log)
+	return string(b)
 }
 
 func (p *workerProcess) gone() bool {

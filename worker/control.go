@@ -417,6 +417,8 @@ func (w *Worker) handleControl(ctx context.Context, t *asynq.Task) (err error) {
 		return nil
 	case errors.Is(err, reactor.ErrRunLocked), errors.Is(err, reactor.ErrLockLost):
 		return &SnoozeError{RunID: p.RunID, Base: w.cfg.Snooze}
+	case errors.Is(err, reactor.ErrDefinitionMismatch):
+		return w.refuse(ctx, "control request", p.RunID, err)
 	case errors.As(err, &se), errors.Is(err, reactor.ErrNotFound), errors.As(err, &roe),
 		errors.Is(err, reactor.ErrUnknownStep), errors.Is(err, reactor.ErrNoStepsNamed):
 		// The request is refused as it stands: retrying cannot change it.

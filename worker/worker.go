@@ -47,6 +47,12 @@ type Config struct {
 	// Snooze is the base delay of a task waiting for a held run lock; each
 	// snooze waits Snooze to 2*Snooze. Default 100 ms.
 	Snooze time.Duration
+	// DefinitionSnooze is the base delay of a task this worker refused for
+	// want of its run's definition (a rolling deploy: the run started under
+	// a definition this worker does not have, see reactor.Version); it
+	// waits DefinitionSnooze to 2*DefinitionSnooze for a worker that has
+	// it, for as long as it takes. Default 5 s.
+	DefinitionSnooze time.Duration
 	// ShutdownTimeout is how long Stop waits for running tasks. Default 10 s.
 	ShutdownTimeout time.Duration
 	// Logger receives the worker's logs. Default slog.Default().
@@ -73,6 +79,13 @@ type Observer interface {
 	ObserveOwnerResume(kind string)
 }
 
+// DefinitionObserver is implemented by an Observer that also counts the
+// tasks a worker refused for want of their run's definition (package
+// metrics does): reactor is the definition's name.
+type DefinitionObserver interface {
+	ObserveDefinitionMismatch(reactor string)
+}
+
 // WithDefaults returns c with every unset field at its default.
 func (c Config) WithDefaults() Config {
 	if c.Concurrency <= 0 {
@@ -90,6 +103,9 @@ func (c Config) WithDefaults() Config {
 	if c.Snooze <= 0 {
 		c.Snooze = 100 * time.Millisecond
 	}
+	if c.DefinitionSnooze <= 0 {
+		c.DefinitionSnooze = 5 * time.Second
+	}
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 10 * time.Second
 	}
@@ -104,9 +120,15 @@ func (c Config) WithDefaults() Config {
 type SnoozeError struct {
 	RunID string
 	Base  time.Duration
+	// Definition is set when the task waits for a worker that has its
+	// run's definition, not for a lock.
+	Definition bool
 }
 
 func (e *SnoozeError) Error() string {
+	if e.Definition {
+		return fmt.Sprintf("worker: %s started under a definition this worker does not have; snoozing for a worker that has it", e.RunID)
+	}
 	return fmt.Sprintf("worker: run %s is locked by another process; snoozing", e.RunID)
 }
 
@@ -143,6 +165,10 @@ type Worker struct {
 	mu      sync.Mutex
 	started bool
 	stopped bool
+
+	// warned holds the definitions (reactor and fingerprint) this worker
+	// has warned it lacks: one Warn each per process.
+	warned sync.Map
 }
 
 // New returns a Worker for engine, pulling from rdb. The worker does not own
@@ -278,6 +304,9 @@ func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
 		// A rolling deploy may not have the definition here yet: retry.
 		err := fmt.Errorf("worker: unknown reactor %q for run %s: register it on every worker (retrying)", p.Reactor, p.RunID)
 		w.unknownReactor(ctx, p.Reactor, "run", p.RunID)
+		if nerr := engineapi.NoteDefinitionWait(w.engine, ctx, p.RunID, p.Reactor, fmt.Errorf("%w %q", reactor.ErrUnknownReactor, p.Reactor)); nerr != nil {
+			w.log.Debug("could not note a run waiting for its definition", "event", "worker.definition.note_failed", "run", p.RunID, "error", nerr)
+		}
 		return err
 	}
 	ctx = withTraceparent(ctx, p.TP)
@@ -294,6 +323,8 @@ func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
 		return &SnoozeError{RunID: p.RunID, Base: w.cfg.Snooze}
 	case errors.Is(err, reactor.ErrNotFound):
 		return fmt.Errorf("worker: run %s no longer exists: %w", p.RunID, asynq.SkipRetry)
+	case errors.Is(err, reactor.ErrDefinitionMismatch):
+		return w.refuse(ctx, "run", p.RunID, err)
 	case err != nil:
 		return err
 	}
@@ -326,6 +357,8 @@ func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
 		w.unknownReactor(ctx, "", "element", mapstep.ElementID(p.MapID, p.Index))
 	}
 	switch {
+	case errors.Is(err, reactor.ErrDefinitionMismatch):
+		return w.refuse(ctx, "element", mapstep.ElementID(p.MapID, p.Index), err)
 	case errors.Is(err, reactor.ErrRunLocked):
 		return &SnoozeError{RunID: mapstep.ElementID(p.MapID, p.Index), Base: w.cfg.Snooze}
 	case errors.Is(err, reactor.ErrLockLost):
@@ -355,12 +388,47 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 		w.unknownReactor(ctx, "", "element rollback", mapstep.ElementID(p.MapID, p.Index))
 	}
 	switch {
+	case errors.Is(err, reactor.ErrDefinitionMismatch):
+		return w.refuse(ctx, "element rollback", mapstep.ElementID(p.MapID, p.Index), err)
 	case errors.Is(err, reactor.ErrRunLocked), errors.Is(err, reactor.ErrLockLost):
 		return &SnoozeError{RunID: fmt.Sprintf("%s rollback %d", p.MapID, p.Pos), Base: w.cfg.Snooze}
 	case errors.Is(err, maptask.ErrMapGone), errors.Is(err, maptask.ErrBadTask):
 		return fmt.Errorf("%w: %w", err, asynq.SkipRetry)
 	}
 	return err
+}
+
+// refuse answers a task whose run started under a definition this worker
+// does not have (err is a *reactor.DefinitionMismatchError): nothing of the
+// run executes here. The task is snoozed for a worker that has the
+// definition (it is never archived for this), the run is noted as waiting
+// (Wait's error and the dashboard say for what), the refusal is counted,
+// and the first refusal of each definition is logged as a Warn naming what
+// the run wants and what this worker has.
+func (w *Worker) refuse(ctx context.Context, kind, id string, err error) error {
+	mm, _ := errors.AsType[*reactor.DefinitionMismatchError](err)
+	if mm == nil {
+		return err
+	}
+	if nerr := engineapi.NoteDefinitionWait(w.engine, ctx, mm.Run, mm.Reactor, err); nerr != nil {
+		w.log.Debug("could not note a run waiting for its definition", "event", "worker.definition.note_failed", "run", mm.Run, "error", nerr)
+	}
+	if o, ok := w.cfg.Metrics.(DefinitionObserver); ok {
+		o.ObserveDefinitionMismatch(mm.Reactor)
+	}
+	have := make([]string, len(mm.Have))
+	for i, v := range mm.Have {
+		have[i] = v.String()
+	}
+	attrs := []any{"event", "worker.definition.mismatch", "reactor", mm.Reactor, "run", mm.Run, "task", kind, "id", id,
+		"wants", mm.Want.String(), "has", have}
+	if _, seen := w.warned.LoadOrStore(mm.Reactor+"\x00"+mm.Want.Fingerprint, true); !seen {
+		w.log.WarnContext(ctx, "refusing a task whose run started under a definition this worker does not have; "+
+			"it waits for a worker that has it (keep the old Version registered beside the new one until its runs finish)", attrs...)
+	} else {
+		w.log.DebugContext(ctx, "refusing a task whose run started under another definition", attrs...)
+	}
+	return &SnoozeError{RunID: id, Base: w.cfg.DefinitionSnooze, Definition: true}
 }
 
 // unknownReactor tells the operator that this worker received work for a

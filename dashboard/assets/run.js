@@ -37,6 +37,12 @@
     fact(dl, 'queue', r.queue ? h('span', { class: 'mono' }, r.queue) : '');
     fact(dl, 'trace', r.trace_id ? h('span', { class: 'mono', title: r.trace_id }, r.trace_id) : '');
     fact(dl, 'reason', r.reason);
+    var def = r.definition || {};
+    fact(dl, 'definition', def.fingerprint ? h('span', { class: 'mono', title: 'fingerprint ' + def.fingerprint }, 'v' + def.version + ' (' + def.fingerprint + ')') : '');
+    var wf = r.waiting_for;
+    fact(dl, 'waiting', r.waiting ? h('span', { class: 'bad-text', title: wf && wf.by ? 'refused by ' + wf.by + ' at ' + wf.at : '' },
+      r.waiting + (wf && wf.have && wf.have.length ? '; the worker that refused it has ' +
+        wf.have.map(function (v) { return 'v' + v.version + ' (' + v.fingerprint + ')'; }).join(', ') : '')) : '');
     fact(dl, 'retry of', r.retry_of ? GR.runLink(r.retry_of, 'retry-of') : '');
     fact(dl, 'retried by', (r.retried_by || []).length ? h('span', { class: 'links' }, r.retried_by.map(function (id) { return GR.runLink(id, 'retried-by'); })) : '');
   }
@@ -696,7 +702,7 @@
       show('run-missing', false);
       $('run').classList.remove('gone');
       var running = (r.steps || []).some(function (s) { return s.status === 'running'; });
-      if (changed('head', [r.id, r.status, r.reactor, r.created_at, r.updated_at, r.elapsed_ms, r.queue, r.trace_id, r.reason, r.retry_of, r.retried_by, Math.floor(Date.now() / 10000)])) renderHead(r);
+      if (changed('head', [r.id, r.status, r.reactor, r.created_at, r.updated_at, r.elapsed_ms, r.queue, r.trace_id, r.reason, r.waiting, (r.definition || {}).fingerprint, r.retry_of, r.retried_by, Math.floor(Date.now() / 10000)])) renderHead(r);
       if (changed('failure', r.failure)) renderFailure(r.failure);
       if (changed('rollback', r.rollback)) renderRollback(r.rollback);
       if (changed('steps', r.steps) || running) renderTimeline(r);

@@ -136,3 +136,24 @@ func Tracer(e *reactor.Engine) trace.Tracer { return enginehook.Tracer(e) }
 // Emit logs ev and passes it to e's hooks, as the engine does its own
 // events (mapstep's batch claims).
 func Emit(e *reactor.Engine, ctx context.Context, ev reactor.Event) { enginehook.Emit(e, ctx, ev) }
+
+// DefinitionFor returns the definition registered under name with
+// fingerprint fp ("" takes the highest version), for a task of run id
+// (the owner of a map): a *reactor.DefinitionMismatchError when this engine
+// has the name under other fingerprints only, an ErrUnknownReactor error
+// when it does not have the name.
+func DefinitionFor(e *reactor.Engine, id, name, fp string) (*reactor.Definition, error) {
+	d, err := enginehook.DefinitionFor(e, id, name, fp)
+	if err != nil {
+		return nil, err
+	}
+	return d.(*reactor.Definition), nil
+}
+
+// NoteDefinitionWait records that this process refused run id (of reactor
+// name) for want of its definition, as err says: Wait's error and the
+// dashboard say what the run waits for. It ignores an err that is no such
+// refusal.
+func NoteDefinitionWait(e *reactor.Engine, ctx context.Context, id, name string, err error) error {
+	return enginehook.NoteDefinitionWait(e, ctx, id, name, err)
+}

@@ -43,4 +43,7 @@ var (
 	Retention    func(e any) time.Duration
 	EngineFrom   func(ctx context.Context) any
 	ConstructAt  func(def any, path string) (any, bool)
+	// DefinitionFor and NoteDefinitionWait are set by reactor/version.go.
+	DefinitionFor      func(e any, id, name, fp string) (any, error)
+	NoteDefinitionWait func(e any, ctx context.Context, id, name string, err error) error
 )

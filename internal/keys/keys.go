@@ -79,6 +79,11 @@ func (k Keys) RunTree(id string) string { return k.run(id, "tree") }
 // run's slot). It is a channel, not a key: nothing is stored under it.
 func (k Keys) RunDone(id string) string { return k.run(id, "done") }
 
+// RunWaiting says that a process refused the run for want of its
+// definition (a rolling deploy): a short-lived string key, refreshed by every
+// refusal, that expires on its own once the refusals stop.
+func (k Keys) RunWaiting(id string) string { return k.run(id, "waitdef") }
+
 // Active is the index of non-terminal runs scored by last-touched time (ms).
 func (k Keys) Active() string { return k.prefix + ":idx:active" }
 
