@@ -54,6 +54,14 @@
 // A map step, one element reactor per item of a collection, run inline or
 // fanned out to workers, is package mapstep's.
 //
+// A definition has a fingerprint of its shape ([Definition.Fingerprint]:
+// its inputs, steps, bindings and types, not the bodies of its functions),
+// and a stored run executes only under the definition it started with. A
+// deploy that changes a reactor's shape gives the new definition a
+// [Version] and registers it beside the old one until the old runs are done
+// ([Compatible] declares a change that keeps stored runs meaningful); the
+// repository's docs/deploys.md says how.
+//
 // # Running in this process, or on workers
 //
 // An [Engine] (one per process: [NewEngine] with a [Config]) runs reactors

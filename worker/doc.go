@@ -24,7 +24,10 @@
 //
 // Every worker must have every definition: a task of a reactor a worker does
 // not know is retried, not failed, because during a rolling deploy another
-// worker may know it.
+// worker may know it. A run that started under another version of a
+// definition the worker has (its fingerprint differs) is not executed here
+// either: the task snoozes (Config.DefinitionSnooze) for a worker that has
+// that version, and the refusal is logged once per definition and counted.
 //
 // # The client side
 //

@@ -4,5 +4,6 @@
 // snippets take as given (a stock service, a Redis client, a checkout
 // definition), and check every excerpt of a repository file (a block whose
 // first line names the file, as the README's first service does) against
-// the file, line for line.
+// the file, line for line. A block fenced as "```go sketch" (an outline with
+// parts left out, such as docs/deploys.md's) is shown, not checked.
 package readmetest

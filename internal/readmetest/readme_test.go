@@ -100,7 +100,8 @@ var (
 )
 `
 
-// snippets returns the Go code blocks of a Markdown text.
+// snippets returns the Go code blocks of a Markdown text: those fenced
+// "```go" exactly (a "```go sketch" block is left out).
 func snippets(t *testing.T, readme string) []string {
 	t.Helper()
 	var out []string
