@@ -88,9 +88,6 @@ func (d *Definition) Version() int {
 // what a stored run must match to be executed by this definition.
 func (d *Definition) Fingerprint() string { return d.fp }
 
-// label is how logs and errors name a definition: "v2 (3fa1c9e0b2d4a6f1)".
-func (d *Definition) label() string { return versionLabel(d.Version(), d.fp) }
-
 func versionLabel(v int, fp string) string {
 	if v == 0 {
 		return fmt.Sprintf("fingerprint %s", fp)
