@@ -810,7 +810,7 @@ func (a *fakeAPI) stats(w http.ResponseWriter) {
 			{"queue": "goreactor:control", "served": false, "pending": 0, "active": 0, "scheduled": 0, "retry": 0, "archived": 0, "oldest_pending_age_ms": 0},
 		},
 		"control_queue": "goreactor",
-		"warnings": []string{`no worker serves queue "goreactor:control": its runs and the actions on them wait there until a worker serving it starts (worker -queue goreactor:control, or GOREACTOR_QUEUE=goreactor:control)`},
+		"warnings":      []string{`no worker serves queue "goreactor:control": its runs and the actions on them wait there until a worker serving it starts (worker -queue goreactor:control, or GOREACTOR_QUEUE=goreactor:control)`},
 	})
 }
 

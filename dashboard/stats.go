@@ -25,13 +25,13 @@ type queueView struct {
 	Queue string `json:"queue"`
 	// Served is true when a live worker (an active asynq server) polls
 	// the queue.
-	Served           bool   `json:"served"`
-	Pending          int    `json:"pending"`
-	Active           int    `json:"active"`
-	Scheduled        int    `json:"scheduled"`
-	Retry            int    `json:"retry"`
-	Archived         int    `json:"archived"`
-	OldestPendingAge int64  `json:"oldest_pending_age_ms"`
+	Served           bool  `json:"served"`
+	Pending          int   `json:"pending"`
+	Active           int   `json:"active"`
+	Scheduled        int   `json:"scheduled"`
+	Retry            int   `json:"retry"`
+	Archived         int   `json:"archived"`
+	OldestPendingAge int64 `json:"oldest_pending_age_ms"`
 }
 
 // stats serves GET /api/stats: ZCARDs of the status and reactor x status

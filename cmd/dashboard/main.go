@@ -81,9 +81,9 @@ type config struct {
 	control  string   // the first of -queue: actions on runs without a queue
 	// deprecated names the deprecated settings used, for a warning.
 	deprecated []string
-	token    string
-	logLevel slog.Level
-	version  bool // -version: print the version, nothing else
+	token      string
+	logLevel   slog.Level
+	version    bool // -version: print the version, nothing else
 }
 
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
