@@ -10,9 +10,10 @@ import (
 
 func TestMain(m *testing.M) {
 	if os.Getenv(runWorkerMain) == "1" {
-		// A worker process of TestKilledWorkersRunIsRecoveredByDefault:
-		// this test binary is then a user's worker program.
-		worker.Main(recoveryDefinition())
+		// A worker process of TestKilledWorkersRunIsRecoveredByDefault and
+		// TestNewUserOnACustomPrefixAndQueue: this test binary is then a
+		// user's worker program.
+		worker.Main(recoveryDefinition(), orderDefinition())
 		return
 	}
 	redistest.Main(m)
