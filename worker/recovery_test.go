@@ -201,4 +201,3 @@ func TestKilledWorkersRunIsRecoveredByDefault(t *testing.T) {
 		require.Contains(t, started, want, "the settings came from the environment and the defaults")
 	}
 }
-
