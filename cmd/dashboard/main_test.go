@@ -105,6 +105,25 @@ func TestVersion(t *testing.T) {
 	require.Regexp(t, `^goreactor \S+\n$`, out.String())
 }
 
+// A Redis that does not answer exits 1, and every line written is JSON,
+// go-redis's own complaint about the dial included; a deprecated setting is
+// warned about first.
+func TestNoRedisExitsOne(t *testing.T) {
+	var out strings.Builder
+	require.Equal(t, 1, run([]string{"-redis", "redis://127.0.0.1:1/0", "-addr", "127.0.0.1:0", "-control-queue", "old"},
+		env(nil), io.Discard, &out))
+	require.Contains(t, out.String(), "does not answer PING")
+	require.Contains(t, out.String(), `"msg":"-control-queue is deprecated: use -queue or GOREACTOR_QUEUE`)
+	require.Contains(t, out.String(), `"level":"WARN"`)
+	goRedis := false
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m), "not a JSON line: %s", line)
+		goRedis = goRedis || m["component"] == "go-redis"
+	}
+	require.True(t, goRedis, "no go-redis line in the JSON logs:\n%s", out.String())
+}
+
 // The binary serves the API against a real Redis and shuts down when its
 // context ends.
 func TestServe(t *testing.T) {

@@ -95,6 +95,18 @@ func TestNoRedisExitsOne(t *testing.T) {
 	if !strings.Contains(out.String(), "does not answer PING") {
 		t.Errorf("output does not say why:\n%s", out.String())
 	}
+	// go-redis's own complaint about the dial is one of the JSON lines.
+	goRedis := false
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Errorf("not a JSON line: %s", line)
+		}
+		goRedis = goRedis || m["component"] == "go-redis"
+	}
+	if !goRedis {
+		t.Errorf("no go-redis line in the JSON logs:\n%s", out.String())
+	}
 }
 
 // passLine returns the summary line of the pass logged in out.
