@@ -68,7 +68,7 @@ import (
 // queue. Every replica runs the loop and each pass takes a leader lock
 // first, so N workers make one sweeper and no other process is needed. With
 // the defaults a run whose worker was killed (kill -9, a lost machine) is
-// resumed by another worker about 4 s after the death (under 5 s): its
+// resumed by another worker 3 to 4 s after the death (under 5 s): its
 // lock expires within -lock-expiry, the next pass (within -sweep-interval)
 // wakes it. A longer -lock-expiry lengthens that by as much. -sweep-interval
 // 0 turns the in-process sweeper off (run cmd/sweeper instead).
@@ -215,7 +215,7 @@ func run(ctx context.Context, opts Options, logger func(*slog.Logger)) error {
 // worker resumes it: its lock expires at most DefaultLockExpiry after the
 // death, the sweeper of any live worker finds it at its next pass (at most
 // DefaultSweepInterval later; a run it saw locked is looked at again when
-// that lock would expire) and a worker takes the wake-up at once: about
+// that lock would expire) and a worker takes the wake-up at once: 3 to
 // 4 s in all, with no process besides the workers.
 const (
 	// DefaultLockExpiry is Main's -lock-expiry: how long a dead worker's
