@@ -1,6 +1,7 @@
 package dashboard
 
 import (
+	"context"
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
@@ -34,6 +35,11 @@ type actionAccepted struct {
 	Action    string `json:"action"`
 	TaskID    string `json:"task_id"`
 	Duplicate bool   `json:"duplicate"`
+	// Queue is the asynq queue the control task went to.
+	Queue string `json:"queue"`
+	// Warning, when set, is why the request may never be carried out:
+	// no worker serves Queue.
+	Warning string `json:"warning,omitempty"`
 }
 
 // undoStepsRequest is the body of POST /api/runs/{id}/undo-steps.
@@ -58,6 +64,8 @@ type batchResult struct {
 	TaskID     string `json:"task_id"`
 	Duplicate  bool   `json:"duplicate"`
 	Error      string `json:"error"`
+	Queue      string `json:"queue,omitempty"`
+	Warning    string `json:"warning,omitempty"`
 }
 
 type batchResponse struct {
@@ -98,22 +106,24 @@ func (h *Handler) tokenHolder(r *http.Request) bool {
 // request asks for action on run id and maps the outcome to an answer: its
 // status code, and for a 409 the run's status.
 func (h *Handler) request(r *http.Request, id, action string) (batchResult, reactor.Status) {
-	return h.answer(id, action, func() (string, bool, error) { return h.requester.Request(r.Context(), id, action) })
+	return h.answer(r.Context(), id, action, func() (queued, error) { return h.requester.Request(r.Context(), id, action) })
 }
 
 // answer validates run id, makes the request with ask and maps its outcome
-// to an answer: its status code, and for a 409 the run's status.
-func (h *Handler) answer(id, action string, ask func() (string, bool, error)) (batchResult, reactor.Status) {
+// to an answer: its status code, and for a 409 the run's status. An
+// accepted request carries a warning when no worker serves its queue.
+func (h *Handler) answer(ctx context.Context, id, action string, ask func() (queued, error)) (batchResult, reactor.Status) {
 	res := batchResult{RunID: id}
 	if err := keys.ValidateID(id); err != nil {
 		res.StatusCode, res.Error = http.StatusBadRequest, "run id: "+err.Error()
 		return res, ""
 	}
-	task, dup, err := ask()
+	q, err := ask()
 	var se *reactor.StatusError
 	switch {
 	case err == nil:
-		res.StatusCode, res.TaskID, res.Duplicate = http.StatusAccepted, task, dup
+		res.StatusCode, res.TaskID, res.Duplicate, res.Queue = http.StatusAccepted, q.TaskID, q.Duplicate, q.Queue
+		res.Warning = h.unservedWarning(ctx, id, action, q.Queue)
 	case errors.Is(err, reactor.ErrNotFound):
 		res.StatusCode, res.Error = http.StatusNotFound, err.Error()
 	case errors.Is(err, worker.ErrInvalidSteps), errors.Is(err, reactor.ErrUnknownStep):
@@ -133,6 +143,22 @@ func (h *Handler) answer(id, action string, ask func() (string, bool, error)) (b
 	return res, ""
 }
 
+// unservedWarning is the warning for a request queued on queue when no
+// worker serves it, else "". A registry that cannot be read gives no
+// warning (the request is queued all the same) and a log line.
+func (h *Handler) unservedWarning(ctx context.Context, id, action, queue string) string {
+	served, err := h.served.queues(ctx)
+	if err != nil {
+		h.log.Warn("cannot tell whether a worker serves the queue of a request", "event", "reactor.dashboard.served_unknown",
+			"run", id, "action", action, "queue", queue, "error", err)
+		return ""
+	}
+	if served[queue] {
+		return ""
+	}
+	return notServedWarning(queue, ", where this request was queued", "it waits")
+}
+
 // action serves POST /api/runs/{id}/{undo,cancel,retry}.
 func (h *Handler) action(w http.ResponseWriter, r *http.Request, id, action string) {
 	if !h.authorized(w, r) {
@@ -141,7 +167,8 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request, id, action stri
 	res, status := h.request(r, id, action)
 	switch res.StatusCode {
 	case http.StatusAccepted:
-		writeJSON(w, res.StatusCode, actionAccepted{RunID: id, Action: action, TaskID: res.TaskID, Duplicate: res.Duplicate})
+		writeJSON(w, res.StatusCode, actionAccepted{RunID: id, Action: action, TaskID: res.TaskID, Duplicate: res.Duplicate,
+			Queue: res.Queue, Warning: res.Warning})
 	case http.StatusConflict:
 		writeJSON(w, res.StatusCode, errorBody{Error: res.Error, Status: string(status)})
 	default:
@@ -201,13 +228,13 @@ func (h *Handler) undoSteps(w http.ResponseWriter, r *http.Request, id string) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("%d steps is over the maximum of %d per request", len(req.Steps), maxBatch))
 		return
 	}
-	res, status := h.answer(id, undoStepsAction, func() (string, bool, error) {
+	res, status := h.answer(r.Context(), id, undoStepsAction, func() (queued, error) {
 		return h.requester.RequestUndoSteps(r.Context(), id, req.Steps)
 	})
 	switch res.StatusCode {
 	case http.StatusAccepted:
 		writeJSON(w, res.StatusCode, undoStepsAccepted{actionAccepted: actionAccepted{RunID: id, Action: undoStepsAction,
-			TaskID: res.TaskID, Duplicate: res.Duplicate}, Steps: req.Steps})
+			TaskID: res.TaskID, Duplicate: res.Duplicate, Queue: res.Queue, Warning: res.Warning}, Steps: req.Steps})
 	case http.StatusConflict:
 		writeJSON(w, res.StatusCode, errorBody{Error: res.Error, Status: string(status)})
 	default:

@@ -18,6 +18,8 @@ type accepted struct {
 	Action    string `json:"action"`
 	TaskID    string `json:"task_id"`
 	Duplicate bool   `json:"duplicate"`
+	Queue     string `json:"queue"`
+	Warning   string `json:"warning"`
 }
 
 type errBody struct {
@@ -44,8 +46,10 @@ func TestActions(t *testing.T) {
 	e.startWorker(ok, bad)
 	e.enqueueAll(ctx, ok, []string{"done-1"}, map[string]any{"note": "x"})
 	e.enqueueAll(ctx, bad, []string{"failed-1"}, nil)
-	// The control queue is not served here: the runs stay as they are, so
-	// a repeated request is a duplicate (TestActionsAreCarriedOut serves it).
+	// Then no worker serves the runs' queue: the runs stay as they are, so
+	// a repeated request is a duplicate, and each 202 warns that nothing
+	// will carry it out (TestActionsAreCarriedOut serves it).
+	e.stopWorkers()
 
 	var eb errBody
 	decodeInto(t, e.do(http.MethodPost, "/api/runs/done-1/undo", "", ""), http.StatusUnauthorized, &eb)
@@ -58,8 +62,11 @@ func TestActions(t *testing.T) {
 
 	var a accepted
 	decodeInto(t, e.do(http.MethodPost, "/api/runs/done-1/undo", token, ""), http.StatusAccepted, &a)
-	require.Equal(t, accepted{RunID: "done-1", Action: "undo", TaskID: a.TaskID}, a)
+	require.Equal(t, accepted{RunID: "done-1", Action: "undo", TaskID: a.TaskID, Queue: e.queue, Warning: a.Warning}, a,
+		"the control task goes to the queue the run recorded")
 	require.NotEmpty(t, a.TaskID)
+	require.Contains(t, a.Warning, fmt.Sprintf("no worker serves queue %q, where this request was queued", e.queue))
+	require.Contains(t, a.Warning, "GOREACTOR_QUEUE="+e.queue, "says what to do")
 	decodeInto(t, e.do(http.MethodPost, "/api/runs/done-1/undo", token, ""), http.StatusAccepted, &a)
 	require.True(t, a.Duplicate, "a double click queues one action")
 	decodeInto(t, e.do(http.MethodPost, "/api/runs/failed-1/retry", token, ""), http.StatusAccepted, &a)
@@ -83,6 +90,8 @@ func TestActions(t *testing.T) {
 			TaskID     string `json:"task_id"`
 			Duplicate  bool   `json:"duplicate"`
 			Error      string `json:"error"`
+			Queue      string `json:"queue"`
+			Warning    string `json:"warning"`
 		} `json:"results"`
 	}
 	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, `{"action":"cancel","ids":["done-1","nope","failed-1"]}`), http.StatusOK, &br)
@@ -92,6 +101,8 @@ func TestActions(t *testing.T) {
 	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, `{"action":"undo","ids":["done-1"]}`), http.StatusOK, &br)
 	require.Equal(t, http.StatusAccepted, br.Results[0].StatusCode)
 	require.True(t, br.Results[0].Duplicate)
+	require.Equal(t, e.queue, br.Results[0].Queue)
+	require.Contains(t, br.Results[0].Warning, "no worker serves queue")
 
 	many := make([]string, 501)
 	for i := range many {

@@ -87,9 +87,10 @@ func TestUndoStepsAction(t *testing.T) {
 	ctx := ctxTimeout(t, 60*time.Second)
 	u := &undone{}
 	def, bad := trip(u), failing("dash-trip-declined")
-	e.startWorker(def, bad) // the control queue is not served yet
+	e.startWorker(def, bad)
 	e.enqueueAll(ctx, def, []string{"trip-1"}, nil)
 	e.enqueueAll(ctx, bad, []string{"trip-bad"}, nil)
+	e.stopWorkers() // the requests stay queued until a worker serves the runs' queue again
 
 	var d detailLedger
 	e.get("/api/runs/trip-1", http.StatusOK, &d)
@@ -153,13 +154,13 @@ func TestUndoStepsAction(t *testing.T) {
 		t.Helper()
 		var info *asynq.TaskInfo
 		require.Eventually(t, func() bool {
-			got, err := insp.GetTaskInfo(e.queue+"-ctl", task)
+			got, err := insp.GetTaskInfo(e.queue, task) // the queue the run recorded
 			info = got
 			return err == nil && got.State == state
 		}, 20*time.Second, 10*time.Millisecond, "control task %s reaches %s", task, state)
 		return info
 	}
-	e.serve(map[string]int{e.queue: 1, e.queue + "-ctl": 1}) // now carry the requests out
+	e.startWorker() // now carry the requests out
 	await(a.TaskID, asynq.TaskStateCompleted)
 	require.Equal(t, []string{"pay", "b"}, u.all(), "the named steps undone, newest first (book's pay, then b); nothing else")
 

@@ -91,10 +91,14 @@ func TestActionsAreCarriedOut(t *testing.T) {
 	book, bad := booking(fx, holding, release), failing("dash-declined")
 	e.startControlWorker(book, bad)
 	insp := asynq.NewInspectorFromRedisClient(e.rdb)
-	done := func(task string) {
+	// A run enqueued records its queue, so its control tasks go there,
+	// where its worker is: the answer names it and warns of nothing.
+	done := func(queue, task, warning string) {
 		t.Helper()
+		require.Equal(t, e.queue, queue, "the control task goes to the queue the run recorded")
+		require.Empty(t, warning, "a worker serves the queue")
 		require.Eventually(t, func() bool {
-			info, err := insp.GetTaskInfo(e.queue+"-ctl", task)
+			info, err := insp.GetTaskInfo(queue, task)
 			return err == nil && info.State == asynq.TaskStateCompleted
 		}, 20*time.Second, 10*time.Millisecond, "control task %s carried out", task)
 	}
@@ -106,7 +110,7 @@ func TestActionsAreCarriedOut(t *testing.T) {
 	// Undo: the completed run's booking is undone and it ends cancelled.
 	var a accepted
 	decodeInto(t, e.do(http.MethodPost, "/api/runs/undo-me/undo", token, ""), http.StatusAccepted, &a)
-	done(a.TaskID)
+	done(a.Queue, a.TaskID, a.Warning)
 	run, err := e.engine.Get(ctx, "undo-me")
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCancelled, run.Status)
@@ -118,7 +122,7 @@ func TestActionsAreCarriedOut(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "cancel-me", <-holding)
 	decodeInto(t, e.do(http.MethodPost, "/api/runs/cancel-me/cancel", token, ""), http.StatusAccepted, &a)
-	done(a.TaskID)
+	done(a.Queue, a.TaskID, a.Warning)
 	close(release)
 	res, err := e.engine.Wait(ctx, "cancel-me")
 	require.NoError(t, err)
@@ -132,12 +136,14 @@ func TestActionsAreCarriedOut(t *testing.T) {
 			RunID      string `json:"run_id"`
 			StatusCode int    `json:"status_code"`
 			TaskID     string `json:"task_id"`
+			Queue      string `json:"queue"`
+			Warning    string `json:"warning"`
 		} `json:"results"`
 	}
 	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, `{"action":"retry","ids":["retry-me"]}`), http.StatusOK, &br)
 	require.Len(t, br.Results, 1)
 	require.Equal(t, http.StatusAccepted, br.Results[0].StatusCode)
-	done(br.Results[0].TaskID)
+	done(br.Results[0].Queue, br.Results[0].TaskID, br.Results[0].Warning)
 	var orig struct {
 		RetriedBy []string `json:"retried_by"`
 	}
@@ -252,7 +258,7 @@ func TestRollbackStatusAuditAndReTrigger(t *testing.T) {
 	decodeInto(t, e.do(http.MethodPost, "/api/runs/rb-run/rollback", token, ""), http.StatusAccepted, &a)
 	insp := asynq.NewInspectorFromRedisClient(e.rdb)
 	require.Eventually(t, func() bool {
-		info, err := insp.GetTaskInfo(e.queue+"-ctl", a.TaskID)
+		info, err := insp.GetTaskInfo(a.Queue, a.TaskID)
 		return err == nil && info.State == asynq.TaskStateCompleted
 	}, 20*time.Second, 10*time.Millisecond)
 	e.get("/api/runs/rb-run/rollback-status", http.StatusOK, &rep)

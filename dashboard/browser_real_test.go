@@ -37,8 +37,9 @@ func TestBrowserStoryAgainstTheRealStack(t *testing.T) {
 	t.Parallel()
 	ctx := newBrowser(t)
 	const token = "real-token"
-	// Control tasks go to a queue no worker serves here: the batch retry
-	// is requested, not carried out (TestActionsAreCarriedOut covers that).
+	// The runs record the worker's queue, so the batch retry goes there
+	// and is carried out; the dashboard's own control queue (for runs
+	// that recorded none) is one no worker serves.
 	st := newRealStack(t, token, "-ctl")
 	engine, srv := st.engine, st.srv
 
@@ -242,8 +243,9 @@ type realStack struct {
 	srv    *httptest.Server
 }
 
-// newRealStack serves New with token; its control tasks go to the queue
-// named by the test's queue plus ctlSuffix ("" : the worker's own queue).
+// newRealStack serves New with token; the control tasks of runs that
+// recorded no queue go to the queue named by the test's queue plus
+// ctlSuffix ("" : the worker's own queue), the others to the run's queue.
 func newRealStack(t *testing.T, token, ctlSuffix string) *realStack {
 	t.Helper()
 	discard := slog.New(slog.NewTextHandler(io.Discard, nil))

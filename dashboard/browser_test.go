@@ -182,6 +182,10 @@ func runBrowserStory(t *testing.T, ctx context.Context, base string, s browserSt
 		chromedp.WaitVisible(chromedp.CSS("#runs tr")))
 	poll("the live indicator says live", `document.getElementById('live').dataset.state === 'live'`)
 	poll("the queue table is filled", `document.querySelectorAll('#queues tr').length > 0`)
+	// Both stacks have a queue no worker serves: the overview says so
+	// above everything else.
+	poll("the unserved queue is warned about", `!document.getElementById('warnings-panel').hidden &&
+		[...document.querySelectorAll('#warnings li')].some(li => li.textContent.startsWith('no worker serves queue '))`)
 	shot("overview.png")
 	cspClean("overview")
 	if s.Pages {
@@ -801,10 +805,12 @@ func (a *fakeAPI) stats(w http.ResponseWriter) {
 		"by_status":  byStatus,
 		"by_reactor": byReactor,
 		"queues": []map[string]any{
-			{"queue": "goreactor", "pending": 12, "active": 4, "scheduled": 0, "retry": 1, "archived": 0, "oldest_pending_age_ms": 1840},
-			{"queue": "goreactor:checkout", "pending": 1287, "active": 16, "scheduled": 3, "retry": 0, "archived": 2, "oldest_pending_age_ms": 65200},
-			{"queue": "goreactor:control", "pending": 0, "active": 0, "scheduled": 0, "retry": 0, "archived": 0, "oldest_pending_age_ms": 0},
+			{"queue": "goreactor", "served": true, "pending": 12, "active": 4, "scheduled": 0, "retry": 1, "archived": 0, "oldest_pending_age_ms": 1840},
+			{"queue": "goreactor:checkout", "served": true, "pending": 1287, "active": 16, "scheduled": 3, "retry": 0, "archived": 2, "oldest_pending_age_ms": 65200},
+			{"queue": "goreactor:control", "served": false, "pending": 0, "active": 0, "scheduled": 0, "retry": 0, "archived": 0, "oldest_pending_age_ms": 0},
 		},
+		"control_queue": "goreactor",
+		"warnings":      []string{`no worker serves queue "goreactor:control": its runs and the actions on them wait there until a worker serving it starts (worker -queue goreactor:control, or GOREACTOR_QUEUE=goreactor:control)`},
 	})
 }
 

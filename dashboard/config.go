@@ -2,12 +2,13 @@ package dashboard
 
 import (
 	"errors"
+	"fmt"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/envconfig"
 )
 
 // Config configures New.
@@ -16,20 +17,23 @@ type Config struct {
 	// shows (and of their asynq queues). Required.
 	Client redis.UniversalClient
 	// Prefix is the engines' key prefix (reactor.Config.Prefix). Default
-	// "goreactor".
+	// GOREACTOR_PREFIX, else "goreactor".
 	Prefix string
 	// Token enables the actions (undo, cancel, retry): a request must carry
 	// "Authorization: Bearer <Token>". Default "": actions are refused with
 	// 403 and a message saying how to enable them.
 	Token string
 	// ControlQueue is the asynq queue the actions' control tasks go to for
-	// runs enqueued without reactor.WithQueue (a run with a queue of its
-	// own gets them there): one your workers serve. Default
-	// worker.DefaultQueue.
+	// runs that recorded no queue (in-process runs, and runs stored before
+	// runs recorded their queue); a run that recorded one gets them there.
+	// It must be one your workers serve (cmd/dashboard's -queue). Default:
+	// the first queue GOREACTOR_QUEUE names, else worker.DefaultQueue.
 	ControlQueue string
-	// Queues are the asynq queues /api/stats reports. Default: every queue
-	// asynq knows in Client's Redis (the queues goreactor's workers serve,
-	// worker.Config.Queues, are among them once a task was enqueued).
+	// Queues are the asynq queues /api/stats reports, each marked with
+	// whether a worker serves it, and warned about on the overview when
+	// none does. Default: ControlQueue alone. []string{"*"} reports every
+	// asynq queue in Client's Redis (other applications' too), warning
+	// only about ControlQueue.
 	Queues []string
 	// Gatherer is what /metrics serves. Default: metrics.NewRegistry of a
 	// metrics.New reading Client (the goreactor_runs gauge and the Go
@@ -41,10 +45,19 @@ type Config struct {
 	Logger *slog.Logger
 }
 
+// allQueues, alone in Config.Queues, reports every asynq queue.
+const allQueues = "*"
+
 // WithDefaults returns c with every unset field at its default.
 func (c Config) WithDefaults() Config {
 	if c.Prefix == "" {
-		c.Prefix = keys.DefaultPrefix
+		c.Prefix = envconfig.Prefix()
+	}
+	if c.ControlQueue == "" {
+		c.ControlQueue = envconfig.Queue()
+	}
+	if len(c.Queues) == 0 {
+		c.Queues = []string{c.ControlQueue}
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -55,6 +68,14 @@ func (c Config) WithDefaults() Config {
 func (c Config) validate() error {
 	if c.Client == nil {
 		return errors.New("dashboard: Config.Client is required (the Redis client of the engines whose runs it shows)")
+	}
+	for _, q := range c.Queues {
+		switch {
+		case q == "":
+			return errors.New("dashboard: Config.Queues holds an empty name")
+		case q == allQueues && len(c.Queues) > 1:
+			return fmt.Errorf("dashboard: Config.Queues %q: %q (every asynq queue) stands alone", c.Queues, allQueues)
+		}
 	}
 	return nil
 }

@@ -9,6 +9,14 @@
 // picture comes from the map's result hashes, never from its element runs.
 // docs/dashboard-api.md is the API reference.
 //
+// The prefix and the queue default to GOREACTOR_PREFIX and GOREACTOR_QUEUE,
+// as everywhere in goreactor (docs/configuration.md). An action goes to the
+// queue its run recorded (Config.ControlQueue for a run that recorded
+// none). The overview and /api/stats mark each configured queue served or
+// not (asynq's server registry, read at most every 3 s) and warn about one
+// no worker serves; an accepted action whose queue no worker serves says
+// so in its 202 answer.
+//
 // Mount it with:
 //
 //	h, err := dashboard.New(dashboard.Config{Client: rdb, Token: os.Getenv("GOREACTOR_DASHBOARD_TOKEN")})

@@ -1,5 +1,7 @@
 package dashboard
 
+import "time"
+
 // Cursor is the next_cursor of a page whose last entry has score and member:
 // a benchmark starts deep in a listing without paging there.
 func Cursor(score float64, member string) string {
@@ -8,3 +10,14 @@ func Cursor(score float64, member string) string {
 
 // ForgetSummaries drops h's cached map summaries.
 func ForgetSummaries(h *Handler) { h.maps.Forget() }
+
+// ForgetServed drops h's cached read of asynq's server registry; ttl, when
+// positive, becomes how long the next read is trusted.
+func ForgetServed(h *Handler, ttl time.Duration) {
+	h.served.mu.Lock()
+	defer h.served.mu.Unlock()
+	h.served.readAt = time.Time{}
+	if ttl > 0 {
+		h.served.ttl = ttl
+	}
+}

@@ -34,6 +34,7 @@ type Handler struct {
 	engine    *reactor.Engine // reads runs; it holds no definitions
 	maps      *inspect.Reader
 	inspector *asynq.Inspector
+	served    *servedQueues
 	metrics   http.Handler
 	log       *slog.Logger
 	// requester queues the actions for workers (a worker.Controller).
@@ -44,14 +45,23 @@ type Handler struct {
 // requester asks workers to carry out action ("undo", "cancel", "retry")
 // on run runID, after validating it against the stored run: the error is
 // one wrapping reactor.ErrNotFound (unknown run) or a *reactor.StatusError
-// (wrong status, with the engine's reason). taskID names the control task;
-// duplicate is true when the same request was already queued.
+// (wrong status, with the engine's reason).
 type requester interface {
-	Request(ctx context.Context, runID, action string) (taskID string, duplicate bool, err error)
+	Request(ctx context.Context, runID, action string) (queued, error)
 	// RequestUndoSteps asks for an undo of the named steps of run runID:
 	// Request's errors, and one wrapping worker.ErrInvalidSteps for steps
 	// that cannot be valid.
-	RequestUndoSteps(ctx context.Context, runID string, steps []string) (taskID string, duplicate bool, err error)
+	RequestUndoSteps(ctx context.Context, runID string, steps []string) (queued, error)
+}
+
+// queued is a request as the requester queued it.
+type queued struct {
+	// TaskID names the control task.
+	TaskID string
+	// Queue is the asynq queue it went to.
+	Queue string
+	// Duplicate is true when the same request was already queued.
+	Duplicate bool
 }
 
 // New returns the dashboard's handler. It reads the engines' runs through
@@ -80,8 +90,9 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
 	}
+	insp := asynq.NewInspectorFromRedisClient(cfg.Client)
 	return &Handler{cfg: cfg, rdb: cfg.Client, keys: keys.New(cfg.Prefix), engine: eng,
-		maps: inspect.New(cfg.Client, cfg.Prefix), inspector: asynq.NewInspectorFromRedisClient(cfg.Client),
+		maps: inspect.New(cfg.Client, cfg.Prefix), inspector: insp, served: newServedQueues(insp),
 		metrics:   promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
 		log:       cfg.Logger,
 		requester: controller{ctl},
@@ -92,18 +103,18 @@ func New(cfg Config) (*Handler, error) {
 // routes carry it.
 type controller struct{ c *worker.Controller }
 
-func (c controller) Request(ctx context.Context, runID, action string) (string, bool, error) {
+func (c controller) Request(ctx context.Context, runID, action string) (queued, error) {
 	a, err := worker.ParseAction(action)
 	if err != nil {
-		return "", false, err
+		return queued{}, err
 	}
 	req, err := c.c.Request(ctx, runID, a)
-	return req.TaskID, req.Duplicate, err
+	return queued{TaskID: req.TaskID, Queue: req.Queue, Duplicate: req.Duplicate}, err
 }
 
-func (c controller) RequestUndoSteps(ctx context.Context, runID string, steps []string) (string, bool, error) {
+func (c controller) RequestUndoSteps(ctx context.Context, runID string, steps []string) (queued, error) {
 	req, err := c.c.RequestUndoSteps(ctx, runID, steps)
-	return req.TaskID, req.Duplicate, err
+	return queued{TaskID: req.TaskID, Queue: req.Queue, Duplicate: req.Duplicate}, err
 }
 
 // ServeHTTP routes a request: /api/... to the JSON API, /metrics to the

@@ -29,9 +29,12 @@ type env struct {
 	rdb    *redis.Client
 	prefix string
 	queue  string
+	ctl    string // the dashboard's control queue
 	engine *reactor.Engine
 	dash   *dashboard.Handler
 	srv    *httptest.Server
+	// workers are the workers started for the test (stopWorkers).
+	workers []*worker.Worker
 }
 
 func newEnv(t *testing.T, token string) *env { return newTBEnv(t, token) }
@@ -42,18 +45,20 @@ func newBenchEnv(b *testing.B) *env { return newTBEnv(b, "") }
 func newTBEnv(t testing.TB, token string) *env {
 	t.Helper()
 	rdb := redistest.Client(t)
-	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
+	prefix, queue, ctl := redistest.Prefix(t), redistest.Queue(t), redistest.Queue(t)
 	engine, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix,
 		Enqueuer: worker.NewClient(rdb, queue), Logger: discard})
 	require.NoError(t, err)
-	// The actions' control tasks go to a queue of their own, which only a
-	// test that wants them carried out serves (startControlWorker).
+	// Runs enqueued record the queue, so the actions on them go there;
+	// the dashboard's control queue gets only the actions on runs that
+	// recorded none (in-process runs), and only a test that wants those
+	// carried out serves it (startControlWorker).
 	dash, err := dashboard.New(dashboard.Config{Client: rdb, Prefix: prefix, Token: token, Queues: []string{queue},
-		ControlQueue: queue + "-ctl", Logger: discard})
+		ControlQueue: ctl, Logger: discard})
 	require.NoError(t, err)
 	srv := httptest.NewServer(dash)
 	t.Cleanup(srv.Close)
-	return &env{t: t, rdb: rdb, prefix: prefix, queue: queue, engine: engine, dash: dash, srv: srv}
+	return &env{t: t, rdb: rdb, prefix: prefix, queue: queue, ctl: ctl, engine: engine, dash: dash, srv: srv}
 }
 
 // startWorker runs a worker for the env's engine until the test ends.
@@ -66,7 +71,7 @@ func (e *env) startWorker(defs ...*reactor.Definition) {
 // too: the actions are carried out.
 func (e *env) startControlWorker(defs ...*reactor.Definition) {
 	e.t.Helper()
-	e.serve(map[string]int{e.queue: 1, e.queue + "-ctl": 1}, defs...)
+	e.serve(map[string]int{e.queue: 1, e.ctl: 1}, defs...)
 }
 
 func (e *env) serve(queues map[string]int, defs ...*reactor.Definition) {
@@ -75,6 +80,7 @@ func (e *env) serve(queues map[string]int, defs ...*reactor.Definition) {
 	w := worker.New(e.engine, e.rdb, worker.Config{Queues: queues, ShutdownTimeout: 5 * time.Second,
 		Logger: discard, Concurrency: 4})
 	require.NoError(e.t, w.Start(context.Background()))
+	e.workers = append(e.workers, w)
 	e.t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -82,6 +88,18 @@ func (e *env) serve(queues map[string]int, defs ...*reactor.Definition) {
 			e.t.Errorf("worker stop: %v", err)
 		}
 	})
+}
+
+// stopWorkers stops the workers started so far: from now on nothing
+// carries out the actions, which stay queued, and asynq's server registry
+// no longer lists the workers' queues as served.
+func (e *env) stopWorkers() {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, w := range e.workers {
+		require.NoError(e.t, w.Stop(ctx))
+	}
 }
 
 type response struct {

@@ -14,21 +14,30 @@ type statsView struct {
 	ByStatus  map[string]int64            `json:"by_status"`
 	ByReactor map[string]map[string]int64 `json:"by_reactor"`
 	Queues    []queueView                 `json:"queues"`
+	// ControlQueue is where actions on runs that recorded no queue go.
+	ControlQueue string `json:"control_queue"`
+	// Warnings are what an operator must act on: a configured queue no
+	// worker serves. Never null.
+	Warnings []string `json:"warnings"`
 }
 
 type queueView struct {
-	Queue            string `json:"queue"`
-	Pending          int    `json:"pending"`
-	Active           int    `json:"active"`
-	Scheduled        int    `json:"scheduled"`
-	Retry            int    `json:"retry"`
-	Archived         int    `json:"archived"`
-	OldestPendingAge int64  `json:"oldest_pending_age_ms"`
+	Queue string `json:"queue"`
+	// Served is true when a live worker (an active asynq server) polls
+	// the queue.
+	Served           bool  `json:"served"`
+	Pending          int   `json:"pending"`
+	Active           int   `json:"active"`
+	Scheduled        int   `json:"scheduled"`
+	Retry            int   `json:"retry"`
+	Archived         int   `json:"archived"`
+	OldestPendingAge int64 `json:"oldest_pending_age_ms"`
 }
 
 // stats serves GET /api/stats: ZCARDs of the status and reactor x status
 // indexes (the reactor names, then one pipelined round trip), and asynq's
-// queue info.
+// queue info for the configured queues, each marked served or not by
+// asynq's server registry (cached, servedTTL).
 func (h *Handler) stats(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	names, err := h.rdb.SMembers(ctx, h.keys.Reactors()).Result()
@@ -75,15 +84,27 @@ func (h *Handler) stats(w http.ResponseWriter, r *http.Request) {
 		h.serverError(w, r, fmt.Errorf("list the asynq queues: %w", err))
 		return
 	}
-	queues := h.cfg.Queues
-	if len(queues) == 0 {
-		queues = known
-		slices.Sort(queues)
+	served, err := h.served.queues(ctx)
+	if err != nil {
+		h.serverError(w, r, err)
+		return
+	}
+	queues, every := h.cfg.Queues, slices.Equal(h.cfg.Queues, []string{allQueues})
+	if every {
+		queues = slices.Sorted(slices.Values(known))
+	}
+	out.ControlQueue, out.Warnings = h.cfg.ControlQueue, []string{}
+	if !served[h.cfg.ControlQueue] {
+		out.Warnings = append(out.Warnings, notServedWarning(h.cfg.ControlQueue,
+			", where actions on runs that recorded no queue go", "they wait"))
 	}
 	for _, q := range queues {
+		if !every && q != h.cfg.ControlQueue && !served[q] {
+			out.Warnings = append(out.Warnings, notServedWarning(q, "", "its runs and the actions on them wait"))
+		}
 		if !slices.Contains(known, q) {
 			// A configured queue nothing was enqueued on yet.
-			out.Queues = append(out.Queues, queueView{Queue: q})
+			out.Queues = append(out.Queues, queueView{Queue: q, Served: served[q]})
 			continue
 		}
 		info, err := h.inspector.GetQueueInfo(q)
@@ -91,7 +112,7 @@ func (h *Handler) stats(w http.ResponseWriter, r *http.Request) {
 			h.serverError(w, r, fmt.Errorf("read asynq queue %s: %w", q, err))
 			return
 		}
-		out.Queues = append(out.Queues, queueView{Queue: q, Pending: info.Pending, Active: info.Active,
+		out.Queues = append(out.Queues, queueView{Queue: q, Served: served[q], Pending: info.Pending, Active: info.Active,
 			Scheduled: info.Scheduled, Retry: info.Retry, Archived: info.Archived,
 			OldestPendingAge: info.Latency.Milliseconds()})
 	}

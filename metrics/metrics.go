@@ -9,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
@@ -23,7 +24,7 @@ type Options struct {
 	// Default none: the gauge is not exported.
 	Client redis.UniversalClient
 	// Prefix is the engine's key prefix (its Config.Prefix). Default
-	// "goreactor".
+	// GOREACTOR_PREFIX, else "goreactor".
 	Prefix string
 	// ScrapeTimeout bounds the Redis read of a scrape. Default 2 s.
 	ScrapeTimeout time.Duration
@@ -43,7 +44,7 @@ var DefaultDurationBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5
 // WithDefaults returns o with every unset field at its default.
 func (o Options) WithDefaults() Options {
 	if o.Prefix == "" {
-		o.Prefix = keys.DefaultPrefix
+		o.Prefix = envconfig.Prefix()
 	}
 	if o.ScrapeTimeout <= 0 {
 		o.ScrapeTimeout = 2 * time.Second

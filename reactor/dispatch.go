@@ -20,7 +20,8 @@ type Wake struct {
 	RunID   string
 	Reactor string
 	// Queue is the asynq queue of the task; "" for the Enqueuer's own. A
-	// run's wake-ups carry the queue it was created with (WithQueue).
+	// run's wake-ups carry the queue it recorded: WithQueue's, or the
+	// Enqueuer's when Enqueue stored it.
 	Queue string
 	// Delay postpones the task.
 	Delay time.Duration
@@ -32,9 +33,21 @@ type Wake struct {
 
 // Enqueuer puts wake-ups on the workers' queue. The worker package's Client
 // implements it with asynq. An Enqueue of an ID that is already queued must
-// return nil: it is the same cause.
+// return nil: it is the same cause. An Enqueuer that also has a
+// Queue() string method (worker.Client has) names its queue: a run
+// Engine.Enqueue stores without WithQueue records that queue, so the run's
+// later wake-ups, retries and operators' actions (a dashboard's undo) go
+// where its workers are.
 type Enqueuer interface {
 	Enqueue(ctx context.Context, w Wake) error
+}
+
+// enqueuerQueue is the queue the Enqueuer names, "" when it names none.
+func (e *Engine) enqueuerQueue() string {
+	if q, ok := e.cfg.Enqueuer.(interface{ Queue() string }); ok {
+		return q.Queue()
+	}
+	return ""
 }
 
 // ErrNoEnqueuer: the operation hands work to workers but Config.Enqueuer is
@@ -73,7 +86,8 @@ func (e *errHandOff) Error() string { return "reactor: handed off at step " + e.
 // Enqueue stores a run of def as pending and hands it to workers; it returns
 // at once with a dispatched Result (see Wait). WithDelay and WithStartAt
 // schedule the start task for later (the run is stored pending at once);
-// WithQueue picks the queue of the run's wake-ups. Starting the same id again is
+// WithQueue picks the queue of the run's wake-ups, which is else the
+// Enqueuer's (recorded with the run, see Enqueuer). Starting the same id again is
 // idempotent: the stored run's result or status is returned.
 func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string]any, opts ...RunOption) (*Result, error) {
 	if e.cfg.Enqueuer == nil {
@@ -108,6 +122,10 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 	st := newState(id, def, encoded, now)
 	st.Status = StatusPending
 	o.applyTo(st)
+	if st.Queue == "" {
+		// The run records the queue it is really on, not "the default".
+		st.Queue = e.enqueuerQueue()
+	}
 	w := Wake{ID: wakeID(id, "start"), RunID: id, Reactor: def.name, Queue: st.Queue, Delay: o.startDelay(now)}
 	st.Wake = w.ID
 	data, err := codec.Marshal(st)

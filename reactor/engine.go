@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/internal/store"
@@ -26,7 +27,8 @@ type Config struct {
 	// Client is the Redis client (a *redis.Client or *redis.ClusterClient).
 	// Required.
 	Client redis.UniversalClient
-	// Prefix starts every key. Default "goreactor".
+	// Prefix starts every key. Default: GOREACTOR_PREFIX, else
+	// "goreactor" (the prefix the binaries read too).
 	Prefix string
 	// Logger receives the structured events. Default slog.Default().
 	Logger *slog.Logger
@@ -70,7 +72,7 @@ type Config struct {
 // WithDefaults returns c with every unset field at its default.
 func (c Config) WithDefaults() Config {
 	if c.Prefix == "" {
-		c.Prefix = keys.DefaultPrefix
+		c.Prefix = envconfig.Prefix()
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

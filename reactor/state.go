@@ -358,8 +358,9 @@ type Run struct {
 	Reason             string
 	// Wake is the id of the last wake-up task enqueued for the run.
 	Wake string
-	// Queue is the asynq queue of the run's wake-ups (WithQueue); "" for
-	// the Enqueuer's own.
+	// Queue is the asynq queue of the run's wake-ups: WithQueue's, or the
+	// Enqueuer's that Enqueue recorded; "" for an in-process run (its
+	// hand-offs go to the Enqueuer's own).
 	Queue string
 	// Deadline is the run's deadline (WithDeadline, WithTimeout); zero when
 	// it has none.

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/store"
@@ -26,7 +27,8 @@ type MapConfig struct {
 	// *worker.Client). Required. It needs no reactor definitions.
 	Engine *reactor.Engine
 	// Queue is the asynq queue the map tasks go to. Default: the Engine's
-	// Enqueuer's queue when it has a Queue() method, else "goreactor".
+	// Enqueuer's queue when it has a Queue() method, else the first queue
+	// GOREACTOR_QUEUE names, else "goreactor".
 	Queue string
 	// StaleAfter is how long a map must have settled nothing before the
 	// sweeper examines it, and how long after examining a map it looks
@@ -93,7 +95,7 @@ func NewMapSweeper(cfg MapConfig) (*MapSweeper, error) {
 		}
 	}
 	if cfg.Queue == "" {
-		cfg.Queue = "goreactor"
+		cfg.Queue = envconfig.Queue()
 	}
 	if cfg.StaleAfter <= 0 {
 		cfg.StaleAfter = 10 * time.Second

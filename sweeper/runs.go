@@ -13,6 +13,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/internal/maptask"
@@ -35,7 +36,8 @@ type RunConfig struct {
 	Enqueuer reactor.Enqueuer
 	// Queue is the asynq queue the wake-ups go to, where the sweeper looks
 	// for a run's queued task. Default: the Enqueuer's queue when it has a
-	// Queue() method (worker.Client does), else "goreactor".
+	// Queue() method (worker.Client does), else the first queue
+	// GOREACTOR_QUEUE names, else "goreactor".
 	Queue string
 	// StaleAfter is how long a run must have gone without a write before the
 	// sweeper considers it lost. Default 10 s.
@@ -49,7 +51,7 @@ type RunConfig struct {
 // WithDefaults returns c with every unset field at its default.
 func (c RunConfig) WithDefaults() RunConfig {
 	if c.Queue == "" {
-		c.Queue = "goreactor"
+		c.Queue = envconfig.Queue()
 	}
 	if c.StaleAfter <= 0 {
 		c.StaleAfter = 10 * time.Second
@@ -81,6 +83,11 @@ type RunReport struct {
 // no unsettled fan-out map and whose last wake-up task is no longer queued,
 // get a resume with a fresh sweep id.
 // Resume is idempotent, so a mistaken wake-up is harmless.
+//
+// A run found locked is looked at again when its lock would expire (the
+// holder's heartbeat pushes that on while it lives), so a dead worker's
+// run is woken by the first pass after its lock expired, not StaleAfter
+// after the pass that last saw it locked.
 type RunSweeper struct {
 	cfg   RunConfig
 	keys  keys.Keys
@@ -156,11 +163,19 @@ func (s *RunSweeper) Sweep(ctx context.Context) (RunReport, error) {
 		}
 		id, _ := z.Member.(string)
 		rep.Examined++
-		woken, dropped, err := s.sweepRun(ctx, id, z.Score, cutoff)
+		clock := func() time.Time { return now.Add(time.Since(read)) }
+		woken, dropped, due, err := s.sweepRun(ctx, id, z.Score, cutoff, clock)
 		if !dropped {
 			// Also when the run could not be examined: it must not hold
 			// the head of the index for ever.
-			if terr := s.touch(ctx, id, now.Add(time.Since(read))); err == nil {
+			at := clock()
+			if !due.IsZero() {
+				// Looked at again when it may be lost, not StaleAfter
+				// from now: a killed worker's run is woken at the first
+				// pass after its lock expired.
+				at = due.Add(-s.cfg.StaleAfter)
+			}
+			if terr := s.touch(ctx, id, at); err == nil {
 				err = terr
 			}
 		}
@@ -179,9 +194,10 @@ func (s *RunSweeper) Sweep(ctx context.Context) (RunReport, error) {
 }
 
 // touch moves id's active entry to now, the server time of its
-// examination, if it still has one, so that a long pass does not leave its
-// first entries due again at its end. XX never re-adds an entry a terminal
-// write removed meanwhile.
+// examination (or, for a run sweepRun can tell more of, StaleAfter before
+// it is due again), if it still has one, so that a long pass does not leave
+// its first entries due again at its end. XX never re-adds an entry a
+// terminal write removed meanwhile.
 func (s *RunSweeper) touch(ctx context.Context, id string, now time.Time) error {
 	return s.cfg.Client.ZAddXX(ctx, s.keys.Active(), redis.Z{Score: float64(now.UnixMilli()), Member: id}).Err()
 }
@@ -231,7 +247,12 @@ func (s *RunSweeper) lastWrite(ctx context.Context, id string, run *reactor.Run)
 	return at, nil
 }
 
-func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cutoff int64) (woken, dropped bool, err error) {
+// sweepRun examines run id, woken when it enqueued a wake-up and dropped
+// when it removed its entry. due, when not zero, is the server time at which
+// a kept entry may need the sweeper next: the end of a held lock, or
+// StaleAfter past a recent write. clock reads the server time.
+func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cutoff int64,
+	clock func() time.Time) (woken, dropped bool, due time.Time, err error) {
 	run, err := s.cfg.Engine.Get(ctx, id)
 	if errors.Is(err, reactor.ErrNotFound) {
 		// No state: the run is gone (expired, or its creator died before
@@ -245,13 +266,13 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 			return s.store.RetainTree(ctx, id, time.Millisecond)
 		})
 		if err != nil || !done {
-			return false, false, err
+			return false, false, due, err
 		}
 		dropped, err := s.drop(ctx, id, score)
-		return false, dropped, err
+		return false, dropped, due, err
 	}
 	if err != nil {
-		return false, false, err
+		return false, false, due, err
 	}
 	if run.Status.Terminal() {
 		// A finished run still indexed may have died between its terminal
@@ -276,34 +297,43 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 			return s.store.RetainTree(ctx, id, ttl)
 		})
 		if err != nil || !done {
-			return false, false, err
+			return false, false, due, err
 		}
 		dropped, err := s.drop(ctx, id, score)
 		if err != nil || !dropped {
-			return false, dropped, err
+			return false, dropped, due, err
 		}
 		// Left over only if an unindex failed. Should an Undo re-index the
 		// run and index a map rollback between the removal and this, the
 		// cost is one needless wake-up (the owner hands off again).
-		return false, true, s.cfg.Client.Del(ctx, s.keys.RunMaps(id)).Err()
+		return false, true, due, s.cfg.Client.Del(ctx, s.keys.RunMaps(id)).Err()
 	}
 	at, err := s.lastWrite(ctx, id, run)
 	if err != nil {
-		return false, false, err
+		return false, false, due, err
 	}
 	if at > cutoff {
-		return false, false, nil
+		// Written since the entry was touched: due StaleAfter after that
+		// write.
+		return false, false, time.UnixMilli(at).Add(s.cfg.StaleAfter), nil
 	}
-	locked, err := engineapi.Locked(s.cfg.Engine, ctx, id)
-	if err != nil || locked {
-		return false, false, err
+	// A held lock says the run executes somewhere; its expiry is the
+	// earliest it can be lost (the holder's heartbeat pushes it on).
+	ttl, err := s.cfg.Client.PTTL(ctx, s.keys.RunLock(id)).Result()
+	switch {
+	case err != nil:
+		return false, false, due, fmt.Errorf("sweeper: read the lock of run %s: %w", id, err)
+	case ttl > 0:
+		return false, false, clock().Add(ttl), nil
+	case ttl == -1:
+		return false, false, due, nil // held for good (no expiry): left alone, looked at again StaleAfter later
 	}
 	// A run waiting for a fan-out map is resumed by the map's workers (or
 	// by the map sweeper) when the map settles; waking it earlier would
 	// only make it hand off again.
 	waiting, resumes, err := maptask.Awaiting(ctx, s.cfg.Engine, id)
 	if err != nil || waiting {
-		return false, false, err
+		return false, false, due, err
 	}
 	// A settled map's own resume (or the map sweeper's redelivery of it)
 	// still queued will wake the run.
@@ -311,10 +341,10 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		for _, tid := range []string{r, r + ":r1", r + ":r2", r + ":r3"} {
 			state, found, err := s.taskState(s.cfg.Queue, tid)
 			if err != nil {
-				return false, false, err
+				return false, false, due, err
 			}
 			if found && (deliverable(state) || state == asynq.TaskStateActive) {
-				return false, false, nil
+				return false, false, due, nil
 			}
 		}
 	}
@@ -328,10 +358,10 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 	if run.Wake != "" && run.Wake != sweepID {
 		state, found, err := s.taskState(queue, run.Wake)
 		if err != nil {
-			return false, false, err
+			return false, false, due, err
 		}
 		if found && deliverable(state) {
-			return false, false, nil // it will be delivered
+			return false, false, due, nil // it will be delivered
 		}
 		// active without the run's lock: its worker died. archived or
 		// completed: nothing will deliver it again.
@@ -341,11 +371,11 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 	w := reactor.Wake{ID: sweepID, RunID: id, Reactor: run.Reactor, Queue: run.Queue}
 	state, found, err := s.taskState(queue, sweepID)
 	if err != nil {
-		return false, false, err
+		return false, false, due, err
 	}
 	if found {
 		if deliverable(state) {
-			return false, false, nil // woken by an earlier pass
+			return false, false, due, nil // woken by an earlier pass
 		}
 		// The id is spent: its worker died with it active, or it was
 		// archived. Enqueueing it again would be an id conflict, a silent
@@ -355,7 +385,7 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		// queued instead of adding another.
 		fresh, err := s.freshID(queue, sweepID)
 		if err != nil || fresh == "" {
-			return false, false, err
+			return false, false, due, err
 		}
 		w.ID = fresh
 	}
@@ -364,10 +394,10 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 	err = s.cfg.Enqueuer.Enqueue(tctx, w)
 	span.End()
 	if err != nil {
-		return false, false, err
+		return false, false, due, err
 	}
 	s.cfg.Logger.Info("woke a lost run", "event", "reactor.sweep.run", "run", id, "status", run.Status, "task", w.ID)
-	return true, false, nil
+	return true, false, due, nil
 }
 
 // freshID returns the first of id:r1, id:r2, id:r3 free for a new wake-up,

@@ -143,6 +143,56 @@ func TestSweepLeavesALockedRunAlone(t *testing.T) {
 	require.Equal(t, sweeper.RunReport{}, rep, "the terminal write took the run out of the index")
 }
 
+// A run found locked is looked at again when its lock would expire, not
+// StaleAfter after the pass that saw it: the first pass after a dead
+// worker's lock expired wakes the run, however long StaleAfter is.
+func TestSweepLooksAgainWhenTheLockExpires(t *testing.T) {
+	t.Parallel()
+	const stale = 2 * time.Second
+	e := newEnv(t, func(c *sweeper.RunConfig) { c.StaleAfter = stale })
+	ctx := ctxTimeout(t, 20*time.Second)
+	tr := &trail{}
+	const id = "lock-expires"
+	def := crashAt(e, tr, "lock_expires", id)
+	_, err := e.engine.Run(ctx, def, nil, reactor.WithRunID(id))
+	require.ErrorIs(t, err, reactor.ErrLockLost)
+	run := e.waitStale(ctx, id)
+	require.Equal(t, reactor.StatusRunning, run.Status)
+
+	// The dead holder's lock has a little life left.
+	const left = 400 * time.Millisecond
+	require.NoError(t, e.rdb.PExpire(ctx, e.lockKey(id), left).Err())
+	before, err := e.rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	rep, err := e.sweeper.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, sweeper.RunReport{Examined: 1}, rep, "locked: left alone")
+	score, err := e.rdb.ZScore(ctx, e.activeKey(), id).Result()
+	require.NoError(t, err)
+	due := time.UnixMilli(int64(score)).Add(stale)
+	require.WithinRange(t, due, before.Add(left-100*time.Millisecond), before.Add(left+time.Second),
+		"due when the lock expires")
+
+	rep, err = e.sweeper.Sweep(ctx)
+	require.NoError(t, err)
+	require.Equal(t, sweeper.RunReport{}, rep, "not due before the lock expires")
+
+	require.Eventually(t, func() bool {
+		n, err := e.rdb.Exists(ctx, e.lockKey(id)).Result()
+		require.NoError(t, err)
+		return n == 0
+	}, 5*time.Second, 5*time.Millisecond, "the lock expires")
+	// Redis expires a key when it is read past its expiry, which can be a
+	// moment before the pass's clock reaches the score.
+	require.Eventually(t, func() bool {
+		rep, err = e.sweeper.Sweep(ctx)
+		require.NoError(t, err)
+		return rep.Examined > 0
+	}, time.Second, 5*time.Millisecond)
+	require.Equal(t, sweeper.RunReport{Examined: 1, Woken: 1}, rep, "woken by the first pass after the lock expired, long before StaleAfter")
+	require.Equal(t, map[string]asynq.TaskState{sweepTaskID(id, run.Version): asynq.TaskStatePending}, e.queued())
+}
+
 // A pending run whose start task is still queued will be delivered: it is
 // not woken.
 func TestSweepLeavesAPendingRunWithAQueuedTaskAlone(t *testing.T) {

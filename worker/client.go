@@ -10,13 +10,15 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/payload"
 	"github.com/goreactor/goreactor/reactor"
 )
 
-// DefaultQueue is the asynq queue goreactor uses unless configured.
-const DefaultQueue = "goreactor"
+// DefaultQueue is the asynq queue goreactor uses when neither a setting nor
+// GOREACTOR_QUEUE names one.
+const DefaultQueue = envconfig.DefaultQueue
 
 // DefaultTaskTimeout bounds one delivery of a goreactor task. A run's
 // liveness is its lock heartbeat, not the task timeout, so it is generous;
@@ -35,11 +37,13 @@ type Client struct {
 	queue string
 }
 
-// NewClient returns a Client enqueuing on queue (DefaultQueue when empty).
-// It does not own rdb: close rdb yourself after Close.
+// NewClient returns a Client enqueuing on queue. An empty queue is the
+// first queue GOREACTOR_QUEUE names, or DefaultQueue when it is unset: the
+// queue worker.Main serves in the same environment. It does not own rdb:
+// close rdb yourself after Close.
 func NewClient(rdb redis.UniversalClient, queue string) *Client {
 	if queue == "" {
-		queue = DefaultQueue
+		queue = envconfig.Queue()
 	}
 	return &Client{c: asynq.NewClientFromRedisClient(rdb), insp: asynq.NewInspectorFromRedisClient(rdb), queue: queue}
 }

@@ -10,7 +10,6 @@ import (
 	"os"
 	"os/signal"
 	"sort"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -18,8 +17,10 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/envflag"
 	"github.com/goreactor/goreactor/internal/metricshttp"
+	"github.com/goreactor/goreactor/internal/redislog"
 	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/internal/version"
 	"github.com/goreactor/goreactor/metrics"
@@ -42,21 +43,35 @@ import (
 //	-prefix            GOREACTOR_PREFIX            goreactor (your engines' Config.Prefix)
 //	-queue             GOREACTOR_QUEUE             goreactor (comma-separated name[:priority])
 //	-concurrency       GOREACTOR_CONCURRENCY       10
-//	-lock-expiry       GOREACTOR_LOCK_EXPIRY       15s
+//	-lock-expiry       GOREACTOR_LOCK_EXPIRY       3s
+//	-sweep-interval    GOREACTOR_SWEEP_INTERVAL    1s (0: no sweeper in this process)
+//	-stale-after       GOREACTOR_STALE_AFTER       2s
 //	-shutdown-timeout  GOREACTOR_SHUTDOWN_TIMEOUT  10s
 //	-log-level         GOREACTOR_LOG_LEVEL         info (debug, info, warn, error)
-//	-sweep-interval    GOREACTOR_SWEEP_INTERVAL    0 (off)
 //	-metrics-addr      GOREACTOR_METRICS_ADDR      "" (off; e.g. :9101 serves /metrics)
 //
 // -version prints "goreactor <version>" (the goreactor module's version
 // this program was built with) on stdout and exits 0.
 //
+// GOREACTOR_PREFIX and GOREACTOR_QUEUE are the same two settings every
+// goreactor binary (cmd/sweeper, cmd/dashboard) and every library default
+// (reactor.Config.Prefix, NewClient's queue) reads, so a client process and
+// its workers started in one environment agree without further settings
+// (docs/configuration.md).
+//
 // The queues are read in one place for both sides of the worker: it serves
 // every queue listed, and its engine's Enqueuer (a Client: hand-offs,
-// map elements, sweeps) enqueues on the first one. With -sweep-interval
-// above zero the process also runs the sweeper (runs, maps and the listing
-// indexes, as cmd/sweeper does) on that interval, inspecting the first
-// queue; every replica may, since each pass takes a leader lock first.
+// map elements, sweeps) enqueues on the first one.
+//
+// Recovery: the process also runs the sweeper (runs, maps and the listing
+// indexes, as cmd/sweeper does) every -sweep-interval, inspecting the first
+// queue. Every replica runs the loop and each pass takes a leader lock
+// first, so N workers make one sweeper and no other process is needed. With
+// the defaults a run whose worker was killed (kill -9, a lost machine) is
+// resumed by another worker 3 to 4 s after the death (under 5 s): its
+// lock expires within -lock-expiry, the next pass (within -sweep-interval)
+// wakes it. A longer -lock-expiry lengthens that by as much. -sweep-interval
+// 0 turns the in-process sweeper off (run cmd/sweeper instead).
 //
 // With -metrics-addr the process serves Prometheus metrics at
 // http://ADDR/metrics on a registry of its own: package metrics' collector
@@ -92,7 +107,7 @@ func mainStatus(defs []*reactor.Definition, args []string, getenv func(string) s
 	err := run(ctx, Options{Definitions: defs, Args: args, Getenv: getenv, Stdout: stdout, Stderr: stderr}, func(l *slog.Logger) {
 		log = l
 		slog.SetDefault(l)
-		redis.SetLogger(redisLogger{l})
+		redislog.Set(l)
 	})
 	var usage *UsageError
 	switch {
@@ -195,6 +210,30 @@ func run(ctx context.Context, opts Options, logger func(*slog.Logger)) error {
 	return serve(ctx, opts, cfg, log)
 }
 
+// The defaults of Main's recovery settings. Together they bound how long a
+// run whose worker died (kill -9, a lost machine) waits before another
+// worker resumes it: its lock expires at most DefaultLockExpiry after the
+// death, the sweeper of any live worker finds it at its next pass (at most
+// DefaultSweepInterval later; a run it saw locked is looked at again when
+// that lock would expire) and a worker takes the wake-up at once: 3 to
+// 4 s in all, with no process besides the workers.
+const (
+	// DefaultLockExpiry is Main's -lock-expiry: how long a dead worker's
+	// run lock outlives it. The heartbeat extends it every third (1 s),
+	// so a Redis that stalls longer than two thirds of it makes a worker
+	// lose its runs' locks (the run is resumed, never run twice at once).
+	DefaultLockExpiry = 3 * time.Second
+	// DefaultSweepInterval is Main's -sweep-interval: the time between
+	// sweeper passes. Every worker runs the loop, one of them leads each
+	// pass (a leader lock), so N workers make one sweeper.
+	DefaultSweepInterval = time.Second
+	// DefaultStaleAfter is Main's -stale-after: how long an unlocked run
+	// must go without a write before the sweeper wakes it. It is shorter
+	// than DefaultLockExpiry, so a run killed just after a write is
+	// recovered when its lock expires.
+	DefaultStaleAfter = 2 * time.Second
+)
+
 // pingTimeout bounds the startup check of Redis.
 const pingTimeout = 5 * time.Second
 
@@ -209,6 +248,7 @@ type settings struct {
 	shutdownTimeout time.Duration
 	logLevel        slog.Level
 	sweepInterval   time.Duration
+	staleAfter      time.Duration
 	metricsAddr     string
 }
 
@@ -230,18 +270,19 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	envflag.Connection(fs, env, &cfg.redisURL, &cfg.prefix)
-	fs.StringVar(&queues, "queue", env.String("GOREACTOR_QUEUE", DefaultQueue),
-		"queues to serve, comma-separated name[:priority]; the first is where this process enqueues; env GOREACTOR_QUEUE")
+	envflag.Queue(fs, env, &queues, "served by this process, the first is where it enqueues")
 	fs.IntVar(&cfg.concurrency, "concurrency", env.Int("GOREACTOR_CONCURRENCY", 10),
 		"tasks processed at once; env GOREACTOR_CONCURRENCY")
-	fs.DurationVar(&cfg.lockExpiry, "lock-expiry", env.Duration("GOREACTOR_LOCK_EXPIRY", 15*time.Second),
+	fs.DurationVar(&cfg.lockExpiry, "lock-expiry", env.Duration("GOREACTOR_LOCK_EXPIRY", DefaultLockExpiry),
 		"how long a run lock outlives a dead worker (heartbeat every third of it); env GOREACTOR_LOCK_EXPIRY")
 	fs.DurationVar(&cfg.shutdownTimeout, "shutdown-timeout", env.Duration("GOREACTOR_SHUTDOWN_TIMEOUT", 10*time.Second),
 		"how long a stop waits for running tasks; env GOREACTOR_SHUTDOWN_TIMEOUT")
 	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"),
 		"debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
-	fs.DurationVar(&cfg.sweepInterval, "sweep-interval", env.Duration("GOREACTOR_SWEEP_INTERVAL", 0),
-		"run the sweeper (runs and maps) every interval in this process (0: off); env GOREACTOR_SWEEP_INTERVAL")
+	fs.DurationVar(&cfg.sweepInterval, "sweep-interval", env.Duration("GOREACTOR_SWEEP_INTERVAL", DefaultSweepInterval),
+		"run the sweeper (runs, maps, indexes; one replica at a time) every interval in this process (0: off); env GOREACTOR_SWEEP_INTERVAL")
+	fs.DurationVar(&cfg.staleAfter, "stale-after", env.Duration("GOREACTOR_STALE_AFTER", DefaultStaleAfter),
+		"how long an unlocked run or map must go without progress before the sweeper recovers it; env GOREACTOR_STALE_AFTER")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env.String("GOREACTOR_METRICS_ADDR", ""),
 		"serve Prometheus metrics at http://ADDR/metrics (empty: off); env GOREACTOR_METRICS_ADDR")
 	fs.BoolVar(&showVersion, "version", false, "print goreactor's version and exit")
@@ -262,7 +303,7 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 	}
 
 	var err error
-	if cfg.queues, cfg.firstQueue, err = parseQueues(queues); err != nil {
+	if cfg.queues, cfg.firstQueue, err = envconfig.ParseQueues(queues); err != nil {
 		return usage(fmt.Errorf("-queue: %w", err))
 	}
 	if err := cfg.logLevel.UnmarshalText([]byte(level)); err != nil {
@@ -277,47 +318,12 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 		return usage(fmt.Errorf("-shutdown-timeout %s: must be positive", cfg.shutdownTimeout))
 	case cfg.sweepInterval < 0:
 		return usage(fmt.Errorf("-sweep-interval %s: must be 0 (off) or positive", cfg.sweepInterval))
+	case cfg.staleAfter <= 0:
+		return usage(fmt.Errorf("-stale-after %s: must be positive", cfg.staleAfter))
 	case cfg.prefix == "":
 		return usage(errors.New("-prefix: must not be empty"))
 	}
 	return cfg, nil
-}
-
-// parseQueues parses "name[:priority],..." into asynq's queue priorities and
-// returns the first name.
-func parseQueues(s string) (map[string]int, string, error) {
-	queues := map[string]int{}
-	first := ""
-	for item := range strings.SplitSeq(s, ",") {
-		item = strings.TrimSpace(item)
-		if item == "" {
-			continue
-		}
-		name, prio, hasPrio := strings.Cut(item, ":")
-		name = strings.TrimSpace(name)
-		p := 1
-		if hasPrio {
-			n, err := strconv.Atoi(strings.TrimSpace(prio))
-			if err != nil || n < 1 {
-				return nil, "", fmt.Errorf("queue %q: priority must be a positive integer", item)
-			}
-			p = n
-		}
-		if name == "" {
-			return nil, "", fmt.Errorf("queue %q: empty name", item)
-		}
-		if _, dup := queues[name]; dup {
-			return nil, "", fmt.Errorf("queue %q listed twice", name)
-		}
-		queues[name] = p
-		if first == "" {
-			first = name
-		}
-	}
-	if first == "" {
-		return nil, "", errors.New("no queue given")
-	}
-	return queues, first, nil
 }
 
 // serve runs the worker (and the sweeper) until ctx ends, then shuts down.
@@ -389,12 +395,14 @@ func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) er
 	log.Info("worker started", "event", "worker.started",
 		"redis", ropts.Addr, "db", ropts.DB, "prefix", cfg.prefix, "queues", strings.Join(names, ","),
 		"enqueue_queue", cfg.firstQueue, "concurrency", cfg.concurrency, "lock_expiry", cfg.lockExpiry.String(),
-		"sweep_interval", cfg.sweepInterval.String(), "reactors", engine.Names())
+		"sweep_interval", cfg.sweepInterval.String(), "stale_after", cfg.staleAfter.String(), "reactors", engine.Names())
 
 	var wg sync.WaitGroup
 	if cfg.sweepInterval > 0 {
-		sw, err := sweeper.New(sweeper.Config{Engine: engine, Queue: cfg.firstQueue, Interval: cfg.sweepInterval, Logger: log,
-			Metrics: swMetrics})
+		// The leader lock lives as long as a run lock: a replica killed
+		// mid-pass holds up the others' sweeps no longer than its runs.
+		sw, err := sweeper.New(sweeper.Config{Engine: engine, Queue: cfg.firstQueue, Interval: cfg.sweepInterval,
+			StaleAfter: cfg.staleAfter, LeaderTTL: cfg.lockExpiry, Logger: log, Metrics: swMetrics})
 		if err != nil {
 			_ = w.Stop(context.Background())
 			return fmt.Errorf("worker: start the sweeper: %w", err)
@@ -414,12 +422,4 @@ func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) er
 	}
 	log.Info("worker stopped", "event", "worker.stopped")
 	return nil
-}
-
-// redisLogger routes go-redis's internal log lines (connection pool trouble)
-// to slog, so every line the process writes is JSON.
-type redisLogger struct{ l *slog.Logger }
-
-func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	r.l.WarnContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
 }

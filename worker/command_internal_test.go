@@ -23,9 +23,16 @@ func TestParseSettingsDefaults(t *testing.T) {
 	}
 	if cfg.redisURL != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.firstQueue != "goreactor" ||
 		!maps.Equal(cfg.queues, map[string]int{"goreactor": 1}) || cfg.concurrency != 10 ||
-		cfg.lockExpiry != 15*time.Second || cfg.shutdownTimeout != 10*time.Second ||
-		cfg.logLevel != slog.LevelInfo || cfg.sweepInterval != 0 {
+		cfg.lockExpiry != 3*time.Second || cfg.shutdownTimeout != 10*time.Second ||
+		cfg.logLevel != slog.LevelInfo || cfg.sweepInterval != time.Second || cfg.staleAfter != 2*time.Second {
 		t.Errorf("defaults: %+v", cfg)
+	}
+	// The defaults recover a killed worker's run within 5 s: its lock
+	// expires, then the next pass wakes it (a run it saw locked is looked
+	// at again when the lock would expire). StaleAfter must not add to
+	// that for a run killed just after a write.
+	if recovery := DefaultLockExpiry + DefaultSweepInterval; recovery >= 5*time.Second || DefaultStaleAfter > DefaultLockExpiry {
+		t.Errorf("defaults recover in %s (stale after %s): want under 5 s", recovery, DefaultStaleAfter)
 	}
 }
 
@@ -40,6 +47,7 @@ func TestParseSettingsEnvThenFlags(t *testing.T) {
 		"GOREACTOR_SHUTDOWN_TIMEOUT": "30s",
 		"GOREACTOR_LOG_LEVEL":        "debug",
 		"GOREACTOR_SWEEP_INTERVAL":   "1m",
+		"GOREACTOR_STALE_AFTER":      "30s",
 	})
 	cfg, err := parseSettings(nil, env, io.Discard)
 	if err != nil {
@@ -48,7 +56,7 @@ func TestParseSettingsEnvThenFlags(t *testing.T) {
 	if cfg.redisURL != "redis://r:6379/2" || cfg.prefix != "shop" || cfg.firstQueue != "critical" ||
 		!maps.Equal(cfg.queues, map[string]int{"critical": 6, "goreactor": 3, "low": 1}) || cfg.concurrency != 4 ||
 		cfg.lockExpiry != 20*time.Second || cfg.shutdownTimeout != 30*time.Second ||
-		cfg.logLevel != slog.LevelDebug || cfg.sweepInterval != time.Minute {
+		cfg.logLevel != slog.LevelDebug || cfg.sweepInterval != time.Minute || cfg.staleAfter != 30*time.Second {
 		t.Errorf("from env: %+v", cfg)
 	}
 	cfg, err = parseSettings([]string{"-redis", "redis://x:1/0", "-queue", "q", "-concurrency", "2", "-log-level", "warn", "-sweep-interval", "0"}, env, io.Discard)
@@ -77,6 +85,7 @@ func TestParseSettingsRejects(t *testing.T) {
 		{args: []string{"-lock-expiry", "10ms"}, want: "lock-expiry"},
 		{args: []string{"-shutdown-timeout", "0s"}, want: "shutdown-timeout"},
 		{args: []string{"-sweep-interval", "-1s"}, want: "sweep-interval"},
+		{args: []string{"-stale-after", "0s"}, want: "stale-after"},
 		{args: []string{"-prefix", ""}, want: "prefix"},
 		{args: []string{"-no-such-flag"}, want: "no-such-flag"},
 		{args: []string{"extra"}, want: "unexpected"},
@@ -93,7 +102,7 @@ func TestParseSettingsRejects(t *testing.T) {
 	if _, err := parseSettings([]string{"-h"}, envOf(nil), &out); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: error %v, want flag.ErrHelp", err)
 	}
-	for _, name := range []string{"-redis", "-prefix", "-queue", "-concurrency", "-lock-expiry", "-shutdown-timeout", "-log-level", "-sweep-interval", "REDIS_URL"} {
+	for _, name := range []string{"-redis", "-prefix", "-queue", "-concurrency", "-lock-expiry", "-shutdown-timeout", "-log-level", "-sweep-interval", "-stale-after", "REDIS_URL"} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("-h does not mention %s:\n%s", name, out.String())
 		}

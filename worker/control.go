@@ -17,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -96,12 +97,14 @@ type ControllerConfig struct {
 	// queues. Required.
 	Client redis.UniversalClient
 	// Prefix is the runs' key prefix, as the workers' engines have it.
-	// Default "goreactor".
+	// Default GOREACTOR_PREFIX, else "goreactor".
 	Prefix string
 	// Queue is the asynq queue the control tasks go to, one the workers
-	// serve, for runs enqueued without reactor.WithQueue (a run with a
-	// queue of its own gets its control tasks there). Default
-	// DefaultQueue, the workers' default.
+	// serve, for runs that recorded no queue (runs made before goreactor
+	// recorded every run's queue, and in-process runs; a run enqueued
+	// records its queue and gets its control tasks there). Default: the
+	// first queue GOREACTOR_QUEUE names, else DefaultQueue, the workers'
+	// default.
 	Queue string
 	// Retention keeps a carried-out request recorded this long, so that the
 	// same request made again (a double click) is still recognised as a
@@ -115,10 +118,10 @@ type ControllerConfig struct {
 // WithDefaults returns c with every unset field at its default.
 func (c ControllerConfig) WithDefaults() ControllerConfig {
 	if c.Prefix == "" {
-		c.Prefix = keys.DefaultPrefix
+		c.Prefix = envconfig.Prefix()
 	}
 	if c.Queue == "" {
-		c.Queue = DefaultQueue
+		c.Queue = envconfig.Queue()
 	}
 	if c.Retention <= 0 {
 		c.Retention = DefaultControlRetention
@@ -174,6 +177,10 @@ type Request struct {
 	// the run's version when the request was made; an ActionUndoSteps
 	// request adds ":<h>", a digest of its set of steps.
 	TaskID string
+	// Queue is the asynq queue the control task went to: the run's own
+	// queue, or ControllerConfig.Queue for a run that recorded none. A
+	// worker serving it carries the request out.
+	Queue string
 	// Duplicate is true when the same request was already queued (or was
 	// carried out within the retention): nothing new was queued. A request
 	// whose earlier task was archived (it failed for good) is queued again
@@ -271,6 +278,7 @@ func (c *Controller) request(ctx context.Context, runID string, action Action, s
 	if run.Queue != "" {
 		queue = run.Queue
 	}
+	req.Queue = queue
 	task := asynq.NewTask(TypeControl, body)
 	topts := []asynq.Option{asynq.TaskID(req.TaskID), asynq.Queue(queue), asynq.MaxRetry(DefaultMaxRetry),
 		asynq.Timeout(DefaultTaskTimeout), asynq.Retention(c.cfg.Retention)}
@@ -295,7 +303,7 @@ func (c *Controller) request(ctx context.Context, runID string, action Action, s
 		return Request{}, fmt.Errorf("worker: enqueue %s: %w", req.TaskID, err)
 	}
 	attrs := []any{"event", "worker.control.requested", "run", runID, "action", string(action), "task", req.TaskID,
-		"duplicate", req.Duplicate}
+		"queue", queue, "duplicate", req.Duplicate}
 	if steps != nil {
 		attrs = append(attrs, "steps", steps)
 	}

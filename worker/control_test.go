@@ -77,7 +77,8 @@ func TestControlCancelStopsALongRun(t *testing.T) {
 	<-g.started
 	req, err := f.controller().Request(ctx, res.RunID, worker.ActionCancel)
 	require.NoError(t, err)
-	require.Equal(t, worker.Request{RunID: res.RunID, Action: worker.ActionCancel, TaskID: req.TaskID}, req)
+	require.Equal(t, worker.Request{RunID: res.RunID, Action: worker.ActionCancel, TaskID: req.TaskID, Queue: f.queue}, req,
+		"the control task goes to the queue the run recorded")
 	require.Regexp(t, `^ctl:`+res.RunID+`:cancel:\d+$`, req.TaskID)
 	// The worker stored the request (the run is held by its executor).
 	f.awaitTaskState(req.TaskID, asynq.TaskStateCompleted)

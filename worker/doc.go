@@ -54,6 +54,24 @@
 // so a Worker serves its engine's Client's queue: Config.Queues defaults to
 // it, and Start refuses queues that leave it out ([QueueMismatchError]).
 //
+// # Configuration and recovery
+//
+// The key prefix and the queue are one setting each,
+// GOREACTOR_PREFIX and GOREACTOR_QUEUE, read by Main's -prefix and -queue,
+// by every other goreactor binary and by the library's defaults
+// (reactor.Config.Prefix, NewClient with an empty queue, ControllerConfig,
+// Config.Queues). An explicit setting (a flag, a Config field) wins over
+// the environment, which wins over the default "goreactor". A run enqueued
+// records the queue it is on (the Client's, or reactor.WithQueue's), so its
+// later wake-ups and operators' actions go there. docs/configuration.md is
+// the reference.
+//
+// Recovery: Main runs the sweeper in every worker by default, under a
+// leader lock (N workers make one sweeper). With Main's defaults (3 s run
+// locks, a pass every second) a run whose worker was killed is resumed by
+// another worker about 3 to 4 s after the kill, under 5 s, with no other
+// process; see Main.
+//
 // A task that finds its run locked by another process snoozes: it returns a
 // [SnoozeError], which the server's [RetryDelay] maps to a short jittered
 // delay and [IsFailure] does not count, so asynq's retry budget is not spent

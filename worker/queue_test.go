@@ -6,6 +6,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -47,4 +48,31 @@ func TestNewServesTheClientsQueueByDefault(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCompleted, res.Status)
 	require.Equal(t, int32(1), runs.Load())
+	run, err := api.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, f.queue, run.Queue, "the run records the queue it was enqueued on, not \"\"")
+}
+
+// Without a queue of their own, the Client, a Worker whose engine has no
+// Client, and a Controller take the first queue GOREACTOR_QUEUE names, and
+// the Controller the prefix GOREACTOR_PREFIX names; what a program sets
+// explicitly wins.
+func TestDefaultsFromTheEnvironment(t *testing.T) {
+	t.Setenv("GOREACTOR_QUEUE", "critical:6, goreactor:3")
+	t.Setenv("GOREACTOR_PREFIX", "shop")
+	rdb := redistest.Client(t)
+	require.Equal(t, "critical", worker.NewClient(rdb, "").Queue())
+	require.Equal(t, "mine", worker.NewClient(rdb, "mine").Queue(), "explicit wins")
+	require.Equal(t, map[string]int{"critical": 1}, worker.Config{}.WithDefaults().Queues)
+	ctl := worker.ControllerConfig{}.WithDefaults()
+	require.Equal(t, "critical", ctl.Queue)
+	require.Equal(t, "shop", ctl.Prefix)
+	ctl = worker.ControllerConfig{Queue: "q", Prefix: "p"}.WithDefaults()
+	require.Equal(t, "q", ctl.Queue)
+	require.Equal(t, "p", ctl.Prefix)
+
+	t.Setenv("GOREACTOR_QUEUE", "")
+	t.Setenv("GOREACTOR_PREFIX", "")
+	require.Equal(t, worker.DefaultQueue, worker.NewClient(rdb, "").Queue())
+	require.Equal(t, "goreactor", worker.ControllerConfig{}.WithDefaults().Prefix)
 }

@@ -18,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/payload"
 	"github.com/goreactor/goreactor/mapstep"
@@ -29,8 +30,8 @@ type Config struct {
 	// Concurrency is the number of tasks processed at once. Default 10.
 	Concurrency int
 	// Queues maps queue names to priorities. Default: the queue of the
-	// engine's Enqueuer when it is a *Client, else DefaultQueue, at
-	// priority 1. When the engine's Enqueuer is a *Client, Queues must
+	// engine's Enqueuer when it is a *Client, else the first queue
+	// GOREACTOR_QUEUE names (DefaultQueue when unset), at priority 1. When the engine's Enqueuer is a *Client, Queues must
 	// include its queue (Start refuses a worker that does not): the
 	// hand-offs, map elements and sweeps of the runs this worker executes
 	// go there, and a worker that does not serve it could leave them
@@ -92,7 +93,7 @@ func (c Config) WithDefaults() Config {
 		c.Concurrency = 10
 	}
 	if len(c.Queues) == 0 {
-		c.Queues = map[string]int{DefaultQueue: 1}
+		c.Queues = map[string]int{envconfig.Queue(): 1}
 	}
 	if c.TaskCheckInterval <= 0 {
 		c.TaskCheckInterval = 10 * time.Millisecond

@@ -11,11 +11,24 @@
 //	-addr       GOREACTOR_DASHBOARD_ADDR  127.0.0.1:8080 (loopback: put a proxy in front to expose it)
 //	-redis      REDIS_URL                 redis://localhost:6379/0
 //	-prefix     GOREACTOR_PREFIX          goreactor
-//	-queues     GOREACTOR_QUEUES          "" (every asynq queue in the Redis; else a comma-separated list)
-//	-control-queue GOREACTOR_CONTROL_QUEUE goreactor (where actions on runs without a queue of their own go:
-//	                                          a queue your workers serve)
+//	-queue      GOREACTOR_QUEUE           goreactor (the workers' queue list, name[:priority],...)
+//	-queues     GOREACTOR_QUEUES          "" (the queues /api/stats reports: the -queue list; "*" for
+//	                                          every asynq queue in the Redis)
 //	-log-level  GOREACTOR_LOG_LEVEL       info
 //	-version                              print "goreactor <version>" and exit
+//
+// -prefix and -queue are the one configuration every goreactor binary and
+// library default reads (docs/configuration.md): the dashboard started in
+// the workers' environment finds their runs and sends its actions where
+// they are served. Actions on a run go to the queue the run recorded; on a
+// run that recorded none (an in-process run), to the first -queue. The
+// overview and /api/stats report the listed queues, each marked served or
+// not, and warn about one no worker serves; an action queued where no
+// worker serves answers 202 with a warning saying so.
+//
+// -control-queue (GOREACTOR_CONTROL_QUEUE) is the deprecated name of
+// -queue: it still works, with a warning in the log; -queue wins when both
+// are set.
 //
 // The actions need a token, read only from the environment so that it never
 // shows in a process list: GOREACTOR_DASHBOARD_TOKEN. Without it they are
@@ -38,15 +51,17 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"github.com/goreactor/goreactor/dashboard"
+	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/envflag"
+	"github.com/goreactor/goreactor/internal/redislog"
 	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/internal/version"
-	"github.com/goreactor/goreactor/worker"
 )
 
 func main() {
@@ -62,17 +77,19 @@ type config struct {
 	addr     string
 	redisURL string
 	prefix   string
-	queues   []string
-	control  string
-	token    string
-	logLevel slog.Level
-	version  bool // -version: print the version, nothing else
+	queues   []string // what /api/stats reports
+	control  string   // the first of -queue: actions on runs without a queue
+	// deprecated names the deprecated settings used, for a warning.
+	deprecated []string
+	token      string
+	logLevel   slog.Level
+	version    bool // -version: print the version, nothing else
 }
 
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	var (
-		cfg           config
-		level, queues string
+		cfg                          config
+		level, queues, queue, legacy string
 	)
 	env := envflag.New(getenv)
 	fs := flag.NewFlagSet("dashboard", flag.ContinueOnError)
@@ -80,10 +97,11 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&cfg.addr, "addr", env.String("GOREACTOR_DASHBOARD_ADDR", "127.0.0.1:8080"),
 		"host:port to serve on (loopback by default); env GOREACTOR_DASHBOARD_ADDR")
 	envflag.Connection(fs, env, &cfg.redisURL, &cfg.prefix)
+	envflag.Queue(fs, env, &queue, "the workers'; actions on runs that recorded no queue go to the first")
 	fs.StringVar(&queues, "queues", env.String("GOREACTOR_QUEUES", ""),
-		"comma-separated asynq queues /api/stats reports; empty: every queue in the Redis; env GOREACTOR_QUEUES")
-	fs.StringVar(&cfg.control, "control-queue", env.String("GOREACTOR_CONTROL_QUEUE", worker.DefaultQueue),
-		"asynq queue of the actions' control tasks for runs enqueued without a queue of their own (one the workers serve); env GOREACTOR_CONTROL_QUEUE")
+		"comma-separated asynq queues /api/stats reports; empty: the -queue list; \"*\": every queue in the Redis; env GOREACTOR_QUEUES")
+	fs.StringVar(&legacy, "control-queue", "",
+		"DEPRECATED: use -queue (GOREACTOR_QUEUE); the same setting under its old name; env GOREACTOR_CONTROL_QUEUE")
 	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"), "debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
 	fs.BoolVar(&cfg.version, "version", false, "print goreactor's version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -101,9 +119,36 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if err := cfg.logLevel.UnmarshalText([]byte(level)); err != nil {
 		return cfg, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
 	}
-	for _, q := range strings.Split(queues, ",") {
-		if q = strings.TrimSpace(q); q != "" {
-			cfg.queues = append(cfg.queues, q)
+	// The deprecated -control-queue and GOREACTOR_CONTROL_QUEUE count only
+	// where -queue and GOREACTOR_QUEUE are not set.
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	switch {
+	case set["control-queue"]:
+		cfg.deprecated = append(cfg.deprecated, "-control-queue")
+		if !set["queue"] {
+			queue = legacy
+		}
+	case getenv("GOREACTOR_CONTROL_QUEUE") != "":
+		cfg.deprecated = append(cfg.deprecated, "GOREACTOR_CONTROL_QUEUE")
+		if !set["queue"] && getenv(envconfig.QueueVar) == "" {
+			queue = getenv("GOREACTOR_CONTROL_QUEUE")
+		}
+	}
+	names, err := envconfig.QueueNames(queue)
+	if err != nil {
+		return cfg, fmt.Errorf("-queue: %w", err)
+	}
+	cfg.control, cfg.queues = names[0], names
+	if strings.TrimSpace(queues) != "" {
+		cfg.queues = nil
+		for _, q := range strings.Split(queues, ",") {
+			if q = strings.TrimSpace(q); q != "" {
+				cfg.queues = append(cfg.queues, q)
+			}
+		}
+		if slices.Contains(cfg.queues, "*") && len(cfg.queues) > 1 {
+			return cfg, fmt.Errorf("-queues %q: \"*\" (every asynq queue) stands alone", queues)
 		}
 	}
 	if _, _, err := net.SplitHostPort(cfg.addr); err != nil {
@@ -131,6 +176,11 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
 	slog.SetDefault(log)
+	redislog.Set(log)
+	for _, d := range cfg.deprecated {
+		log.Warn(d+" is deprecated: use -queue or GOREACTOR_QUEUE, the queue setting every goreactor binary reads",
+			"event", "dashboard.deprecated", "setting", d)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	if err := serve(ctx, cfg, log, nil); err != nil {
@@ -160,7 +210,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, ready chan<- strin
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute}
 	log.Info("dashboard started", "event", "dashboard.started", "addr", ln.Addr().String(), "redis", opts.Addr, "db", opts.DB,
-		"prefix", cfg.prefix, "actions", cfg.token != "")
+		"prefix", cfg.prefix, "queue", cfg.control, "stats_queues", strings.Join(cfg.queues, ","), "actions", cfg.token != "")
 	if cfg.token == "" {
 		log.Info("dashboard actions are disabled: set GOREACTOR_DASHBOARD_TOKEN to enable undo, cancel and retry", "event", "dashboard.actions_disabled")
 	}

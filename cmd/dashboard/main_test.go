@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"flag"
 	"io"
 	"log/slog"
 	"net/http"
@@ -28,7 +29,9 @@ func TestParseConfig(t *testing.T) {
 	require.Equal(t, "redis://localhost:6379/0", cfg.redisURL)
 	require.Equal(t, "goreactor", cfg.prefix)
 	require.Empty(t, cfg.token)
-	require.Empty(t, cfg.queues)
+	require.Equal(t, "goreactor", cfg.control)
+	require.Equal(t, []string{"goreactor"}, cfg.queues, "the -queue list")
+	require.Empty(t, cfg.deprecated)
 
 	cfg, err = parseConfig([]string{"--addr", ":9000", "-queues", "a, b,,"}, env(map[string]string{
 		"GOREACTOR_DASHBOARD_TOKEN": "tok", "GOREACTOR_PREFIX": "p", "REDIS_URL": "redis://r:1/2"}), io.Discard)
@@ -39,11 +42,57 @@ func TestParseConfig(t *testing.T) {
 	require.Equal(t, "p", cfg.prefix)
 	require.Equal(t, "redis://r:1/2", cfg.redisURL)
 
-	for _, args := range [][]string{{"-addr", "nohost"}, {"-log-level", "loud"}, {"-prefix", ""}, {"extra"}, {"-nope"}} {
+	for _, args := range [][]string{{"-queue", "a:x"}, {"-queue", " , "}, {"-queues", "*,a"}, {"-addr", "nohost"}, {"-log-level", "loud"}, {"-prefix", ""}, {"extra"}, {"-nope"}} {
 		_, err := parseConfig(args, env(nil), io.Discard)
 		require.Error(t, err, "%q", args)
 	}
 	require.Equal(t, 2, run([]string{"-addr", "x"}, env(nil), io.Discard, io.Discard))
+}
+
+// -queue and GOREACTOR_QUEUE are the workers' queue list: actions on runs
+// that recorded no queue go to the first, /api/stats reports them all
+// unless -queues says otherwise. The deprecated -control-queue and
+// GOREACTOR_CONTROL_QUEUE still work where the new names are not set, and
+// are named for the startup warning.
+func TestParseConfigQueue(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		name       string
+		args       []string
+		env        map[string]string
+		control    string
+		queues     []string
+		deprecated []string
+	}{
+		{name: "env list", env: map[string]string{"GOREACTOR_QUEUE": "critical:6, goreactor:3"},
+			control: "critical", queues: []string{"critical", "goreactor"}},
+		{name: "flag over env", args: []string{"-queue", "billing"}, env: map[string]string{"GOREACTOR_QUEUE": "critical"},
+			control: "billing", queues: []string{"billing"}},
+		{name: "-queues reports others", args: []string{"-queue", "billing", "-queues", "billing,low"},
+			control: "billing", queues: []string{"billing", "low"}},
+		{name: "every queue", args: []string{"-queues", "*"}, control: "goreactor", queues: []string{"*"}},
+		{name: "deprecated flag", args: []string{"-control-queue", "old"},
+			control: "old", queues: []string{"old"}, deprecated: []string{"-control-queue"}},
+		{name: "deprecated flag loses to -queue", args: []string{"-control-queue", "old", "-queue", "new"},
+			control: "new", queues: []string{"new"}, deprecated: []string{"-control-queue"}},
+		{name: "deprecated env", env: map[string]string{"GOREACTOR_CONTROL_QUEUE": "old"},
+			control: "old", queues: []string{"old"}, deprecated: []string{"GOREACTOR_CONTROL_QUEUE"}},
+		{name: "deprecated env loses to GOREACTOR_QUEUE", env: map[string]string{"GOREACTOR_CONTROL_QUEUE": "old", "GOREACTOR_QUEUE": "new"},
+			control: "new", queues: []string{"new"}, deprecated: []string{"GOREACTOR_CONTROL_QUEUE"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := parseConfig(tc.args, env(tc.env), io.Discard)
+			require.NoError(t, err)
+			require.Equal(t, tc.control, cfg.control)
+			require.Equal(t, tc.queues, cfg.queues)
+			require.Equal(t, tc.deprecated, cfg.deprecated)
+		})
+	}
+	var usage strings.Builder
+	_, err := parseConfig([]string{"-h"}, env(nil), &usage)
+	require.ErrorIs(t, err, flag.ErrHelp)
+	require.Contains(t, usage.String(), "DEPRECATED: use -queue")
+	require.Contains(t, usage.String(), "GOREACTOR_QUEUE")
 }
 
 // -version prints the version on stdout and exits 0, before anything else
@@ -54,6 +103,25 @@ func TestVersion(t *testing.T) {
 	require.Equal(t, 0, run([]string{"-version"}, bad, &out, io.Discard))
 	require.Equal(t, version.Line()+"\n", out.String())
 	require.Regexp(t, `^goreactor \S+\n$`, out.String())
+}
+
+// A Redis that does not answer exits 1, and every line written is JSON,
+// go-redis's own complaint about the dial included; a deprecated setting is
+// warned about first.
+func TestNoRedisExitsOne(t *testing.T) {
+	var out strings.Builder
+	require.Equal(t, 1, run([]string{"-redis", "redis://127.0.0.1:1/0", "-addr", "127.0.0.1:0", "-control-queue", "old"},
+		env(nil), io.Discard, &out))
+	require.Contains(t, out.String(), "does not answer PING")
+	require.Contains(t, out.String(), `"msg":"-control-queue is deprecated: use -queue or GOREACTOR_QUEUE`)
+	require.Contains(t, out.String(), `"level":"WARN"`)
+	goRedis := false
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var m map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &m), "not a JSON line: %s", line)
+		goRedis = goRedis || m["component"] == "go-redis"
+	}
+	require.True(t, goRedis, "no go-redis line in the JSON logs:\n%s", out.String())
 }
 
 // The binary serves the API against a real Redis and shuts down when its

@@ -10,7 +10,7 @@
 //
 //	-redis         REDIS_URL                   redis://localhost:6379/0
 //	-prefix        GOREACTOR_PREFIX            goreactor
-//	-queue         GOREACTOR_QUEUE             goreactor (the queue the workers serve)
+//	-queue         GOREACTOR_QUEUE             goreactor (the workers' queue list; the first is swept)
 //	-interval      GOREACTOR_SWEEP_INTERVAL    10s
 //	-stale-after   GOREACTOR_STALE_AFTER       10s
 //	-run-page      GOREACTOR_SWEEP_RUN_PAGE    200
@@ -22,6 +22,16 @@
 //	-log-level     GOREACTOR_LOG_LEVEL         info
 //	-once                                      run one pass and exit
 //	-version                                   print "goreactor <version>" and exit
+//
+// -prefix and -queue are the one configuration every goreactor binary and
+// library default reads (docs/configuration.md): set GOREACTOR_PREFIX and
+// GOREACTOR_QUEUE once for the workers, the sweeper and the dashboard. The
+// queue list is the workers' ("critical:6,goreactor:3"); the sweeper looks
+// for tasks and enqueues on its first queue, where the workers enqueue.
+//
+// worker.Main runs this sweeper in every worker by default, so this binary
+// is needed only beside workers started with -sweep-interval 0, or for a
+// cron job.
 //
 // Each pass takes a leader lock first, so any number of replicas (or a cron
 // job overlapping a loop) sweep one at a time; a replica that finds the lock
@@ -46,8 +56,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/envflag"
 	"github.com/goreactor/goreactor/internal/metricshttp"
+	"github.com/goreactor/goreactor/internal/redislog"
 	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/internal/version"
 	"github.com/goreactor/goreactor/metrics"
@@ -81,16 +93,15 @@ type config struct {
 
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	var (
-		cfg   config
-		level string
+		cfg           config
+		level, queues string
 	)
 	env := envflag.New(getenv)
 
 	fs := flag.NewFlagSet("sweeper", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	envflag.Connection(fs, env, &cfg.redisURL, &cfg.prefix)
-	fs.StringVar(&cfg.queue, "queue", env.String("GOREACTOR_QUEUE", worker.DefaultQueue),
-		"the asynq queue goreactor's tasks go to (one name); env GOREACTOR_QUEUE")
+	envflag.Queue(fs, env, &queues, "the workers' queues; the sweeper inspects and enqueues on the first")
 	fs.BoolVar(&cfg.once, "once", false, "run one pass and exit (for a cron job)")
 	fs.DurationVar(&cfg.interval, "interval", env.Duration("GOREACTOR_SWEEP_INTERVAL", 10*time.Second),
 		"time between passes; env GOREACTOR_SWEEP_INTERVAL")
@@ -123,6 +134,10 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	if err := cfg.logLevel.UnmarshalText([]byte(level)); err != nil {
 		return cfg, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
 	}
+	var err error
+	if _, cfg.queue, err = envconfig.ParseQueues(queues); err != nil {
+		return cfg, fmt.Errorf("-queue: %w", err)
+	}
 	switch {
 	case cfg.interval <= 0:
 		return cfg, fmt.Errorf("-interval %s: must be positive", cfg.interval)
@@ -136,8 +151,6 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		return cfg, fmt.Errorf("-leader-ttl %s: must be at least 1s", cfg.leaderTTL)
 	case cfg.prefix == "":
 		return cfg, errors.New("-prefix: must not be empty")
-	case cfg.queue == "":
-		return cfg, errors.New("-queue: must not be empty")
 	}
 	return cfg, nil
 }
@@ -157,6 +170,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 	}
 	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
 	slog.SetDefault(log)
+	redislog.Set(log)
 
 	// The first signal stops the loop after the pass in progress; the
 	// second cuts the pass short.

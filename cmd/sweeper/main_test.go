@@ -55,7 +55,16 @@ func TestParseConfig(t *testing.T) {
 		cfg.trimPage != 9 || cfg.retention != 24*time.Hour {
 		t.Fatalf("flags and env: %+v", cfg)
 	}
-	for _, bad := range [][]string{{"-interval", "0s"}, {"-stale-after", "-1s"}, {"-map-page", "0"}, {"-trim-page", "0"}, {"-retention", "0s"}, {"-leader-ttl", "10ms"}, {"-prefix", ""}, {"extra"}} {
+	// The workers' queue list, as GOREACTOR_QUEUE holds it for them: the
+	// first queue is swept.
+	cfg, err = parseConfig(nil, envOf(map[string]string{"GOREACTOR_QUEUE": "critical:6, goreactor:3"}), io.Discard)
+	if err != nil || cfg.queue != "critical" {
+		t.Fatalf("GOREACTOR_QUEUE list: queue %q, err %v", cfg.queue, err)
+	}
+	if cfg, err = parseConfig([]string{"-queue", "billing"}, envOf(map[string]string{"GOREACTOR_QUEUE": "critical"}), io.Discard); err != nil || cfg.queue != "billing" {
+		t.Fatalf("-queue over GOREACTOR_QUEUE: queue %q, err %v", cfg.queue, err)
+	}
+	for _, bad := range [][]string{{"-queue", "a:x"}, {"-queue", " , "}, {"-interval", "0s"}, {"-stale-after", "-1s"}, {"-map-page", "0"}, {"-trim-page", "0"}, {"-retention", "0s"}, {"-leader-ttl", "10ms"}, {"-prefix", ""}, {"extra"}} {
 		if _, err := parseConfig(bad, envOf(nil), io.Discard); err == nil {
 			t.Errorf("%q: accepted", bad)
 		}
@@ -85,6 +94,18 @@ func TestNoRedisExitsOne(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "does not answer PING") {
 		t.Errorf("output does not say why:\n%s", out.String())
+	}
+	// go-redis's own complaint about the dial is one of the JSON lines.
+	goRedis := false
+	for _, line := range strings.Split(strings.TrimSpace(out.String()), "\n") {
+		var m map[string]any
+		if err := json.Unmarshal([]byte(line), &m); err != nil {
+			t.Errorf("not a JSON line: %s", line)
+		}
+		goRedis = goRedis || m["component"] == "go-redis"
+	}
+	if !goRedis {
+		t.Errorf("no go-redis line in the JSON logs:\n%s", out.String())
 	}
 }
 

@@ -308,6 +308,11 @@
       if (!ok) return null;
       return GR.post('/api/runs/' + encodeURIComponent(id) + '/' + action, undefined).then(function (res) {
         var d = res.data || {};
+        if (d.warning) {
+          // Queued where no worker serves: say so, and keep it shown.
+          GR.message('warn', a.verb + ' queued for run ' + id + ' but nothing will carry it out yet', d.warning);
+          return res;
+        }
         GR.message('ok', a.verb + ' requested for run ' + id,
           (d.duplicate ? 'Already requested; the same control task is queued.' : 'A worker carries it out.') +
           (d.task_id ? ' Task ' + d.task_id + '.' : ''));
@@ -326,13 +331,15 @@
       if (!ok) return null;
       return GR.post('/api/runs/actions', { action: action, ids: ids }).then(function (res) {
         var results = (res.data && res.data.results) || [];
-        var okN = 0, lines = [];
+        var okN = 0, lines = [], warnings = {};
         results.forEach(function (r) {
           if (r.status_code >= 200 && r.status_code < 300) okN++;
           else lines.push(r.run_id + ': ' + (r.error || ('HTTP ' + r.status_code)));
+          if (r.warning) warnings[r.warning] = true;
         });
         var refused = results.length - okN;
         GR.message(refused ? 'error' : 'ok', a.verb + ': ' + okN + ' requested' + (refused ? ', ' + refused + ' refused' : ''), '', lines);
+        Object.keys(warnings).forEach(function (w) { GR.message('warn', a.verb + ': queued where no worker serves', w); });
         return results;
       }, function (err) {
         GR.message('error', a.verb + ' of ' + ids.length + ' runs ' + (err.status ? 'refused (' + err.status + ')' : 'not sent'), err.message);

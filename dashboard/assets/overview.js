@@ -119,6 +119,7 @@
       var key = JSON.stringify(stats);
       if (key === lastStats) return;
       lastStats = key;
+      renderWarnings();
       renderTiles();
       renderQueues();
       renderReactors();
@@ -146,17 +147,27 @@
     $('total-runs').textContent = GR.fmtNum(total) + ' stored runs';
   }
 
+  // renderWarnings lists what an operator must act on (a configured queue
+  // no worker serves), or hides the panel.
+  function renderWarnings() {
+    var ws = (stats && stats.warnings) || [];
+    var list = GR.clear($('warnings'));
+    ws.forEach(function (w) { list.appendChild(h('li', null, w)); });
+    $('warnings-panel').hidden = !ws.length;
+  }
+
   function renderQueues() {
     var tb = GR.clear($('queues'));
     var qs = (stats && stats.queues) || [];
     if (!qs.length) {
-      tb.appendChild(h('tr', null, h('td', { colspan: '7', class: 'muted' }, 'no goreactor queues yet')));
+      tb.appendChild(h('tr', null, h('td', { colspan: '8', class: 'muted' }, 'no goreactor queues yet')));
       return;
     }
     qs.forEach(function (q) {
       var age = q.oldest_pending_age_ms;
-      tb.appendChild(h('tr', null,
+      tb.appendChild(h('tr', { dataset: { queue: q.queue, served: q.served ? 'true' : 'false' } },
         h('td', { class: 'mono' }, q.queue),
+        h('td', { class: q.served ? '' : 'bad' }, q.served ? 'serving' : 'none'),
         h('td', { class: 'num' + (q.pending ? ' strong' : '') }, GR.fmtNum(q.pending)),
         h('td', { class: 'num' }, GR.fmtNum(q.active)),
         h('td', { class: 'num' }, GR.fmtNum(q.scheduled)),

@@ -241,7 +241,8 @@
       if (!ok) return null;
       return GR.post('/api/runs/' + encodeURIComponent(runID) + '/undo-steps', { steps: steps }).then(function (res) {
         var d = res.data || {};
-        GR.message('ok', 'Undo of ' + what + ' requested for run ' + runID,
+        if (d.warning) GR.message('warn', 'Undo of ' + what + ' queued for run ' + runID + ' but nothing will carry it out yet', d.warning);
+        else GR.message('ok', 'Undo of ' + what + ' requested for run ' + runID,
           (d.duplicate ? 'Already requested; the same control task is queued.' : 'A worker carries it out.') +
           (d.task_id ? ' Task ' + d.task_id + '.' : ''));
         picked = {};

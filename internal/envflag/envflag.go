@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/goreactor/goreactor/internal/envconfig"
+	"github.com/goreactor/goreactor/internal/keys"
 )
 
 // Env reads defaults from an environment (os.Getenv, or a map in tests).
@@ -66,6 +69,15 @@ func (e *Env) Err() error { return errors.Join(e.errs...) }
 func Connection(fs *flag.FlagSet, env *Env, redisURL, prefix *string) {
 	fs.StringVar(redisURL, "redis", env.String("REDIS_URL", "redis://localhost:6379/0"),
 		"Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS); env REDIS_URL")
-	fs.StringVar(prefix, "prefix", env.String("GOREACTOR_PREFIX", "goreactor"),
-		"key prefix, the same as your engines' Config.Prefix; env GOREACTOR_PREFIX")
+	fs.StringVar(prefix, "prefix", env.String(envconfig.PrefixVar, keys.DefaultPrefix),
+		"key prefix, the same as your engines' Config.Prefix; env "+envconfig.PrefixVar)
+}
+
+// Queue declares -queue, the queue list every goreactor binary reads
+// ("name[:priority],...", parsed by envconfig.ParseQueues), defaulting to
+// GOREACTOR_QUEUE and then to envconfig.DefaultQueue. use says what this
+// binary does with the list.
+func Queue(fs *flag.FlagSet, env *Env, queues *string, use string) {
+	fs.StringVar(queues, "queue", env.String(envconfig.QueueVar, envconfig.DefaultQueue),
+		"comma-separated asynq queues name[:priority]; "+use+"; env "+envconfig.QueueVar)
 }
