@@ -158,8 +158,8 @@ func discover() (*redis.Options, error) {
 
 // Prefix returns a key prefix unique to this test, of the form
 // "grt:<test name>:<8 hex digits>". In t.Cleanup every key of the shared Redis
-// that begins with the prefix is deleted. Main reports any key still under
-// it when the tests end.
+// that begins with the prefix is deleted (see Queue for when). Main reports
+// any key still under it when the tests end.
 func Prefix(t testing.TB) string {
 	t.Helper()
 	prefix := "grt:" + sanitize(t.Name()) + ":" + randomHex()
@@ -168,11 +168,7 @@ func Prefix(t testing.TB) string {
 		t.Fatal(err)
 	}
 	handedOut.addPrefix(prefix, false)
-	t.Cleanup(func() {
-		if err := deleteMatching(opts, prefix+"*"); err != nil {
-			t.Errorf("redistest: deleting keys %s*: %v", prefix, err)
-		}
-	})
+	track(t, opts, func(tn *testNames) { tn.prefixes = append(tn.prefixes, prefix) })
 	return prefix
 }
 
@@ -186,17 +182,22 @@ func ExamplePrefix() string {
 }
 
 // Queue returns an asynq queue name unique to this test, of the form
-// "q-<test name>-<8 hex digits>". In t.Cleanup, which runs after the
-// cleanups registered later (the test's workers stop first), the queue is
-// deleted from the shared Redis, and so is every queue whose name begins
-// with it (a queue the test derives from it, such as queue+"-ctl"): asynq's
-// keys for it ("asynq:{<queue>}:*", its tasks, stats and lease included), its
-// member of the "asynq:queues" set, and any key named after it
-// ("<queue>*"). Main reports any of these still there when the tests end.
+// "q-<test name>-<8 hex digits>". In t.Cleanup the queue is deleted from the
+// shared Redis, and so is every queue whose name begins with it (a queue the
+// test derives from it, such as queue+"-ctl"): asynq's keys for it
+// ("asynq:{<queue>}:*", its tasks, stats and lease included), its member of
+// the "asynq:queues" set, and any key named after it ("<queue>*"). Main
+// reports any of these still there when the tests end.
 //
-// asynq's server registry (asynq:servers, asynq:workers) needs no cleanup: a
-// server that stops clears its own entries, and those of one that was killed
-// expire within seconds of its last heartbeat.
+// A test's prefixes and queues are deleted together, in one SCAN, by a
+// cleanup registered at its first call of Prefix or Queue: it runs after
+// every cleanup registered later, so the test's workers have stopped.
+//
+// asynq's server registry needs no cleanup: a server that stops deletes its
+// asynq:servers:{...} and asynq:workers:{...} keys and their members of the
+// asynq:servers and asynq:workers sets; a killed one's keys expire within
+// seconds of its last heartbeat, and the next Inspector.Servers call (the
+// dashboard's) prunes its members.
 func Queue(t testing.TB) string {
 	t.Helper()
 	queue := "q-" + sanitize(t.Name()) + "-" + randomHex()
@@ -205,19 +206,94 @@ func Queue(t testing.TB) string {
 		t.Fatal(err)
 	}
 	handedOut.addQueue(queue)
-	t.Cleanup(func() {
-		if err := deleteQueues(opts, queue); err != nil {
-			t.Errorf("redistest: deleting asynq queue %s: %v", queue, err)
-		}
-	})
+	track(t, opts, func(tn *testNames) { tn.queues = append(tn.queues, queue) })
 	return queue
 }
 
-// deleteQueues deletes queue and every queue whose name begins with it, as
-// Queue describes.
-func deleteQueues(opts *redis.Options, queue string) error {
-	return deleteMatching(opts, "asynq:{"+queue+"*}:*", func(ctx context.Context, c *redis.Client) error {
-		members, err := scanAll(ctx, c.SScan, "asynq:queues", queue+"*")
+// testNames is what one test's cleanup deletes.
+type testNames struct {
+	prefixes, queues []string
+}
+
+// owns reports whether key belongs to one of tn's prefixes or queues.
+func (tn *testNames) owns(key string) bool {
+	for _, p := range tn.prefixes {
+		if strings.HasPrefix(key, p) {
+			return true
+		}
+	}
+	for _, q := range tn.queues {
+		if strings.HasPrefix(key, "asynq:{"+q) || strings.HasPrefix(key, q) {
+			return true
+		}
+	}
+	return false
+}
+
+var (
+	trackedMu sync.Mutex
+	tracked   = map[testing.TB]*testNames{}
+)
+
+// track records a name for t's cleanup, registering the cleanup at t's
+// first name. (A benchmark's cleanups run after each of its runs: the next
+// run registers again.)
+func track(t testing.TB, opts *redis.Options, add func(*testNames)) {
+	trackedMu.Lock()
+	tn, ok := tracked[t]
+	if !ok {
+		tn = &testNames{}
+		tracked[t] = tn
+	}
+	add(tn)
+	trackedMu.Unlock()
+	if ok {
+		return
+	}
+	// Every name of the test holds its sanitized name: one SCAN for them all.
+	pattern := "*" + sanitize(t.Name()) + "*"
+	t.Cleanup(func() {
+		trackedMu.Lock()
+		delete(tracked, t)
+		trackedMu.Unlock()
+		if err := deleteTest(opts, pattern, tn); err != nil {
+			t.Errorf("redistest: deleting the keys and queues of %s (%v): %v", t.Name(), slices.Concat(tn.prefixes, tn.queues), err)
+		}
+	})
+}
+
+// deleteTest deletes the keys matching pattern that tn owns, then tn's
+// queues' members of asynq:queues, on a client of its own under a fresh
+// timeout (the test's context is already cancelled when cleanups run).
+func deleteTest(opts *redis.Options, pattern string, tn *testNames) error {
+	ctx, cancel := context.WithTimeout(context.Background(), cleanupLimit)
+	defer cancel()
+	c := redis.NewClient(opts)
+	defer c.Close()
+
+	var cursor uint64
+	for {
+		batch, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
+		if err != nil {
+			return err
+		}
+		mine := batch[:0]
+		for _, k := range batch {
+			if tn.owns(k) {
+				mine = append(mine, k)
+			}
+		}
+		if len(mine) > 0 {
+			if err := c.Unlink(ctx, mine...).Err(); err != nil {
+				return err
+			}
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	for _, q := range tn.queues {
+		members, err := scanAll(ctx, c.SScan, "asynq:queues", q+"*")
 		if err != nil {
 			return err
 		}
@@ -226,12 +302,8 @@ func deleteQueues(opts *redis.Options, queue string) error {
 				return err
 			}
 		}
-		keys, err := scanAll(ctx, scanKeys(c), "", queue+"*")
-		if err != nil || len(keys) == 0 {
-			return err
-		}
-		return c.Unlink(ctx, keys...).Err()
-	})
+	}
+	return nil
 }
 
 type scanFunc func(ctx context.Context, key string, cursor uint64, match string, count int64) *redis.ScanCmd
@@ -406,36 +478,18 @@ func CheckLeftovers() error {
 		total, strings.Join(left, "\n\t"), more)
 }
 
-// deleteMatching UNLINKs every key matching pattern, then runs extra, on a
-// client of its own under a fresh timeout (the test's context is already
-// cancelled when cleanups run).
-func deleteMatching(opts *redis.Options, pattern string, extra ...func(context.Context, *redis.Client) error) error {
+// deleteMatching UNLINKs every key matching pattern, on a client of its own
+// under a fresh timeout.
+func deleteMatching(opts *redis.Options, pattern string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupLimit)
 	defer cancel()
 	c := redis.NewClient(opts)
 	defer c.Close()
-
-	var cursor uint64
-	for {
-		keys, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
-		if err != nil {
-			return err
-		}
-		if len(keys) > 0 {
-			if err := c.Unlink(ctx, keys...).Err(); err != nil {
-				return err
-			}
-		}
-		if cursor = next; cursor == 0 {
-			break
-		}
+	keys, err := scanAll(ctx, scanKeys(c), "", pattern)
+	if err != nil || len(keys) == 0 {
+		return err
 	}
-	for _, f := range extra {
-		if err := f(ctx, c); err != nil {
-			return err
-		}
-	}
-	return nil
+	return c.Unlink(ctx, keys...).Err()
 }
 
 // Server is a redis-server dedicated to one test, started by StartServer.

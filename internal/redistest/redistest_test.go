@@ -131,6 +131,29 @@ func TestQueueCleanupCoversDerivedQueues(t *testing.T) {
 	require.True(t, ok, "another queue removed from asynq:queues")
 }
 
+// The deletion runs after the cleanups registered after the first Prefix or
+// Queue (a worker stopping, whose last writes land then), even for a name
+// handed out after them.
+func TestCleanupRunsAfterLaterCleanups(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	var first, second, q string
+	t.Run("sub", func(t *testing.T) {
+		first = redistest.Prefix(t)
+		t.Cleanup(func() {
+			for _, k := range []string{first + ":last", second + ":last", "asynq:{" + q + "}:processed"} {
+				if err := c.Set(ctx, k, "x", 0).Err(); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+		second, q = redistest.Prefix(t), redistest.Queue(t)
+	})
+	n, err := c.Exists(ctx, first+":last", second+":last", "asynq:{"+q+"}:processed").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "keys written by a cleanup registered after the first name")
+}
+
 // CheckLeftovers reports what was written under a test's prefix or queue
 // after its cleanup ran (not keys about to expire, nor names it did not hand
 // out), and deletes the keys of example prefixes.
