@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test test-race test-short lint bench ci soak bench-cli bench-dashboard
+.PHONY: test test-race test-short test-leftovers lint bench ci soak bench-cli bench-dashboard
 
 # Same command as the README.
 test:
@@ -11,6 +11,10 @@ test-race:
 
 test-short:
 	$(GO) test -short -race ./...
+
+# The suite against a redis-server of its own, failing if it leaves a key there.
+test-leftovers:
+	.ci/test-leftovers
 
 lint:
 	@files="$$(git ls-files -z '*.go' | xargs -0 -r gofmt -l)"; \

@@ -33,6 +33,10 @@ func TestMain(m *testing.M) {
 		return
 	}
 	code := m.Run()
+	if err := redistest.CheckLeftovers(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = max(code, 1)
+	}
 	redistest.Shutdown()
 	if code == 0 {
 		if n := liveChildren.Load(); n != 0 {

@@ -238,6 +238,7 @@ func TestBrowserUndoSelectedSteps(t *testing.T) {
 type realStack struct {
 	t      *testing.T
 	rdb    *redis.Client
+	prefix string
 	queue  string
 	engine *reactor.Engine
 	srv    *httptest.Server
@@ -259,7 +260,7 @@ func newRealStack(t *testing.T, token, ctlSuffix string) *realStack {
 	require.NoError(t, err)
 	srv := httptest.NewServer(dash)
 	t.Cleanup(srv.Close)
-	return &realStack{t: t, rdb: rdb, queue: queue, engine: engine, srv: srv}
+	return &realStack{t: t, rdb: rdb, prefix: prefix, queue: queue, engine: engine, srv: srv}
 }
 
 // startWorker registers defs and runs a worker on the stack's queue until
@@ -287,7 +288,7 @@ func TestBrowserResolveConflict(t *testing.T) {
 	ctx := newBrowser(t)
 	const token = "resolve-token"
 	st := newRealStack(t, token, "")
-	fx := NewGuardFixture(st.rdb, "clobber-ui", st.queue+":user:7/email")
+	fx := NewGuardFixture(st.rdb, "clobber-ui", st.prefix+":user:7/email")
 	st.startWorker(2, fx.Def)
 	bg, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -368,7 +369,7 @@ func TestBrowserResolveAnElementConflictFromItsOwner(t *testing.T) {
 	ctx := newBrowser(t)
 	const token = "owner-token"
 	st := newRealStack(t, token, "")
-	owner, element, key := TierDefs(st.rdb, st.queue)
+	owner, element, key := TierDefs(st.rdb, st.prefix)
 	st.startWorker(2, owner, element)
 	bg, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()

@@ -21,7 +21,7 @@ func TestBrowserSensitiveRunValues(t *testing.T) {
 	ctx := newBrowser(t)
 	const token = "sensitive-token"
 	st := newRealStack(t, token, "")
-	fx := NewGuardFixtureWith(st.rdb, "sensitive-ui", st.queue+":user:9/email", reactor.Input[string]("card", reactor.Sensitive()))
+	fx := NewGuardFixtureWith(st.rdb, "sensitive-ui", st.prefix+":user:9/email", reactor.Input[string]("card", reactor.Sensitive()))
 	bg, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	id, err := fx.RunInputs(bg, st.engine, "sensitive-ui-1", map[string]any{"card": "4111-1111-1111-1111"})

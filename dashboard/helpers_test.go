@@ -3,6 +3,7 @@ package dashboard_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/dashboard"
+	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
@@ -99,6 +101,37 @@ func (e *env) stopWorkers() {
 	defer cancel()
 	for _, w := range e.workers {
 		require.NoError(e.t, w.Stop(ctx))
+	}
+}
+
+// waitIndexed waits until finished run id is listed under status: Wait
+// returns on the terminal state write, and the worker moves the run's index
+// entries (idx:status:<s>, idx:rs:<reactor>:<s>) only after it, so a listing
+// by status read right after Wait can miss the run. The signal is the run
+// leaving the active index, the last command of the pipeline that moves
+// them (store.QueueMarkStatus); the status entry is checked as well.
+func (e *env) waitIndexed(ctx context.Context, id string, status reactor.Status) {
+	e.t.Helper()
+	k := keys.New(e.prefix)
+	for {
+		var listed, active *redis.FloatCmd
+		_, err := e.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			listed = p.ZScore(ctx, k.Status(string(status)), id)
+			active = p.ZScore(ctx, k.Active(), id)
+			return nil
+		})
+		if err != nil && !errors.Is(err, redis.Nil) {
+			require.NoError(e.t, err, "run %s: waiting for its %s index entry", id, status)
+		}
+		if listed.Err() == nil && errors.Is(active.Err(), redis.Nil) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			e.t.Fatalf("run %s: not indexed as %s (listed: %v, still active: %v): %v",
+				id, status, listed.Err(), active.Err(), ctx.Err())
+		case <-time.After(5 * time.Millisecond):
+		}
 	}
 }
 

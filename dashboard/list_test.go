@@ -37,7 +37,8 @@ func failing(name string) *reactor.Definition {
 	}))
 }
 
-// enqueueAll enqueues the runs on the worker and waits for every result.
+// enqueueAll enqueues the runs on the worker and waits for every result
+// and for its listing index entries (waitIndexed).
 func (e *env) enqueueAll(ctx context.Context, def *reactor.Definition, ids []string, inputs map[string]any) {
 	e.t.Helper()
 	for _, id := range ids {
@@ -45,8 +46,9 @@ func (e *env) enqueueAll(ctx context.Context, def *reactor.Definition, ids []str
 		require.NoError(e.t, err)
 	}
 	for _, id := range ids {
-		_, err := e.engine.Wait(ctx, id)
+		res, err := e.engine.Wait(ctx, id)
 		require.NoError(e.t, err)
+		e.waitIndexed(ctx, id, res.Status)
 	}
 }
 

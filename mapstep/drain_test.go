@@ -549,7 +549,9 @@ func TestDrainFanOutMapInComposedChildResumesRoot(t *testing.T) {
 
 func TestDrainInlineMapCrashResumesMidMap(t *testing.T) {
 	t.Parallel()
-	f := newDrainFixture(t, func(c *reactor.Config) { c.LockExpiry = 150 * time.Millisecond })
+	// A heartbeat every 333ms notices the takeover; one up to 667ms late (a
+	// process starved by a parallel run) keeps the lock till then.
+	f := newDrainFixture(t, func(c *reactor.Config) { c.LockExpiry = time.Second })
 	ctx := drainCtx(t)
 	id := reactor.NewRunID()
 	lockKey := f.keys.RunLock(id)

@@ -32,7 +32,7 @@ func ExampleResults() {
 	ctx := context.Background()
 	rdb := exampleRedis()
 	defer rdb.Close()
-	engine, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: "example:" + reactor.NewRunID(),
+	engine, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: redistest.ExamplePrefix(),
 		Retention: time.Minute, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		panic(err)

@@ -143,7 +143,7 @@ func TestIdempotentStart(t *testing.T) {
 // resumes it without re-running completed steps.
 func TestRestartAfterCrashResumesFromCheckpoint(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = 100 * time.Millisecond })
+	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = takeoverLockExpiry })
 	tr := env.trail
 	crash := true
 	def := reactor.MustDefine("crashy",
@@ -184,7 +184,7 @@ func TestRestartAfterCrashResumesFromCheckpoint(t *testing.T) {
 // by the process that lost it, and writes nothing.
 func TestLostLockStopsUserCodeAndWritesNothing(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = 90 * time.Millisecond })
+	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = takeoverLockExpiry })
 	tr := env.trail
 	ctx := ctxTimeout(t)
 	lockKey := env.prefix + ":{run:lost-1}:lock"
@@ -326,7 +326,7 @@ func TestUndoAndCancelGuards(t *testing.T) {
 // the last undone entry.
 func TestRollbackResumesAfterLastUndoneEntry(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = 90 * time.Millisecond })
+	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = takeoverLockExpiry })
 	tr := env.trail
 	ctx := ctxTimeout(t)
 	lockKey := env.prefix + ":{run:rb-1}:lock"
@@ -416,7 +416,7 @@ func TestCancelRunningInProcessRun(t *testing.T) {
 
 func TestCancelUnheldRun(t *testing.T) {
 	t.Parallel()
-	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = 90 * time.Millisecond })
+	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = takeoverLockExpiry })
 	tr := env.trail
 	ctx := ctxTimeout(t)
 	lockKey := env.prefix + ":{run:orphan}:lock"
@@ -605,9 +605,10 @@ func TestUndoOfRunAbortedInsideChild(t *testing.T) {
 // A cancel request outlives a step much longer than the lock expiry.
 func TestCancelRequestOutlivesLongStep(t *testing.T) {
 	t.Parallel()
-	// Short enough for the step to outlive it many times over, long enough
-	// for the heartbeat (every third of it) to survive a loaded machine.
-	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = 200 * time.Millisecond })
+	// The lock's expiry leaves the heartbeat (every third of it) the slack
+	// a loaded machine needs; the step outlives it three times over.
+	const expiry = takeoverLockExpiry
+	env := newEnv(t, func(c *reactor.Config) { c.LockExpiry = expiry })
 	tr := env.trail
 	ctx := ctxTimeout(t)
 	inB := make(chan struct{})
@@ -615,12 +616,10 @@ func TestCancelRequestOutlivesLongStep(t *testing.T) {
 		reactor.Step("b", reactor.StepConfig[reactor.Args, int]{After: []string{"a"},
 			Run: func(ctx context.Context, _ reactor.Args) (int, error) {
 				close(inB)
-				// Far longer than any expiry the request could have had.
-				for range 3 {
-					ttl := env.rdb.PTTL(ctx, env.prefix+":{run:long-1}:lock").Val()
-					if err := sleepCtx(ctx, 5*ttl); err != nil {
-						return 0, err
-					}
+				// Longer than any expiry tied to the lock's that the
+				// request could have had.
+				if err := sleepCtx(ctx, 3*expiry); err != nil {
+					return 0, err
 				}
 				return 1, nil
 			}}),
@@ -640,6 +639,10 @@ func TestCancelRequestOutlivesLongStep(t *testing.T) {
 		t.Fatalf("the run ended before step b began: %+v, %v", o.res, o.err)
 	}
 	require.NoError(t, env.engine.Cancel(ctx, "long-1"))
+	// Nor any expiry at all: the request lasts until the run's terminal
+	// write deletes it.
+	require.Equal(t, time.Duration(-1), env.rdb.PTTL(ctx, env.prefix+":{run:long-1}:cancel").Val(),
+		"the cancel request has an expiry")
 	o := <-done
 	require.NoError(t, o.err)
 	require.Equal(t, reactor.StatusCancelled, o.res.Status)
@@ -766,7 +769,7 @@ func TestCancelFoundOnResumeCompensatesTheStepCutShort(t *testing.T) {
 	var env *env
 	var armed atomic.Bool
 	env = newEnv(t, func(c *reactor.Config) {
-		c.LockExpiry = 100 * time.Millisecond
+		c.LockExpiry = takeoverLockExpiry
 		c.Hooks = []reactor.Hook{reactor.HookFunc(func(_ context.Context, e reactor.Event) {
 			// The cancel comes in after the resume loaded the run, so the
 			// first checkpoint (the one counting the interruption) finds it.

@@ -20,7 +20,7 @@ func ExampleEngine_Run() {
 	defer rdb.Close()
 	engine, err := reactor.NewEngine(ctx, reactor.Config{
 		Client:    rdb,
-		Prefix:    "example:" + reactor.NewRunID(),
+		Prefix:    redistest.ExamplePrefix(), // yours: "myapp" (the default is "goreactor")
 		Retention: time.Minute,
 		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})

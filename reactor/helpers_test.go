@@ -89,6 +89,12 @@ func simple(tr *trail, name string, fail error, after ...string) reactor.Part {
 	})
 }
 
+// takeoverLockExpiry is the lock expiry of the tests in which another
+// process takes a run's lock over: the holder's heartbeat (every third of
+// it) notices within 333ms, and one that comes up to 667ms late (a process
+// starved by a parallel run under -race) still keeps the lock until then.
+const takeoverLockExpiry = time.Second
+
 func ctxTimeout(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)

@@ -19,7 +19,7 @@ func ExampleEngine_RetryRollback() {
 	rdb := redis.NewClient(redistest.Options())
 	defer rdb.Close()
 	engine, err := reactor.NewEngine(ctx, reactor.Config{
-		Client: rdb, Prefix: "example:" + reactor.NewRunID(), Retention: time.Minute,
+		Client: rdb, Prefix: redistest.ExamplePrefix(), Retention: time.Minute,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	if err != nil {

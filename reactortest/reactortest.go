@@ -114,8 +114,10 @@ func NewWithOptions(t testing.TB, o Options, defs ...*reactor.Definition) *Harne
 		Prefix: prefix, Queue: queue, timeout: timeout}
 }
 
-// Main runs the tests, stops the redis-server the harness may have started,
-// and exits. Call it from TestMain.
+// Main runs the tests, fails the binary if a key or queue of a test's
+// harness is still in Redis afterwards or goroutines leaked, stops the
+// redis-server the harness may have started, and exits. Call it from
+// TestMain.
 func Main(m *testing.M) { redistest.Main(m) }
 
 // Shutdown stops the redis-server the harness started when no Redis was

@@ -21,7 +21,7 @@ func ExampleSweeper_Once() {
 	rdb := redis.NewClient(redistest.Options()) // yours: redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	defer rdb.Close()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	engine, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: "example:" + reactor.NewRunID(),
+	engine, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: redistest.ExamplePrefix(),
 		Enqueuer: worker.NewClient(rdb, "example-queue"), Logger: logger})
 	if err != nil {
 		panic(err)

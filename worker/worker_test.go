@@ -314,7 +314,9 @@ func TestLostLockStopsWorkerRun(t *testing.T) {
 	var once sync.Once
 	api := f.engine("api")
 	wk := f.engine("worker", func(c *reactor.Config) {
-		c.LockExpiry = 150 * time.Millisecond // heartbeat every 50ms
+		// A heartbeat every 333ms notices the takeover; one up to 667ms
+		// late (a process starved by a parallel run) keeps the lock till then.
+		c.LockExpiry = time.Second
 		c.Hooks = append(c.Hooks, reactor.HookFunc(func(_ context.Context, ev reactor.Event) {
 			if ev.Kind == reactor.EventRunLockLost {
 				once.Do(func() { close(lost) })

@@ -6,8 +6,10 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
 	"github.com/goreactor/goreactor/internal/redistest"
@@ -15,6 +17,10 @@ import (
 
 func TestMain(m *testing.M) {
 	code := m.Run()
+	if err := redistest.CheckLeftovers(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		code = max(code, 1)
+	}
 	redistest.Shutdown()
 	if code == 0 {
 		if err := goleak.Find(); err != nil {
@@ -79,6 +85,117 @@ func TestQueueNamesAreUniqueAndCleaned(t *testing.T) {
 	if ok, err := c.SIsMember(ctx, "asynq:queues", q).Result(); err != nil || ok {
 		t.Fatalf("%s still in asynq:queues: %v %v", q, ok, err)
 	}
+}
+
+// A queue's cleanup deletes the queues named after it too (the dashboard
+// tests' queue+"-ctl"), their asynq:queues members and keys named after it,
+// and nothing of a queue whose name merely shares its test's name.
+func TestQueueCleanupCoversDerivedQueues(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	var q, other string
+	t.Run("sub", func(t *testing.T) {
+		q = redistest.Queue(t)
+		for _, name := range []string{q, q + "-ctl"} {
+			require.NoError(t, c.SAdd(ctx, "asynq:queues", name).Err())
+			require.NoError(t, c.LPush(ctx, "asynq:{"+name+"}:pending", "task").Err())
+			require.NoError(t, c.Set(ctx, "asynq:{"+name+"}:processed:2026-01-01", 1, time.Hour).Err())
+		}
+		require.NoError(t, c.Set(ctx, q+":fixture", "x", 0).Err())
+		// Same test name, another random part: another test's queue.
+		other = strings.TrimSuffix(q, q[len(q)-8:]) + "00000000"
+		require.NotEqual(t, q, other)
+		require.NoError(t, c.SAdd(ctx, "asynq:queues", other).Err())
+		require.NoError(t, c.LPush(ctx, "asynq:{"+other+"}:pending", "task").Err())
+	})
+	t.Cleanup(func() {
+		c.SRem(context.Background(), "asynq:queues", other)
+		c.Del(context.Background(), "asynq:{"+other+"}:pending")
+	})
+	for _, name := range []string{q, q + "-ctl"} {
+		n, err := c.Exists(ctx, "asynq:{"+name+"}:pending", "asynq:{"+name+"}:processed:2026-01-01").Result()
+		require.NoError(t, err)
+		require.Zero(t, n, "asynq keys of %s left after cleanup", name)
+		ok, err := c.SIsMember(ctx, "asynq:queues", name).Result()
+		require.NoError(t, err)
+		require.False(t, ok, "%s still in asynq:queues", name)
+	}
+	n, err := c.Exists(ctx, q+":fixture").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "a key named after the queue left after cleanup")
+	n, err = c.Exists(ctx, "asynq:{"+other+"}:pending").Result()
+	require.NoError(t, err)
+	require.Equal(t, int64(1), n, "another queue's keys deleted")
+	ok, err := c.SIsMember(ctx, "asynq:queues", other).Result()
+	require.NoError(t, err)
+	require.True(t, ok, "another queue removed from asynq:queues")
+}
+
+// The deletion runs after the cleanups registered after the first Prefix or
+// Queue (a worker stopping, whose last writes land then), even for a name
+// handed out after them.
+func TestCleanupRunsAfterLaterCleanups(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	var first, second, q string
+	t.Run("sub", func(t *testing.T) {
+		first = redistest.Prefix(t)
+		t.Cleanup(func() {
+			for _, k := range []string{first + ":last", second + ":last", "asynq:{" + q + "}:processed"} {
+				if err := c.Set(ctx, k, "x", 0).Err(); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+		second, q = redistest.Prefix(t), redistest.Queue(t)
+	})
+	n, err := c.Exists(ctx, first+":last", second+":last", "asynq:{"+q+"}:processed").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "keys written by a cleanup registered after the first name")
+}
+
+// CheckLeftovers reports what was written under a test's prefix or queue
+// after its cleanup ran (not keys about to expire, nor names it did not hand
+// out), and deletes the keys of example prefixes.
+func TestCheckLeftovers(t *testing.T) {
+	ctx := context.Background()
+	c := redistest.Client(t)
+	require.NoError(t, redistest.CheckLeftovers(), "before the test")
+	var prefix, q string
+	t.Run("sub", func(t *testing.T) {
+		prefix, q = redistest.Prefix(t), redistest.Queue(t)
+	})
+	late := []string{prefix + ":{run:1}:ctx", "asynq:{" + q + "-ctl}:pending", q + ":fixture"}
+	for _, k := range late {
+		require.NoError(t, c.Set(ctx, k, "late", 0).Err())
+	}
+	require.NoError(t, c.SAdd(ctx, "asynq:queues", q).Err())
+	expiring := prefix + ":{run:1}:lock"
+	require.NoError(t, c.Set(ctx, expiring, "token", 10*time.Second).Err())
+	foreign := "grt:TestSomebodyElse:0000abcd:idx:runs"
+	require.NoError(t, c.Set(ctx, foreign, "x", 0).Err())
+	t.Cleanup(func() { c.Del(context.Background(), foreign) })
+	example := redistest.ExamplePrefix()
+	require.True(t, strings.HasPrefix(example, "grt:Example:"), example)
+	require.NoError(t, c.Set(ctx, example+":idx:runs", "x", 0).Err())
+
+	err := redistest.CheckLeftovers()
+	require.Error(t, err)
+	for _, k := range late {
+		require.Contains(t, err.Error(), k)
+	}
+	require.Contains(t, err.Error(), "4 key(s)")
+	require.Contains(t, err.Error(), "asynq:queues member "+q)
+	require.NotContains(t, err.Error(), expiring, "a key that expires within seconds")
+	require.NotContains(t, err.Error(), foreign, "a key of a prefix this binary did not hand out")
+	require.NotContains(t, err.Error(), example, "an example's keys are deleted, not reported")
+	n, err := c.Exists(ctx, example+":idx:runs").Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "an example prefix's keys deleted")
+
+	require.NoError(t, c.Del(ctx, append(late, expiring)...).Err())
+	require.NoError(t, c.SRem(ctx, "asynq:queues", q).Err())
+	require.NoError(t, redistest.CheckLeftovers(), "once they are deleted")
 }
 
 func TestStartServerRestartKeepsAOFData(t *testing.T) {
