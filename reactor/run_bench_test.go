@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"runtime"
+	"runtime/metrics"
 	"strconv"
 	"strings"
 	"syscall"
@@ -23,7 +24,8 @@ import (
 // from 64 goroutines against a redis-server of its own: runs/s, the CPU of
 // this process and of Redis per run, round trips per run (a go-redis hook:
 // one per command or pipeline) and Redis commands per run (INFO
-// commandstats, Lua's commands included). The logger is at Info, as in
+// commandstats, Lua's commands included), and the goroutines created per
+// run (runtime/metrics). The logger is at Info, as in
 // production: step events are Debug.
 //
 //	go test -run '^$' -bench RunInProcess -benchmem ./reactor/
@@ -82,6 +84,7 @@ func BenchmarkRunInProcess(b *testing.B) {
 		b.ReportMetric(float64(after.cmds-before.cmds)/n, "cmds/run")
 		b.ReportMetric(float64(after.goCPU-before.goCPU)/n/1e3, "go-us/run")
 		b.ReportMetric(float64(after.redisCPU-before.redisCPU)/n/1e3, "redis-us/run")
+		b.ReportMetric(float64(after.goroutines-before.goroutines)/n, "goroutines/run")
 	})
 }
 
@@ -89,6 +92,7 @@ func BenchmarkRunInProcess(b *testing.B) {
 type cost struct {
 	rts, cmds       int64
 	goCPU, redisCPU time.Duration // user + system
+	goroutines      uint64        // created since the process started
 }
 
 func sampleCost(b *testing.B, rdb *redis.Client, rts *cmdCounter) cost {
@@ -118,5 +122,9 @@ func sampleCost(b *testing.B, rdb *redis.Client, rts *cmdCounter) cost {
 	var ru syscall.Rusage
 	require.NoError(b, syscall.Getrusage(syscall.RUSAGE_SELF, &ru))
 	c.goCPU = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	m := []metrics.Sample{{Name: "/sched/goroutines-created:goroutines"}}
+	if metrics.Read(m); m[0].Value.Kind() == metrics.KindUint64 {
+		c.goroutines = m[0].Value.Uint64()
+	}
 	return c
 }
