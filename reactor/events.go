@@ -172,8 +172,20 @@ func panicOf(ev Event) *PanicError {
 }
 
 func (e *Engine) emit(ctx context.Context, ev Event) {
-	level := eventLevel(ev)
-	attrs := []slog.Attr{slog.String("event", string(ev.Kind)), slog.String("run", ev.RunID), slog.String("reactor", ev.Reactor)}
+	// Checked before anything is built: a step's events are Debug, and a
+	// logger at Info (the usual one) must cost them nothing.
+	if level := eventLevel(ev); e.log.Enabled(ctx, level) {
+		e.log.LogAttrs(ctx, level, string(ev.Kind), eventAttrs(ev)...)
+	}
+	for _, h := range e.cfg.Hooks {
+		e.callHook(ctx, h, ev)
+	}
+}
+
+// eventAttrs are the attributes of ev's log line.
+func eventAttrs(ev Event) []slog.Attr {
+	attrs := make([]slog.Attr, 0, 11) // every attribute below
+	attrs = append(attrs, slog.String("event", string(ev.Kind)), slog.String("run", ev.RunID), slog.String("reactor", ev.Reactor))
 	if ev.Step != "" {
 		attrs = append(attrs, slog.String("step", ev.Step))
 	}
@@ -200,10 +212,7 @@ func (e *Engine) emit(ctx context.Context, ev Event) {
 	if ev.TraceID != "" {
 		attrs = append(attrs, slog.String("trace_id", ev.TraceID))
 	}
-	e.log.LogAttrs(ctx, level, string(ev.Kind), attrs...)
-	for _, h := range e.cfg.Hooks {
-		e.callHook(ctx, h, ev)
-	}
+	return attrs
 }
 
 // callHook isolates the run from a panicking hook: the panic is logged, the

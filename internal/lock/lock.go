@@ -70,7 +70,7 @@ func (l *Locker) TryAcquire(ctx context.Context, key string) (*Lease, error) {
 		}
 		return nil, fmt.Errorf("lock: acquire %s: %w", key, err)
 	}
-	return &Lease{m: m, expiry: l.expiry, grace: l.grace, done: make(chan struct{})}, nil
+	return &Lease{m: m, expiry: l.expiry, grace: l.grace}, nil
 }
 
 // Acquire polls for the lock for up to wait. It returns ErrHeld when the
@@ -97,6 +97,12 @@ func (l *Locker) Acquire(ctx context.Context, key string, wait time.Duration) (*
 
 // Lease is a held lock. Keep it alive with Keep; release it with Release, or
 // let a terminal state write delete the key and just Stop the heartbeat.
+//
+// A kept lease runs no goroutine of its own while it waits: its heartbeat is
+// a timer whose function extends the lock, so a holder that finishes within a
+// third of the expiry (most runs) never starts one. The lock's validity is
+// watched by a second timer only while an extension is in flight or after a
+// failed one, and the grace by a third only after the caller's context ended.
 type Lease struct {
 	m      *redsync.Mutex
 	expiry time.Duration
@@ -105,12 +111,22 @@ type Lease struct {
 	// the caller's own context has ended, the cancellation cause is the
 	// caller's, and the flag is what still tells a loss apart.
 	lost atomic.Bool
+	// beating counts the heartbeat's extensions in flight (0 or 1: the
+	// beat timer is re-armed only when one ends). Stop waits for it: the
+	// mutex is not safe for concurrent use.
+	beating sync.WaitGroup
 
 	mu      sync.Mutex
 	cancel  context.CancelCauseFunc
-	done    chan struct{}
+	detach  context.Context // the caller's values without its cancellation, for extensions
+	until   time.Time       // the lock's validity as of the last acquisition or extension
+	beat    *time.Timer     // the next extension
+	expired *time.Timer     // the validity's end, armed while it is not known extended
+	graceT  *time.Timer     // the grace's end, armed once the caller's context ended
+	unwatch func() bool     // stops watching the caller's context
 	started bool
 	stopped bool
+	ended   bool // stopped or lost: no timer may act any more
 }
 
 // Token is the lock's value: the proof of ownership fenced writes check.
@@ -129,108 +145,147 @@ func (l *Lease) Token() string { return l.m.Value() }
 // that ignores its context therefore cannot run on unlocked while a
 // redelivery runs the same step elsewhere; past the grace the lease counts as
 // lost (Lost reports true) and its holder must record nothing.
+//
+// Keep is called at most once per lease.
 func (l *Lease) Keep(parent context.Context) context.Context {
 	ctx, cancel := context.WithCancelCause(parent)
-	hb, hbCancel := context.WithCancelCause(context.WithoutCancel(parent))
 	l.mu.Lock()
-	l.cancel = func(cause error) { cancel(cause); hbCancel(cause) }
-	l.started = true
-	l.mu.Unlock()
-	lose := func() {
-		l.lost.Store(true)
-		cancel(ErrLost)
-		hbCancel(ErrLost)
-	}
-	go l.heartbeat(hb, lose)
-	go func() {
-		select {
-		case <-hb.Done():
-			return
-		case <-parent.Done():
-		}
-		t := time.NewTimer(l.grace)
-		defer t.Stop()
-		select {
-		case <-hb.Done():
-		case <-t.C:
-			lose()
-		}
-	}()
+	defer l.mu.Unlock()
+	l.cancel, l.detach, l.started = cancel, context.WithoutCancel(parent), true
+	l.until = l.m.Until()
+	// The first extension is due a third of the expiry from now, or when
+	// the validity ends if that comes first (a lease kept long after it was
+	// acquired): the beat then finds the lock expired.
+	l.beat = time.AfterFunc(min(l.expiry/3, time.Until(l.until)), l.extend)
+	l.unwatch = context.AfterFunc(parent, l.parentEnded)
 	return context.WithValue(ctx, leaseKey{}, l)
 }
 
 type leaseKey struct{}
 
-func (l *Lease) heartbeat(ctx context.Context, lose func()) {
-	defer close(l.done)
+// extend is the heartbeat's beat: one extension, then the next beat armed.
+func (l *Lease) extend() {
 	interval := l.expiry / 3
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	// expired fires when the lock's validity (redsync's Until, a little short
-	// of the key's TTL) ends without a successful extension. It runs while an
-	// extension is in flight too: go-redis bounds a call by its ReadTimeout
-	// and retries, not by the context's deadline, so an extension over a
-	// stalled connection can outlast the lock by seconds, and the holder must
-	// hear of the loss before another process can take the lock.
-	expired := time.NewTimer(time.Until(l.m.Until()))
-	defer expired.Stop()
-	type extension struct {
-		ok  bool
-		err error
+	l.mu.Lock()
+	if l.ended {
+		l.mu.Unlock()
+		return
 	}
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-expired.C:
-			lose()
-			return
-		case <-t.C:
-		}
-		// Extensions use a context detached from ctx's cancellation so that a
-		// caller cancelling its work does not look like a lost lock.
-		ectx, ecancel := context.WithTimeout(context.WithoutCancel(ctx), interval)
-		res := make(chan extension, 1)
-		go func() {
-			ok, err := l.m.ExtendContext(ectx)
-			res <- extension{ok: ok, err: err}
-		}()
-		var r extension
-		select {
-		case r = <-res:
-		case <-expired.C:
-			lose()
-			<-res // the mutex is not safe for concurrent use: let the call end
-			ecancel()
-			return
-		}
-		ecancel()
-		if r.ok {
-			expired.Reset(time.Until(l.m.Until()))
-			continue
-		}
-		var taken *redsync.ErrTaken
-		if errors.As(r.err, &taken) || !time.Now().Before(l.m.Until()) {
-			lose()
-			return
-		}
+	if !time.Now().Before(l.until) {
+		// Not extended in time (the process stalled, or failed extensions
+		// used the validity up): another process may hold the lock now.
+		l.loseLocked()
+		l.mu.Unlock()
+		return
+	}
+	// The validity ends while the extension is in flight too: go-redis
+	// bounds a call by its ReadTimeout and retries, not by the context's
+	// deadline, so an extension over a stalled connection can outlast the
+	// lock by seconds, and the holder must hear of the loss before another
+	// process can take the lock.
+	if l.expired == nil {
+		l.expired = time.AfterFunc(time.Until(l.until), l.validityEnded)
+	} else {
+		l.expired.Reset(time.Until(l.until))
+	}
+	l.beating.Add(1)
+	detach := l.detach
+	l.mu.Unlock()
+	defer l.beating.Done()
+
+	began := time.Now()
+	// Detached from the caller's cancellation, so that a caller cancelling
+	// its work does not look like a lost lock.
+	ectx, ecancel := context.WithTimeout(detach, interval)
+	ok, err := l.m.ExtendContext(ectx)
+	ecancel()
+
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return
+	}
+	var taken *redsync.ErrTaken
+	switch {
+	case ok:
+		l.until = l.m.Until()
+		l.expired.Stop() // the next beat comes well before the new validity ends
+	case errors.As(err, &taken) || !time.Now().Before(l.until):
+		l.loseLocked()
+		return
+	}
+	// A transport error is tolerated until the validity ends (the expired
+	// timer stays armed): the next beat tries again.
+	l.beat.Reset(max(0, interval-time.Since(began)))
+}
+
+// validityEnded is the expired timer's function.
+func (l *Lease) validityEnded() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended || time.Now().Before(l.until) {
+		return // stopped, or a stale firing: an extension landed meanwhile
+	}
+	l.loseLocked()
+}
+
+// parentEnded starts the grace when the caller's context ends.
+func (l *Lease) parentEnded() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.ended {
+		return
+	}
+	l.graceT = time.AfterFunc(l.grace, l.graceEnded)
+}
+
+func (l *Lease) graceEnded() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.ended {
+		l.loseLocked()
 	}
 }
 
-// Stop ends the heartbeat (it does not release the lock) and waits for it to
-// exit. It is idempotent.
+// loseLocked ends the lease as lost. l.mu is held.
+func (l *Lease) loseLocked() {
+	l.lost.Store(true) // before the cancellation: see lost
+	l.endLocked()
+	l.cancel(ErrLost)
+}
+
+// endLocked stops every timer: nothing acts on the lease any more. An
+// extension in flight finishes (Stop waits for it) and re-arms nothing.
+func (l *Lease) endLocked() {
+	l.ended = true
+	l.beat.Stop()
+	if l.expired != nil {
+		l.expired.Stop()
+	}
+	if l.graceT != nil {
+		l.graceT.Stop()
+	}
+	l.unwatch()
+}
+
+// Stop ends the heartbeat (it does not release the lock) and waits for an
+// extension in flight to end. It is idempotent.
 func (l *Lease) Stop() {
 	l.mu.Lock()
 	if !l.started || l.stopped {
 		l.stopped = true
 		l.mu.Unlock()
+		l.beating.Wait() // a concurrent Stop's extension in flight
 		return
 	}
 	l.stopped = true
+	if !l.ended {
+		l.endLocked()
+	}
 	cancel := l.cancel
 	l.mu.Unlock()
-	cancel(context.Canceled)
-	<-l.done
+	cancel(context.Canceled) // a no-op after a loss: the cause stays ErrLost
+	l.beating.Wait()
 }
 
 // Release stops the heartbeat and deletes the lock if this lease still holds

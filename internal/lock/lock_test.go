@@ -1,9 +1,11 @@
 package lock_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -632,4 +634,37 @@ func TestHardeningHeartbeatOutlivesTheCallersContext(t *testing.T) {
 		require.Eventually(t, func() bool { return f.value(t) == "" }, 5*time.Second, 10*time.Millisecond)
 		lease.Stop()
 	})
+}
+
+// TestShortLeaseStartsNoGoroutine: a holder that finishes within a third of
+// the expiry (most runs) costs no goroutine; the heartbeat is a timer that has
+// not fired yet. Not parallel: no other test's lease may be beating.
+func TestShortLeaseStartsNoGoroutine(t *testing.T) {
+	f := newFixture(t, 3*time.Second)
+	lease := f.acquire(t)
+	parent, cancel := context.WithCancel(f.ctx)
+	defer cancel()
+	ctx := lease.Keep(parent)
+	time.Sleep(50 * time.Millisecond)
+	var buf bytes.Buffer
+	require.NoError(t, pprof.Lookup("goroutine").WriteTo(&buf, 1))
+	require.NotContains(t, buf.String(), "internal/lock.(*Lease)", "a kept lease waits on a timer, not a goroutine")
+	lease.Stop()
+	require.ErrorIs(t, context.Cause(ctx), context.Canceled)
+	require.False(t, lock.Lost(ctx))
+	require.Equal(t, lease.Token(), f.value(t))
+}
+
+// A lease kept after its lock's validity ended (its holder stalled between
+// the acquisition and Keep) is lost at once: another process may hold it.
+func TestKeptAfterItsValidityIsLost(t *testing.T) {
+	t.Parallel()
+	const expiry = 300 * time.Millisecond
+	f := newFixture(t, expiry)
+	lease := f.acquire(t)
+	time.Sleep(expiry + 50*time.Millisecond)
+	ctx := lease.Keep(f.ctx)
+	waitDone(t, ctx, expiry/3)
+	require.True(t, lock.Lost(ctx))
+	lease.Stop()
 }
