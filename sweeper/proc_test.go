@@ -77,7 +77,6 @@ func TestWorkerProcess(t *testing.T) {
 		cfg.LockExpiry, level = deployLockExpiry, slog.LevelInfo
 		defs := map[string][]*reactor.Definition{"order-v1": {deployOrder(rdb, prefix, 1)}, "order-v2": {deployOrder(rdb, prefix, 2)},
 			"order-both": {deployOrder(rdb, prefix, 1), deployOrder(rdb, prefix, 2)}}[set]
-		def = defs[0]
 		cfg.Logger = slog.New(slog.NewJSONHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 		if err := func() error {
 			e, err := reactor.NewEngine(context.Background(), cfg)
