@@ -123,6 +123,12 @@ func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil
 	}
+	if err != nil && ctx.Err() != nil && !errors.Is(err, ctx.Err()) {
+		// asynq flattens go-redis's context error into text ("redis eval
+		// error: context deadline exceeded"): keep ctx's in the chain, so
+		// that callers can tell a deadline from Redis trouble.
+		return fmt.Errorf("worker: enqueue %s: %w (%w)", w.ID, err, ctx.Err())
+	}
 	if err != nil {
 		return fmt.Errorf("worker: enqueue %s: %w", w.ID, err)
 	}
