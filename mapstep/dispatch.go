@@ -11,6 +11,7 @@ import (
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/internal/runctx"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -57,20 +58,22 @@ func (s mapStore) unindex(ctx context.Context, mapID, owner string) {
 	})
 }
 
-// dispatch enqueues the element tasks of positions [from, from+len(items)).
-func dispatch(ctx context.Context, e *reactor.Engine, mapID string, from int, items []codec.Raw) error {
+// dispatch enqueues the element tasks of positions [from, from+len(items))
+// of map md, each carrying the map's immutable metadata.
+func dispatch(ctx context.Context, e *reactor.Engine, md meta, mapID string, from int, items []codec.Raw) error {
 	q, ok := maptask.Adapt(engineapi.Enqueuer(e))
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue element tasks (use worker.Client)")
 	}
 	hook := failpoints.beforeEnqueue
+	carried := md.carried()
 	for k, it := range items {
 		if hook != nil {
 			if err := hook(mapID, from+k); err != nil {
 				return err
 			}
 		}
-		if err := q.EnqueueElement(ctx, maptask.ElementTask{MapID: mapID, Index: from + k, Input: it}); err != nil {
+		if err := q.EnqueueElement(ctx, maptask.ElementTask{MapID: mapID, Index: from + k, Input: it, Meta: carried}); err != nil {
 			return err
 		}
 	}
@@ -83,6 +86,25 @@ func dispatch(ctx context.Context, e *reactor.Engine, mapID string, from int, it
 // reactor.ErrRunLocked when the element is held elsewhere (snooze).
 func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTask) error {
 	ms := storeOf(e)
+	if len(t.Meta) > 0 {
+		md, err := fromTask(t.Meta)
+		if err != nil {
+			return err
+		}
+		sr, err := runCarried(ctx, e, ms, md, t)
+		switch {
+		case errors.Is(err, errElemOwnerDone):
+			engineapi.Logger(e).Debug("element task for a finished map ignored", "event", "reactor.map.element.late",
+				"map", t.MapID, "index", t.Index)
+			return nil
+		case errors.Is(err, errElemMapFailed):
+			// Settled stopped, under the element's lock (see below).
+		case err != nil:
+			return err
+		default:
+			return settled(ctx, e, ms, md, t, sr)
+		}
+	}
 	md, err := ms.readMeta(ctx, t.MapID)
 	if err != nil {
 		return err
@@ -122,7 +144,8 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 		// delivery that read the map before it failed and reaches the
 		// element only now (after the rollback found nothing to undo)
 		// cannot start it.
-		err = engineapi.StopElement(e, ctx, md.Element, ElementID(t.MapID, t.Index), func(ctx context.Context) error {
+		sctx := runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: t.Index, Trace: md.Trace, Legacy: md.Layout < 2})
+		err = engineapi.StopElement(e, sctx, md.Element, ElementID(t.MapID, t.Index), func(ctx context.Context) error {
 			var err error
 			sr, err = ms.settle(ctx, t.MapID, t.Index, outcome{Status: outcomeStopped})
 			return err
@@ -154,6 +177,12 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 			return err
 		}
 	}
+	return settled(ctx, e, ms, md, t, sr)
+}
+
+// settled acts on what element t's settle did: claim and dispatch the next
+// batch, or resume the owner.
+func settled(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, t maptask.ElementTask, sr settleResult) error {
 	if !sr.Stored {
 		return nil // a duplicate delivery: the first settle acted
 	}
@@ -168,7 +197,7 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 		if err != nil {
 			return err
 		}
-		if err := dispatch(ctx, e, t.MapID, sr.From, items); err != nil {
+		if err := dispatch(ctx, e, md, t.MapID, sr.From, items); err != nil {
 			return err
 		}
 	}

@@ -234,7 +234,7 @@ func (m *construct) begin(ctx context.Context, c *reactor.ConstructContext, ms m
 	md := meta{Total: st.Total, BatchSize: m.cfg.BatchSize, Atomic: !m.cfg.Partial, FanOut: st.FanOut, Paged: m.cfg.Pages != nil,
 		Owner: c.OwnerID, OwnerReact: c.OwnerReactor, Element: m.cfg.Element.Name(), Step: c.Step,
 		Input: m.cfg.Input, With: wenc, Trace: c.TraceID, Sensitive: c.Sensitive,
-		ElementDef: m.cfg.Element.Fingerprint(), OwnerDef: c.OwnerDefinition}
+		ElementDef: m.cfg.Element.Fingerprint(), OwnerDef: c.OwnerDefinition, Inc: newIncarnation(), Layout: 2}
 	if !st.FanOut {
 		md.BatchSize = st.Total // inline: everything is claimed at once, nothing is enqueued
 		if err := ms.addToTree(ctx, st.MapID, c.OwnerID, c.Nested); err != nil {
@@ -278,7 +278,7 @@ func (m *construct) begin(ctx context.Context, c *reactor.ConstructContext, ms m
 		if err != nil {
 			return nil, err
 		}
-		if err := dispatch(ctx, e, st.MapID, 0, first); err != nil {
+		if err := dispatch(ctx, e, md, st.MapID, 0, first); err != nil {
 			return nil, err
 		}
 		return nil, reactor.Dispatch()
@@ -449,7 +449,7 @@ func runElement(ctx context.Context, e *reactor.Engine, def *reactor.Definition,
 		}
 	}
 	inputs[md.Input] = item
-	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace, Sensitive: md.Sensitive})
+	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace, Sensitive: md.Sensitive, Legacy: md.Layout < 2})
 	res, err := engineapi.ExecuteElement(e, ctx, def, ElementID(mapID, i), inputs)
 	if errors.Is(err, reactor.ErrLockLost) {
 		// The element's lock, not the owner's: for the caller this element

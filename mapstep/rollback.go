@@ -458,7 +458,7 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 		}
 		if created && st.FanOut && offset > 0 {
 			claimedBatch(ctx, e, md, reactor.EventMapRollbackBatchClaimed)
-			if err := dispatchRollback(ctx, e, ms, st.MapID, rb, 0, offset-1); err != nil {
+			if err := dispatchRollback(ctx, e, ms, md, st.MapID, rb, 0, offset-1); err != nil {
 				return err
 			}
 		}
@@ -467,7 +467,7 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 		// enqueue after the start script failed, or the owner died there).
 		// Enqueue it again: at most one batch, and task ids dedupe the jobs
 		// still queued.
-		if err := dispatchRollback(ctx, e, ms, st.MapID, rb, 0, min(rb.Offset, rb.BatchSize)-1); err != nil {
+		if err := dispatchRollback(ctx, e, ms, md, st.MapID, rb, 0, min(rb.Offset, rb.BatchSize)-1); err != nil {
 			return err
 		}
 	}
@@ -613,7 +613,7 @@ func rollbackElement(ctx context.Context, e *reactor.Engine, ms mapStore, md met
 // undo, to generation gen: the element retries its own failed entries (only
 // those), or is undone if it never was.
 func retryElement(ctx context.Context, e *reactor.Engine, md meta, mapID string, i, gen int, wait time.Duration, windowAt int64) (rbOutcome, error) {
-	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace, WindowAt: windowAt})
+	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace, WindowAt: windowAt, Legacy: md.Layout < 2})
 	res, err := engineapi.RetryElementRollback(e, ctx, ElementID(mapID, i), gen, wait)
 	switch {
 	case errors.Is(err, reactor.ErrNotFound):
@@ -680,7 +680,7 @@ func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID 
 		return o, nil
 	}
 	mayBeAbsent := f == nil || f.Status == outcomeStopped
-	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace, WindowAt: windowAt})
+	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace, WindowAt: windowAt, Legacy: md.Layout < 2})
 	res, err := engineapi.UndoElement(e, ctx, ElementID(mapID, i), wait)
 	switch {
 	case mayBeAbsent && errors.Is(err, reactor.ErrNotFound):
@@ -767,8 +767,11 @@ type indexedSteps struct {
 }
 
 // dispatchRollback enqueues the rollback jobs of positions [from, to] of
-// generation rb.
-func dispatchRollback(ctx context.Context, e *reactor.Engine, ms mapStore, mapID string, rb rbMeta, from, to int) error {
+// generation rb of map md. A first generation's jobs carry what each would
+// read first (the map's immutable metadata, the element's forward outcome,
+// read here for the batch in one round trip), so that a job's first Redis
+// call is its element's load.
+func dispatchRollback(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, mapID string, rb rbMeta, from, to int) error {
 	q, ok := maptask.Adapt(engineapi.Enqueuer(e))
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
@@ -777,13 +780,31 @@ func dispatchRollback(ctx context.Context, e *reactor.Engine, ms mapStore, mapID
 	if err != nil {
 		return err
 	}
+	carried := md.carried()
+	var fwd []any
+	if carried != nil && !rb.Work {
+		fields := make([]string, len(idx))
+		for j, i := range idx {
+			fields[j] = strconv.Itoa(i)
+		}
+		if fwd, err = ms.rdb.HMGet(ctx, ms.keys.MapResults(mapID), fields...).Result(); err != nil {
+			return fmt.Errorf("mapstep: read the forward results of %s: %w", mapID, err)
+		}
+	}
 	for p := from; p <= to; p++ {
 		if hook := failpoints.rbBeforeEnqueue; hook != nil {
 			if err := hook(mapID, p); err != nil {
 				return err
 			}
 		}
-		if err := q.EnqueueRollback(ctx, maptask.RollbackTask{MapID: mapID, Gen: rb.Gen, Pos: p, Index: idx[p-from]}); err != nil {
+		t := maptask.RollbackTask{MapID: mapID, Gen: rb.Gen, Pos: p, Index: idx[p-from]}
+		if fwd != nil {
+			t.Meta, t.Total = carried, rb.Total
+			if v, ok := fwd[p-from].(string); ok {
+				t.Fwd = codec.Raw(v)
+			}
+		}
+		if err := q.EnqueueRollback(ctx, t); err != nil {
 			return err
 		}
 	}
@@ -814,6 +835,12 @@ func resumeOwnerRollback(ctx context.Context, e *reactor.Engine, owner, reactorN
 // do: its generation had settled before the newer one started.
 func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackTask) error {
 	ms := storeOf(e)
+	if len(t.Meta) > 0 {
+		done, err := processCarriedRollback(ctx, e, ms, t)
+		if done || err != nil {
+			return err
+		}
+	}
 	md, rb, fwd, listed, err := ms.readJob(ctx, t)
 	if err != nil {
 		return err
@@ -865,7 +892,7 @@ func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackT
 	}
 	if sr.From >= 0 {
 		claimedBatch(ctx, e, md, reactor.EventMapRollbackBatchClaimed)
-		if err := dispatchRollback(ctx, e, ms, t.MapID, rb, sr.From, sr.To); err != nil {
+		if err := dispatchRollback(ctx, e, ms, md, t.MapID, rb, sr.From, sr.To); err != nil {
 			return err
 		}
 	}

@@ -20,6 +20,14 @@ var (
 	startSrc string
 	//go:embed lua/settle.lua
 	settleSrc string
+	//go:embed lua/elem_begin.lua
+	elemBeginSrc string
+	//go:embed lua/elem_finish.lua
+	elemFinishSrc string
+	//go:embed lua/elem_rb_load.lua
+	elemRbLoadSrc string
+	//go:embed lua/elem_rb_finish.lua
+	elemRbFinishSrc string
 
 	//go:embed lua/rb_start.lua
 	rbStartSrc string
@@ -30,12 +38,16 @@ var (
 	//go:embed lua/rb_locked.lua
 	rbLockedSrc string
 
-	startScript     = redis.NewScript(startSrc)
-	settleScript    = redis.NewScript(settleSrc)
-	rbStartScript   = redis.NewScript(rbStartSrc)
-	rbSettleScript  = redis.NewScript(rbSettleSrc)
-	rbHandOffScript = redis.NewScript(rbHandOffSrc)
-	rbLockedScript  = redis.NewScript(rbLockedSrc)
+	startScript        = redis.NewScript(startSrc)
+	settleScript       = redis.NewScript(settleSrc)
+	elemBeginScript    = redis.NewScript(elemBeginSrc)
+	elemFinishScript   = redis.NewScript(elemFinishSrc)
+	elemRbLoadScript   = redis.NewScript(elemRbLoadSrc)
+	elemRbFinishScript = redis.NewScript(elemRbFinishSrc)
+	rbStartScript      = redis.NewScript(rbStartSrc)
+	rbSettleScript     = redis.NewScript(rbSettleSrc)
+	rbHandOffScript    = redis.NewScript(rbHandOffSrc)
+	rbLockedScript     = redis.NewScript(rbLockedSrc)
 )
 
 // mapStore is the Redis side of one engine's maps.
@@ -81,6 +93,10 @@ type meta struct {
 	Offset               int
 	Failed               bool
 	FailedIndex          int
+	// Inc is the map's incarnation (start.lua), Layout its key layout (2:
+	// element runs in the map's slot; 0: a map started before that).
+	Inc    string
+	Layout int
 	// RbGen is the map's current rollback generation (rb_start.lua's
 	// rbgen; 0 before its first rollback).
 	RbGen     int
@@ -119,7 +135,8 @@ func parseMeta(f map[string]string, offset string, failed *redis.StringCmd) meta
 	m = meta{exists: true, Total: atoi("total"), BatchSize: atoi("batch_size"), Atomic: f["atomic"] == "1",
 		FanOut: f["fanout"] == "1", Paged: f["paged"] == "1", Owner: f["owner"], OwnerReact: f["owner_reactor"], Element: f["element"],
 		Step: f["step"], Input: f["input"], With: codec.Raw(f["with"]), Trace: f["trace"], Settled: atoi("settled"), Failures: atoi("failures"),
-		RbGen: atoi("rbgen"), Sensitive: f["sensitive"] == "1", ElementDef: f["element_def"], OwnerDef: f["owner_def"]}
+		RbGen: atoi("rbgen"), Sensitive: f["sensitive"] == "1", ElementDef: f["element_def"], OwnerDef: f["owner_def"],
+		Inc: f["inc"], Layout: atoi("layout")}
 	m.Offset, _ = strconv.Atoi(offset)
 	if fi, err := failed.Result(); err == nil {
 		m.Failed = true
@@ -145,7 +162,7 @@ func (s mapStore) start(ctx context.Context, mapID string, m meta) (created bool
 	}
 	res, err := startScript.Run(ctx, s.rdb, []string{s.keys.MapMeta(mapID), s.keys.MapOffset(mapID)},
 		m.Total, m.BatchSize, b2s(m.Atomic), m.Owner, m.OwnerReact, m.Element, m.Step, []byte(m.With), m.Input, b2s(m.FanOut), b2s(m.Paged), m.Trace,
-		b2s(m.Sensitive), m.ElementDef, m.OwnerDef).Slice()
+		b2s(m.Sensitive), m.ElementDef, m.OwnerDef, m.Inc).Slice()
 	if err != nil {
 		return false, 0, fmt.Errorf("mapstep: start map %s: %w", mapID, err)
 	}

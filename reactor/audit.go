@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/store"
 )
 
@@ -263,6 +264,11 @@ func (x *execution) auditFields() ([][]string, error) {
 			return nil, &RollbackStatusError{RunID: x.st.ID, Step: r.step, Status: r.status}
 		}
 		out[i] = r.fields(x.st.Trace)
+		if x.element && x.st.Elem != nil {
+			// An element's entries go to its map's stream (keys.ElemAudit),
+			// shared by the map's elements: each names its element.
+			out[i] = append(out[i], "el", strconv.Itoa(x.st.Elem.Index))
+		}
 	}
 	return out, nil
 }
@@ -326,8 +332,22 @@ func (e *Engine) Audit(ctx context.Context, id string) ([]AuditEntry, error) {
 	}
 	k := e.store.Keys()
 	recs, err := e.store.ReadAudit(ctx, k.RunAudit(id))
-	if err == nil && len(recs) == 0 {
-		recs, err = e.store.ReadAudit(ctx, k.ElemAudit(id))
+	if _, index, isElem := keys.SplitElementID(id); err == nil && len(recs) == 0 && isElem {
+		// An element's entries are in its map's stream, with the map's
+		// other elements' (keys.ElemAudit); a map started before that
+		// layout kept one stream per element.
+		var all []store.AuditRecord
+		if all, err = e.store.ReadAudit(ctx, k.ElemAudit(id)); err == nil {
+			for _, r := range all {
+				if r.Fields["el"] == index {
+					delete(r.Fields, "el")
+					recs = append(recs, r)
+				}
+			}
+		}
+		if err == nil && len(recs) == 0 {
+			recs, err = e.store.ReadAudit(ctx, k.LegacyElemAudit(id))
+		}
 	}
 	if err != nil {
 		return nil, err

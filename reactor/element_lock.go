@@ -45,7 +45,7 @@ func (e *Engine) stopElement(ctx context.Context, reactorName, id string, fn fun
 	if err := validateRunID(id); err != nil {
 		return err
 	}
-	target := e.store.ElemTarget(id)
+	target := e.elemTarget(ctx, id)
 	lease, err := e.locks.TryAcquire(ctx, target.Lock)
 	if errors.Is(err, lock.ErrHeld) {
 		return fmt.Errorf("%w (element %s)", ErrRunLocked, id)

@@ -302,7 +302,7 @@ func (e *Engine) executeElement(ctx context.Context, def *Definition, id string,
 	if err != nil {
 		return nil, err
 	}
-	return e.start(ctx, def, id, checked, nil)
+	return e.startElement(ctx, def, id, checked) // element_run.go
 }
 
 // Element returns a stored element run.
@@ -675,7 +675,7 @@ func (e *Engine) undoElement(ctx context.Context, id string, wait time.Duration)
 	if err := validateRunID(id); err != nil {
 		return nil, err
 	}
-	x, err := e.lockAndLoad(ctx, e.store.ElemTarget(id), "element "+id, wait)
+	x, err := e.lockAndLoad(ctx, e.elemTarget(ctx, id), "element "+id, wait)
 	if err != nil {
 		return nil, err
 	}

@@ -231,7 +231,7 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		}
 	}
 	opts.Audit = audit
-	res, err := x.e.store.Write(ctx, x.target, x.lease.Token(), x.version, data, opts)
+	res, err := x.write(ctx, data, terminal, opts) // element_run.go
 	if errors.Is(err, store.ErrCancelPending) {
 		x.cancel = true
 		return errCancelPending

@@ -10,6 +10,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/enginehook"
 	"github.com/goreactor/goreactor/internal/lock"
+	"github.com/goreactor/goreactor/internal/runctx"
 	"github.com/goreactor/goreactor/internal/store"
 )
 
@@ -352,7 +353,7 @@ func (e *Engine) openElement(ctx context.Context, id string, wait time.Duration)
 	if err := validateRunID(id); err != nil {
 		return nil, nil, err
 	}
-	x, err := e.lockAndLoad(ctx, e.store.ElemTarget(id), "element "+id, wait)
+	x, err := e.lockAndLoad(ctx, e.elemTarget(ctx, id), "element "+id, wait)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -376,7 +377,12 @@ func (e *Engine) lockAndLoad(ctx context.Context, target store.Target, what stri
 	if err != nil {
 		return nil, err
 	}
-	snap, err := e.store.Load(ctx, target)
+	var snap store.Snapshot
+	if el, ok := runctx.ElementFrom(ctx); ok && el.Load != nil {
+		snap, err = el.Load(ctx, target, lease.Token()) // a map's rollback job: element_run.go
+	} else {
+		snap, err = e.store.Load(ctx, target)
+	}
 	if errors.Is(err, store.ErrNotFound) {
 		err = fmt.Errorf("%w: %s", ErrNotFound, what)
 	}

@@ -68,8 +68,18 @@ func (x *execution) startRollback(ctx context.Context, f *frame, trigger Rollbac
 		started.step = f.path + step
 	}
 	x.audit(started)
-	if err := x.checkpoint(ctx); err != nil {
-		return nil, err
+	// An element undone by its map's rollback saves nothing before its
+	// first undo: its map's rollback task carries its forward outcome, so
+	// a crash before the first undone entry is saved finds the element as
+	// it was and decides the same again (the entry in flight is undone at
+	// least once, as any entry in flight is); the rollback's start and its
+	// audit entries ride on the first undo's checkpoint. A forward failure
+	// (or anything else) saves first: its failed step must never be retried
+	// while its predecessors are undone.
+	if !(x.element && trigger == TriggerUndo) {
+		if err := x.checkpoint(ctx); err != nil {
+			return nil, err
+		}
 	}
 	x.emit(ctx, Event{Kind: EventRollbackStarted, RunID: x.st.ID, Reactor: f.def.name, Step: trimPath(f.path), Err: failure.errOrNil()})
 	return x.rollback(ctx, f, cause)

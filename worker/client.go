@@ -195,7 +195,7 @@ func (m mapTasks) EnqueueRollback(ctx context.Context, t maptask.RollbackTask) e
 }
 
 func (c *Client) enqueueElement(ctx context.Context, t maptask.ElementTask) error {
-	body, err := codec.Marshal(payload.ElementPayload{MapID: t.MapID, Index: t.Index, Input: t.Input, TP: traceparent(ctx)})
+	body, err := codec.Marshal(payload.ElementPayload{MapID: t.MapID, Index: t.Index, Input: t.Input, Meta: t.Meta, TP: traceparent(ctx)})
 	if err != nil {
 		return err
 	}
@@ -211,7 +211,8 @@ func (c *Client) enqueueElement(ctx context.Context, t maptask.ElementTask) erro
 }
 
 func (c *Client) enqueueRollback(ctx context.Context, t maptask.RollbackTask) error {
-	body, err := codec.Marshal(payload.RollbackPayload{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos, Index: t.Index, TP: traceparent(ctx)})
+	body, err := codec.Marshal(payload.RollbackPayload{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos, Index: t.Index,
+		Meta: t.Meta, Fwd: t.Fwd, Total: t.Total, TP: traceparent(ctx)})
 	if err != nil {
 		return err
 	}

@@ -353,7 +353,7 @@ func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
 	ctx, span := w.startTask(ctx, "reactor.map.element", p.TP,
 		attribute.String("reactor.map.id", p.MapID), attribute.Int("reactor.element.index", p.Index))
 	defer func() { endTask(span, err) }()
-	err = maptask.ProcessElement(ctx, w.engine, maptask.ElementTask{MapID: p.MapID, Index: p.Index, Input: p.Input})
+	err = maptask.ProcessElement(ctx, w.engine, maptask.ElementTask{MapID: p.MapID, Index: p.Index, Input: p.Input, Meta: p.Meta})
 	if errors.Is(err, reactor.ErrUnknownReactor) {
 		w.unknownReactor(ctx, "", "element", mapstep.ElementID(p.MapID, p.Index))
 	}
@@ -384,7 +384,8 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 	ctx, span := w.startTask(ctx, "reactor.map.rollback", p.TP, attribute.String("reactor.map.id", p.MapID),
 		attribute.Int("reactor.element.index", p.Index), attribute.Int("reactor.rollback.gen", p.Gen), attribute.Int("reactor.rollback.pos", p.Pos))
 	defer func() { endTask(span, err) }()
-	err = maptask.ProcessRollback(ctx, w.engine, maptask.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index})
+	err = maptask.ProcessRollback(ctx, w.engine, maptask.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index,
+		Meta: p.Meta, Fwd: p.Fwd, Total: p.Total})
 	if errors.Is(err, reactor.ErrUnknownReactor) {
 		w.unknownReactor(ctx, "", "element rollback", mapstep.ElementID(p.MapID, p.Index))
 	}

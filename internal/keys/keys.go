@@ -94,25 +94,90 @@ func (k Keys) Runs() string { return k.prefix + ":idx:runs" }
 // entered it (ms).
 func (k Keys) Status(s string) string { return k.prefix + ":idx:status:" + s }
 
-func (k Keys) elem(id, suffix string) string { return k.prefix + ":{elem:" + id + "}:" + suffix }
+// elem builds a key of element run id ("<mapID>.<i>"): under its map's hash
+// tag, so that one script can write the element's state and settle its map
+// (mapstep's element scripts), and the element's keys stay in one slot.
+// An id without a numeric ".<i>" suffix keeps a tag of its own.
+func (k Keys) elem(id, suffix string) string {
+	if m, i, ok := SplitElementID(id); ok {
+		return k.mapKey(m, "el:"+i+":"+suffix)
+	}
+	return k.prefix + ":{elem:" + id + "}:" + suffix
+}
+
+// SplitElementID splits element run id "<mapID>.<i>" into its map id and
+// index (as written); ok is false for an id without a numeric suffix.
+func SplitElementID(id string) (mapID, index string, ok bool) {
+	dot := strings.LastIndexByte(id, '.')
+	if dot <= 0 || dot == len(id)-1 {
+		return "", "", false
+	}
+	for _, c := range id[dot+1:] {
+		if c < '0' || c > '9' {
+			return "", "", false
+		}
+	}
+	return id[:dot], id[dot+1:], true
+}
 
 // ElemState is the state hash of a construct element run (a map element
-// "<mapID>.<i>"), in its own slot so that a huge map spreads over a cluster.
+// "<mapID>.<i>"), in its map's slot (see elem): a map's element runs live
+// on one cluster node, the price of writing an element's terminal state and
+// settling its map in one script.
 func (k Keys) ElemState(id string) string { return k.elem(id, "ctx") }
 
 // ElemLock is an element run's lock, in the same slot as its state.
 func (k Keys) ElemLock(id string) string { return k.elem(id, "lock") }
 
 // ElemTree is the set of map ids an element run's steps started (maps
-// nested in a map element run inline), expired with the element.
-func (k Keys) ElemTree(id string) string { return k.elem(id, "tree") }
+// nested in a map element run inline), expired with the element: one set per
+// map, shared by its elements (MapNested), so that the retention walk reads
+// one set per map, not one per element.
+func (k Keys) ElemTree(id string) string {
+	if m, _, ok := SplitElementID(id); ok {
+		return k.MapNested(m)
+	}
+	return k.elem(id, "tree")
+}
+
+// MapNested is the set of maps nested in a map's element runs (ElemTree).
+func (k Keys) MapNested(id string) string { return k.mapKey(id, "nested") }
 
 // ElemCancel is an element run's cancel request.
 func (k Keys) ElemCancel(id string) string { return k.elem(id, "cancel") }
 
-// ElemAudit is an element run's audit stream, in the element's own slot so
-// that its fenced write appends to it in the same script.
-func (k Keys) ElemAudit(id string) string { return k.elem(id, "audit") }
+// ElemAudit is where an element run's audit entries go: its map's audit
+// stream (MapAudit), shared by the map's elements, each entry naming its
+// element (field "el"), so that a map costs one stream, not one per element.
+// An id that is no map element's has a stream of its own.
+func (k Keys) ElemAudit(id string) string {
+	if m, _, ok := SplitElementID(id); ok {
+		return k.MapAudit(m)
+	}
+	return k.elem(id, "audit")
+}
+
+// MapAudit is the audit stream of a map's element runs (ElemAudit).
+func (k Keys) MapAudit(id string) string { return k.mapKey(id, "audit") }
+
+// Legacy element keys: the layout before element runs moved into their
+// map's slot (each element in a slot of its own, "{elem:<id>}"). The
+// retention walk still expires them, for maps started before the move.
+
+// LegacyElemState is ElemState in the old layout.
+func (k Keys) LegacyElemState(id string) string { return k.prefix + ":{elem:" + id + "}:ctx" }
+
+// LegacyElemLock is ElemLock in the old layout.
+func (k Keys) LegacyElemLock(id string) string { return k.prefix + ":{elem:" + id + "}:lock" }
+
+// LegacyElemAudit is ElemAudit in the old layout.
+func (k Keys) LegacyElemAudit(id string) string { return k.prefix + ":{elem:" + id + "}:audit" }
+
+// LegacyElemTree is ElemTree in the old layout.
+func (k Keys) LegacyElemTree(id string) string { return k.prefix + ":{elem:" + id + "}:tree" }
+
+// LegacyElemCancel is ElemCancel in the old layout.
+func (k Keys) LegacyElemCancel(id string) string { return k.prefix + ":{elem:" + id + "}:cancel" }
 
 func (k Keys) mapKey(id, suffix string) string { return k.prefix + ":{map:" + id + "}:" + suffix }
 

@@ -53,7 +53,13 @@ func TestElemKeysShareOneSlot(t *testing.T) {
 	k := New("p")
 	id := "m1.7"
 	for _, key := range []string{k.ElemState(id), k.ElemLock(id), k.ElemCancel(id), k.ElemAudit(id), k.ElemTree(id)} {
-		require.Equal(t, "elem:m1.7", hashTag(key), key)
+		require.Equal(t, "map:m1", hashTag(key), key)
 	}
-	require.Equal(t, "p:{elem:m1.7}:audit", k.ElemAudit(id))
+	require.Equal(t, "p:{map:m1}:audit", k.ElemAudit(id))
+	require.Equal(t, "p:{map:m1}:el:7:ctx", k.ElemState(id))
+	require.Equal(t, hashTag(k.MapMeta("m1")), hashTag(k.ElemLock(id)), "an element's keys share its map's slot")
+	// A nested map's element: the last numeric suffix is the index.
+	require.Equal(t, "p:{map:r~each.3~inner}:el:12:ctx", k.ElemState("r~each.3~inner.12"))
+	// Not an element id: a tag of its own.
+	require.Equal(t, "p:{elem:x.y}:ctx", k.ElemState("x.y"))
 }

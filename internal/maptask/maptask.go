@@ -27,6 +27,11 @@ type ElementTask struct {
 	// re-enqueues a position whose task id is spent (its worker died with
 	// the task active) under a fresh id (r1, r2, r3).
 	Redelivery string
+	// Meta is the map's immutable metadata, encoded by package mapstep, so
+	// that the job reads no map metadata before it starts. Empty: the job
+	// reads it from the map (tasks enqueued before it was carried, the map
+	// sweeper's re-enqueues).
+	Meta codec.Raw
 }
 
 // TaskID is the asynq task id of an element: one cause, one id.
@@ -62,6 +67,14 @@ type RollbackTask struct {
 	Index int
 	// Redelivery, when set, is appended to the task id (see ElementTask).
 	Redelivery string
+	// Meta, Fwd and Total, when Meta is set, are what the job would read
+	// first: the map's immutable metadata (encoded by package mapstep), the
+	// element's forward outcome (encoded; empty for none) and the
+	// rollback's total, put in the task by whoever claimed its position.
+	// Without Meta the job reads them (tasks enqueued before they were
+	// carried, the map sweeper's, a re-triggered generation's).
+	Meta, Fwd codec.Raw
+	Total     int
 }
 
 // TaskID is the asynq task id of a rollback job.

@@ -18,6 +18,11 @@ type RollbackPayload struct {
 	Gen   int    `msgpack:"gen"`
 	Pos   int    `msgpack:"pos"`
 	Index int    `msgpack:"i"`
+	// Meta, Fwd and Total: maptask.RollbackTask's; absent in tasks
+	// enqueued before they were carried.
+	Meta  codec.Raw `msgpack:"m,omitempty"`
+	Fwd   codec.Raw `msgpack:"f,omitempty"`
+	Total int       `msgpack:"n,omitempty"`
 	// TP is the W3C traceparent of the span that enqueued the task, "" when
 	// it had none.
 	TP string `msgpack:"tp,omitempty"`
@@ -43,6 +48,9 @@ type ElementPayload struct {
 	MapID string    `msgpack:"map"`
 	Index int       `msgpack:"i"`
 	Input codec.Raw `msgpack:"in"`
+	// Meta is the map's immutable metadata (maptask.ElementTask.Meta);
+	// absent in tasks enqueued before it was carried.
+	Meta codec.Raw `msgpack:"m,omitempty"`
 	// TP is the W3C traceparent of the span that enqueued the task, "" when
 	// it had none.
 	TP string `msgpack:"tp,omitempty"`

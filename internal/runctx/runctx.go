@@ -3,7 +3,11 @@
 // no parameter that only mapstep would ever pass.
 package runctx
 
-import "context"
+import (
+	"context"
+
+	"github.com/goreactor/goreactor/internal/store"
+)
 
 // Element is where an element run belongs: the top-level run that owns its
 // map, the map step's path in that run, the element's index, and the
@@ -20,6 +24,26 @@ type Element struct {
 	// Sensitive: the owner is a sensitive run, so the element run is one
 	// too (its inputs come from the owner).
 	Sensitive bool
+	// Legacy: the element run's keys are in the layout of maps started
+	// before element runs moved into their map's slot
+	// (store.LegacyElemTarget).
+	Legacy bool
+	// Create, when set, replaces the element run's create: the map checks
+	// its own keys in the same script (the element's keys share its map's
+	// slot). It has store.Store.Create's contract, and may refuse with an
+	// error of the map's own (the map failed, or no longer takes the
+	// element), which the engine returns as it is, after releasing the lock.
+	Create func(ctx context.Context, t store.Target, token string, data []byte) (store.Snapshot, bool, error)
+	// Load, when set, replaces the element run's load for its undo (a map
+	// rollback job): the map checks its rollback in the same script. It has
+	// store.Store.Load's contract, and may refuse with an error of the
+	// map's own, returned as it is after the lock is released.
+	Load func(ctx context.Context, t store.Target, token string) (store.Snapshot, error)
+	// Finish, when set, is the element run's terminal write, with
+	// store.Store.Write's contract: the map records the element's outcome in
+	// the same script. res is the run's *reactor.Result as the write stores
+	// it.
+	Finish func(ctx context.Context, t store.Target, token string, version int64, data []byte, o store.WriteOptions, res any) (store.WriteResult, error)
 }
 
 type elementKey struct{}

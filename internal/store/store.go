@@ -63,6 +63,9 @@ type Target struct {
 	// Done is the shard channel a terminal write publishes on, in the same
 	// slot as State; empty for targets nobody waits on (map elements).
 	Done string
+	// AuditCap, when positive, replaces AuditCap for this target's stream:
+	// a map's elements share their map's stream, which their number bounds.
+	AuditCap int
 }
 
 // Snapshot is a stored state and the version it was read at.
@@ -101,11 +104,25 @@ func (s *Store) RunTarget(id string) Target {
 		Audit: s.keys.RunAudit(id), Done: s.keys.RunDone(id)}
 }
 
-// ElemTarget returns the keys of element run id.
+// ElemTarget returns the keys of element run id: in its map's slot, its
+// audit entries in its map's stream (keys.ElemAudit).
 func (s *Store) ElemTarget(id string) Target {
 	return Target{State: s.keys.ElemState(id), Lock: s.keys.ElemLock(id), Cancel: s.keys.ElemCancel(id),
-		Audit: s.keys.ElemAudit(id)}
+		Audit: s.keys.ElemAudit(id), AuditCap: mapAuditCap}
 }
+
+// LegacyElemTarget returns the keys of element run id in the layout of maps
+// started before element runs moved into their map's slot.
+func (s *Store) LegacyElemTarget(id string) Target {
+	k := s.keys
+	return Target{State: k.LegacyElemState(id), Lock: k.LegacyElemLock(id),
+		Cancel: k.LegacyElemCancel(id), Audit: k.LegacyElemAudit(id)}
+}
+
+// mapAuditCap bounds a map's audit stream, which the entries of all its
+// elements share: far above what any map writes (a few entries per
+// element), so that no element's entry is trimmed.
+const mapAuditCap = 1 << 40
 
 // Create stores data as version 1 unless a state exists. It returns the
 // existing snapshot and created=false when one does.
@@ -227,8 +244,12 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 	if o.KeepForever {
 		retention = -1
 	}
+	auditCap := AuditCap
+	if t.AuditCap > 0 {
+		auditCap = t.AuditCap
+	}
 	args := []any{token, version, data, retention, release, nonce, t.Done, unlessCancelled,
-		AuditCap, len(o.Audit)}
+		auditCap, len(o.Audit)}
 	for _, e := range o.Audit {
 		if len(e)%2 != 0 {
 			return WriteResult{}, fmt.Errorf("store: write: audit entry %q has an odd number of fields and values", e)

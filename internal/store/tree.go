@@ -67,7 +67,7 @@ func (s *Store) retainMaps(ctx context.Context, maps []string, ttl time.Duration
 	totals := make([]*redis.SliceCmd, len(maps))
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for j, m := range maps {
-			totals[j] = p.HMGet(ctx, k.MapMeta(m), "total", "rbgen")
+			totals[j] = p.HMGet(ctx, k.MapMeta(m), "total", "rbgen", "layout")
 		}
 		return nil
 	})
@@ -75,8 +75,12 @@ func (s *Store) retainMaps(ctx context.Context, maps []string, ttl time.Duration
 		return fmt.Errorf("store: read map sizes: %w", err)
 	}
 	for j, m := range maps {
-		total, gens := mapShape(totals[j].Val())
-		if err := s.retainElements(ctx, m, total, ttl); err != nil {
+		total, gens, layout := mapShape(totals[j].Val())
+		retain := s.retainElements
+		if layout < 2 {
+			retain = s.retainLegacyElements
+		}
+		if err := retain(ctx, m, total, ttl); err != nil {
 			return err
 		}
 		// The map's own keys after its elements: an interrupted walk still
@@ -95,8 +99,30 @@ func (s *Store) retainMaps(ctx context.Context, maps []string, ttl time.Duration
 }
 
 // retainElements sets ttl on the element runs of map m and walks the maps
-// nested in them.
+// nested in them. An element run is one key (its lock is gone once it
+// finished, its audit entries are in the map's stream, the maps nested in
+// its map's elements are in one set): one command per element.
 func (s *Store) retainElements(ctx context.Context, m string, total int, ttl time.Duration) error {
+	k := s.keys
+	for lo := 0; lo < total; lo += treeChunk {
+		hi := min(lo+treeChunk, total)
+		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i := lo; i < hi; i++ {
+				expire(ctx, p, k.ElemState(m+"."+strconv.Itoa(i)), ttl)
+			}
+			return nil
+		})
+		if err != nil {
+			return fmt.Errorf("store: retain elements of %s: %w", m, err)
+		}
+	}
+	// The maps nested in the elements (keys.ElemTree: one set per map).
+	return s.retain(ctx, k.ElemTree(m+".0"), []string{k.MapAudit(m)}, ttl)
+}
+
+// retainLegacyElements is retainElements for a map started before element
+// runs moved into their map's slot: each element has its own keys and tree.
+func (s *Store) retainLegacyElements(ctx context.Context, m string, total int, ttl time.Duration) error {
 	k := s.keys
 	for lo := 0; lo < total; lo += treeChunk {
 		hi := min(lo+treeChunk, total)
@@ -104,10 +130,10 @@ func (s *Store) retainElements(ctx context.Context, m string, total int, ttl tim
 		_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i := lo; i < hi; i++ {
 				id := m + "." + strconv.Itoa(i)
-				nested[i-lo] = p.SMembers(ctx, k.ElemTree(id))
-				expire(ctx, p, k.ElemState(id), ttl)
-				expire(ctx, p, k.ElemCancel(id), ttl)
-				expire(ctx, p, k.ElemAudit(id), ttl)
+				nested[i-lo] = p.SMembers(ctx, k.LegacyElemTree(id))
+				expire(ctx, p, k.LegacyElemState(id), ttl)
+				expire(ctx, p, k.LegacyElemCancel(id), ttl)
+				expire(ctx, p, k.LegacyElemAudit(id), ttl)
 			}
 			return nil
 		})
@@ -118,7 +144,7 @@ func (s *Store) retainElements(ctx context.Context, m string, total int, ttl tim
 			if len(nested[i-lo].Val()) == 0 {
 				continue
 			}
-			if err := s.retain(ctx, k.ElemTree(m+"."+strconv.Itoa(i)), nil, ttl); err != nil {
+			if err := s.retain(ctx, k.LegacyElemTree(m+"."+strconv.Itoa(i)), nil, ttl); err != nil {
 				return err
 			}
 		}
@@ -126,17 +152,21 @@ func (s *Store) retainElements(ctx context.Context, m string, total int, ttl tim
 	return nil
 }
 
-// mapShape reads a map's size and rollback generations from its meta's
-// total and rbgen fields: every generation from 1 to rbgen (the current
-// one, written by mapstep's rb_start.lua) has keys.
-func mapShape(vals []any) (total, gens int) {
-	if len(vals) == 2 {
+// mapShape reads a map's size, rollback generations and key layout from its
+// meta's total, rbgen and layout fields: every generation from 1 to rbgen
+// (the current one, written by mapstep's rb_start.lua) has keys; layout 2
+// (mapstep's start.lua) keeps element runs in the map's slot, an older map
+// (no layout) each in its own.
+func mapShape(vals []any) (total, gens, layout int) {
+	if len(vals) == 3 {
 		s, _ := vals[0].(string)
 		total, _ = strconv.Atoi(s)
 		g, _ := vals[1].(string)
 		gens, _ = strconv.Atoi(g)
+		l, _ := vals[2].(string)
+		layout, _ = strconv.Atoi(l)
 	}
-	return total, max(gens, 1)
+	return total, max(gens, 1), layout
 }
 
 // mapKeys lists every key of map m: forward, and rollback of each of its

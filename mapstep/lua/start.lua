@@ -8,6 +8,11 @@
 -- ARGV[12] owner's trace id (inherited by the element runs)
 -- ARGV[13] sensitive owner (1|0: the element runs are sensitive runs)
 -- ARGV[14] element definition's fingerprint  ARGV[15] owner definition's fingerprint
+-- ARGV[16] the map's incarnation (random: a task of an earlier map under the same
+--          id is told apart by it)
+-- The map is created with layout 2: its element runs' keys share its slot
+-- (internal/keys.ElemState), which its element scripts and the retention walk
+-- read from this field (a map without it keeps each element in its own slot).
 -- Returns {1, offset} when this call created the map (and claimed
 -- [0, offset)), {0, offset} when it existed: a re-entered owner never claims
 -- twice.
@@ -17,7 +22,8 @@ end
 redis.call('HSET', KEYS[1], 'total', ARGV[1], 'batch_size', ARGV[2], 'atomic', ARGV[3],
   'owner', ARGV[4], 'owner_reactor', ARGV[5], 'element', ARGV[6], 'step', ARGV[7],
   'with', ARGV[8], 'input', ARGV[9], 'fanout', ARGV[10], 'paged', ARGV[11], 'trace', ARGV[12],
-  'sensitive', ARGV[13], 'element_def', ARGV[14], 'owner_def', ARGV[15], 'settled', 0, 'failures', 0)
+  'sensitive', ARGV[13], 'element_def', ARGV[14], 'owner_def', ARGV[15], 'settled', 0, 'failures', 0,
+  'inc', ARGV[16], 'layout', 2)
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 redis.call('HSET', KEYS[1], 'touched', now)

@@ -1,0 +1,40 @@
+-- elem_rb_load.lua: load a map element's run for its rollback job, under the
+-- caller's element lock, after checking in the same script that the job's
+-- rollback generation is current and has claimed its position: the job reads
+-- nothing else first (its task carries the map's immutable metadata and the
+-- element's forward outcome).
+-- KEYS[1] element state    P:{map:<id>}:el:<i>:ctx
+-- KEYS[2] element lock     P:{map:<id>}:el:<i>:lock
+-- KEYS[3] map meta         P:{map:<id>}:meta
+-- KEYS[4] rollback meta    P:{map:<id>}:rb:<gen>:meta
+-- KEYS[5] rollback offset  P:{map:<id>}:rb:<gen>:offset
+-- ARGV[1] lock token of the caller   ARGV[2] generation   ARGV[3] position
+-- ARGV[4] the rollback's total as the task knows it
+-- Returns {version, data}  the element's state
+--         {-1}             the caller does not hold the lock
+--         {-3}             the element has no run
+--         {-4}             the map or its rollback is gone
+--         {-5}             the rollback has not claimed this position, or the task is another's
+--         {-8}             a newer generation superseded this one
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+  return {-1}
+end
+local g = redis.call('HGET', KEYS[3], 'rbgen')
+if not g then
+  return {-4}
+end
+if tonumber(g) > tonumber(ARGV[2]) then
+  return {-8}
+end
+local total = redis.call('HGET', KEYS[4], 'total')
+if not total then
+  return {-4}
+end
+if total ~= ARGV[4] or tonumber(ARGV[3]) >= tonumber(redis.call('GET', KEYS[5]) or '0') then
+  return {-5}
+end
+local cur = redis.call('HMGET', KEYS[1], 'v', 'd')
+if not cur[1] then
+  return {-3}
+end
+return {tonumber(cur[1]), cur[2]}

@@ -1,0 +1,116 @@
+package reactor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/lock"
+	"github.com/goreactor/goreactor/internal/runctx"
+	"github.com/goreactor/goreactor/internal/store"
+)
+
+// An element run (a map element "<mapID>.<i>") starts and ends in its map's
+// keys: its keys share its map's slot (keys.ElemState), so the construct
+// that executes it can check the map in the element's create
+// (runctx.Element.Create) and record the element's outcome in its terminal
+// write (runctx.Element.Finish), one script each instead of a separate read
+// and settle. Without them (an inline map, an element of a map started
+// before that layout) the element is created and written like any run.
+
+// elemTarget returns the keys of element run id: the layout of its map
+// (runctx.Element.Legacy), the current one by default.
+func (e *Engine) elemTarget(ctx context.Context, id string) store.Target {
+	if el, ok := runctx.ElementFrom(ctx); ok && el.Legacy {
+		return e.store.LegacyElemTarget(id)
+	}
+	return e.store.ElemTarget(id)
+}
+
+// startElement creates or resumes element run id and executes it: Engine.start
+// for an element (no index entries, no inputs check against a stored run,
+// the lock tried once).
+func (e *Engine) startElement(ctx context.Context, def *Definition, id string, inputs map[string]Raw) (*Result, error) {
+	target := e.elemTarget(ctx, id)
+	el, _ := runctx.ElementFrom(ctx)
+	lease, err := e.locks.TryAcquire(ctx, target.Lock)
+	if errors.Is(err, lock.ErrHeld) {
+		// Someone executes this element. A finished one answers with its
+		// result.
+		if snap, lerr := e.store.Load(ctx, target); lerr == nil {
+			if st, derr := decodeState(snap.Data); derr == nil && st.Status.Terminal() {
+				return st.result(), nil
+			}
+		}
+		return nil, fmt.Errorf("%w (run %s)", ErrRunLocked, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	bg := context.WithoutCancel(ctx)
+	now := e.now()
+	st := newState(id, def, inputs, now)
+	adoptElement(ctx, st)
+	// The first step's intent rides on the create.
+	st.Intent = nextIntent(&frame{def: def, st: st})
+	if st.Intent != nil {
+		st.stepStarted(st.Intent.Step, now)
+	}
+	data, err := codec.Marshal(st)
+	if err != nil {
+		_ = lease.Release(bg)
+		return nil, fmt.Errorf("reactor: encode run: %w", err)
+	}
+	create := e.store.Create
+	if el.Create != nil {
+		create = el.Create
+	}
+	snap, created, err := create(ctx, target, lease.Token(), data)
+	if err != nil {
+		_ = lease.Release(bg)
+		return nil, err
+	}
+	x := &execution{e: e, def: def, target: target, lease: lease, version: snap.Version, indexed: StatusRunning,
+		element: true, inWorker: true}
+	if created {
+		x.st, x.created = st, true
+		return x.execute(ctx, EventRunStarted)
+	}
+	existing, err := decodeState(snap.Data)
+	if err != nil {
+		_ = lease.Release(bg)
+		return nil, err
+	}
+	if existing.Reactor != def.name {
+		_ = lease.Release(bg)
+		return nil, errIDTaken(id, existing.Reactor)
+	}
+	if existing.Def != "" && existing.Def != def.fp && !existing.Status.Terminal() {
+		// The element started under another version: it goes on under
+		// that one, or not at all here.
+		d, err := e.lookupRun(existing)
+		if err != nil {
+			_ = lease.Release(bg)
+			return nil, err
+		}
+		x.def = d
+	}
+	if existing.Status.Terminal() {
+		_ = lease.Release(bg)
+		return existing.result(), nil
+	}
+	x.st = existing
+	adoptElement(ctx, existing) // an element created before it was recorded
+	return x.execute(ctx, EventRunResumed)
+}
+
+// write is the fenced write of save: an element's terminal write goes
+// through its construct's Finish when it gave one (the map settles in the
+// same script).
+func (x *execution) write(ctx context.Context, data []byte, terminal bool, o store.WriteOptions) (store.WriteResult, error) {
+	if el, ok := runctx.ElementFrom(ctx); ok && terminal && x.element && el.Finish != nil {
+		return el.Finish(ctx, x.target, x.lease.Token(), x.version, data, o, x.st.result())
+	}
+	return x.e.store.Write(ctx, x.target, x.lease.Token(), x.version, data, o)
+}
