@@ -108,7 +108,7 @@ func (s mapStore) elemBegin(mapID string, md meta, index int) func(ctx context.C
 		case -4:
 			return store.Snapshot{}, false, maptask.ErrMapGone
 		case -5:
-			return store.Snapshot{}, false, fmt.Errorf("%w: element %d of map %s: the map never claimed it (size %d)", maptask.ErrBadTask, index, mapID, md.Total)
+			return store.Snapshot{}, false, fmt.Errorf("%w: element %d of map %s: the task is of an earlier map under that id", maptask.ErrBadTask, index, mapID)
 		case -6:
 			return store.Snapshot{}, false, errElemMapFailed
 		default:
@@ -232,11 +232,11 @@ var errRbSuperseded = errors.New("mapstep: a newer rollback generation supersede
 
 // elemRbLoad is a rollback job's element load (runctx.Element.Load):
 // elem_rb_load.lua.
-func (s mapStore) elemRbLoad(t maptask.RollbackTask) func(ctx context.Context, tg store.Target, token string) (store.Snapshot, error) {
+func (s mapStore) elemRbLoad(md meta, t maptask.RollbackTask) func(ctx context.Context, tg store.Target, token string) (store.Snapshot, error) {
 	return func(ctx context.Context, tg store.Target, token string) (store.Snapshot, error) {
 		k := s.keys
 		res, err := elemRbLoadScript.Run(ctx, s.rdb, []string{tg.State, tg.Lock, k.MapMeta(t.MapID), k.MapRbMeta(t.MapID, t.Gen), k.MapRbOffset(t.MapID, t.Gen)},
-			token, t.Gen, t.Pos, t.Total).Slice()
+			token, t.Gen, t.Pos, t.Total, md.Inc).Slice()
 		if err != nil {
 			return store.Snapshot{}, fmt.Errorf("mapstep: load element %s[%d] for its rollback: %w", t.MapID, t.Index, err)
 		}
@@ -252,7 +252,7 @@ func (s mapStore) elemRbLoad(t maptask.RollbackTask) func(ctx context.Context, t
 		case code == -8:
 			return store.Snapshot{}, errRbSuperseded
 		default:
-			return store.Snapshot{}, fmt.Errorf("%w: rollback task %s names position %d (element %d), which its rollback has not claimed", maptask.ErrBadTask, t.TaskID(), t.Pos, t.Index)
+			return store.Snapshot{}, fmt.Errorf("%w: rollback task %s is of an earlier map under the id %s", maptask.ErrBadTask, t.TaskID(), t.MapID)
 		}
 	}
 }
@@ -339,8 +339,8 @@ func processCarriedRollback(ctx context.Context, e *reactor.Engine, ms mapStore,
 	}
 	var sr settleResult
 	var o rbOutcome
-	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: t.Index, Trace: md.Trace,
-		Load: ms.elemRbLoad(t), Finish: ms.elemRbFinish(md, t, &sr, &o)})
+	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: t.Index, Trace: md.Trace, WindowAt: t.WindowAt,
+		Load: ms.elemRbLoad(md, t), Finish: ms.elemRbFinish(md, t, &sr, &o)})
 	res, err := engineapi.UndoElement(e, ctx, ElementID(t.MapID, t.Index), 0)
 	switch {
 	case errors.Is(err, errRbSuperseded):
@@ -368,7 +368,7 @@ func processCarriedRollback(ctx context.Context, e *reactor.Engine, ms mapStore,
 	}
 	if sr.From >= 0 {
 		claimedBatch(ctx, e, md, reactor.EventMapRollbackBatchClaimed)
-		rb := rbMeta{exists: true, Gen: t.Gen, Total: t.Total, BatchSize: md.BatchSize}
+		rb := rbMeta{exists: true, Gen: t.Gen, Total: t.Total, BatchSize: md.BatchSize, WindowAt: t.WindowAt}
 		if err := dispatchRollback(ctx, e, ms, md, t.MapID, rb, sr.From, sr.To); err != nil {
 			return true, err
 		}

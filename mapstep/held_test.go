@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/goreactor/goreactor/internal/keys"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -152,6 +153,9 @@ func (hf *heldFixture) finish(t *testing.T, ctx context.Context, res *reactor.Re
 }
 
 func (hf *heldFixture) ttl(ctx context.Context, kind, id string) time.Duration {
+	if kind == "elem" {
+		return hf.rdb.PTTL(ctx, keys.New(hf.prefix).ElemState(id)).Val()
+	}
 	return hf.rdb.PTTL(ctx, hf.prefix+":{"+kind+":"+id+"}:ctx").Val()
 }
 

@@ -41,6 +41,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/goreactor/goreactor/internal/keys"
 	"io"
 	"log/slog"
 	"maps"
@@ -1260,6 +1261,9 @@ func (h *mmHist) eventually(cond func() (bool, error)) (bool, error) {
 }
 
 func (h *mmHist) pttl(kind, id string) (time.Duration, error) {
+	if kind == "elem" {
+		return h.rdb.PTTL(h.ctx, keys.New(h.prefix).ElemState(id)).Result()
+	}
 	return h.rdb.PTTL(h.ctx, h.prefix+":{"+kind+":"+id+"}:ctx").Result()
 }
 

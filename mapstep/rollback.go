@@ -799,7 +799,7 @@ func dispatchRollback(ctx context.Context, e *reactor.Engine, ms mapStore, md me
 		}
 		t := maptask.RollbackTask{MapID: mapID, Gen: rb.Gen, Pos: p, Index: idx[p-from]}
 		if fwd != nil {
-			t.Meta, t.Total = carried, rb.Total
+			t.Meta, t.Total, t.WindowAt = carried, rb.Total, rb.WindowAt
 			if v, ok := fwd[p-from].(string); ok {
 				t.Fwd = codec.Raw(v)
 			}

@@ -114,3 +114,22 @@ func (x *execution) write(ctx context.Context, data []byte, terminal bool, o sto
 	}
 	return x.e.store.Write(ctx, x.target, x.lease.Token(), x.version, data, o)
 }
+
+// storedElemTarget returns the keys of element run id as they are stored:
+// its map's layout, or (a map started before element runs moved into their
+// map's slot) the legacy one when only that holds a state. Callers that
+// have only the id (an operator's resolve, a report) use it.
+func (e *Engine) storedElemTarget(ctx context.Context, id string) (store.Target, error) {
+	cur, old := e.store.ElemTarget(id), e.store.LegacyElemTarget(id)
+	if cur.State == old.State {
+		return cur, nil
+	}
+	n, err := e.store.Client().Exists(ctx, cur.State).Result()
+	if err != nil || n == 1 {
+		return cur, err
+	}
+	if n, err = e.store.Client().Exists(ctx, old.State).Result(); err == nil && n == 1 {
+		return old, nil
+	}
+	return cur, err
+}

@@ -310,7 +310,11 @@ func (e *Engine) element(ctx context.Context, id string) (*Run, error) {
 	if err := validateRunID(id); err != nil {
 		return nil, err
 	}
-	snap, err := e.store.Load(ctx, e.store.ElemTarget(id))
+	target, err := e.storedElemTarget(ctx, id) // element_run.go
+	if err != nil {
+		return nil, err
+	}
+	snap, err := e.store.Load(ctx, target)
 	if errors.Is(err, store.ErrNotFound) {
 		return nil, fmt.Errorf("%w: element %s", ErrNotFound, id)
 	}

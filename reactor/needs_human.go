@@ -53,9 +53,27 @@ func (e *Engine) waitingForPerson(ctx context.Context, ids []string) ([]bool, er
 	if err != nil {
 		return nil, err
 	}
+	var legacy []store.Target
+	var still []int
 	for j, snap := range snaps {
 		if snap.Data != nil {
 			out[missing[j]] = e.decodeWaiting(ctx, ids[missing[j]], snap.Data)
+			continue
+		}
+		// An element of a map started before element runs moved into
+		// their map's slot.
+		legacy = append(legacy, e.store.LegacyElemTarget(ids[missing[j]]))
+		still = append(still, missing[j])
+	}
+	if len(legacy) == 0 {
+		return out, nil
+	}
+	if snaps, err = e.store.LoadMany(ctx, legacy); err != nil {
+		return nil, err
+	}
+	for j, snap := range snaps {
+		if snap.Data != nil {
+			out[still[j]] = e.decodeWaiting(ctx, ids[still[j]], snap.Data)
 		}
 	}
 	return out, nil

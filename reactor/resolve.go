@@ -318,7 +318,10 @@ func (e *Engine) openForResolve(ctx context.Context, id string) (*execution, err
 	if n, err := e.store.Client().Exists(ctx, target.State).Result(); err != nil {
 		return nil, err
 	} else if n == 0 {
-		target, what, element = e.store.ElemTarget(id), "element "+id, true
+		what, element = "element "+id, true
+		if target, err = e.storedElemTarget(ctx, id); err != nil {
+			return nil, err
+		}
 	}
 	x, err := e.lockAndLoad(ctx, target, what, e.cfg.UndoLockWait)
 	if err != nil {

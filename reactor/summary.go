@@ -292,7 +292,11 @@ var ErrNoRollback = errors.New("reactor: the run has not rolled back")
 func (e *Engine) RollbackReport(ctx context.Context, id string) (*RollbackReport, error) {
 	st, _, err := e.load(ctx, id)
 	if errors.Is(err, ErrNotFound) {
-		snap, lerr := e.store.Load(ctx, e.store.ElemTarget(id))
+		target, lerr := e.storedElemTarget(ctx, id)
+		var snap store.Snapshot
+		if lerr == nil {
+			snap, lerr = e.store.Load(ctx, target)
+		}
 		switch {
 		case errors.Is(lerr, store.ErrNotFound):
 			return nil, err // neither a run nor an element

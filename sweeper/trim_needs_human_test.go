@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/goreactor/goreactor/internal/keys"
 	"testing"
 	"time"
 
@@ -202,11 +203,11 @@ func TestTrimNeedsHuman(t *testing.T) {
 	old := e.oldScore(ctx)
 	e.list(ctx, old, "expires", element("expires", 0))
 	e.expire(ctx, e.prefix+":{run:expires}:ctx")
-	e.expire(ctx, e.prefix+":{elem:"+element("expires", 0)+"}:ctx")
+	e.expire(ctx, keys.New(e.prefix).ElemState(element("expires", 0)))
 	// An element whose undo went through, which never waited.
 	neverWaited := element("waits", 0)
 	e.list(ctx, old, neverWaited)
-	require.Equal(t, int64(1), e.rdb.Exists(ctx, e.prefix+":{elem:"+neverWaited+"}:ctx").Val(), "its state exists")
+	require.Equal(t, int64(1), e.rdb.Exists(ctx, keys.New(e.prefix).ElemState(neverWaited)).Val(), "its state exists")
 	// A state the engine cannot decode: nobody can tell it no longer
 	// waits.
 	require.NoError(t, e.rdb.HSet(ctx, e.prefix+":{run:unreadable}:ctx", "v", 1, "d", "\xc1").Err())

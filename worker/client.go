@@ -212,7 +212,7 @@ func (c *Client) enqueueElement(ctx context.Context, t maptask.ElementTask) erro
 
 func (c *Client) enqueueRollback(ctx context.Context, t maptask.RollbackTask) error {
 	body, err := codec.Marshal(payload.RollbackPayload{MapID: t.MapID, Gen: t.Gen, Pos: t.Pos, Index: t.Index,
-		Meta: t.Meta, Fwd: t.Fwd, Total: t.Total, TP: traceparent(ctx)})
+		Meta: t.Meta, Fwd: t.Fwd, Total: t.Total, WA: t.WindowAt, TP: traceparent(ctx)})
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package worker_test
 
 import (
+	"github.com/goreactor/goreactor/internal/keys"
 	"testing"
 	"time"
 
@@ -31,7 +32,7 @@ func TestConflictedElementKeepsItsOwnerUntilResolved(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusFailed, final.Status)
 	elemID := mapstep.MapID("tiers2", "each") + ".1"
-	elemKey := f.prefix + ":{elem:" + elemID + "}:ctx"
+	elemKey := keys.New(f.prefix).ElemState(elemID)
 	ownerKey := f.prefix + ":{run:tiers2}:ctx"
 	require.Eventually(t, func() bool {
 		_, err := f.rdb.ZScore(ctx, f.prefix+":idx:active", "tiers2").Result()

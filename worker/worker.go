@@ -385,7 +385,7 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 		attribute.Int("reactor.element.index", p.Index), attribute.Int("reactor.rollback.gen", p.Gen), attribute.Int("reactor.rollback.pos", p.Pos))
 	defer func() { endTask(span, err) }()
 	err = maptask.ProcessRollback(ctx, w.engine, maptask.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index,
-		Meta: p.Meta, Fwd: p.Fwd, Total: p.Total})
+		Meta: p.Meta, Fwd: p.Fwd, Total: p.Total, WindowAt: p.WA})
 	if errors.Is(err, reactor.ErrUnknownReactor) {
 		w.unknownReactor(ctx, "", "element rollback", mapstep.ElementID(p.MapID, p.Index))
 	}

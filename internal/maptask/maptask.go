@@ -67,7 +67,7 @@ type RollbackTask struct {
 	Index int
 	// Redelivery, when set, is appended to the task id (see ElementTask).
 	Redelivery string
-	// Meta, Fwd and Total, when Meta is set, are what the job would read
+	// Meta, Fwd, Total and WindowAt, when Meta is set, are what the job would read
 	// first: the map's immutable metadata (encoded by package mapstep), the
 	// element's forward outcome (encoded; empty for none) and the
 	// rollback's total, put in the task by whoever claimed its position.
@@ -75,6 +75,9 @@ type RollbackTask struct {
 	// carried, the map sweeper's, a re-triggered generation's).
 	Meta, Fwd codec.Raw
 	Total     int
+	// WindowAt is the rollback's undo-window time (server ms; 0: none),
+	// carried with Meta.
+	WindowAt int64
 }
 
 // TaskID is the asynq task id of a rollback job.

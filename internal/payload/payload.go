@@ -23,6 +23,7 @@ type RollbackPayload struct {
 	Meta  codec.Raw `msgpack:"m,omitempty"`
 	Fwd   codec.Raw `msgpack:"f,omitempty"`
 	Total int       `msgpack:"n,omitempty"`
+	WA    int64     `msgpack:"wa,omitempty"`
 	// TP is the W3C traceparent of the span that enqueued the task, "" when
 	// it had none.
 	TP string `msgpack:"tp,omitempty"`

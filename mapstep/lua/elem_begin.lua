@@ -15,8 +15,8 @@
 --         {1, 1}             created, version 1
 --         {0, version, data} the element existed: its current state
 --         {-4}               the map is gone (expired, or never started)
---         {-5}               the map never claimed this position (a stray task,
---                            or a task of an earlier map under the same id)
+--         {-5}               a task of an earlier map under the same id (another
+--                            incarnation)
 --         {-6}               the map failed (or was stopped): the position settles
 --                            stopped instead of running
 --         {-7}               the map's owner has finished: nothing runs or settles
@@ -39,7 +39,11 @@ local m = redis.call('HMGET', KEYS[3], 'total', 'inc')
 if not m[1] then
   return {-4}
 end
-if (m[2] or '') ~= ARGV[4] or tonumber(ARGV[3]) >= tonumber(redis.call('GET', KEYS[4]) or '0') then
+-- Only a claim dispatches a task that carries the map's incarnation
+-- (mapstep's dispatch, after the start script or a settle claimed its
+-- batch), so a matching incarnation means a claimed position: the offset
+-- (KEYS[4]) is read only by the old path.
+if (m[2] or '') ~= ARGV[4] then
   return {-5}
 end
 if redis.call('EXISTS', KEYS[5]) == 1 then

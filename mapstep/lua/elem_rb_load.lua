@@ -9,29 +9,30 @@
 -- KEYS[4] rollback meta    P:{map:<id>}:rb:<gen>:meta
 -- KEYS[5] rollback offset  P:{map:<id>}:rb:<gen>:offset
 -- ARGV[1] lock token of the caller   ARGV[2] generation   ARGV[3] position
--- ARGV[4] the rollback's total as the task knows it
+-- ARGV[4] the rollback's total as the task knows it (unused here; see below)
+-- ARGV[5] the map's incarnation as the task knows it
 -- Returns {version, data}  the element's state
 --         {-1}             the caller does not hold the lock
 --         {-3}             the element has no run
 --         {-4}             the map or its rollback is gone
---         {-5}             the rollback has not claimed this position, or the task is another's
+--         {-5}             a task of an earlier map under the same id
 --         {-8}             a newer generation superseded this one
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return {-1}
 end
-local g = redis.call('HGET', KEYS[3], 'rbgen')
-if not g then
-  return {-4}
-end
-if tonumber(g) > tonumber(ARGV[2]) then
-  return {-8}
-end
-local total = redis.call('HGET', KEYS[4], 'total')
-if not total then
-  return {-4}
-end
-if total ~= ARGV[4] or tonumber(ARGV[3]) >= tonumber(redis.call('GET', KEYS[5]) or '0') then
+-- rb_start.lua sets rbgen with the generation's meta; the map's incarnation
+-- tells a task of an earlier map under the same id. Only a claim dispatches
+-- a task that carries them (mapstep's dispatchRollback), so the position is
+-- claimed: the rollback's keys (KEYS[4], KEYS[5]) are read only by the old path.
+local m = redis.call('HMGET', KEYS[3], 'rbgen', 'inc')
+if (m[2] or '') ~= ARGV[5] then
   return {-5}
+end
+if not m[1] then
+  return {-4}
+end
+if tonumber(m[1]) > tonumber(ARGV[2]) then
+  return {-8}
 end
 local cur = redis.call('HMGET', KEYS[1], 'v', 'd')
 if not cur[1] then
