@@ -50,7 +50,7 @@ const heapTarget = 1.25
 // rollback, after a warm-up pass and with every Redis pool opened up front.
 func (b *bench) heapCompare(ctx context.Context) (*heapReport, error) {
 	c := b.cfg
-	r := &heapReport{Redis: b.tgt.desc, KeyPrefix: b.prefix, Queue: b.queues[0], Machine: machine(), Workers: c.workers, BatchSize: c.batch, Target: heapTarget}
+	r := &heapReport{Redis: b.tgt.desc, KeyPrefix: b.prefix, Queue: b.queue, Machine: machine(), Workers: c.workers, BatchSize: c.batch, Target: heapTarget}
 	b.bar.note("heap: sizes %v, %d workers in this process, batch %d, no undo latency\n", c.heap, c.workers, c.batch)
 	spec := b.spec(kindReactor, []int{c.batch})
 	spec.Concurrency = c.workers

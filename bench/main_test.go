@@ -76,6 +76,8 @@ func tiny(t *testing.T) config {
 		procs:        0,
 		batch:        20,
 		undoLatency:  time.Millisecond,
+		workLatency:  2 * time.Millisecond,
+		rounds:       2,
 		redisURL:     fmt.Sprintf("redis://%s/%d", opts.Addr, opts.DB),
 		json:         true,
 		sweepWorkers: []int{1, 2},
@@ -160,12 +162,14 @@ func TestDefaultRunJSON(t *testing.T) {
 			waiting := out["max_waiting"].(float64)
 			require.Greater(t, waiting, 0.0)
 			require.LessOrEqual(t, waiting, 30.0) // B + B/2
-			require.Len(t, out["targets"], 4)
+			requireVersusBareAsynq(t, out, cfg)
+			require.Len(t, out["targets"], 7)
+			shaped := map[string]bool{"speedup": true, "fanout_vs_bare_asynq_rollback": true, "fanout_vs_bare_asynq_forward": true}
 			for _, tg := range out["targets"].([]any) {
 				tg := tg.(map[string]any)
-				// The speedup target is set for 10 workers and 2,000
-				// elements: not this run's.
-				require.Equal(t, tg["name"] != "speedup", tg["enforced"], "%v", tg)
+				// The timing targets are set for 10 workers, 10 ms and
+				// 2,000 elements: not this run's.
+				require.Equal(t, !shaped[tg["name"].(string)], tg["enforced"], "%v", tg)
 			}
 			own := redis.NewClient(&redis.Options{Addr: srv.Addr})
 			defer own.Close()
@@ -314,6 +318,8 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 1, cfg.procs)
 	require.Equal(t, 50, cfg.batch)
 	require.Equal(t, 10*time.Millisecond, cfg.undoLatency)
+	require.Equal(t, 10*time.Millisecond, cfg.workLatency)
+	require.Equal(t, 5, cfg.rounds)
 	require.Equal(t, defaultSweep, cfg.sweepWorkers)
 	require.False(t, cfg.noFail)
 
@@ -339,6 +345,8 @@ func TestParseFlags(t *testing.T) {
 		"-sweep -heap 1,2":     "choose one",
 		"-undo-latency -1ms":   "cannot be negative",
 		"-procs -1":            "cannot be negative",
+		"-work-latency -1ms":   "cannot be negative",
+		"-rounds 0":            "-rounds 0",
 		"-elements 10 extra":   "unexpected arguments",
 		"-redis redis://x -nb": "flag provided but not defined",
 	} {
@@ -363,4 +371,77 @@ func TestHardeningRedisURLNotAnswering(t *testing.T) {
 	_, err = pick(t.Context(), "")
 	require.ErrorContains(t, err, url)
 	require.ErrorContains(t, err, "REDIS_URL")
+}
+
+// requireVersusBareAsynq checks the bare asynq comparisons of a default
+// run's report against each other: every ratio is the quotient of the
+// figures it reports beside it, and the spreads hold their rounds.
+func requireVersusBareAsynq(t *testing.T, out map[string]any, cfg config) {
+	t.Helper()
+	num := func(k string) float64 {
+		v, ok := out[k].(float64)
+		require.True(t, ok, "%s: %v", k, out[k])
+		return v
+	}
+	require.InDelta(t, ms(cfg.workLatency), num("work_latency_ms"), 1e-9)
+	for _, side := range []struct{ ratio, fan, bare string }{
+		{"fanout_vs_bare_asynq_rollback", "fanout_seconds", "bare_asynq_rollback_seconds"},
+		{"fanout_vs_bare_asynq_forward", "fanout_forward_work_seconds", "bare_asynq_forward_seconds"},
+	} {
+		require.Greater(t, num(side.bare), 0.0, side.bare)
+		require.InDelta(t, num(side.fan)/num(side.bare), num(side.ratio), 1e-9, side.ratio)
+	}
+	// n tasks of latency L on W workers cannot finish sooner than n*L/W,
+	// on either side.
+	floor := (time.Duration(cfg.elements) * cfg.workLatency / time.Duration(cfg.workers)).Seconds()
+	require.GreaterOrEqual(t, num("bare_asynq_forward_seconds"), floor)
+	require.GreaterOrEqual(t, num("fanout_forward_work_seconds"), floor)
+	floor = (time.Duration(cfg.elements) * cfg.undoLatency / time.Duration(cfg.workers)).Seconds()
+	require.GreaterOrEqual(t, num("bare_asynq_rollback_seconds"), floor)
+
+	require.EqualValues(t, cfg.rounds, num("throughput_rounds"))
+	sp := func(k string) spread {
+		raw, err := json.Marshal(out[k])
+		require.NoError(t, err)
+		var s spread
+		require.NoError(t, json.Unmarshal(raw, &s))
+		require.Len(t, s.Values, cfg.rounds, k)
+		require.Equal(t, median(s.Values), s.Median, k)
+		require.LessOrEqual(t, s.Min, s.Median, k)
+		require.LessOrEqual(t, s.Median, s.Max, k)
+		require.Greater(t, s.Min, 0.0, k)
+		return s
+	}
+	fan, bare, per := sp("fanout_elements_per_sec_rounds"), sp("bare_asynq_tasks_per_sec_rounds"), sp("throughput_ratio_rounds")
+	require.InDelta(t, fan.Median/bare.Median, num("throughput_ratio_of_medians"), 1e-9)
+	for i := range per.Values {
+		require.InDelta(t, fan.Values[i]/bare.Values[i], per.Values[i], 1e-9, "round %d", i)
+	}
+}
+
+// TestSpread pins the summaries the repeated rounds are reported by: an
+// even count's median is the mean of the middle two, and the values keep
+// the order they were measured in.
+func TestSpread(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in               []float64
+		median, min, max float64
+	}{
+		{in: []float64{3}, median: 3, min: 3, max: 3},
+		{in: []float64{5, 1, 3}, median: 3, min: 1, max: 5},
+		{in: []float64{4, 1, 3, 2}, median: 2.5, min: 1, max: 4},
+		{in: []float64{2600, 2400, 9000, 2500, 2550}, median: 2550, min: 2400, max: 9000},
+	} {
+		s := summarize(tc.in)
+		require.Equal(t, tc.median, s.Median, "%v", tc.in)
+		require.Equal(t, tc.min, s.Min, "%v", tc.in)
+		require.Equal(t, tc.max, s.Max, "%v", tc.in)
+		require.Equal(t, tc.in, s.Values)
+	}
+	require.Equal(t, spread{Values: []float64{}}, summarize(nil))
+	in := []float64{3, 1, 2}
+	summarize(in)
+	require.Equal(t, []float64{3, 1, 2}, in, "summarize must not sort its input")
+	require.Equal(t, []float64{2, 0.5}, ratios([]float64{4, 1, 7}, []float64{2, 2}))
 }

@@ -70,7 +70,7 @@ func (b *bench) rollback(ctx context.Context, r rollbackRun) (rollbackResult, er
 	inputs := map[string]any{"n": r.n, "undo_ns": int64(r.undo), "counts": counts, "mark": mark, "fail": true}
 	mapID := mapstep.MapID(id, mapStep)
 
-	s := newSampler(b.admin, b.queues[0], r.fanOut, r.heapEvery)
+	s := newSampler(b.admin, b.queue, r.fanOut, r.heapEvery)
 	if b.cfg.cpuProfile != "" {
 		s.profile = filepath.Join(b.cfg.cpuProfile, "heap-"+strings.ReplaceAll(strings.ReplaceAll(r.label, " ", "-"), ",", "")+".pprof")
 	}
