@@ -261,7 +261,104 @@ func TestHeapCompare(t *testing.T) {
 	}
 	require.Greater(t, out["inline_heap_ratio"].(float64), 0.0)
 	require.Greater(t, out["fanout_heap_ratio"].(float64), 0.0)
+	// Each size ran on keys of its own, under the run's prefix, with
+	// Redis persistence watched through each run.
+	seen := map[string]bool{}
+	for _, s := range sizes {
+		p := s.(map[string]any)
+		prefix, queue := p["key_prefix"].(string), p["queue"].(string)
+		require.True(t, strings.HasPrefix(prefix, out["key_prefix"].(string)+":"), prefix)
+		require.True(t, strings.HasPrefix(queue, out["queue"].(string)+"-"), queue)
+		require.False(t, seen[prefix], "two sizes on prefix %s", prefix)
+		seen[prefix] = true
+		for _, side := range []string{"inline_redis_persistence", "fanout_redis_persistence"} {
+			a, ok := p[side].(map[string]any)
+			require.True(t, ok, "%s: %v", side, p[side])
+			require.GreaterOrEqual(t, a["samples"].(float64), 2.0, side)
+			if d, ok := a["rdb_changes_delta"].(float64); ok { // null when a save ran (the Redis is shared)
+				require.Greater(t, d, 0.0, "%s: a rollback writes", side)
+			}
+		}
+		require.Greater(t, p["redis_used_memory_start_bytes"].(float64), 0.0)
+	}
 	requireNoKeys(t, out)
+}
+
+// TestPersistenceWatch watches a Redis of its own (so every write is the
+// test's, and a save disturbs no one): the writes are counted exactly, and
+// a background save or AOF rewrite is reported as such.
+func TestPersistenceWatch(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t, "--appendonly", "yes")
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := t.Context()
+
+	stop := watchPersistence(rdb)
+	for i := range 100 {
+		require.NoError(t, rdb.Set(ctx, fmt.Sprintf("k%d", i), i, 0).Err())
+	}
+	a := stop()
+	require.NotNil(t, a)
+	require.NotNil(t, a.RDBChanges)
+	require.EqualValues(t, 100, *a.RDBChanges)
+	require.EqualValues(t, 0, a.RDBSaves)
+	require.False(t, a.disturbed(), "%+v", a)
+	require.True(t, a.AOFEnabled)
+	require.NotNil(t, a.AOFBytes)
+	require.Greater(t, *a.AOFBytes, int64(0), "100 SETs appended to the AOF")
+	require.GreaterOrEqual(t, a.Samples, 2) // before and after at least
+	require.Same(t, a, stop(), "stop is idempotent")
+
+	// settled waits until no save or rewrite runs, reading the state (no
+	// fixed sleep).
+	settled := func() {
+		require.Eventually(t, func() bool {
+			p, err := readPersistence(ctx, rdb)
+			return err == nil && !p.rdbBgsave && !p.aofRewrite
+		}, 10*time.Second, 10*time.Millisecond)
+	}
+	settled() // an AOF rewrite may follow start-up
+	stop = watchPersistence(rdb)
+	require.NoError(t, rdb.Set(ctx, "k", 1, 0).Err())
+	require.NoError(t, rdb.BgSave(ctx).Err())
+	settled()
+	a = stop()
+	require.EqualValues(t, 1, a.RDBSaves)
+	require.Nil(t, a.RDBChanges, "a save resets the counter: no delta")
+	require.Equal(t, "ok", a.LastBgsaveStatus)
+	require.True(t, a.disturbed())
+
+	stop = watchPersistence(rdb)
+	require.NoError(t, rdb.BgRewriteAOF(ctx).Err())
+	settled()
+	a = stop()
+	require.EqualValues(t, 1, a.AOFRewrites)
+	require.True(t, a.disturbed())
+	require.Equal(t, "ok", a.AOFLastRewriteStatus)
+}
+
+// A Redis before 7.0 has no rdb_saves: a moved rdb_last_save_time counts
+// as one save. A reply without the fields every Redis has is an error.
+func TestPersistenceActivity(t *testing.T) {
+	t.Parallel()
+	before, err := parsePersistence("# Persistence\r\nrdb_changes_since_last_save:40\r\nrdb_bgsave_in_progress:0\r\n" +
+		"rdb_last_save_time:1000\r\nrdb_last_bgsave_status:ok\r\naof_enabled:0\r\naof_rewrite_in_progress:0\r\n")
+	require.NoError(t, err)
+	require.EqualValues(t, -1, before.rdbSaves)
+	after := before
+	after.rdbChanges = 55
+	a := activity(before, after, false, false, 2)
+	require.EqualValues(t, 15, *a.RDBChanges)
+	require.False(t, a.disturbed())
+	after.rdbLastSaveTime, after.rdbChanges = 1010, 3
+	a = activity(before, after, false, false, 2)
+	require.EqualValues(t, 1, a.RDBSaves)
+	require.Nil(t, a.RDBChanges)
+	require.True(t, activity(before, before, true, false, 3).disturbed(), "a save seen in progress")
+
+	_, err = parsePersistence("# Persistence\r\nrdb_bgsave_in_progress:0\r\n")
+	require.ErrorContains(t, err, "rdb_changes_since_last_save missing")
 }
 
 // TestCancelStopsWorkers interrupts a run (as Ctrl-C does): it returns
