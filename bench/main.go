@@ -15,6 +15,14 @@
 // Redis round trips goreactor adds per element (a go-redis hook on each
 // client) and Redis commands per element (INFO commandstats deltas),
 // forward and rollback, and this process's heap during the rollbacks.
+// Against bare asynq (a plain asynq client and server with the same
+// workers, whose handler only sleeps) it times the same tasks: the
+// rollback's undos and a forward fan-out whose elements do -work-latency
+// of work (fanout_vs_bare_asynq_rollback and _forward), and it repeats the
+// zero-latency throughput -rounds times, goreactor and bare asynq
+// alternated, reporting medians, min/max and the ratio of medians. -heap
+// runs each size on fresh keys and reports Redis persistence activity
+// (writes, saves, AOF rewrites) during each run.
 //
 // It checks what it measures: every element is undone exactly once on both
 // sides (each undo is recorded with HINCRBY in Redis, so undos in worker
