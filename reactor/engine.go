@@ -357,7 +357,7 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		return nil, err
 	}
 	now := e.now()
-	st, data, err := newRunState(ctx, def, id, inputs, o, now)
+	st, data, err := e.newRunState(ctx, def, id, inputs, o, now)
 	if err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
@@ -451,12 +451,17 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 
 // newRunState is the state a start creates: the first step's intent rides
 // on the create. o is nil for an element run.
-func newRunState(ctx context.Context, def *Definition, id string, inputs map[string]Raw, o *runOptions, now time.Time) (*runState, []byte, error) {
+func (e *Engine) newRunState(ctx context.Context, def *Definition, id string, inputs map[string]Raw, o *runOptions, now time.Time) (*runState, []byte, error) {
 	st := newState(id, def, inputs, now)
 	if o == nil {
 		adoptElement(ctx, st)
 	} else {
 		o.applyTo(st)
+		if st.Queue == "" {
+			// The queue its wake-ups go to if it hands off, recorded as
+			// Enqueue records it (the dashboard shows it).
+			st.Queue = e.enqueuerQueue()
+		}
 	}
 	st.Intent = nextIntent(&frame{def: def, st: st})
 	if st.Intent != nil {
@@ -476,7 +481,7 @@ func newRunState(ctx context.Context, def *Definition, id string, inputs map[str
 // sweeper looks).
 func (e *Engine) startNew(ctx context.Context, def *Definition, id string, inputs map[string]Raw, o *runOptions, target store.Target) (*Result, error) {
 	now := e.now()
-	st, data, err := newRunState(ctx, def, id, inputs, o, now)
+	st, data, err := e.newRunState(ctx, def, id, inputs, o, now)
 	if err != nil {
 		return nil, err
 	}
