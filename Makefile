@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test test-race test-short test-leftovers lint bench ci soak bench-cli bench-dashboard
+.PHONY: test test-race test-short test-leftovers lint bench ci soak bench-cli bench-dashboard bench-ab
 
 # Same command as the README.
 test:
@@ -39,3 +39,9 @@ bench-cli:
 # The dashboard's answers over 100,000 stored runs and a 100,000-element map (about half a minute to seed).
 bench-dashboard:
 	GOREACTOR_DASHBOARD_BENCH_RUNS=100000 $(GO) test -count=1 -run '^$$' -bench BenchmarkDashboard -benchtime 50x ./dashboard/
+
+# In-process runs/s of this checkout against a pinned build (old and new alternating):
+# make bench-ab BASE=47764b8 (the commit that added the benchmark, before issue 23's work).
+BASE ?= 47764b8
+bench-ab:
+	bench/ab-run.sh $(BASE) 5

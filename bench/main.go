@@ -15,6 +15,14 @@
 // Redis round trips goreactor adds per element (a go-redis hook on each
 // client) and Redis commands per element (INFO commandstats deltas),
 // forward and rollback, and this process's heap during the rollbacks.
+// Against bare asynq (a plain asynq client and server with the same
+// workers, whose handler only sleeps) it times the same tasks: the
+// rollback's undos and a forward fan-out whose elements do -work-latency
+// of work (fanout_vs_bare_asynq_rollback and _forward), and it repeats the
+// zero-latency throughput -rounds times, goreactor and bare asynq
+// alternated, reporting medians, min/max and the ratio of medians. -heap
+// runs each size on fresh keys and reports Redis persistence activity
+// (writes, saves, AOF rewrites) during each run.
 //
 // It checks what it measures: every element is undone exactly once on both
 // sides (each undo is recorded with HINCRBY in Redis, so undos in worker
@@ -95,6 +103,8 @@ type config struct {
 	procs       int
 	batch       int
 	undoLatency time.Duration
+	workLatency time.Duration // each element's forward work in the forward comparison with bare asynq
+	rounds      int           // zero-latency throughput rounds, goreactor and bare asynq alternated
 	redisURL    string
 	json        bool
 	plot        string
@@ -123,6 +133,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.procs, "procs", 1, "worker subprocesses sharing -workers (0: workers run in this process)")
 	fs.IntVar(&cfg.batch, "batch", 50, "the fan-out map's batch size B (most tasks one action enqueues)")
 	fs.DurationVar(&cfg.undoLatency, "undo-latency", 10*time.Millisecond, "work done by each element's undo, modelled as latency")
+	fs.DurationVar(&cfg.workLatency, "work-latency", 10*time.Millisecond,
+		"work done by each element's forward step in the forward comparison with bare asynq (the rollback runs' forward steps do none)")
+	fs.IntVar(&cfg.rounds, "rounds", 5, "rounds of the zero-latency throughput, each goreactor then bare asynq, reported as median and min/max")
 	fs.StringVar(&cfg.redisURL, "redis", "", "Redis URL (default: REDIS_URL, then 127.0.0.1:6379 if it answers, then an embedded Redis)")
 	fs.BoolVar(&cfg.json, "json", false, "print one JSON object instead of the table (and no progress)")
 	fs.StringVar(&cfg.plot, "plot", "", "with -sweep: write the speedup chart to this SVG file")
@@ -175,6 +188,10 @@ func (c config) validate() error {
 		return fmt.Errorf("-batch %d: need at least 1", c.batch)
 	case c.undoLatency < 0:
 		return fmt.Errorf("-undo-latency %v: cannot be negative", c.undoLatency)
+	case c.workLatency < 0:
+		return fmt.Errorf("-work-latency %v: cannot be negative", c.workLatency)
+	case c.rounds < 1:
+		return fmt.Errorf("-rounds %d: need at least 1", c.rounds)
 	case c.plot != "" && !c.sweep:
 		return errors.New("-plot charts the sweep: add -sweep")
 	case c.sweep && len(c.heap) > 0:
@@ -204,13 +221,16 @@ type targeted interface{ missed() []string }
 
 // bench is one benchmark run.
 type bench struct {
-	cfg    config
-	tgt    *target
-	admin  *redis.Client // checks, sampling, INFO, cleanup
-	owner  *redis.Client // the owner engine's
-	host   *host         // the owner engine: runs start here
+	cfg   config
+	tgt   *target
+	admin *redis.Client // checks, sampling, INFO, cleanup
+	owner *redis.Client // the owner engine's
+	host  *host         // the owner engine: runs start here
+	// prefix and queue are where runs keep their keys and tasks; a
+	// measurement on fresh keys (onFreshKeys) switches them for its length.
 	prefix string
-	queues []string // [0] is the main queue; every queue used, for cleanup
+	queue  string
+	queues []string // every queue used, for cleanup; [0] is the main queue
 	bar    *bar
 	log    *slog.Logger
 	stderr io.Writer
@@ -247,7 +267,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 	defer tgt.close()
 	tgt.warm = len(cfg.heap) > 0
 	id := shortID()
-	b := &bench{cfg: cfg, tgt: tgt, prefix: "goreactor-bench:" + id, queues: []string{"goreactor-bench-" + id},
+	b := &bench{cfg: cfg, tgt: tgt, prefix: "goreactor-bench:" + id, queue: "goreactor-bench-" + id, queues: []string{"goreactor-bench-" + id},
 		bar: newBar(stderr, !cfg.json), stderr: stderr, bursts: newBurstCounter(),
 		log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	pool := 2*cfg.workers + 8
@@ -272,7 +292,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 	}
 	defer b.host.close()
 
-	b.bar.note("goreactor bench: redis %s; keys %s*, queue %s; %s", tgt.desc, b.prefix, b.queues[0], machine())
+	b.bar.note("goreactor bench: redis %s; keys %s*, queue %s; %s", tgt.desc, b.prefix, b.queue, machine())
 	var out any
 	switch {
 	case len(cfg.heap) > 0:
@@ -327,7 +347,7 @@ type printer interface{ print(io.Writer) }
 // spec is a worker pool serving this run's reactors (or bare tasks) on the
 // main queue.
 func (b *bench) spec(kind string, batches []int) poolSpec {
-	return poolSpec{Kind: kind, URL: b.tgt.url, Prefix: b.prefix, Queue: b.queues[0], Concurrency: b.cfg.workers,
+	return poolSpec{Kind: kind, URL: b.tgt.url, Prefix: b.prefix, Queue: b.queue, Concurrency: b.cfg.workers,
 		Batches: batches, DoubleUndo: b.cfg.doubleUndo, FakeBurst: b.cfg.fakeBurst, ProfileDir: b.cfg.cpuProfile, Warm: b.tgt.warm}
 }
 

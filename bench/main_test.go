@@ -76,6 +76,8 @@ func tiny(t *testing.T) config {
 		procs:        0,
 		batch:        20,
 		undoLatency:  time.Millisecond,
+		workLatency:  2 * time.Millisecond,
+		rounds:       2,
 		redisURL:     fmt.Sprintf("redis://%s/%d", opts.Addr, opts.DB),
 		json:         true,
 		sweepWorkers: []int{1, 2},
@@ -160,12 +162,14 @@ func TestDefaultRunJSON(t *testing.T) {
 			waiting := out["max_waiting"].(float64)
 			require.Greater(t, waiting, 0.0)
 			require.LessOrEqual(t, waiting, 30.0) // B + B/2
-			require.Len(t, out["targets"], 4)
+			requireVersusBareAsynq(t, out, cfg)
+			require.Len(t, out["targets"], 7)
+			shaped := map[string]bool{"speedup": true, "fanout_vs_bare_asynq_rollback": true, "fanout_vs_bare_asynq_forward": true}
 			for _, tg := range out["targets"].([]any) {
 				tg := tg.(map[string]any)
-				// The speedup target is set for 10 workers and 2,000
-				// elements: not this run's.
-				require.Equal(t, tg["name"] != "speedup", tg["enforced"], "%v", tg)
+				// The timing targets are set for 10 workers, 10 ms and
+				// 2,000 elements: not this run's.
+				require.Equal(t, !shaped[tg["name"].(string)], tg["enforced"], "%v", tg)
 			}
 			own := redis.NewClient(&redis.Options{Addr: srv.Addr})
 			defer own.Close()
@@ -257,7 +261,104 @@ func TestHeapCompare(t *testing.T) {
 	}
 	require.Greater(t, out["inline_heap_ratio"].(float64), 0.0)
 	require.Greater(t, out["fanout_heap_ratio"].(float64), 0.0)
+	// Each size ran on keys of its own, under the run's prefix, with
+	// Redis persistence watched through each run.
+	seen := map[string]bool{}
+	for _, s := range sizes {
+		p := s.(map[string]any)
+		prefix, queue := p["key_prefix"].(string), p["queue"].(string)
+		require.True(t, strings.HasPrefix(prefix, out["key_prefix"].(string)+":"), prefix)
+		require.True(t, strings.HasPrefix(queue, out["queue"].(string)+"-"), queue)
+		require.False(t, seen[prefix], "two sizes on prefix %s", prefix)
+		seen[prefix] = true
+		for _, side := range []string{"inline_redis_persistence", "fanout_redis_persistence"} {
+			a, ok := p[side].(map[string]any)
+			require.True(t, ok, "%s: %v", side, p[side])
+			require.GreaterOrEqual(t, a["samples"].(float64), 2.0, side)
+			if d, ok := a["rdb_changes_delta"].(float64); ok { // null when a save ran (the Redis is shared)
+				require.Greater(t, d, 0.0, "%s: a rollback writes", side)
+			}
+		}
+		require.Greater(t, p["redis_used_memory_start_bytes"].(float64), 0.0)
+	}
 	requireNoKeys(t, out)
+}
+
+// TestPersistenceWatch watches a Redis of its own (so every write is the
+// test's, and a save disturbs no one): the writes are counted exactly, and
+// a background save or AOF rewrite is reported as such.
+func TestPersistenceWatch(t *testing.T) {
+	t.Parallel()
+	srv := redistest.StartServer(t, "--appendonly", "yes")
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	defer rdb.Close()
+	ctx := t.Context()
+
+	stop := watchPersistence(rdb)
+	for i := range 100 {
+		require.NoError(t, rdb.Set(ctx, fmt.Sprintf("k%d", i), i, 0).Err())
+	}
+	a := stop()
+	require.NotNil(t, a)
+	require.NotNil(t, a.RDBChanges)
+	require.EqualValues(t, 100, *a.RDBChanges)
+	require.EqualValues(t, 0, a.RDBSaves)
+	require.False(t, a.disturbed(), "%+v", a)
+	require.True(t, a.AOFEnabled)
+	require.NotNil(t, a.AOFBytes)
+	require.Greater(t, *a.AOFBytes, int64(0), "100 SETs appended to the AOF")
+	require.GreaterOrEqual(t, a.Samples, 2) // before and after at least
+	require.Same(t, a, stop(), "stop is idempotent")
+
+	// settled waits until no save or rewrite runs, reading the state (no
+	// fixed sleep).
+	settled := func() {
+		require.Eventually(t, func() bool {
+			p, err := readPersistence(ctx, rdb)
+			return err == nil && !p.rdbBgsave && !p.aofRewrite
+		}, 10*time.Second, 10*time.Millisecond)
+	}
+	settled() // an AOF rewrite may follow start-up
+	stop = watchPersistence(rdb)
+	require.NoError(t, rdb.Set(ctx, "k", 1, 0).Err())
+	require.NoError(t, rdb.BgSave(ctx).Err())
+	settled()
+	a = stop()
+	require.EqualValues(t, 1, a.RDBSaves)
+	require.Nil(t, a.RDBChanges, "a save resets the counter: no delta")
+	require.Equal(t, "ok", a.LastBgsaveStatus)
+	require.True(t, a.disturbed())
+
+	stop = watchPersistence(rdb)
+	require.NoError(t, rdb.BgRewriteAOF(ctx).Err())
+	settled()
+	a = stop()
+	require.EqualValues(t, 1, a.AOFRewrites)
+	require.True(t, a.disturbed())
+	require.Equal(t, "ok", a.AOFLastRewriteStatus)
+}
+
+// A Redis before 7.0 has no rdb_saves: a moved rdb_last_save_time counts
+// as one save. A reply without the fields every Redis has is an error.
+func TestPersistenceActivity(t *testing.T) {
+	t.Parallel()
+	before, err := parsePersistence("# Persistence\r\nrdb_changes_since_last_save:40\r\nrdb_bgsave_in_progress:0\r\n" +
+		"rdb_last_save_time:1000\r\nrdb_last_bgsave_status:ok\r\naof_enabled:0\r\naof_rewrite_in_progress:0\r\n")
+	require.NoError(t, err)
+	require.EqualValues(t, -1, before.rdbSaves)
+	after := before
+	after.rdbChanges = 55
+	a := activity(before, after, false, false, 2)
+	require.EqualValues(t, 15, *a.RDBChanges)
+	require.False(t, a.disturbed())
+	after.rdbLastSaveTime, after.rdbChanges = 1010, 3
+	a = activity(before, after, false, false, 2)
+	require.EqualValues(t, 1, a.RDBSaves)
+	require.Nil(t, a.RDBChanges)
+	require.True(t, activity(before, before, true, false, 3).disturbed(), "a save seen in progress")
+
+	_, err = parsePersistence("# Persistence\r\nrdb_bgsave_in_progress:0\r\n")
+	require.ErrorContains(t, err, "rdb_changes_since_last_save missing")
 }
 
 // TestCancelStopsWorkers interrupts a run (as Ctrl-C does): it returns
@@ -314,6 +415,8 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, 1, cfg.procs)
 	require.Equal(t, 50, cfg.batch)
 	require.Equal(t, 10*time.Millisecond, cfg.undoLatency)
+	require.Equal(t, 10*time.Millisecond, cfg.workLatency)
+	require.Equal(t, 5, cfg.rounds)
 	require.Equal(t, defaultSweep, cfg.sweepWorkers)
 	require.False(t, cfg.noFail)
 
@@ -339,6 +442,8 @@ func TestParseFlags(t *testing.T) {
 		"-sweep -heap 1,2":     "choose one",
 		"-undo-latency -1ms":   "cannot be negative",
 		"-procs -1":            "cannot be negative",
+		"-work-latency -1ms":   "cannot be negative",
+		"-rounds 0":            "-rounds 0",
 		"-elements 10 extra":   "unexpected arguments",
 		"-redis redis://x -nb": "flag provided but not defined",
 	} {
@@ -363,4 +468,77 @@ func TestHardeningRedisURLNotAnswering(t *testing.T) {
 	_, err = pick(t.Context(), "")
 	require.ErrorContains(t, err, url)
 	require.ErrorContains(t, err, "REDIS_URL")
+}
+
+// requireVersusBareAsynq checks the bare asynq comparisons of a default
+// run's report against each other: every ratio is the quotient of the
+// figures it reports beside it, and the spreads hold their rounds.
+func requireVersusBareAsynq(t *testing.T, out map[string]any, cfg config) {
+	t.Helper()
+	num := func(k string) float64 {
+		v, ok := out[k].(float64)
+		require.True(t, ok, "%s: %v", k, out[k])
+		return v
+	}
+	require.InDelta(t, ms(cfg.workLatency), num("work_latency_ms"), 1e-9)
+	for _, side := range []struct{ ratio, fan, bare string }{
+		{"fanout_vs_bare_asynq_rollback", "fanout_seconds", "bare_asynq_rollback_seconds"},
+		{"fanout_vs_bare_asynq_forward", "fanout_forward_work_seconds", "bare_asynq_forward_seconds"},
+	} {
+		require.Greater(t, num(side.bare), 0.0, side.bare)
+		require.InDelta(t, num(side.fan)/num(side.bare), num(side.ratio), 1e-9, side.ratio)
+	}
+	// n tasks of latency L on W workers cannot finish sooner than n*L/W,
+	// on either side.
+	floor := (time.Duration(cfg.elements) * cfg.workLatency / time.Duration(cfg.workers)).Seconds()
+	require.GreaterOrEqual(t, num("bare_asynq_forward_seconds"), floor)
+	require.GreaterOrEqual(t, num("fanout_forward_work_seconds"), floor)
+	floor = (time.Duration(cfg.elements) * cfg.undoLatency / time.Duration(cfg.workers)).Seconds()
+	require.GreaterOrEqual(t, num("bare_asynq_rollback_seconds"), floor)
+
+	require.EqualValues(t, cfg.rounds, num("throughput_rounds"))
+	sp := func(k string) spread {
+		raw, err := json.Marshal(out[k])
+		require.NoError(t, err)
+		var s spread
+		require.NoError(t, json.Unmarshal(raw, &s))
+		require.Len(t, s.Values, cfg.rounds, k)
+		require.Equal(t, median(s.Values), s.Median, k)
+		require.LessOrEqual(t, s.Min, s.Median, k)
+		require.LessOrEqual(t, s.Median, s.Max, k)
+		require.Greater(t, s.Min, 0.0, k)
+		return s
+	}
+	fan, bare, per := sp("fanout_elements_per_sec_rounds"), sp("bare_asynq_tasks_per_sec_rounds"), sp("throughput_ratio_rounds")
+	require.InDelta(t, fan.Median/bare.Median, num("throughput_ratio_of_medians"), 1e-9)
+	for i := range per.Values {
+		require.InDelta(t, fan.Values[i]/bare.Values[i], per.Values[i], 1e-9, "round %d", i)
+	}
+}
+
+// TestSpread pins the summaries the repeated rounds are reported by: an
+// even count's median is the mean of the middle two, and the values keep
+// the order they were measured in.
+func TestSpread(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		in               []float64
+		median, min, max float64
+	}{
+		{in: []float64{3}, median: 3, min: 3, max: 3},
+		{in: []float64{5, 1, 3}, median: 3, min: 1, max: 5},
+		{in: []float64{4, 1, 3, 2}, median: 2.5, min: 1, max: 4},
+		{in: []float64{2600, 2400, 9000, 2500, 2550}, median: 2550, min: 2400, max: 9000},
+	} {
+		s := summarize(tc.in)
+		require.Equal(t, tc.median, s.Median, "%v", tc.in)
+		require.Equal(t, tc.min, s.Min, "%v", tc.in)
+		require.Equal(t, tc.max, s.Max, "%v", tc.in)
+		require.Equal(t, tc.in, s.Values)
+	}
+	require.Equal(t, spread{Values: []float64{}}, summarize(nil))
+	in := []float64{3, 1, 2}
+	summarize(in)
+	require.Equal(t, []float64{3, 1, 2}, in, "summarize must not sort its input")
+	require.Equal(t, []float64{2, 0.5}, ratios([]float64{4, 1, 7}, []float64{2, 2}))
 }

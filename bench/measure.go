@@ -28,7 +28,10 @@ type rollbackRun struct {
 	// heapEvery is how often the sampler reads this process's heap (after
 	// a GC); 0 samples once a second.
 	heapEvery time.Duration
-	label     string
+	// persistence watches Redis persistence during the run (the -heap
+	// run's figures).
+	persistence bool
+	label       string
 }
 
 // rollbackResult is what one run measured.
@@ -44,6 +47,10 @@ type rollbackResult struct {
 	// pending+active. (The per-action count is read with maxBurst once
 	// the workers have stopped.)
 	MaxPending, MaxQueued int
+	// Persistence is what Redis persistence did from the run's start to
+	// its end (forward and rollback), with rollbackRun.persistence; nil
+	// otherwise or when this Redis does not report it.
+	Persistence *persistActivity
 }
 
 const (
@@ -70,9 +77,13 @@ func (b *bench) rollback(ctx context.Context, r rollbackRun) (rollbackResult, er
 	inputs := map[string]any{"n": r.n, "undo_ns": int64(r.undo), "counts": counts, "mark": mark, "fail": true}
 	mapID := mapstep.MapID(id, mapStep)
 
-	s := newSampler(b.admin, b.queues[0], r.fanOut, r.heapEvery)
+	s := newSampler(b.admin, b.queue, r.fanOut, r.heapEvery)
 	if b.cfg.cpuProfile != "" {
 		s.profile = filepath.Join(b.cfg.cpuProfile, "heap-"+strings.ReplaceAll(strings.ReplaceAll(r.label, " ", "-"), ",", "")+".pprof")
+	}
+	stopPersist := func() *persistActivity { return nil }
+	if r.persistence {
+		stopPersist = watchPersistence(b.admin)
 	}
 	stopSampler := s.start()
 	stopBar := b.bar.track(r.label, func(ctx context.Context) (string, int, int) {
@@ -88,6 +99,7 @@ func (b *bench) rollback(ctx context.Context, r rollbackRun) (rollbackResult, er
 	run, err := b.runToEnd(ctx, def, inputs, id)
 	stopBar()
 	stopSampler()
+	res.Persistence = stopPersist()
 	if err != nil {
 		return res, fmt.Errorf("%s: %w", r.label, err)
 	}

@@ -38,7 +38,7 @@ const workerEnv = "GOREACTOR_BENCH_WORKER"
 
 const (
 	kindReactor = "reactor" // goreactor's worker with the bench reactors
-	kindBare    = "bare"    // a bare asynq server with a no-op handler
+	kindBare    = "bare"    // a bare asynq server whose handler sleeps poolSpec.Latency (no-op at 0)
 
 	readyLine     = "ready"
 	readyTimeout  = 20 * time.Second
@@ -56,6 +56,9 @@ type poolSpec struct {
 	Batches     []int  `json:"batches"`
 	DoubleUndo  int    `json:"double_undo"`
 	FakeBurst   int    `json:"fake_burst,omitempty"`
+	// Latency is how long a bare asynq task's handler sleeps (kindBare
+	// only; 0: a no-op handler).
+	Latency time.Duration `json:"latency,omitempty"`
 	// Traced gives the engine a recording tracer provider (every span
 	// sampled, exported in batches to an exporter that drops them), to
 	// measure what tracing costs.
@@ -137,7 +140,8 @@ func startLocal(ctx context.Context, spec poolSpec, tgt *target, stderr io.Write
 		cfg := serverConfig(spec.Queue, spec.Concurrency)
 		cfg.Logger = asynqLog{log}
 		srv := asynq.NewServerFromRedisClient(rdb, cfg)
-		if err := srv.Start(asynq.HandlerFunc(func(context.Context, *asynq.Task) error { return nil })); err != nil {
+		latency := spec.Latency
+		if err := srv.Start(asynq.HandlerFunc(func(ctx context.Context, _ *asynq.Task) error { return sleep(ctx, latency) })); err != nil {
 			_ = rdb.Close()
 			return nil, fmt.Errorf("start the bare asynq server: %w", err)
 		}

@@ -57,6 +57,7 @@ type world struct {
 // elementIn is the element step's arguments.
 type elementIn struct {
 	Item   int    `json:"item"`
+	WorkNS int64  `json:"work_ns"`
 	UndoNS int64  `json:"undo_ns"`
 	Counts string `json:"counts"`
 }
@@ -97,10 +98,12 @@ func (w *world) definitions(batches []int) (inline *reactor.Definition, fanOut m
 	element, err := reactor.Define(elementName,
 		reactor.Input[int]("item", reactor.Required()),
 		reactor.Input[int]("n", reactor.Required()),
+		reactor.Input[int64]("work_ns", reactor.Default[int64](0)),
 		reactor.Input[int64]("undo_ns", reactor.Default[int64](0)),
 		reactor.Input[string]("counts", reactor.Required()),
 		reactor.Step("work", reactor.StepConfig[elementIn, int]{
-			Args: reactor.Bindings{"item": reactor.FromInput("item"), "undo_ns": reactor.FromInput("undo_ns"), "counts": reactor.FromInput("counts")},
+			Args: reactor.Bindings{"item": reactor.FromInput("item"), "work_ns": reactor.FromInput("work_ns"),
+				"undo_ns": reactor.FromInput("undo_ns"), "counts": reactor.FromInput("counts")},
 			Run:  w.work,
 			Undo: w.undo,
 		}),
@@ -112,6 +115,7 @@ func (w *world) definitions(batches []int) (inline *reactor.Definition, fanOut m
 	owner := func(name string, fan bool, batch int) (*reactor.Definition, error) {
 		return reactor.Define(name,
 			reactor.Input[int]("n", reactor.Required()),
+			reactor.Input[int64]("work_ns", reactor.Default[int64](0)),
 			reactor.Input[int64]("undo_ns", reactor.Default[int64](0)),
 			reactor.Input[string]("counts", reactor.Required()),
 			reactor.Input[string]("mark", reactor.Required()),
@@ -119,8 +123,8 @@ func (w *world) definitions(batches []int) (inline *reactor.Definition, fanOut m
 			mapstep.Map(mapStep, mapstep.Config{
 				Element: element,
 				Pages:   rangeSource{},
-				With: reactor.Bindings{"n": reactor.FromInput("n"), "undo_ns": reactor.FromInput("undo_ns"),
-					"counts": reactor.FromInput("counts")},
+				With: reactor.Bindings{"n": reactor.FromInput("n"), "work_ns": reactor.FromInput("work_ns"),
+					"undo_ns": reactor.FromInput("undo_ns"), "counts": reactor.FromInput("counts")},
 				FanOut:    fan,
 				BatchSize: batch,
 			}),
@@ -146,8 +150,13 @@ func (w *world) definitions(batches []int) (inline *reactor.Definition, fanOut m
 	return inline, fanOut, nil
 }
 
-// work is an element's forward step: it returns the item.
+// work is an element's forward step: it models its work as latency (none
+// unless the run asks, as the forward comparison with bare asynq does) and
+// returns the item.
 func (w *world) work(ctx context.Context, in elementIn) (int, error) {
+	if err := sleep(ctx, time.Duration(in.WorkNS)); err != nil {
+		return 0, err
+	}
 	if w.fakeBurst > 0 && in.Item == 0 && w.bursts != nil {
 		// The counts key ends with the benchmark run's id (see rollback).
 		run := in.Counts[strings.LastIndex(in.Counts, ":")+1:]
@@ -162,14 +171,8 @@ func (w *world) work(ctx context.Context, in elementIn) (int, error) {
 // (HINCRBY of the element's field in the run's counts hash), so undos done
 // in any process are counted in one place.
 func (w *world) undo(ctx context.Context, in elementIn, _ int) error {
-	if in.UndoNS > 0 {
-		t := time.NewTimer(time.Duration(in.UndoNS))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
+	if err := sleep(ctx, time.Duration(in.UndoNS)); err != nil {
+		return err
 	}
 	field := strconv.Itoa(in.Item)
 	if err := w.rdb.HIncrBy(ctx, in.Counts, field, 1).Err(); err != nil {
@@ -194,4 +197,20 @@ func (w *world) boom(ctx context.Context, in boomIn) (int, error) {
 		w.onFail(ctx)
 	}
 	return 0, reactor.Permanent(errBoom)
+}
+
+// sleep is modelled work: d of latency, cut short by ctx. The element steps
+// and the bare asynq handler share it, so both sides wait alike.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
 }

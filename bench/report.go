@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -36,6 +35,30 @@ type report struct {
 	FanoutTracedElementsPerSec   float64 `json:"fanout_traced_elements_per_sec"`
 	FanoutUntracedElementsPerSec float64 `json:"fanout_untraced_elements_per_sec"`
 	BaselineRatio                float64 `json:"baseline_ratio"`
+
+	// The fan-out map against bare asynq running the same tasks (as many,
+	// each doing the same modelled work) on the same workers and processes:
+	// goreactor's time over bare asynq's (see versus.go). Rollback: the
+	// fan-out rollback above (undo latency) against bare tasks sleeping the
+	// undo latency; forward: a completing fan-out map whose elements' forward
+	// step does work of WorkLatencyMS against bare tasks sleeping that.
+	WorkLatencyMS             float64 `json:"work_latency_ms"`
+	BareAsynqRollbackSeconds  float64 `json:"bare_asynq_rollback_seconds"`
+	FanoutVsBareAsynqRollback float64 `json:"fanout_vs_bare_asynq_rollback"`
+	FanoutForwardWorkSeconds  float64 `json:"fanout_forward_work_seconds"`
+	BareAsynqForwardSeconds   float64 `json:"bare_asynq_forward_seconds"`
+	FanoutVsBareAsynqForward  float64 `json:"fanout_vs_bare_asynq_forward"`
+
+	// The zero-latency throughput repeated: ThroughputRounds rounds, each a
+	// fan-out map (one batch) on a fresh pool and then as many bare asynq
+	// no-op tasks on a fresh pool, so drift on a shared machine hits both.
+	// ThroughputRatioOfMedians is the goreactor median over the bare asynq
+	// median; ThroughputRatioRounds the ratio of each round's pair.
+	ThroughputRounds           int     `json:"throughput_rounds"`
+	FanoutElementsPerSecRounds spread  `json:"fanout_elements_per_sec_rounds"`
+	BareAsynqTasksPerSecRounds spread  `json:"bare_asynq_tasks_per_sec_rounds"`
+	ThroughputRatioOfMedians   float64 `json:"throughput_ratio_of_medians"`
+	ThroughputRatioRounds      spread  `json:"throughput_ratio_rounds"`
 
 	RoundtripsPerElementForward       float64  `json:"roundtrips_per_element_forward"`
 	RoundtripsPerElementRollback      float64  `json:"roundtrips_per_element_rollback"`
@@ -96,8 +119,8 @@ func (r *report) missed() []string {
 // defaultRun is the run without -sweep or -heap.
 func (b *bench) defaultRun(ctx context.Context) (*report, error) {
 	c := b.cfg
-	r := &report{Redis: b.tgt.desc, KeyPrefix: b.prefix, Queue: b.queues[0], Machine: machine(), Elements: c.elements, Workers: c.workers, Procs: c.procs,
-		BatchSize: c.batch, UndoLatencyMS: ms(c.undoLatency)}
+	r := &report{Redis: b.tgt.desc, KeyPrefix: b.prefix, Queue: b.queue, Machine: machine(), Elements: c.elements, Workers: c.workers, Procs: c.procs,
+		BatchSize: c.batch, UndoLatencyMS: ms(c.undoLatency), WorkLatencyMS: ms(c.workLatency)}
 	procs := "in this process"
 	if c.procs > 0 {
 		procs = fmt.Sprintf("in %d worker process(es)", min(c.procs, c.workers))
@@ -118,7 +141,7 @@ func (b *bench) defaultRun(ctx context.Context) (*report, error) {
 		if fan, err = b.rollback(ctx, fanRun); err != nil {
 			return err
 		}
-		fanRate, tpRun, err = b.fanOutThroughput(ctx, c.elements)
+		fanRate, tpRun, err = b.fanOutThroughput(ctx, "fan-out throughput (no latency)", c.elements)
 		return err
 	})
 	if err != nil {
@@ -140,13 +163,16 @@ func (b *bench) defaultRun(ctx context.Context) (*report, error) {
 		return nil, err
 	}
 	r.FanoutElementsPerSec = fanRate
+	if err := b.versusBareAsynq(ctx, r); err != nil {
+		return nil, err
+	}
 
 	// The same throughput with tracing on, owner and workers alike, against
 	// tracing off: alternated rounds (a busy machine drifts), medians.
 	var on, off []float64
 	for range tracingRounds {
 		for _, tr := range []bool{false, true} {
-			rate, err := b.tracedThroughput(ctx, tr)
+			rate, err := b.throughputRound(ctx, fmt.Sprintf("fan-out throughput, tracing %s", map[bool]string{false: "off", true: "on"}[tr]), tr)
 			if err != nil {
 				return nil, err
 			}
@@ -159,21 +185,16 @@ func (b *bench) defaultRun(ctx context.Context) (*report, error) {
 	}
 	r.FanoutUntracedElementsPerSec, r.FanoutTracedElementsPerSec = median(off), median(on)
 
-	bareQueue := b.queues[0] + "-bare"
-	b.queues = append(b.queues, bareQueue)
-	bare := b.spec(kindBare, nil)
-	bare.Queue = bareQueue
-	err = b.withPool(ctx, bare, c.procs, func() error {
-		stop := b.bar.track("bare asynq no-op tasks", func(context.Context) (string, int, int) { return "", 0, 0 })
-		defer stop()
-		var err error
-		r.AsynqBaselineTasksPerSec, err = bareAsynq(ctx, b.owner, b.admin, bareQueue, c.elements)
-		return err
-	})
+	took, err := b.bareRun(ctx, "bare asynq no-op tasks", c.elements, 0)
 	if err != nil {
 		return nil, err
 	}
+	r.AsynqBaselineTasksPerSec = float64(c.elements) / took.Seconds()
 	r.BaselineRatio = r.FanoutElementsPerSec / r.AsynqBaselineTasksPerSec
+
+	if err := b.throughputRounds(ctx, r); err != nil {
+		return nil, err
+	}
 
 	rt, err := b.roundTrips(ctx)
 	if err != nil {
@@ -188,16 +209,18 @@ func (b *bench) defaultRun(ctx context.Context) (*report, error) {
 		r.RedisCmdsPerElementForward, r.RedisCmdsPerElementRollback, r.BareAsynqCmdsPerTask = &rt.CmdsForward, &rt.CmdsRollback, &rt.BareCmds
 	}
 
-	speedNote := ""
-	if c.workers != 10 || c.undoLatency != 10*time.Millisecond || c.elements != 2000 {
-		speedNote = "the target is set for 10 workers, 10 ms, 2,000 elements: not enforced"
-	}
+	speedNote, rollbackNote, forwardNote := shapeNote(c, c.undoLatency), shapeNote(c, c.undoLatency), shapeNote(c, c.workLatency)
 	r.Targets = []targetCheck{
 		{Name: "speedup", Want: ">= 8", Got: r.Speedup, Met: r.Speedup >= 8, Note: speedNote, Enforced: speedNote == ""},
 		{Name: "baseline_ratio", Want: ">= 0.33", Got: r.BaselineRatio, Met: r.BaselineRatio >= 0.33, Enforced: true},
 		{Name: "roundtrips_per_element_forward", Want: "<= 6", Got: r.RoundtripsPerElementForward, Met: r.RoundtripsPerElementForward <= 6, Enforced: true},
 		{Name: "roundtrips_per_element_rollback", Want: "<= 7 (6 + 1 undone entry)", Got: r.RoundtripsPerElementRollback,
 			Met: r.RoundtripsPerElementRollback <= 7, Enforced: true},
+		{Name: "fanout_vs_bare_asynq_rollback", Want: "<= 1.05", Got: r.FanoutVsBareAsynqRollback, Met: r.FanoutVsBareAsynqRollback <= 1.05,
+			Note: rollbackNote, Enforced: rollbackNote == ""},
+		{Name: "fanout_vs_bare_asynq_forward", Want: "<= 1.05", Got: r.FanoutVsBareAsynqForward, Met: r.FanoutVsBareAsynqForward <= 1.05,
+			Note: forwardNote, Enforced: forwardNote == ""},
+		{Name: "throughput_ratio_of_medians", Want: ">= 0.6", Got: r.ThroughputRatioOfMedians, Met: r.ThroughputRatioOfMedians >= 0.6, Enforced: true},
 	}
 	b.mu.Lock()
 	r.Failures = append([]string{}, b.failures...)
@@ -230,6 +253,25 @@ func (r *report) print(w io.Writer) {
 		fmt.Sprintf("on = %.2fx off (medians of %d alternated rounds; on: every span recorded and batched)",
 			r.FanoutTracedElementsPerSec/r.FanoutUntracedElementsPerSec, tracingRounds))
 	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row = func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
+	row(fmt.Sprintf("throughput, %d alternated rounds", r.ThroughputRounds), "median", "min - max", "")
+	fr, br, rr := r.FanoutElementsPerSecRounds, r.BareAsynqTasksPerSecRounds, r.ThroughputRatioRounds
+	row("  fan-out elements per second", fmt.Sprintf("%.0f", fr.Median), fmt.Sprintf("%.0f - %.0f", fr.Min, fr.Max), "fresh pool and owner each round, B = elements")
+	row("  bare asynq no-op tasks per second", fmt.Sprintf("%.0f", br.Median), fmt.Sprintf("%.0f - %.0f", br.Min, br.Max), "fresh pool each round")
+	row("  ratio of medians", f2(r.ThroughputRatioOfMedians), fmt.Sprintf("%.2f - %.2f", rr.Min, rr.Max), "per round: that round's pair")
+	tw.Flush()
+	fmt.Fprintln(w)
+	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	row = func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
+	row("fan-out against bare asynq", "goreactor", "bare asynq", "fanout_vs_bare_asynq", "")
+	row(fmt.Sprintf("  rollback: %d undos of %gms", r.Elements, r.UndoLatencyMS), fmt.Sprintf("%.2fs", r.FanoutSeconds),
+		fmt.Sprintf("%.2fs", r.BareAsynqRollbackSeconds), f2(r.FanoutVsBareAsynqRollback), "failure -> final status; first enqueue -> queue empty")
+	row(fmt.Sprintf("  forward: %d elements doing %gms", r.Elements, r.WorkLatencyMS), fmt.Sprintf("%.2fs", r.FanoutForwardWorkSeconds),
+		fmt.Sprintf("%.2fs", r.BareAsynqForwardSeconds), f2(r.FanoutVsBareAsynqForward), "start -> completed; first enqueue -> queue empty")
+	tw.Flush()
+	fmt.Fprintf(w, "  (same tasks, %d workers in the same processes; bare asynq: one asynq.Client enqueue per task, a handler that only sleeps)\n", r.Workers)
 	fmt.Fprintln(w)
 	tw = tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	row = func(cells ...string) { fmt.Fprintln(tw, strings.Join(cells, "\t")) }
@@ -285,9 +327,9 @@ func mib(b uint64) string {
 // off and on, alternately.
 const tracingRounds = 3
 
-// tracedThroughput measures the fan-out throughput on a fresh pool (and
+// throughputRound measures the fan-out throughput on a fresh pool (and
 // owner) with tracing on or off.
-func (b *bench) tracedThroughput(ctx context.Context, traced bool) (rate float64, err error) {
+func (b *bench) throughputRound(ctx context.Context, label string, traced bool) (rate float64, err error) {
 	spec := b.spec(kindReactor, []int{b.cfg.batch, b.cfg.elements})
 	spec.Traced = traced
 	err = b.withPool(ctx, spec, b.cfg.procs, func() error {
@@ -299,17 +341,18 @@ func (b *bench) tracedThroughput(ctx context.Context, traced bool) (rate float64
 		main := b.host
 		b.host = owner
 		defer func() { b.host = main }()
-		rate, _, err = b.fanOutThroughput(ctx, b.cfg.elements)
+		rate, _, err = b.fanOutThroughput(ctx, label, b.cfg.elements)
 		return err
 	})
 	return rate, err
 }
 
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
+// shapeNote is "" when the run has the shape the timing targets are set
+// for (10 workers, 2,000 elements, latency 10 ms per element), else the
+// note saying that the target is not enforced.
+func shapeNote(c config, latency time.Duration) string {
+	if c.workers != 10 || latency != 10*time.Millisecond || c.elements != 2000 {
+		return "the target is set for 10 workers, 10 ms, 2,000 elements: not enforced"
 	}
-	return s[len(s)/2]
+	return ""
 }

@@ -122,7 +122,7 @@ func (b *bench) roundTrips(ctx context.Context) (rtResult, error) {
 	if res.Small >= res.Large {
 		res.Small = res.Large / 2
 	}
-	queue := b.queues[0] + "-rt"
+	queue := b.queue + "-rt"
 	b.queues = append(b.queues, queue)
 
 	pool := b.cfg.workers*2 + 4
@@ -269,7 +269,7 @@ func (b *bench) roundTrips(ctx context.Context) (rtResult, error) {
 	}
 
 	// A bare asynq no-op task, counted the same way.
-	bareQueue := b.queues[0] + "-rt-bare"
+	bareQueue := b.queue + "-rt-bare"
 	b.queues = append(b.queues, bareQueue)
 	var bareT tally
 	bareRdb, err := newClient(&bareT)

@@ -45,7 +45,7 @@ type sweepPoint struct {
 // worker count, restarting the workers with that concurrency each time.
 func (b *bench) sweepRun(ctx context.Context) (*sweepReport, error) {
 	c := b.cfg
-	r := &sweepReport{Redis: b.tgt.desc, KeyPrefix: b.prefix, Queue: b.queues[0], Machine: machine(), Elements: c.elements, Procs: c.procs, BatchSize: c.batch,
+	r := &sweepReport{Redis: b.tgt.desc, KeyPrefix: b.prefix, Queue: b.queue, Machine: machine(), Elements: c.elements, Procs: c.procs, BatchSize: c.batch,
 		UndoLatencyMS: ms(c.undoLatency), Plot: c.plot}
 	b.bar.note("sweep: %d elements, batch %d, undo latency %v, workers %v\n", c.elements, c.batch, c.undoLatency, c.sweepWorkers)
 	base := rollbackRun{n: c.elements, batch: c.batch, undo: c.undoLatency}

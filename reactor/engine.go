@@ -140,6 +140,9 @@ func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := lock.LoadScripts(ctx, cfg.Client); err != nil {
+		return nil, err
+	}
 	return &Engine{
 		cfg:      cfg,
 		log:      cfg.Logger,
@@ -336,6 +339,9 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	if element {
 		target = e.store.ElemTarget(id)
 	}
+	if !element && o.fresh {
+		return e.startNew(ctx, def, id, inputs, o, target)
+	}
 	lease, err := e.locks.TryAcquire(ctx, target.Lock)
 	if errors.Is(err, lock.ErrHeld) {
 		// Someone executes this id. A finished run answers with its result.
@@ -355,21 +361,10 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		return nil, err
 	}
 	now := e.now()
-	st := newState(id, def, inputs, now)
-	if element {
-		adoptElement(ctx, st)
-	} else {
-		o.applyTo(st)
-	}
-	// The first step's intent rides on the create.
-	st.Intent = nextIntent(&frame{def: def, st: st})
-	if st.Intent != nil {
-		st.stepStarted(st.Intent.Step, now)
-	}
-	data, err := codec.Marshal(st)
+	st, data, err := e.newRunState(ctx, def, id, inputs, o, now)
 	if err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
-		return nil, fmt.Errorf("reactor: encode run: %w", err)
+		return nil, err
 	}
 	var added bool // the start added the run's active entry
 	// The index entry goes first: a crash after the state write must still
@@ -456,6 +451,64 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		x.indexed = existing.Status
 	}
 	return x.execute(ctx, EventRunResumed)
+}
+
+// newRunState is the state a start creates: the first step's intent rides
+// on the create. o is nil for an element run.
+func (e *Engine) newRunState(ctx context.Context, def *Definition, id string, inputs map[string]Raw, o *runOptions, now time.Time) (*runState, []byte, error) {
+	st := newState(id, def, inputs, now)
+	if o == nil {
+		adoptElement(ctx, st)
+	} else {
+		o.applyTo(st)
+		if st.Queue == "" {
+			// The queue its wake-ups go to if it hands off, recorded as
+			// Enqueue records it (the dashboard shows it).
+			st.Queue = e.enqueuerQueue()
+		}
+	}
+	st.Intent = nextIntent(&frame{def: def, st: st})
+	if st.Intent != nil {
+		st.stepStarted(st.Intent.Step, now)
+	}
+	data, err := codec.Marshal(st)
+	if err != nil {
+		return nil, nil, fmt.Errorf("reactor: encode run: %w", err)
+	}
+	return st, data, nil
+}
+
+// startNew starts a run under an id the engine generated: nobody else can
+// hold its lock or have stored it, so the lock is taken by the create
+// script, and on one Redis the index entries share its round trip (queued
+// first: a crash after the state write still leaves the run where the
+// sweeper looks).
+func (e *Engine) startNew(ctx context.Context, def *Definition, id string, inputs map[string]Raw, o *runOptions, target store.Target) (*Result, error) {
+	now := e.now()
+	st, data, err := e.newRunState(ctx, def, id, inputs, o, now)
+	if err != nil {
+		return nil, err
+	}
+	token, sent := lock.NewToken(), time.Now()
+	_, created, err := e.store.CreateNew(ctx, target, token, e.locks.Expiry(), data, func(p redis.Pipeliner) {
+		e.store.QueueIndexStart(ctx, p, id, def.name, string(StatusRunning), now)
+	})
+	if errors.Is(err, store.ErrLockNotHeld) {
+		return nil, fmt.Errorf("%w (run %s)", ErrRunLocked, id)
+	}
+	lease := e.locks.Adopt(target.Lock, token, sent)
+	if err == nil && !created {
+		// A generated id that is taken: 96 random bits make this a
+		// broken random source, not a race.
+		err = fmt.Errorf("reactor: generated run id %s is already stored", id)
+	}
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	x := &execution{e: e, def: def, target: target, lease: lease, version: 1, indexed: StatusRunning,
+		st: st, created: true}
+	return x.execute(ctx, EventRunStarted)
 }
 
 // ErrRunIDReused is returned when a run is started under the id of a stored

@@ -7,6 +7,8 @@ import (
 	"runtime/debug"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/internal/store"
@@ -267,13 +269,49 @@ func (x *execution) save(ctx context.Context, terminal bool) error {
 		x.e.log.Warn("run finished but the retention of its maps and elements was not set; the sweeper retries",
 			"event", "reactor.retention.pending", "run", x.st.ID, "error", err)
 	} else if reindex {
-		if err := x.e.store.MarkStatus(ctx, x.st.ID, x.st.Reactor, string(x.indexed), string(x.st.Status), true, now); err != nil {
+		if err := x.reindexAndRelease(ctx, now); err != nil {
 			x.e.log.Warn("run finished but its index entry was not updated", "event", "reactor.index.stale", "run", x.st.ID, "error", err)
 		} else {
 			x.indexed = x.st.Status
 		}
+		return nil
 	}
 	_ = x.lease.Release(ctx)
+	return nil
+}
+
+// reindexAndRelease moves a finished run to its final status in the indexes
+// and then releases its lock. Both happen after the terminal write and in
+// this order: a writer that takes the lock next (an Undo) re-indexes the
+// run after this process's index update, never before it, so a live run
+// cannot lose its active entry. On one Redis they share a round trip (a
+// pipeline runs in order there); on a cluster the release follows the
+// index update's round trip.
+func (x *execution) reindexAndRelease(ctx context.Context, now time.Time) error {
+	st := x.e.store
+	if !st.Ordered() {
+		defer func() { _ = x.lease.Release(ctx) }()
+		return st.MarkStatus(ctx, x.st.ID, x.st.Reactor, string(x.indexed), string(x.st.Status), true, now)
+	}
+	var release *redis.Cmd
+	cmds, err := st.Pipelined(ctx, func(p redis.Pipeliner) {
+		st.QueueMarkStatus(ctx, p, x.st.ID, x.st.Reactor, string(x.indexed), string(x.st.Status), true, now)
+		release = x.lease.QueueRelease(ctx, p)
+	})
+	if len(cmds) == 0 {
+		_ = x.lease.Release(ctx)
+		return fmt.Errorf("store: index status: %w", err)
+	}
+	if release.Err() != nil {
+		// A lost script cache, or a failed round trip: the lock goes
+		// the ordinary way (or expires).
+		_ = x.lease.Release(ctx)
+	}
+	for _, c := range cmds {
+		if c != release && c.Err() != nil {
+			return fmt.Errorf("store: index status: %w", c.Err())
+		}
+	}
 	return nil
 }
 

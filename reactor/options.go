@@ -38,6 +38,9 @@ type runOptions struct {
 	// sensitive makes the new run a sensitive run whatever its definition
 	// says (the retry of a sensitive run).
 	sensitive bool
+	// fresh: the engine generated id, so no other process can know it
+	// yet: the start takes the run's lock in the create (engine.go).
+	fresh bool
 }
 
 // callKind is the call a set of options was given to.
@@ -152,7 +155,7 @@ func collectOptions(call callKind, opts []RunOption) (runOptions, error) {
 		return o, fmt.Errorf("reactor: %s applies to Enqueue only: %s starts the run at once in this process", o.enqueueOnly[0], call)
 	}
 	if o.id == "" {
-		o.id = NewRunID()
+		o.id, o.fresh = NewRunID(), true
 	}
 	if err := validateRunID(o.id); err != nil {
 		return o, err

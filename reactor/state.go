@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"sort"
 	"time"
+
+	"github.com/goreactor/goreactor/internal/codec"
 )
 
 // runState is what a run persists (msgpack, short keys). A composed child in
@@ -534,4 +536,13 @@ func (st *runState) view(d *Definition, version int64) *Run {
 func newState(id string, d *Definition, inputs map[string]Raw, now time.Time) *runState {
 	return &runState{ID: id, Reactor: d.name, Def: d.fp, DefVersion: d.Version(), Status: StatusRunning, Inputs: inputs, Sensitive: d.sensitive,
 		Steps: map[string]*stepRec{}, CreatedAt: now.UnixMilli(), UpdatedAt: now.UnixMilli()}
+}
+
+// The stored state's own types get codec's allocation-free omitempty
+// encoder (the same bytes as msgpack's; reactor/codec_fast_test.go checks
+// that field by field). Exported types keep msgpack's, so a user's own
+// encoder options still apply to them.
+func init() {
+	codec.RegisterFast(runState{}, stepRec{}, intentRec{}, entryRec{}, elementRec{}, rollbackRetry{},
+		retryEntry{}, humanRec{}, targetedRec{}, effectRec{}, auditRec{})
 }

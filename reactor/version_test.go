@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,6 +238,21 @@ func TestWaitSaysWhatDefinitionARunWaitsFor(t *testing.T) {
 	var dwe *reactor.DefinitionWaitError
 	require.ErrorAs(t, err, &dwe)
 	require.ErrorContains(t, err, "waiting for definition v1")
+
+	// A process that has the definition takes the run: the note, still
+	// stored, is older than the run's last write and says nothing more.
+	// The write's server-time stamp (ms) must pass the note's: wait for
+	// the server's clock to leave the note's millisecond.
+	note := e.rdb.Get(ctx, e.prefix+":{run:order-w}:waitdef").Val()
+	stamp, _, _ := strings.Cut(note, " ")
+	for strconv.FormatInt(e.rdb.Time(ctx).Val().UnixMilli(), 10) <= stamp {
+	}
+	_, err = engineapi.Process(old, ctx, "order-w")
+	require.NoError(t, err)
+	require.Positive(t, e.rdb.Exists(ctx, e.prefix+":{run:order-w}:waitdef").Val(), "the note has not lapsed")
+	dw, err = old.DefinitionWait(ctx, "order-w")
+	require.NoError(t, err)
+	require.Nil(t, dw, "taken since the refusal")
 
 	// An error that is no refusal notes nothing.
 	require.NoError(t, engineapi.NoteDefinitionWait(newOnly, ctx, "order-x", "order", errors.New("redis down")))

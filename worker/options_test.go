@@ -136,6 +136,17 @@ func TestWithQueueRoutesTheRunsWakeUps(t *testing.T) {
 	info, err = taskOn(other, run.Wake)
 	require.NoError(t, err)
 	require.NotNil(t, info, "the hand-off wake-up %s is on the run's queue", run.Wake)
+	// Without WithQueue, the run records the client's queue, where its
+	// wake-up goes, as an enqueued run does.
+	dres, err := e.Run(ctx, handed, nil, reactor.WithRunID("queued-3"), reactor.NoWait())
+	require.NoError(t, err)
+	require.Equal(t, reactor.OutcomeDispatched, dres.Outcome())
+	drun, err := e.Get(ctx, "queued-3")
+	require.NoError(t, err)
+	require.Equal(t, f.queue, drun.Queue)
+	info, err = taskOn(f.queue, drun.Wake)
+	require.NoError(t, err)
+	require.NotNil(t, info, "the hand-off wake-up %s is on the client's queue", drun.Wake)
 
 	// A worker on the run's queue (and the Client's, which every worker of
 	// an engine must serve: Start refuses otherwise): the first attempt

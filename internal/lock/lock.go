@@ -6,6 +6,9 @@ package lock
 
 import (
 	"context"
+	"crypto/rand"
+	_ "embed"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"sync"
@@ -73,6 +76,32 @@ func (l *Locker) TryAcquire(ctx context.Context, key string) (*Lease, error) {
 	return &Lease{m: m, expiry: l.expiry, grace: l.grace}, nil
 }
 
+// NewToken returns a fresh lock value, for a caller that takes the lock
+// inside a script of its own (a create that sets the lock key with NX and
+// the Locker's expiry in the same step) and then Adopts it.
+func NewToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return base64.StdEncoding.EncodeToString(b[:])
+}
+
+// Adopt returns the lease on the lock at key that its caller took with
+// token itself (SET key token NX PX expiry in a script of its own), the
+// attempt having been sent at sent: the lease counts its validity from
+// then, as TryAcquire does from its own attempt, so a slow reply shortens
+// it and never lengthens it.
+func (l *Locker) Adopt(key, token string, sent time.Time) *Lease {
+	m := l.rs.NewMutex(key, redsync.WithExpiry(l.expiry), redsync.WithTries(1),
+		redsync.WithTimeoutFactor(acquireTimeoutFactor), redsync.WithValue(token))
+	return &Lease{m: m, expiry: l.expiry, grace: l.grace, adopted: sent.Add(l.expiry - drift(l.expiry))}
+}
+
+// drift is redsync's allowance for clock drift (its default factor, 0.01,
+// of the expiry), kept the same for adopted leases.
+func drift(expiry time.Duration) time.Duration {
+	return time.Duration(float64(expiry) * 0.01)
+}
+
 // Acquire polls for the lock for up to wait. It returns ErrHeld when the
 // lock is still held at the end.
 func (l *Locker) Acquire(ctx context.Context, key string, wait time.Duration) (*Lease, error) {
@@ -107,6 +136,10 @@ type Lease struct {
 	m      *redsync.Mutex
 	expiry time.Duration
 	grace  time.Duration
+	// adopted is the validity of a lease taken by its caller's own script
+	// (Adopt), whose mutex has never locked: until its first extension the
+	// mutex's Until is zero.
+	adopted time.Time
 	// lost is set before the lease's context is cancelled for a loss: once
 	// the caller's own context has ended, the cancellation cause is the
 	// caller's, and the flag is what still tells a loss apart.
@@ -153,6 +186,9 @@ func (l *Lease) Keep(parent context.Context) context.Context {
 	defer l.mu.Unlock()
 	l.cancel, l.detach, l.started = cancel, context.WithoutCancel(parent), true
 	l.until = l.m.Until()
+	if l.until.IsZero() {
+		l.until = l.adopted
+	}
 	// The first extension is due a third of the expiry from now, or when
 	// the validity ends if that comes first (a lease kept long after it was
 	// acquired): the beat then finds the lock expired.
@@ -299,6 +335,32 @@ func (l *Lease) Release(ctx context.Context) error {
 		return nil
 	}
 	return fmt.Errorf("lock: release: %w", err)
+}
+
+//go:embed release.lua
+var releaseSrc string
+
+var releaseScript = redis.NewScript(releaseSrc)
+
+// QueueRelease stops the heartbeat and queues the lock's deletion (if the
+// lease still holds it) on pipeline p, for a holder whose last writes share
+// a round trip with the release. Commands queued on p before it run before
+// it on a single node; a Redis Cluster client sends each node's share of a
+// pipeline separately, so there a caller that needs that order releases
+// with Release after its pipeline instead. The caller checks the returned
+// command's error: NOSCRIPT (a server that lost its script cache) is
+// followed by Release.
+func (l *Lease) QueueRelease(ctx context.Context, p redis.Pipeliner) *redis.Cmd {
+	l.Stop()
+	return releaseScript.EvalSha(ctx, p, []string{l.m.Name()}, l.m.Value())
+}
+
+// LoadScripts loads the scripts QueueRelease sends by hash.
+func LoadScripts(ctx context.Context, rdb redis.UniversalClient) error {
+	if err := releaseScript.Load(ctx, rdb).Err(); err != nil {
+		return fmt.Errorf("lock: load script: %w", err)
+	}
+	return nil
 }
 
 // Lost reports whether ctx (from Keep, or derived from it) ended because the

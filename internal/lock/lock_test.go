@@ -668,3 +668,44 @@ func TestKeptAfterItsValidityIsLost(t *testing.T) {
 	require.True(t, lock.Lost(ctx))
 	lease.Stop()
 }
+
+// A lock its caller took with a token of its own is kept and released like
+// an acquired one, and a queued release deletes only its own token.
+func TestAdoptedLeaseIsKeptAndReleased(t *testing.T) {
+	f := newFixture(t, 300*time.Millisecond)
+	token := lock.NewToken()
+	require.NotEqual(t, token, lock.NewToken())
+	sent := time.Now()
+	require.NoError(t, f.rdb.SetNX(f.ctx, f.key, token, 300*time.Millisecond).Err())
+	lease := f.locker.Adopt(f.key, token, sent)
+	require.Equal(t, token, lease.Token())
+	ctx := lease.Keep(f.ctx)
+	// Past two expiries the heartbeat has extended it: still ours.
+	select {
+	case <-ctx.Done():
+		t.Fatalf("adopted lease lost: %v", context.Cause(ctx))
+	case <-time.After(700 * time.Millisecond):
+	}
+	require.Equal(t, token, f.rdb.Get(f.ctx, f.key).Val())
+	require.NoError(t, lock.LoadScripts(f.ctx, f.rdb))
+	var rel *redis.Cmd
+	_, err := f.rdb.Pipelined(f.ctx, func(p redis.Pipeliner) error {
+		rel = lease.QueueRelease(f.ctx, p)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, int64(1), rel.Val())
+	require.Equal(t, int64(0), f.rdb.Exists(f.ctx, f.key).Val())
+
+	// Someone else's lock stays.
+	require.NoError(t, f.rdb.Set(f.ctx, f.key, "other", time.Minute).Err())
+	t.Cleanup(func() { f.rdb.Del(context.Background(), f.key) })
+	other := f.locker.Adopt(f.key, token, time.Now())
+	_, err = f.rdb.Pipelined(f.ctx, func(p redis.Pipeliner) error {
+		rel = other.QueueRelease(f.ctx, p)
+		return nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, int64(0), rel.Val())
+	require.Equal(t, "other", f.rdb.Get(f.ctx, f.key).Val())
+}

@@ -4,10 +4,17 @@
 -- KEYS[2] run lock        P:{run:<id>}:lock
 -- ARGV[1] lock token of the caller
 -- ARGV[2] encoded state to store when the run is new
--- Returns {-1}               the caller does not hold the lock
+-- ARGV[3] lock expiry in ms: the script takes the lock itself (SET NX PX),
+--         saving the caller a round trip; '' or absent: the caller already
+--         holds it
+-- Returns {-1}               the caller does not hold the lock (or could not take it)
 --         {1, 1}             created, version 1
 --         {0, version, data} the run already existed: its current state
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+if ARGV[3] and ARGV[3] ~= '' then
+  if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[3]) then
+    return {-1}
+  end
+elseif redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return {-1}
 end
 local cur = redis.call('HMGET', KEYS[1], 'v', 'd')

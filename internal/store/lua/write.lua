@@ -50,8 +50,13 @@ local cur = tonumber(last[2] or '0')
 if cur ~= tonumber(ARGV[2]) then
   return {-2, cur}
 end
-if ARGV[8] == '1' and redis.call('EXISTS', KEYS[3]) == 1 then
-  return {-3}
+-- cancelled: nil while unknown, else whether a cancel request is stored
+local cancelled = nil
+if ARGV[8] == '1' then
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    return {-3}
+  end
+  cancelled = 0
 end
 local nextv = cur + 1
 -- at: the Redis server's time of the write (ms), the one clock every
@@ -66,12 +71,18 @@ if tonumber(ARGV[4]) ~= 0 then
 end
 redis.call('HSET', KEYS[1], 'd', ARGV[3], 'v', nextv, 'n', ARGV[6], 'at', at, 'fin', fin)
 local ttl = tonumber(ARGV[4])
-if ttl > 0 then
-  redis.call('PEXPIRE', KEYS[1], ttl)
-  redis.call('DEL', KEYS[3])
-elseif ttl < 0 then
-  redis.call('PERSIST', KEYS[1])
-  redis.call('DEL', KEYS[3])
+if ttl ~= 0 then
+  if ttl > 0 then
+    redis.call('PEXPIRE', KEYS[1], ttl)
+  else
+    redis.call('PERSIST', KEYS[1])
+  end
+  -- a finished run has no cancel to act on (one checked absent above
+  -- needs no DEL)
+  if cancelled == nil then
+    redis.call('DEL', KEYS[3])
+  end
+  cancelled = 0
 else
   -- a live run never expires: an undo of a finished run must not lose its
   -- state to the retention the terminal write set
@@ -106,4 +117,7 @@ if ttl ~= 0 and ARGV[7] ~= nil and ARGV[7] ~= '' then
   -- must not turn it into an error. Waits poll there instead.
   redis.pcall('SPUBLISH', ARGV[7], nextv)
 end
-return {nextv, redis.call('EXISTS', KEYS[3]), at}
+if cancelled == nil then
+  cancelled = redis.call('EXISTS', KEYS[3])
+end
+return {nextv, cancelled, at}
