@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/engineapi"
@@ -90,11 +91,11 @@ var (
 )
 
 // elemBegin is the element's create (runctx.Element.Create): elem_begin.lua.
-func (s mapStore) elemBegin(mapID string, md meta, index int) func(ctx context.Context, t store.Target, token string, data []byte) (store.Snapshot, bool, error) {
-	return func(ctx context.Context, t store.Target, token string, data []byte) (store.Snapshot, bool, error) {
+func (s mapStore) elemBegin(mapID string, md meta, index int) func(ctx context.Context, t store.Target, token string, lockTTL time.Duration, data []byte) (store.Snapshot, bool, error) {
+	return func(ctx context.Context, t store.Target, token string, lockTTL time.Duration, data []byte) (store.Snapshot, bool, error) {
 		k := s.keys
 		res, err := elemBeginScript.Run(ctx, s.rdb, []string{t.State, t.Lock, k.MapMeta(mapID), k.MapOffset(mapID), k.MapFailed(mapID)},
-			token, data, index, md.Inc).Slice()
+			token, data, index, md.Inc, max(1, lockTTL.Milliseconds())).Slice()
 		if err != nil {
 			return store.Snapshot{}, false, fmt.Errorf("mapstep: create element %s[%d]: %w", mapID, index, err)
 		}
@@ -232,11 +233,11 @@ var errRbSuperseded = errors.New("mapstep: a newer rollback generation supersede
 
 // elemRbLoad is a rollback job's element load (runctx.Element.Load):
 // elem_rb_load.lua.
-func (s mapStore) elemRbLoad(md meta, t maptask.RollbackTask) func(ctx context.Context, tg store.Target, token string) (store.Snapshot, error) {
-	return func(ctx context.Context, tg store.Target, token string) (store.Snapshot, error) {
+func (s mapStore) elemRbLoad(md meta, t maptask.RollbackTask) func(ctx context.Context, tg store.Target, token string, lockTTL time.Duration) (store.Snapshot, error) {
+	return func(ctx context.Context, tg store.Target, token string, lockTTL time.Duration) (store.Snapshot, error) {
 		k := s.keys
 		res, err := elemRbLoadScript.Run(ctx, s.rdb, []string{tg.State, tg.Lock, k.MapMeta(t.MapID), k.MapRbMeta(t.MapID, t.Gen), k.MapRbOffset(t.MapID, t.Gen)},
-			token, t.Gen, t.Pos, t.Total, md.Inc).Slice()
+			token, t.Gen, t.Pos, t.Total, md.Inc, max(1, lockTTL.Milliseconds())).Slice()
 		if err != nil {
 			return store.Snapshot{}, fmt.Errorf("mapstep: load element %s[%d] for its rollback: %w", t.MapID, t.Index, err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/lock"
@@ -34,6 +35,9 @@ func (e *Engine) elemTarget(ctx context.Context, id string) store.Target {
 func (e *Engine) startElement(ctx context.Context, def *Definition, id string, inputs map[string]Raw) (*Result, error) {
 	target := e.elemTarget(ctx, id)
 	el, _ := runctx.ElementFrom(ctx)
+	if el.Create != nil {
+		return e.startElementIn(ctx, def, id, inputs, target, el)
+	}
 	lease, err := e.locks.TryAcquire(ctx, target.Lock)
 	if errors.Is(err, lock.ErrHeld) {
 		// Someone executes this element. A finished one answers with its
@@ -48,29 +52,93 @@ func (e *Engine) startElement(ctx context.Context, def *Definition, id string, i
 	if err != nil {
 		return nil, err
 	}
-	bg := context.WithoutCancel(ctx)
+	data, st, err := e.newElementState(ctx, def, id, inputs)
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	snap, created, err := e.store.Create(ctx, target, lease.Token(), data)
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return e.executeElementRun(ctx, def, id, target, lease, st, snap, created)
+}
+
+// newElementState is an element run's first state, its first step's intent
+// riding on the create.
+func (e *Engine) newElementState(ctx context.Context, def *Definition, id string, inputs map[string]Raw) ([]byte, *runState, error) {
 	now := e.now()
 	st := newState(id, def, inputs, now)
 	adoptElement(ctx, st)
-	// The first step's intent rides on the create.
 	st.Intent = nextIntent(&frame{def: def, st: st})
 	if st.Intent != nil {
 		st.stepStarted(st.Intent.Step, now)
 	}
 	data, err := codec.Marshal(st)
 	if err != nil {
-		_ = lease.Release(bg)
-		return nil, fmt.Errorf("reactor: encode run: %w", err)
+		return nil, nil, fmt.Errorf("reactor: encode run: %w", err)
 	}
-	create := e.store.Create
-	if el.Create != nil {
-		create = el.Create
-	}
-	snap, created, err := create(ctx, target, lease.Token(), data)
+	return data, st, nil
+}
+
+// startElementIn is startElement when the element's construct creates it
+// (runctx.Element.Create): the lock is taken in the construct's create
+// script, which saves the element a round trip.
+func (e *Engine) startElementIn(ctx context.Context, def *Definition, id string, inputs map[string]Raw, target store.Target, el runctx.Element) (*Result, error) {
+	data, st, err := e.newElementState(ctx, def, id, inputs)
 	if err != nil {
-		_ = lease.Release(bg)
 		return nil, err
 	}
+	token, sent := lock.NewToken(), time.Now()
+	snap, created, err := el.Create(ctx, target, token, e.cfg.LockExpiry, data)
+	if errors.Is(err, store.ErrLockNotHeld) {
+		// Someone executes this element. A finished one answers with its
+		// result.
+		if snap, lerr := e.store.Load(ctx, target); lerr == nil {
+			if st, derr := decodeState(snap.Data); derr == nil && st.Status.Terminal() {
+				return st.result(), nil
+			}
+		}
+		return nil, fmt.Errorf("%w (run %s)", ErrRunLocked, id)
+	}
+	lease := e.locks.Adopt(target.Lock, token, sent)
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return e.executeElementRun(ctx, def, id, target, lease, st, snap, created)
+}
+
+// lockAndLoadElement is lockAndLoad when the element's construct loads it
+// (runctx.Element.Load, a map's rollback job): one try at the lock, taken
+// in the construct's load script.
+func (e *Engine) lockAndLoadElement(ctx context.Context, target store.Target, what string, el runctx.Element) (*execution, error) {
+	token, sent := lock.NewToken(), time.Now()
+	snap, err := el.Load(ctx, target, token, e.cfg.LockExpiry)
+	if errors.Is(err, store.ErrLockNotHeld) {
+		return nil, fmt.Errorf("%w (%s; waited 0s)", ErrRunLocked, what)
+	}
+	lease := e.locks.Adopt(target.Lock, token, sent)
+	if errors.Is(err, store.ErrNotFound) {
+		err = fmt.Errorf("%w: %s", ErrNotFound, what)
+	}
+	var st *runState
+	if err == nil {
+		st, err = decodeState(snap.Data)
+	}
+	if err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
+	}
+	return &execution{e: e, st: st, target: target, lease: lease, version: snap.Version, indexed: st.Status}, nil
+}
+
+// executeElementRun executes element run id once its state is created
+// (st) or found (snap), holding lease.
+func (e *Engine) executeElementRun(ctx context.Context, def *Definition, id string, target store.Target, lease *lock.Lease,
+	st *runState, snap store.Snapshot, created bool) (*Result, error) {
+	bg := context.WithoutCancel(ctx)
 	x := &execution{e: e, def: def, target: target, lease: lease, version: snap.Version, indexed: StatusRunning,
 		element: true, inWorker: true}
 	if created {

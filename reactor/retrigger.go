@@ -370,6 +370,9 @@ func (e *Engine) openElement(ctx context.Context, id string, wait time.Duration)
 // for an execution; what names the run in errors ("element <id>"). The
 // execution has no definition yet. On error nothing is held.
 func (e *Engine) lockAndLoad(ctx context.Context, target store.Target, what string, wait time.Duration) (*execution, error) {
+	if el, ok := runctx.ElementFrom(ctx); ok && el.Load != nil && wait <= 0 {
+		return e.lockAndLoadElement(ctx, target, what, el) // a map's rollback job: element_run.go
+	}
 	lease, err := e.locks.Acquire(ctx, target.Lock, wait)
 	if errors.Is(err, lock.ErrHeld) {
 		return nil, fmt.Errorf("%w (%s; waited %s)", ErrRunLocked, what, wait)
@@ -377,12 +380,7 @@ func (e *Engine) lockAndLoad(ctx context.Context, target store.Target, what stri
 	if err != nil {
 		return nil, err
 	}
-	var snap store.Snapshot
-	if el, ok := runctx.ElementFrom(ctx); ok && el.Load != nil {
-		snap, err = el.Load(ctx, target, lease.Token()) // a map's rollback job: element_run.go
-	} else {
-		snap, err = e.store.Load(ctx, target)
-	}
+	snap, err := e.store.Load(ctx, target)
 	if errors.Is(err, store.ErrNotFound) {
 		err = fmt.Errorf("%w: %s", ErrNotFound, what)
 	}

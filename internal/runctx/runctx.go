@@ -5,6 +5,7 @@ package runctx
 
 import (
 	"context"
+	"time"
 
 	"github.com/goreactor/goreactor/internal/store"
 )
@@ -28,17 +29,21 @@ type Element struct {
 	// before element runs moved into their map's slot
 	// (store.LegacyElemTarget).
 	Legacy bool
-	// Create, when set, replaces the element run's create: the map checks
-	// its own keys in the same script (the element's keys share its map's
-	// slot). It has store.Store.Create's contract, and may refuse with an
-	// error of the map's own (the map failed, or no longer takes the
-	// element), which the engine returns as it is, after releasing the lock.
-	Create func(ctx context.Context, t store.Target, token string, data []byte) (store.Snapshot, bool, error)
-	// Load, when set, replaces the element run's load for its undo (a map
-	// rollback job): the map checks its rollback in the same script. It has
-	// store.Store.Load's contract, and may refuse with an error of the
+	// Create, when set, replaces the element run's lock and create: it
+	// takes the lock (token, for lockTTL) and the map checks its own keys
+	// in the same script (the element's keys share its map's slot). It has
+	// store.Store.CreateNew's contract (store.ErrLockNotHeld: someone else
+	// holds the lock), and may refuse with an error of the map's own (the
+	// map failed, or no longer takes the element), which the engine returns
+	// as it is, after releasing the lock.
+	Create func(ctx context.Context, t store.Target, token string, lockTTL time.Duration, data []byte) (store.Snapshot, bool, error)
+	// Load, when set, replaces the element run's lock and load for its
+	// undo (a map rollback job, which tries the lock once): it takes the
+	// lock (token, for lockTTL) and the map checks its rollback in the same
+	// script. It has store.Store.Load's contract (store.ErrLockNotHeld:
+	// someone else holds the lock), and may refuse with an error of the
 	// map's own, returned as it is after the lock is released.
-	Load func(ctx context.Context, t store.Target, token string) (store.Snapshot, error)
+	Load func(ctx context.Context, t store.Target, token string, lockTTL time.Duration) (store.Snapshot, error)
 	// Finish, when set, is the element run's terminal write, with
 	// store.Store.Write's contract: the map records the element's outcome in
 	// the same script. res is the run's *reactor.Result as the write stores

@@ -1,5 +1,5 @@
--- elem_begin.lua: create a fan-out map element's run, or load it, under the
--- caller's element lock, after checking in the same script that the map
+-- elem_begin.lua: take a fan-out map element's lock and create its run, or
+-- load it, after checking in the same script that the map
 -- still takes the element: the job reads no map metadata of its own (its
 -- task carries the immutable part). The element's keys share the map's slot.
 -- KEYS[1] element state  P:{map:<id>}:el:<i>:ctx  (fields d = data, v = version)
@@ -11,7 +11,10 @@
 -- ARGV[2] encoded state to store when the element is new
 -- ARGV[3] element index
 -- ARGV[4] the map's incarnation as the task knows it (meta field inc)
--- Returns {-1}               the caller does not hold the lock
+-- ARGV[5] lock expiry in ms: the script takes the lock (SET NX PX), which the
+--         caller then adopts (internal/lock.Adopt); on a refusal below the
+--         caller releases it
+-- Returns {-1}               someone else holds the lock
 --         {1, 1}             created, version 1
 --         {0, version, data} the element existed: its current state
 --         {-4}               the map is gone (expired, or never started)
@@ -20,7 +23,7 @@
 --         {-6}               the map failed (or was stopped): the position settles
 --                            stopped instead of running
 --         {-7}               the map's owner has finished: nothing runs or settles
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[5]) then
   return {-1}
 end
 local cur = redis.call('HMGET', KEYS[1], 'v', 'd')

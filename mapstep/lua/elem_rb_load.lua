@@ -1,5 +1,5 @@
--- elem_rb_load.lua: load a map element's run for its rollback job, under the
--- caller's element lock, after checking in the same script that the job's
+-- elem_rb_load.lua: take a map element's lock and load its run for its rollback
+-- job, after checking in the same script that the job's
 -- rollback generation is current and has claimed its position: the job reads
 -- nothing else first (its task carries the map's immutable metadata and the
 -- element's forward outcome).
@@ -11,13 +11,16 @@
 -- ARGV[1] lock token of the caller   ARGV[2] generation   ARGV[3] position
 -- ARGV[4] the rollback's total as the task knows it (unused here; see below)
 -- ARGV[5] the map's incarnation as the task knows it
+-- ARGV[6] lock expiry in ms: the script takes the lock (SET NX PX), which the
+--         caller then adopts (internal/lock.Adopt); on a refusal below the
+--         caller releases it
 -- Returns {version, data}  the element's state
---         {-1}             the caller does not hold the lock
+--         {-1}             someone else holds the lock
 --         {-3}             the element has no run
 --         {-4}             the map or its rollback is gone
 --         {-5}             a task of an earlier map under the same id
 --         {-8}             a newer generation superseded this one
-if redis.call('GET', KEYS[2]) ~= ARGV[1] then
+if not redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[6]) then
   return {-1}
 end
 -- rb_start.lua sets rbgen with the generation's meta; the map's incarnation
