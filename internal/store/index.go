@@ -205,11 +205,15 @@ func (s *Store) NeedsHuman(ctx context.Context, limit int) ([]string, error) {
 		}
 		roots := make([]*redis.IntCmd, len(ids))
 		elems := make([]*redis.IntCmd, len(ids))
+		legacy := make([]*redis.IntCmd, len(ids))
 		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, id := range ids {
-				// Two commands: the two states are in different slots.
+				// Three commands: the states are in different slots (an
+				// element of a map started before element runs moved into
+				// their map's slot has the legacy key).
 				roots[i] = p.Exists(ctx, s.keys.RunState(id))
 				elems[i] = p.Exists(ctx, s.keys.ElemState(id))
+				legacy[i] = p.Exists(ctx, s.keys.LegacyElemState(id))
 			}
 			return nil
 		}); err != nil {
@@ -218,7 +222,7 @@ func (s *Store) NeedsHuman(ctx context.Context, limit int) ([]string, error) {
 		for i, id := range ids {
 			// An entry removed meanwhile shifts the next page: one read
 			// twice is listed once.
-			if (roots[i].Val() == 1 || elems[i].Val() == 1) && !seen[id] && len(out) < limit {
+			if (roots[i].Val() == 1 || elems[i].Val() == 1 || legacy[i].Val() == 1) && !seen[id] && len(out) < limit {
 				seen[id] = true
 				out = append(out, id)
 			}
