@@ -54,6 +54,12 @@ type MapReport struct {
 	Fresh, Deleted int
 	// Removed counts maps taken off the index (adopted, or never started).
 	Removed int
+	// WorkersLive and WorkersDead count the active tasks (with no lock
+	// held) that the workers' liveness leases judged: run by a live worker
+	// (left alone), or by a worker whose lease lapsed (redelivered, under
+	// a fresh id). An active task no lease lists is judged by asynq's
+	// lease, over 15 s.
+	WorkersLive, WorkersDead int
 }
 
 func (r *MapReport) add(rec maptask.Recovery) {
@@ -142,8 +148,9 @@ func (s *MapSweeper) ownerGone(ctx context.Context, mapID string) (gone bool, ow
 // for StaleAfter, oldest first. Every entry it keeps is touched, so the
 // next pass reaches the entries behind it. An error on one map is logged
 // and the pass goes on; the errors are returned joined.
-func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
-	var rep MapReport
+func (s *MapSweeper) Sweep(ctx context.Context) (rep MapReport, err error) {
+	s.tasks.newPass()
+	defer func() { rep.WorkersLive, rep.WorkersDead = s.tasks.live, s.tasks.dead }()
 	srvNow, err := s.rdb.Time(ctx).Result()
 	if err != nil {
 		return rep, fmt.Errorf("sweeper: read the server time: %w", err)

@@ -11,6 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/liveness"
 	"github.com/goreactor/goreactor/internal/maptask"
 )
 
@@ -37,10 +38,34 @@ type queueTasks struct {
 	insp   *asynq.Inspector
 	queue  string
 	prefix string
+
+	// workers is the workers' liveness records, read at most once per pass
+	// (newPass forgets them), when the pass first meets an active task.
+	workers *liveness.View
+	// verdicts counts the active tasks the records judged, this pass.
+	live, dead int
 }
 
 func newQueueTasks(rdb redis.UniversalClient, queue, prefix string) *queueTasks {
 	return &queueTasks{rdb: rdb, insp: asynq.NewInspectorFromRedisClient(rdb), queue: queue, prefix: prefix}
+}
+
+// newPass forgets what the previous pass read of the workers.
+func (q *queueTasks) newPass() {
+	q.workers, q.live, q.dead = nil, 0, 0
+}
+
+// workerVerdict is what the workers' liveness records say of active task
+// id, read once per pass.
+func (q *queueTasks) workerVerdict(ctx context.Context, id string) (liveness.Verdict, error) {
+	if q.workers == nil {
+		v, err := liveness.Read(ctx, q.rdb, q.prefix)
+		if err != nil {
+			return liveness.Unknown, fmt.Errorf("sweeper: %w", err)
+		}
+		q.workers = &v
+	}
+	return q.workers.Of(q.queue, id), nil
 }
 
 // leaseSeenKey is the sweeper's observation of task id's lease. It carries
@@ -51,13 +76,20 @@ func leaseSeenKey(prefix, queue, id string) string {
 }
 
 // TaskFate implements maptask.TaskInspector. An active task is live while
-// its worker keeps extending its lease; asynq itself reclaims a task only
-// when the lease has run out and its recoverer next runs (a minute or
-// more), so the sweeper calls it dead earlier, as soon as the heartbeats
-// stop. The redelivery gets a fresh id, and the element lock (or the run
-// lock) keeps the two deliveries from overlapping.
+// its worker is; asynq itself reclaims a task only when its 30 s lease has
+// run out and its recoverer next runs (a minute or more), so the sweeper
+// calls it dead earlier. The redelivery gets a fresh id, and the element
+// lock (or the run lock) keeps the two deliveries from overlapping; the
+// callers never ask about a task whose run or element is locked.
 //
-// The verdict reads no clock but the Redis server's: the lease score is
+// A goreactor worker records every task it takes in its liveness lease
+// (package internal/liveness): an active task that a worker whose lease
+// lapsed took, and no live worker holds, is dead at once, the first pass
+// after the lease expired (a few seconds after the kill). A task no
+// worker's record lists (its worker runs goreactor's Handler on a server of
+// its own, with no lease) is judged by asynq's lease instead, over 15 s:
+//
+// That verdict reads no clock but the Redis server's: the lease score is
 // written with the extending worker's clock, so the sweeper never compares
 // it with a time, only with itself, over server time (lease_seen.lua). A
 // verdict therefore needs two looks at least deadAfter apart. An active task
@@ -78,6 +110,16 @@ func (q *queueTasks) TaskFate(ctx context.Context, id string) (maptask.TaskFate,
 	case asynq.TaskStateCompleted:
 		return maptask.TaskCompleted, nil
 	case asynq.TaskStateActive:
+		switch v, err := q.workerVerdict(ctx, id); {
+		case err != nil:
+			return 0, err
+		case v == liveness.Live:
+			q.live++
+			return maptask.TaskLive, nil
+		case v == liveness.Dead:
+			q.dead++
+			return maptask.TaskDead, nil
+		}
 		// The lease set is asynq's: asynq:{<queue>}:lease, scored by the
 		// lease's expiry in Unix seconds of the worker's clock.
 		exp, err := q.rdb.ZScore(ctx, "asynq:{"+q.queue+"}:lease", id).Result()
