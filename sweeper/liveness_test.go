@@ -112,3 +112,46 @@ func TestMapSweepRedeliversTheOwnerResumeOfADeadWorker(t *testing.T) {
 	}, m.queued())
 	m.requireCompleted(m.finish(id))
 }
+
+// A task taken by a worker killed before it recorded the task is listed
+// nowhere. While every asynq server of the queue records its deliveries
+// (here: none serves it), the sweeper calls it dead once two looks a second
+// apart found it unlisted with an unextended asynq lease; one whose lease
+// was extended between the looks (a live server holds it) is not. With a
+// server that keeps no record on the queue, asynq's lease decides, over 15 s.
+func TestMapSweepJudgesAnUnlistedActiveTask(t *testing.T) {
+	t.Parallel()
+	for _, unleased := range []bool{false, true} {
+		t.Run(map[bool]string{false: "every server leased", true: "an unleased server"}[unleased], func(t *testing.T) {
+			t.Parallel()
+			m := newMapEnv(t, nil)
+			if unleased {
+				sweeper.AssumeUnleasedServer(m.maps)
+			}
+			const id = "unlisted"
+			mapID := m.start(id, false)
+			m.deliverAll(elPrefix(mapID), 0, 1, 4)
+			lease := time.Now().Add(30 * time.Second)
+			m.activate(elTask(mapID, 2), lease)
+			m.activate(elTask(mapID, 3), lease)
+
+			m.waitMapStale(mapID)
+			require.Equal(t, sweeper.MapReport{Examined: 1}, m.sweep(), "first look: live")
+			// 3's lease is extended, as its server's heartbeat does.
+			require.NoError(t, m.rdb.ZAdd(m.ctx, m.qkey("lease"), redis.Z{Score: float64(lease.Unix() + 5), Member: elTask(mapID, 3)}).Err())
+			time.Sleep(time.Second)
+			m.waitMapStale(mapID)
+			want := map[string]asynq.TaskState{
+				elTask(mapID, 2): asynq.TaskStateActive,
+				elTask(mapID, 3): asynq.TaskStateActive,
+			}
+			if unleased {
+				require.Equal(t, sweeper.MapReport{Examined: 1}, m.sweep(), "asynq's lease: not dead before 15 s")
+			} else {
+				require.Equal(t, sweeper.MapReport{Examined: 1, Elements: 1, Fresh: 1, WorkersDead: 1}, m.sweep())
+				want[elTask(mapID, 2)+":r1"] = asynq.TaskStatePending
+			}
+			require.Equal(t, want, m.queued())
+		})
+	}
+}

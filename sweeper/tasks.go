@@ -20,6 +20,13 @@ import (
 // missed heartbeats (asynq v0.26 extends a lease every 5 s).
 const deadAfter = 15 * time.Second
 
+// unlistedAfter is how long an active task must have gone unlisted in every
+// worker's liveness record, its asynq lease unextended, before the sweeper
+// calls it dead, when every asynq server serving its queue is a worker that
+// records its deliveries. A live worker lists a task it took within a round
+// trip of taking it; one killed between the two never does.
+const unlistedAfter = time.Second
+
 // leaseSeenTTL is how long the sweeper keeps its observation of a lease
 // after it last looked. A map examined less often than this (StaleAfter
 // above it) never gets a dead verdict from the sweeper; asynq's own
@@ -40,8 +47,14 @@ type queueTasks struct {
 	prefix string
 
 	// workers is the workers' liveness records, read at most once per pass
-	// (newPass forgets them), when the pass first meets an active task.
+	// (newPass forgets them), when the pass first meets an active task;
+	// leased, read with it, is whether every asynq server serving the
+	// queue is a worker that keeps such a record.
 	workers *liveness.View
+	leased  bool
+	// unleased, set by tests, makes every pass act as if a server without
+	// a record served the queue.
+	unleased bool
 	// verdicts counts the active tasks the records judged, this pass.
 	live, dead int
 }
@@ -64,8 +77,25 @@ func (q *queueTasks) workerVerdict(ctx context.Context, id string) (liveness.Ver
 			return liveness.Unknown, fmt.Errorf("sweeper: %w", err)
 		}
 		q.workers = &v
+		servers, err := q.insp.Servers()
+		if err != nil {
+			return liveness.Unknown, fmt.Errorf("sweeper: read asynq's servers: %w", err)
+		}
+		q.leased = !q.unleased
+		for _, s := range servers {
+			if s.Queues[q.queue] > 0 && !v.Leased(liveness.Name(s.Host, s.PID)) {
+				q.leased = false
+				break
+			}
+		}
 	}
 	return q.workers.Of(q.queue, id), nil
+}
+
+// unlistedKey is the sweeper's observation of an active task that no
+// worker's record lists (see unlistedAfter).
+func unlistedKey(prefix, queue, id string) string {
+	return prefix + ":{sweeper}:unlisted:" + queue + ":" + id
 }
 
 // leaseSeenKey is the sweeper's observation of task id's lease. It carries
@@ -86,8 +116,12 @@ func leaseSeenKey(prefix, queue, id string) string {
 // (package internal/liveness): an active task that a worker whose lease
 // lapsed took, and no live worker holds, is dead at once, the first pass
 // after the lease expired (a few seconds after the kill). A task no
-// worker's record lists (its worker runs goreactor's Handler on a server of
-// its own, with no lease) is judged by asynq's lease instead, over 15 s:
+// worker's record lists was taken by a worker killed before it recorded
+// it, or by a server that keeps no record (goreactor's Handler on a server
+// of your own): while every asynq server of the queue is a recording
+// worker, it is dead once two looks unlistedAfter apart found it unlisted
+// with the same asynq lease; otherwise it is judged by asynq's lease, over
+// 15 s.
 //
 // That verdict reads no clock but the Redis server's: the lease score is
 // written with the extending worker's clock, so the sweeper never compares
@@ -129,12 +163,23 @@ func (q *queueTasks) TaskFate(ctx context.Context, id string) (maptask.TaskFate,
 		if err != nil {
 			return 0, fmt.Errorf("sweeper: read the lease of task %s: %w", id, err)
 		}
-		dead, err := leaseSeenScript.Run(ctx, q.rdb, []string{leaseSeenKey(q.prefix, q.queue, id)},
-			strconv.FormatFloat(exp, 'f', -1, 64), deadAfter.Milliseconds(), leaseSeenTTL.Milliseconds()).Int()
+		key, after := leaseSeenKey(q.prefix, q.queue, id), deadAfter
+		if q.leased {
+			// Every server of the queue records what it takes, and none
+			// lists this task: taken by a worker killed before it could
+			// record it, or a moment ago by a live one, which will have
+			// recorded it by the next look.
+			key, after = unlistedKey(q.prefix, q.queue, id), unlistedAfter
+		}
+		dead, err := leaseSeenScript.Run(ctx, q.rdb, []string{key},
+			strconv.FormatFloat(exp, 'f', -1, 64), after.Milliseconds(), leaseSeenTTL.Milliseconds()).Int()
 		if err != nil {
 			return 0, fmt.Errorf("sweeper: observe the lease of task %s: %w", id, err)
 		}
 		if dead == 1 {
+			if q.leased {
+				q.dead++
+			}
 			return maptask.TaskDead, nil
 		}
 		return maptask.TaskLive, nil

@@ -16,6 +16,8 @@
 //	P:{worker:<id>}:tasks  hash task id -> "<seq> <queue>", the deliveries the
 //	                       worker took and has not yet reported finished;
 //	                       expires RecordTTL after the last beat or delivery
+//	P:{worker:<id>}:name   string "<host>:<pid>", expires RecordTTL after the
+//	                       last beat: which asynq server the worker is
 //	P:idx:workers          zset worker id -> last beat (ms, the worker's clock),
 //	                       how the sweeper finds the records
 //
@@ -81,6 +83,13 @@ func (k Keys) Alive(id string) string { return k.prefix + ":{worker:" + id + "}:
 // Tasks is worker id's record of the deliveries it took.
 func (k Keys) Tasks(id string) string { return k.prefix + ":{worker:" + id + "}:tasks" }
 
+// Name is worker id's "<host>:<pid>", kept as long as its record.
+func (k Keys) Name(id string) string { return k.prefix + ":{worker:" + id + "}:name" }
+
+// Name is the name of the process with host name host and process id pid,
+// as a lease records it: what asynq's server records say of a server too.
+func Name(host string, pid int) string { return host + ":" + strconv.Itoa(pid) }
+
 // Config configures a Lease.
 type Config struct {
 	// Client is the Redis the worker's queue is on. Required.
@@ -129,7 +138,7 @@ func Start(ctx context.Context, cfg Config) (*Lease, error) {
 		host = "unknown-host"
 	}
 	l := &Lease{cfg: cfg, keys: NewKeys(cfg.Prefix), id: hex.EncodeToString(b[:]),
-		name: host + ":" + strconv.Itoa(os.Getpid()), stop: make(chan struct{}), done: make(chan struct{})}
+		name: Name(host, os.Getpid()), stop: make(chan struct{}), done: make(chan struct{})}
 	l.beat(ctx)
 	go l.loop()
 	return l, nil
@@ -194,7 +203,7 @@ func (l *Lease) beat(ctx context.Context) {
 	for _, s := range pairs {
 		args = append(args, s)
 	}
-	err := beatScript.Run(ctx, l.cfg.Client, []string{l.keys.Alive(l.id), l.keys.Tasks(l.id)}, args...).Err()
+	err := beatScript.Run(ctx, l.cfg.Client, []string{l.keys.Alive(l.id), l.keys.Tasks(l.id), l.keys.Name(l.id)}, args...).Err()
 	if err == nil {
 		err = l.cfg.Client.ZAdd(ctx, l.keys.Registry(), redis.Z{Score: float64(time.Now().UnixMilli()), Member: l.id}).Err()
 	}
@@ -220,7 +229,7 @@ func (l *Lease) Stop(ctx context.Context) error {
 	l.once.Do(func() {
 		close(l.stop)
 		<-l.done
-		if err = l.cfg.Client.Del(ctx, l.keys.Alive(l.id), l.keys.Tasks(l.id)).Err(); err == nil {
+		if err = l.cfg.Client.Del(ctx, l.keys.Alive(l.id), l.keys.Tasks(l.id), l.keys.Name(l.id)).Err(); err == nil {
 			err = l.cfg.Client.ZRem(ctx, l.keys.Registry(), l.id).Err()
 		}
 		if err != nil {
@@ -256,6 +265,7 @@ func (v Verdict) String() string {
 // View is the worker records as read at one moment.
 type View struct {
 	tasks map[string]Verdict // queue + "\x00" + task id
+	names map[string]bool    // the workers' names, live or dead
 	// Live and Dead count the workers read; Forgotten the registry entries
 	// of workers gone for good (no alive key, no record), removed.
 	Live, Dead, Forgotten int
@@ -266,37 +276,46 @@ type View struct {
 // before its beat forgot it, and the task was delivered again).
 func (v View) Of(queue, id string) Verdict { return v.tasks[queue+"\x00"+id] }
 
-// Read reads every registered worker's alive key and task record, and
-// removes from the registry the workers that have neither left.
+// Leased reports whether a registered worker, live or dead, is process
+// name (see Name): whether that process records its deliveries.
+func (v View) Leased(name string) bool { return v.names[name] }
+
+// Read reads every registered worker's alive key, task record and name,
+// and removes from the registry the workers that have none of them left.
 func Read(ctx context.Context, rdb redis.UniversalClient, prefix string) (View, error) {
 	k := NewKeys(prefix)
 	ids, err := rdb.ZRange(ctx, k.Registry(), 0, -1).Result()
 	if err != nil {
 		return View{}, fmt.Errorf("liveness: read the worker registry: %w", err)
 	}
-	v := View{tasks: map[string]Verdict{}}
+	v := View{tasks: map[string]Verdict{}, names: map[string]bool{}}
 	if len(ids) == 0 {
 		return v, nil
 	}
 	alive := make([]*redis.IntCmd, len(ids))
 	tasks := make([]*redis.MapStringStringCmd, len(ids))
+	names := make([]*redis.StringCmd, len(ids))
 	if _, err := rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range ids {
 			alive[i] = p.Exists(ctx, k.Alive(id))
 			tasks[i] = p.HGetAll(ctx, k.Tasks(id))
+			names[i] = p.Get(ctx, k.Name(id))
 		}
 		return nil
-	}); err != nil {
+	}); err != nil && !errors.Is(err, redis.Nil) {
 		return View{}, fmt.Errorf("liveness: read the worker records: %w", err)
 	}
 	var gone []any
 	for i, id := range ids {
 		live := alive[i].Val() == 1
 		rec := tasks[i].Val()
+		if n := names[i].Val(); n != "" {
+			v.names[n] = true
+		}
 		switch {
 		case live:
 			v.Live++
-		case len(rec) == 0:
+		case len(rec) == 0 && names[i].Val() == "":
 			gone = append(gone, id)
 			continue
 		default:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"os"
 	"testing"
 	"time"
 
@@ -97,8 +98,13 @@ func TestVerdicts(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, Live, v.Of("q", "t2"))
 
+	host, err := os.Hostname()
+	require.NoError(t, err)
+	require.True(t, v.Leased(Name(host, os.Getpid())), "this process runs leased workers")
+	require.False(t, v.Leased(Name(host, os.Getpid()+1)))
+
 	// A dead worker whose record expired is dropped from the registry.
-	require.NoError(t, rdb.Del(ctx, NewKeys(prefix).Tasks(a.ID())).Err())
+	require.NoError(t, rdb.Del(ctx, NewKeys(prefix).Tasks(a.ID()), NewKeys(prefix).Name(a.ID())).Err())
 	v, err = Read(ctx, rdb, prefix)
 	require.NoError(t, err)
 	require.Equal(t, 1, v.Forgotten)
@@ -125,5 +131,5 @@ func TestStopDeletesTheLease(t *testing.T) {
 	require.Equal(t, "1 q", rdb.HGet(ctx, k.Tasks(l.ID()), "t1").Val())
 	require.NoError(t, l.Stop(ctx))
 	require.NoError(t, l.Stop(ctx), "idempotent")
-	require.Zero(t, rdb.Exists(ctx, k.Alive(l.ID()), k.Tasks(l.ID()), k.Registry()).Val())
+	require.Zero(t, rdb.Exists(ctx, k.Alive(l.ID()), k.Tasks(l.ID()), k.Name(l.ID()), k.Registry()).Val())
 }
