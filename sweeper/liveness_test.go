@@ -44,11 +44,14 @@ func (m *mapEnv) liveWorker(ids ...string) {
 // worker whose lease lapsed is redelivered at the first pass (under a fresh
 // id), however fresh its asynq lease still is; one a live worker holds is
 // left alone; one no lease lists is judged by its asynq lease, as before
-// (seen for the first time: live). Forward and rolling back.
+// (seen for the first time: live), a server without a lease serving the
+// queue (TestMapSweepJudgesAnUnlistedActiveTask has the other case).
+// Forward and rolling back.
 func TestMapSweepJudgesActiveTasksByTheWorkersLeases(t *testing.T) {
 	t.Parallel()
 	forwardAndRollback(t, func(t *testing.T, rollback bool) {
 		m := newMapEnv(t, nil)
+		sweeper.AssumeUnleasedServer(m.maps)
 		const id = "leases"
 		mapID := m.start(id, rollback)
 		task := elTask
@@ -116,7 +119,7 @@ func TestMapSweepRedeliversTheOwnerResumeOfADeadWorker(t *testing.T) {
 // A task taken by a worker killed before it recorded the task is listed
 // nowhere. While every asynq server of the queue records its deliveries
 // (here: none serves it), the sweeper calls it dead once two looks a second
-// apart found it unlisted with an unextended asynq lease; one whose lease
+// apart found it unlisted with an unextended asynq lease (half a second at least); one whose lease
 // was extended between the looks (a live server holds it) is not. With a
 // server that keeps no record on the queue, asynq's lease decides, over 15 s.
 func TestMapSweepJudgesAnUnlistedActiveTask(t *testing.T) {

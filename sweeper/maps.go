@@ -175,6 +175,7 @@ func (s *MapSweeper) Sweep(ctx context.Context) (rep MapReport, err error) {
 		}
 		id, _ := z.Member.(string)
 		rep.Examined++
+		s.tasks.undecided = false
 		rec, err := maptask.RecoverMap(ctx, s.cfg.Engine, id, opt)
 		rep.add(rec)
 		var owners []string
@@ -205,7 +206,13 @@ func (s *MapSweeper) Sweep(ctx context.Context) (rep MapReport, err error) {
 				}
 			}
 		default:
-			if terr := s.rdb.ZAddXX(ctx, s.keys.Maps(), redis.Z{Score: float64(now.Add(time.Since(read)).UnixMilli()), Member: id}).Err(); err == nil {
+			at := now.Add(time.Since(read))
+			if s.tasks.undecided {
+				// A task no worker lists needs a second look unlistedAfter
+				// from now: due then, not StaleAfter from now.
+				at = at.Add(unlistedAfter - s.cfg.StaleAfter)
+			}
+			if terr := s.rdb.ZAddXX(ctx, s.keys.Maps(), redis.Z{Score: float64(at.UnixMilli()), Member: id}).Err(); err == nil {
 				err = terr
 			}
 		}

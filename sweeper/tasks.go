@@ -25,7 +25,7 @@ const deadAfter = 15 * time.Second
 // calls it dead, when every asynq server serving its queue is a worker that
 // records its deliveries. A live worker lists a task it took within a round
 // trip of taking it; one killed between the two never does.
-const unlistedAfter = time.Second
+const unlistedAfter = 500 * time.Millisecond
 
 // leaseSeenTTL is how long the sweeper keeps its observation of a lease
 // after it last looked. A map examined less often than this (StaleAfter
@@ -52,6 +52,11 @@ type queueTasks struct {
 	// queue is a worker that keeps such a record.
 	workers *liveness.View
 	leased  bool
+	// undecided is set when a look at an unlisted task was not yet enough
+	// for a verdict: its map is looked at again the next pass after
+	// unlistedAfter, not StaleAfter later. The map sweeper clears it per
+	// map.
+	undecided bool
 	// unleased, set by tests, makes every pass act as if a server without
 	// a record served the queue.
 	unleased bool
@@ -181,6 +186,9 @@ func (q *queueTasks) TaskFate(ctx context.Context, id string) (maptask.TaskFate,
 				q.dead++
 			}
 			return maptask.TaskDead, nil
+		}
+		if q.leased {
+			q.undecided = true
 		}
 		return maptask.TaskLive, nil
 	}
