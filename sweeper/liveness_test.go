@@ -118,7 +118,7 @@ func TestMapSweepRedeliversTheOwnerResumeOfADeadWorker(t *testing.T) {
 
 // A task taken by a worker killed before it recorded the task is listed
 // nowhere. While every asynq server of the queue records its deliveries
-// (here: none serves it), the sweeper calls it dead once two looks a second
+// (here: none serves it), the sweeper calls it dead once two looks half a second
 // apart found it unlisted with an unextended asynq lease (half a second at least); one whose lease
 // was extended between the looks (a live server holds it) is not. With a
 // server that keeps no record on the queue, asynq's lease decides, over 15 s.

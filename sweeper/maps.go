@@ -207,6 +207,13 @@ func (s *MapSweeper) Sweep(ctx context.Context) (rep MapReport, err error) {
 			}
 		default:
 			at := now.Add(time.Since(read))
+			if rec.Live && rec.Touched > 0 {
+				// Settled recently: due StaleAfter after that settle, not
+				// after this pass, so that a map that stalls just after a
+				// settle (its workers killed) waits no longer than one
+				// that stalled long ago.
+				at = time.UnixMilli(rec.Touched)
+			}
 			if s.tasks.undecided {
 				// A task no worker lists needs a second look unlistedAfter
 				// from now: due then, not StaleAfter from now.
