@@ -213,9 +213,9 @@ func (b *bench) defaultRun(ctx context.Context) (*report, error) {
 	r.Targets = []targetCheck{
 		{Name: "speedup", Want: ">= 8", Got: r.Speedup, Met: r.Speedup >= 8, Note: speedNote, Enforced: speedNote == ""},
 		{Name: "baseline_ratio", Want: ">= 0.33", Got: r.BaselineRatio, Met: r.BaselineRatio >= 0.33, Enforced: true},
-		{Name: "roundtrips_per_element_forward", Want: "<= 6", Got: r.RoundtripsPerElementForward, Met: r.RoundtripsPerElementForward <= 6, Enforced: true},
-		{Name: "roundtrips_per_element_rollback", Want: "<= 7 (6 + 1 undone entry)", Got: r.RoundtripsPerElementRollback,
-			Met: r.RoundtripsPerElementRollback <= 7, Enforced: true},
+		{Name: "roundtrips_per_element_forward", Want: "<= 3", Got: r.RoundtripsPerElementForward, Met: r.RoundtripsPerElementForward <= 3, Enforced: true},
+		{Name: "roundtrips_per_element_rollback", Want: "<= 3 (one undone entry)", Got: r.RoundtripsPerElementRollback,
+			Met: r.RoundtripsPerElementRollback <= 3, Enforced: true},
 		{Name: "fanout_vs_bare_asynq_rollback", Want: "<= 1.05", Got: r.FanoutVsBareAsynqRollback, Met: r.FanoutVsBareAsynqRollback <= 1.05,
 			Note: rollbackNote, Enforced: rollbackNote == ""},
 		{Name: "fanout_vs_bare_asynq_forward", Want: "<= 1.05", Got: r.FanoutVsBareAsynqForward, Met: r.FanoutVsBareAsynqForward <= 1.05,

@@ -107,6 +107,21 @@ func parseClaims(cmd redis.Cmder) []claim {
 			out = append(out, claim{MapID: mapID, Kind: kind, From: from, To: to})
 		}
 	}
+	if strings.HasPrefix(suffix, "el:") && nkeys == 8 && len(reply) == 7 && reply[0] > 0 {
+		// elem_finish.lua / elem_rb_finish.lua: an element's terminal
+		// write with its map's settle; KEYS[4] names the direction.
+		third, _ := args[3+3].(string)
+		_, metaSuffix, _ := splitMapKey(third)
+		kind, sig := "fwd", "fsig"
+		if g, rest, ok := strings.Cut(strings.TrimPrefix(metaSuffix, "rb:"), ":"); ok && rest == "meta" && strings.HasPrefix(metaSuffix, "rb:") {
+			kind, sig = "rb"+g, "rsig"+g
+		}
+		batch(kind, reply[4], reply[5])
+		if reply[6] == 1 {
+			out = append(out, claim{MapID: mapID, Kind: sig})
+		}
+		return out
+	}
 	gen, rbSuffix, isRb := strings.Cut(strings.TrimPrefix(suffix, "rb:"), ":")
 	isRb = isRb && strings.HasPrefix(suffix, "rb:")
 	switch {
