@@ -39,6 +39,7 @@ const maxFlushes = 4
 const maxBatch = 256
 
 type batchReq struct {
+	ctx   context.Context
 	queue func(p redis.Pipeliner)
 	cmds  []redis.Cmder
 	done  chan struct{}
@@ -51,7 +52,7 @@ func newBatcher(rdb redis.UniversalClient) *batcher { return &batcher{rdb: rdb} 
 // error). A ctx that ends first returns ctx.Err(); the commands may still
 // be sent, as a command whose reply is abandoned may have been.
 func (b *batcher) do(ctx context.Context, queue func(p redis.Pipeliner)) ([]redis.Cmder, error) {
-	r := &batchReq{queue: queue, done: make(chan struct{})}
+	r := &batchReq{ctx: ctx, queue: queue, done: make(chan struct{})}
 	b.mu.Lock()
 	b.pending = append(b.pending, r)
 	if b.flushing < maxFlushes {
@@ -95,12 +96,19 @@ func (b *batcher) flush(batch []*batchReq) {
 	p := b.rdb.Pipeline()
 	marks := make([]int, len(batch)+1)
 	for i, r := range batch {
-		r.queue(p)
+		// A caller that gave up before its turn is not sent: as with a
+		// single command, only a write already on its way may land.
+		if r.ctx.Err() == nil {
+			r.queue(p)
+		}
 		marks[i+1] = p.Len()
 	}
-	cmds, _ := p.Exec(ctx)
+	var cmds []redis.Cmder
+	if p.Len() > 0 {
+		cmds, _ = p.Exec(ctx)
+	}
 	for i, r := range batch {
-		if len(cmds) == marks[len(batch)] {
+		if len(cmds) == marks[len(batch)] && marks[i+1] > marks[i] {
 			r.cmds = cmds[marks[i]:marks[i+1]]
 		}
 		close(r.done)
