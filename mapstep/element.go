@@ -137,24 +137,11 @@ func (s mapStore) elemFinish(mapID string, md meta, index int, sr *settleResult)
 				return store.WriteResult{}, err
 			}
 		}
-		b2s := func(b bool) string {
-			if b {
-				return "1"
-			}
-			return "0"
-		}
 		k := s.keys
-		cap := t.AuditCap
-		if cap <= 0 {
-			cap = store.AuditCap
-		}
-		args := []any{token, version, data, b2s(o.KeepForever), newIncarnation(), cap, index, enc, b2s(out.Status == outcomeFailed),
-			md.Total, md.BatchSize, b2s(md.Atomic), len(o.Audit)}
-		for _, e := range o.Audit {
-			args = append(args, len(e)/2)
-			for _, v := range e {
-				args = append(args, v)
-			}
+		args, err := store.AppendAudit([]any{token, version, data, b2s(o.KeepForever), newIncarnation(), t.AuditCapOrDefault(),
+			index, enc, b2s(out.Status == outcomeFailed), md.Total, md.BatchSize, b2s(md.Atomic)}, o.Audit)
+		if err != nil {
+			return store.WriteResult{}, err
 		}
 		keys := []string{t.State, t.Lock, t.Audit, k.MapMeta(mapID), k.MapOffset(mapID), k.MapResults(mapID), k.MapFailed(mapID), k.MapSignalled(mapID)}
 		vals, err := elemFinishScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
@@ -278,24 +265,11 @@ func (s mapStore) elemRbFinish(md meta, t maptask.RollbackTask, sr *settleResult
 				return store.WriteResult{}, err
 			}
 		}
-		b2s := func(b bool) string {
-			if b {
-				return "1"
-			}
-			return "0"
-		}
 		k := s.keys
-		cp := tg.AuditCap
-		if cp <= 0 {
-			cp = store.AuditCap
-		}
-		args := []any{token, version, data, b2s(o.KeepForever), newIncarnation(), cp, t.Pos, enc, out.Outcome, b2s(len(out.Failures) > 0),
-			t.Total, md.BatchSize, len(o.Audit)}
-		for _, e := range o.Audit {
-			args = append(args, len(e)/2)
-			for _, v := range e {
-				args = append(args, v)
-			}
+		args, err := store.AppendAudit([]any{token, version, data, b2s(o.KeepForever), newIncarnation(), tg.AuditCapOrDefault(),
+			t.Pos, enc, out.Outcome, b2s(len(out.Failures) > 0), t.Total, md.BatchSize}, o.Audit)
+		if err != nil {
+			return store.WriteResult{}, err
 		}
 		keys := []string{tg.State, tg.Lock, tg.Audit, k.MapRbMeta(t.MapID, t.Gen), k.MapRbOffset(t.MapID, t.Gen), k.MapRbResults(t.MapID, t.Gen),
 			k.MapRbHandedOff(t.MapID, t.Gen), k.MapRbSignalled(t.MapID, t.Gen)}

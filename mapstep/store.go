@@ -154,12 +154,6 @@ func (m meta) settled() bool {
 
 // start creates the map's metadata and claims its first batch, once.
 func (s mapStore) start(ctx context.Context, mapID string, m meta) (created bool, offset int, err error) {
-	b2s := func(b bool) string {
-		if b {
-			return "1"
-		}
-		return "0"
-	}
 	res, err := startScript.Run(ctx, s.rdb, []string{s.keys.MapMeta(mapID), s.keys.MapOffset(mapID)},
 		m.Total, m.BatchSize, b2s(m.Atomic), m.Owner, m.OwnerReact, m.Element, m.Step, []byte(m.With), m.Input, b2s(m.FanOut), b2s(m.Paged), m.Trace,
 		b2s(m.Sensitive), m.ElementDef, m.OwnerDef, m.Inc).Slice()
@@ -255,4 +249,12 @@ func (s mapStore) results(ctx context.Context, mapID string, from, to int) ([]*o
 		out[i] = &o
 	}
 	return out, nil
+}
+
+// b2s is a script's boolean argument.
+func b2s(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }

@@ -332,14 +332,10 @@ func (e *Engine) element(ctx context.Context, id string) (*Run, error) {
 	return st.view(d, snap.Version), nil
 }
 
-// start creates or resumes run id; o is nil for an element run.
+// start creates or resumes root run id (element runs: startElement, element_run.go).
 func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs map[string]Raw, o *runOptions) (*Result, error) {
-	element := o == nil
 	target := e.store.RunTarget(id)
-	if element {
-		target = e.store.ElemTarget(id)
-	}
-	if !element && o.fresh {
+	if o.fresh {
 		return e.startNew(ctx, def, id, inputs, o, target)
 	}
 	lease, err := e.locks.TryAcquire(ctx, target.Lock)
@@ -347,10 +343,8 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		// Someone executes this id. A finished run answers with its result.
 		if snap, lerr := e.store.Load(ctx, target); lerr == nil {
 			if st, derr := decodeState(snap.Data); derr == nil && st.Status.Terminal() {
-				if !element {
-					if err := sameInputs(id, st.Inputs, inputs); err != nil {
-						return nil, err
-					}
+				if err := sameInputs(id, st.Inputs, inputs); err != nil {
+					return nil, err
 				}
 				return st.result(), nil
 			}
@@ -361,28 +355,24 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		return nil, err
 	}
 	now := e.now()
-	st, data, err := e.newRunState(ctx, def, id, inputs, o, now)
+	st, data, err := e.newRunState(def, id, inputs, o, now)
 	if err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
 	var added bool // the start added the run's active entry
 	// The index entry goes first: a crash after the state write must still
-	// leave the run where the sweeper looks. Elements are found through
-	// their map instead.
-	if !element {
-		if added, err = e.store.IndexStart(ctx, id, def.name, string(StatusRunning), now); err != nil {
-			_ = lease.Release(context.WithoutCancel(ctx))
-			return nil, err
-		}
+	// leave the run where the sweeper looks.
+	if added, err = e.store.IndexStart(ctx, id, def.name, string(StatusRunning), now); err != nil {
+		_ = lease.Release(context.WithoutCancel(ctx))
+		return nil, err
 	}
 	snap, created, err := e.store.Create(ctx, target, lease.Token(), data)
 	if err != nil {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	x := &execution{e: e, def: def, target: target, lease: lease, version: snap.Version, indexed: StatusRunning,
-		element: element, inWorker: element}
+	x := &execution{e: e, def: def, target: target, lease: lease, version: snap.Version, indexed: StatusRunning}
 	if created {
 		x.st, x.created = st, true
 		return x.execute(ctx, EventRunStarted)
@@ -397,20 +387,18 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	// under the lock, so that no writer can re-index the run in between.
 	bg := context.WithoutCancel(ctx)
 	refuse := func(err error) (*Result, error) {
-		if !element {
-			owner := def.name
-			if existing.Reactor != def.name {
-				// A run of another reactor: this start's reactor entries
-				// name the wrong reactor (the dashboard's counts by
-				// reactor would include it); the run's own are untouched.
-				_ = e.store.UnindexReactor(bg, id, def.name, string(StatusRunning))
-				owner = existing.Reactor
-			}
-			if existing.Status.Terminal() {
-				_ = e.store.TakeBackStart(bg, id, owner, string(StatusRunning), added, now)
-			} else if existing.Status != StatusRunning {
-				_ = e.store.MarkStatus(bg, id, owner, string(StatusRunning), string(existing.Status), false, now)
-			}
+		owner := def.name
+		if existing.Reactor != def.name {
+			// A run of another reactor: this start's reactor entries
+			// name the wrong reactor (the dashboard's counts by
+			// reactor would include it); the run's own are untouched.
+			_ = e.store.UnindexReactor(bg, id, def.name, string(StatusRunning))
+			owner = existing.Reactor
+		}
+		if existing.Status.Terminal() {
+			_ = e.store.TakeBackStart(bg, id, owner, string(StatusRunning), added, now)
+		} else if existing.Status != StatusRunning {
+			_ = e.store.MarkStatus(bg, id, owner, string(StatusRunning), string(existing.Status), false, now)
 		}
 		_ = lease.Release(bg)
 		return nil, err
@@ -418,10 +406,8 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	if existing.Reactor != def.name {
 		return refuse(errIDTaken(id, existing.Reactor))
 	}
-	if !element {
-		if err := sameInputs(id, existing.Inputs, inputs); err != nil {
-			return refuse(err)
-		}
+	if err := sameInputs(id, existing.Inputs, inputs); err != nil {
+		return refuse(err)
 	}
 	if existing.Def != "" && existing.Def != def.fp && !existing.Status.Terminal() {
 		// The id's run started under another version: it goes on under
@@ -433,17 +419,12 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 		x.def = d
 	}
 	if existing.Status.Terminal() {
-		if !element {
-			_ = e.store.TakeBackStart(bg, id, def.name, string(StatusRunning), added, now)
-		}
+		_ = e.store.TakeBackStart(bg, id, def.name, string(StatusRunning), added, now)
 		_ = lease.Release(bg)
 		return existing.result(), nil
 	}
 	x.st = existing
-	if element {
-		adoptElement(ctx, existing) // an element created before it was recorded
-	}
-	if existing.Status != StatusRunning && !element {
+	if existing.Status != StatusRunning {
 		if err := e.store.MarkStatus(ctx, id, def.name, string(StatusRunning), string(existing.Status), false, now); err != nil {
 			_ = lease.Release(context.WithoutCancel(ctx))
 			return nil, err
@@ -453,19 +434,15 @@ func (e *Engine) start(ctx context.Context, def *Definition, id string, inputs m
 	return x.execute(ctx, EventRunResumed)
 }
 
-// newRunState is the state a start creates: the first step's intent rides
-// on the create. o is nil for an element run.
-func (e *Engine) newRunState(ctx context.Context, def *Definition, id string, inputs map[string]Raw, o *runOptions, now time.Time) (*runState, []byte, error) {
+// newRunState is the state a root run's start creates: the first step's
+// intent rides on the create.
+func (e *Engine) newRunState(def *Definition, id string, inputs map[string]Raw, o *runOptions, now time.Time) (*runState, []byte, error) {
 	st := newState(id, def, inputs, now)
-	if o == nil {
-		adoptElement(ctx, st)
-	} else {
-		o.applyTo(st)
-		if st.Queue == "" {
-			// The queue its wake-ups go to if it hands off, recorded as
-			// Enqueue records it (the dashboard shows it).
-			st.Queue = e.enqueuerQueue()
-		}
+	o.applyTo(st)
+	if st.Queue == "" {
+		// The queue its wake-ups go to if it hands off, recorded as
+		// Enqueue records it (the dashboard shows it).
+		st.Queue = e.enqueuerQueue()
 	}
 	st.Intent = nextIntent(&frame{def: def, st: st})
 	if st.Intent != nil {
@@ -485,7 +462,7 @@ func (e *Engine) newRunState(ctx context.Context, def *Definition, id string, in
 // sweeper looks).
 func (e *Engine) startNew(ctx context.Context, def *Definition, id string, inputs map[string]Raw, o *runOptions, target store.Target) (*Result, error) {
 	now := e.now()
-	st, data, err := e.newRunState(ctx, def, id, inputs, o, now)
+	st, data, err := e.newRunState(def, id, inputs, o, now)
 	if err != nil {
 		return nil, err
 	}

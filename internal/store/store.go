@@ -194,6 +194,32 @@ func (s *Store) CreateNew(ctx context.Context, t Target, token string, lockTTL t
 	return createResult(res, data)
 }
 
+// AuditCapOrDefault is the cap of t's audit stream: its own, else AuditCap.
+func (t Target) AuditCapOrDefault() int {
+	if t.AuditCap > 0 {
+		return t.AuditCap
+	}
+	return AuditCap
+}
+
+// AppendAudit appends audit entries to a script's arguments in the form
+// the fenced writes read (write.lua and the map element scripts): their
+// count, then each entry as its number of field/value pairs followed by the
+// pairs.
+func AppendAudit(args []any, audit [][]string) ([]any, error) {
+	args = append(args, len(audit))
+	for _, e := range audit {
+		if len(e)%2 != 0 {
+			return nil, fmt.Errorf("store: write: audit entry %q has an odd number of fields and values", e)
+		}
+		args = append(args, len(e)/2)
+		for _, v := range e {
+			args = append(args, v)
+		}
+	}
+	return args, nil
+}
+
 // script runs sc through the shared pipelines (batch.go), by hash; a
 // server that lost its script cache gets it by source.
 func (s *Store) script(ctx context.Context, sc *redis.Script, keys []string, args ...any) ([]any, error) {
@@ -354,20 +380,10 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 	if o.KeepForever {
 		retention = -1
 	}
-	auditCap := AuditCap
-	if t.AuditCap > 0 {
-		auditCap = t.AuditCap
-	}
-	args := []any{token, version, data, retention, release, nonce, t.Done, unlessCancelled,
-		auditCap, len(o.Audit)}
-	for _, e := range o.Audit {
-		if len(e)%2 != 0 {
-			return WriteResult{}, fmt.Errorf("store: write: audit entry %q has an odd number of fields and values", e)
-		}
-		args = append(args, len(e)/2)
-		for _, v := range e {
-			args = append(args, v)
-		}
+	args, err := AppendAudit([]any{token, version, data, retention, release, nonce, t.Done, unlessCancelled,
+		t.AuditCapOrDefault()}, o.Audit)
+	if err != nil {
+		return WriteResult{}, err
 	}
 	res, err := s.script(ctx, writeScript, []string{t.State, t.Lock, t.Cancel, t.Audit}, args...)
 	if err != nil {
