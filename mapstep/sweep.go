@@ -152,7 +152,7 @@ type mapSweep struct {
 func (sw *mapSweep) forward(ctx context.Context) (maptask.Recovery, error) {
 	md := sw.v.md
 	if sw.v.touched > sw.opt.StaleBefore {
-		sw.rec.Live, sw.rec.Touched = true, sw.v.touched
+		sw.rec.Live = true
 		return sw.rec, nil
 	}
 	if md.settled() {
@@ -204,7 +204,7 @@ func (sw *mapSweep) rollback(ctx context.Context) (maptask.Recovery, error) {
 	rb, md := sw.v.rb, sw.v.md
 	gen := rb.Gen
 	if sw.v.rbTouched > sw.opt.StaleBefore {
-		sw.rec.Live, sw.rec.Touched = true, sw.v.rbTouched
+		sw.rec.Live = true
 		return sw.rec, nil
 	}
 	if rb.settled() {

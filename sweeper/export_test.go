@@ -11,8 +11,3 @@ func SetBeforeRemove(s *RunSweeper, f func(id string)) { s.beforeRemove = f }
 // SetTrimBeforeRemove sets the trimmer's hook between its check of an entry
 // and the entry's removal.
 func SetTrimBeforeRemove(t *IndexTrimmer, f func(key, id string)) { t.beforeRemove = f }
-
-// AssumeUnleasedServer makes s judge active tasks that no worker's
-// liveness record lists as if a server that keeps no record (goreactor's
-// Handler on an asynq server of its own) served the queue: by asynq's lease.
-func AssumeUnleasedServer(s *MapSweeper) { s.tasks.unleased = true }

@@ -42,12 +42,10 @@ func TestHardeningLeaseMissingIsNotDead(t *testing.T) {
 // its score (the worker's clock) with the sweeper's: an expiry long past by
 // the sweeper's clock, seen for the first time, is not dead; an expiry in
 // the future by the sweeper's clock that has not changed for 20 s of server
-// time is. (The tasks are listed in no worker's liveness record, and a
-// server that keeps none serves the queue: asynq's lease decides.)
+// time is.
 func TestHardeningLeaseJudgedByServerTime(t *testing.T) {
 	t.Parallel()
 	m := newMapEnv(t, nil)
-	sweeper.AssumeUnleasedServer(m.maps)
 	const id = "lease-clock"
 	mapID := m.start(id, false)
 	m.deliverAll(elPrefix(mapID), 0, 1, 4)

@@ -54,12 +54,6 @@ type MapReport struct {
 	Fresh, Deleted int
 	// Removed counts maps taken off the index (adopted, or never started).
 	Removed int
-	// WorkersLive and WorkersDead count the active tasks (with no lock
-	// held) that the workers' liveness leases judged: run by a live worker
-	// (left alone), or by a worker whose lease lapsed (redelivered, under
-	// a fresh id). An active task no lease lists is judged by asynq's
-	// lease, over 15 s.
-	WorkersLive, WorkersDead int
 }
 
 func (r *MapReport) add(rec maptask.Recovery) {
@@ -148,9 +142,8 @@ func (s *MapSweeper) ownerGone(ctx context.Context, mapID string) (gone bool, ow
 // for StaleAfter, oldest first. Every entry it keeps is touched, so the
 // next pass reaches the entries behind it. An error on one map is logged
 // and the pass goes on; the errors are returned joined.
-func (s *MapSweeper) Sweep(ctx context.Context) (rep MapReport, err error) {
-	s.tasks.newPass()
-	defer func() { rep.WorkersLive, rep.WorkersDead = s.tasks.live, s.tasks.dead }()
+func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
+	var rep MapReport
 	srvNow, err := s.rdb.Time(ctx).Result()
 	if err != nil {
 		return rep, fmt.Errorf("sweeper: read the server time: %w", err)
@@ -175,7 +168,6 @@ func (s *MapSweeper) Sweep(ctx context.Context) (rep MapReport, err error) {
 		}
 		id, _ := z.Member.(string)
 		rep.Examined++
-		s.tasks.undecided = false
 		rec, err := maptask.RecoverMap(ctx, s.cfg.Engine, id, opt)
 		rep.add(rec)
 		var owners []string
@@ -206,20 +198,7 @@ func (s *MapSweeper) Sweep(ctx context.Context) (rep MapReport, err error) {
 				}
 			}
 		default:
-			at := now.Add(time.Since(read))
-			if rec.Live && rec.Touched > 0 {
-				// Settled recently: due StaleAfter after that settle, not
-				// after this pass, so that a map that stalls just after a
-				// settle (its workers killed) waits no longer than one
-				// that stalled long ago.
-				at = time.UnixMilli(rec.Touched)
-			}
-			if s.tasks.undecided {
-				// A task no worker lists needs a second look unlistedAfter
-				// from now: due then, not StaleAfter from now.
-				at = at.Add(unlistedAfter - s.cfg.StaleAfter)
-			}
-			if terr := s.rdb.ZAddXX(ctx, s.keys.Maps(), redis.Z{Score: float64(at.UnixMilli()), Member: id}).Err(); err == nil {
+			if terr := s.rdb.ZAddXX(ctx, s.keys.Maps(), redis.Z{Score: float64(now.Add(time.Since(read)).UnixMilli()), Member: id}).Err(); err == nil {
 				err = terr
 			}
 		}

@@ -171,13 +171,10 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 	})
 
 	// A worker took element 3, started it and died: its task stays active
-	// with a lease nobody extends, and the element's lock expired. (The
-	// worker kept no liveness record, and such servers serve the queue:
-	// asynq's lease decides. liveness_test.go has the workers that do.)
+	// with a lease nobody extends, and the element's lock expired.
 	t.Run("element task of a dead worker", func(t *testing.T) {
 		t.Parallel()
 		m := newMapEnv(t, nil)
-		sweeper.AssumeUnleasedServer(m.maps)
 		const id = "dead-worker"
 		mapID := m.start(id, false)
 		m.deliverAll(elPrefix(mapID), 0, 1, 2) // 2, the trigger, claims [5,9]

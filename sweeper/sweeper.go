@@ -80,9 +80,6 @@ type Totals struct {
 	Elements, Rollbacks, Claims, Resumes, Removed  int64
 	FreshIDs, DeletedTasks, RunsExamined, Examined int64
 	TrimExamined, Trimmed                          int64
-	// DeadWorkerTasks counts the active tasks found taken by a worker whose
-	// liveness lease lapsed (MapReport.WorkersDead).
-	DeadWorkerTasks int64
 }
 
 // Sweeper runs the run and map sweepers together.
@@ -189,7 +186,7 @@ func (s *Sweeper) Once(ctx context.Context) (Report, error) {
 		"runs_examined", rep.Runs.Examined, "runs_woken", rep.Runs.Woken, "runs_dropped", rep.Runs.Dropped,
 		"maps_examined", rep.Maps.Examined, "maps_live", rep.Maps.Live, "elements", rep.Maps.Elements,
 		"rollbacks", rep.Maps.Rollbacks, "claims", rep.Maps.Claims, "resumes", rep.Maps.Resumes,
-		"maps_removed", rep.Maps.Removed, "dead_worker_tasks", rep.Maps.WorkersDead, "trim_examined", rep.Trim.Examined, "trimmed", rep.Trim.Trimmed,
+		"maps_removed", rep.Maps.Removed, "trim_examined", rep.Trim.Examined, "trimmed", rep.Trim.Trimmed,
 		"errors", err != nil,
 		"total_recovered", t.RunsWoken+t.Elements+t.Rollbacks+t.Resumes, "total_claims", t.Claims,
 		"total_trimmed", t.Trimmed)
@@ -217,7 +214,6 @@ func (s *Sweeper) count(rep Report, err error) {
 	t.Claims += int64(rep.Maps.Claims)
 	t.Resumes += int64(rep.Maps.Resumes)
 	t.Removed += int64(rep.Maps.Removed)
-	t.DeadWorkerTasks += int64(rep.Maps.WorkersDead)
 	t.FreshIDs += int64(rep.Maps.Fresh)
 	t.DeletedTasks += int64(rep.Maps.Deleted)
 	t.TrimExamined += int64(rep.Trim.Examined)

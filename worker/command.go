@@ -70,13 +70,8 @@ import (
 // the defaults a run whose worker was killed (kill -9, a lost machine) is
 // resumed by another worker 3 to 4 s after the death (under 5 s): its
 // lock expires within -lock-expiry, the next pass (within -sweep-interval)
-// wakes it. A longer -lock-expiry lengthens that by as much. The jobs of a
-// fan-out map (elements, rollback jobs, the owner's resume) that a killed
-// worker held are delivered again as soon: each worker keeps a liveness
-// lease as long as its locks (Config.LivenessTTL), and the sweeper
-// redelivers the tasks of a worker whose lease lapsed, instead of waiting
-// for asynq's 30 s lease. -sweep-interval 0 turns the in-process sweeper
-// off (run cmd/sweeper instead).
+// wakes it. A longer -lock-expiry lengthens that by as much. -sweep-interval
+// 0 turns the in-process sweeper off (run cmd/sweeper instead).
 //
 // With -metrics-addr the process serves Prometheus metrics at
 // http://ADDR/metrics on a registry of its own: package metrics' collector

@@ -11,7 +11,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -20,7 +19,6 @@ import (
 
 	"github.com/goreactor/goreactor/internal/engineapi"
 	"github.com/goreactor/goreactor/internal/envconfig"
-	"github.com/goreactor/goreactor/internal/liveness"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/payload"
 	"github.com/goreactor/goreactor/mapstep"
@@ -58,21 +56,6 @@ type Config struct {
 	DefinitionSnooze time.Duration
 	// ShutdownTimeout is how long Stop waits for running tasks. Default 10 s.
 	ShutdownTimeout time.Duration
-	// LivenessTTL is the lifetime of the worker's lease in Redis after its
-	// last heartbeat (it beats every third of it). The worker records every
-	// task it takes before the task's handler runs (one round trip), so
-	// that once the lease of a killed worker lapses the sweeper delivers
-	// its unlocked map element tasks, rollback jobs and owner resumes again
-	// at once, instead of waiting 15 s and more for asynq's own lease to
-	// show the death. A task that holds its run's or element's lock is
-	// never delivered again, however long it runs: the lease only says
-	// sooner that a task without its lock will not finish. Default: the
-	// engine's LockExpiry, but at least 1 s and at most 3 s (a shorter
-	// lease than the locks gains nothing: a redelivery waits for the dead
-	// worker's locks). Negative: no lease (the sweeper then falls back to
-	// asynq's). Start runs the lease; a worker whose Handler runs on a
-	// server of your own has none.
-	LivenessTTL time.Duration
 	// Logger receives the worker's logs. Default slog.Default().
 	Logger *slog.Logger
 	// Metrics, when set, is told what each task handler did (a
@@ -127,7 +110,6 @@ func (c Config) WithDefaults() Config {
 	if c.ShutdownTimeout <= 0 {
 		c.ShutdownTimeout = 10 * time.Second
 	}
-	// LivenessTTL's default depends on the engine (New sets it).
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -188,17 +170,6 @@ type Worker struct {
 	// warned holds the definitions (reactor and fingerprint) this worker
 	// has warned it lacks: one Warn each per process.
 	warned sync.Map
-
-	// rdb is the Redis the worker pulls from; lease, once Start ran it,
-	// is the worker's liveness lease (nil without one).
-	rdb   redis.UniversalClient
-	lease atomic.Pointer[liveness.Lease]
-}
-
-// livenessTTL is Config.LivenessTTL's default for an engine whose locks
-// expire after lockExpiry.
-func livenessTTL(lockExpiry time.Duration) time.Duration {
-	return min(max(lockExpiry, time.Second), 3*time.Second)
 }
 
 // New returns a Worker for engine, pulling from rdb. The worker does not own
@@ -215,11 +186,7 @@ func New(engine *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker 
 		}
 	}
 	cfg = cfg.WithDefaults()
-	if cfg.LivenessTTL == 0 {
-		cfg.LivenessTTL = livenessTTL(engineapi.LockExpiry(engine))
-	}
-	w := &Worker{cfg: cfg, engine: engine, log: cfg.Logger, mux: asynq.NewServeMux(), invalid: invalid, rdb: rdb}
-	w.mux.Use(w.leased)
+	w := &Worker{cfg: cfg, engine: engine, log: cfg.Logger, mux: asynq.NewServeMux(), invalid: invalid}
 	w.mux.HandleFunc(TypeRun, w.observe("run", w.handleRun))
 	w.mux.HandleFunc(TypeElement, w.observe("element", w.handleElement))
 	w.mux.HandleFunc(TypeRollback, w.observe("rollback", w.handleRollback))
@@ -258,47 +225,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return w.invalid
 	}
 	w.started = true
-	if w.cfg.LivenessTTL > 0 {
-		lease, err := liveness.Start(ctx, liveness.Config{Client: w.rdb, Prefix: engineapi.Prefix(w.engine),
-			TTL: w.cfg.LivenessTTL, Logger: w.log})
-		if err != nil {
-			return fmt.Errorf("worker: %w", err)
-		}
-		w.lease.Store(lease)
-	}
-	if err := w.srv.Start(w.mux); err != nil {
-		w.stopLease(ctx)
-		return err
-	}
-	return nil
-}
-
-// stopLease deletes the worker's lease, once no task runs any more.
-func (w *Worker) stopLease(ctx context.Context) {
-	if l := w.lease.Load(); l != nil {
-		if err := l.Stop(context.WithoutCancel(ctx)); err != nil {
-			w.log.Warn("could not delete the worker's lease; it expires on its own", "event", "worker.liveness.stop_failed", "error", err)
-		}
-	}
-}
-
-// leased records every delivery in the worker's lease before its handler
-// runs (see Config.LivenessTTL).
-func (w *Worker) leased(next asynq.Handler) asynq.Handler {
-	return asynq.HandlerFunc(func(ctx context.Context, t *asynq.Task) error {
-		l := w.lease.Load()
-		if l == nil {
-			return next.ProcessTask(ctx, t)
-		}
-		id, _ := asynq.GetTaskID(ctx)
-		queue, _ := asynq.GetQueueName(ctx)
-		end, err := l.Begin(ctx, queue, id)
-		if err != nil {
-			w.log.Debug("could not record a task in the worker's lease", "event", "worker.liveness.record_failed", "task", id, "error", err)
-		}
-		defer end()
-		return next.ProcessTask(ctx, t)
-	})
+	return w.srv.Start(w.mux)
 }
 
 // Stop stops fetching tasks, waits up to ShutdownTimeout for running tasks
@@ -314,7 +241,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.stopped = true
 	w.mu.Unlock()
 	done := make(chan struct{})
-	go func() { w.srv.Shutdown(); w.stopLease(ctx); close(done) }()
+	go func() { w.srv.Shutdown(); close(done) }()
 	select {
 	case <-done:
 		return nil

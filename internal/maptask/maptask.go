@@ -164,10 +164,6 @@ type Recovery struct {
 	Deleted int
 	// Live is set when the map made progress recently and was not examined.
 	Live bool
-	// Touched is the Redis server time (ms) of the map's last settle,
-	// forward or of its current rollback, when it has one: a live map is
-	// due again StaleAfter after it.
-	Touched int64
 	// Missing is set when the map has no keys: its owner indexed it and has
 	// not created it yet (or died first: the run sweeper revives the owner,
 	// which creates it), or the map expired. The sweeper drops the entry
