@@ -30,7 +30,7 @@ ci:
 
 # The chaos loop: at most 5 minutes, a one-line summary last, non-zero on any violation.
 soak:
-	$(GO) run ./internal/soak
+	$(GO) run ./soak
 
 # The fan-out benchmark CLI (docs/bench.md): a table, about a minute.
 bench-cli:

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/inspect"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/reactor"
@@ -210,7 +210,7 @@ func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
 	run, err := h.engine.Get(ctx, id)
 	if errors.Is(err, reactor.ErrNotFound) && strings.Contains(id, ".") {
 		// A map element's run ("<mapID>.<i>"), in its own slot.
-		run, err = engineapi.Element(h.engine, ctx, id)
+		run, err = engine.Element(h.engine, ctx, id)
 	}
 	if errors.Is(err, reactor.ErrNotFound) {
 		writeError(w, http.StatusNotFound, "no run "+id+" is stored (unknown id, or its retention expired)")

@@ -13,7 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -223,7 +223,7 @@ func (h *Handler) page(r *http.Request, lq listQuery) (runList, error) {
 	for i, e := range entries {
 		ids[i] = e.member
 	}
-	runs, err := engineapi.Runs(h.engine, ctx, ids)
+	runs, err := engine.Runs(h.engine, ctx, ids)
 	if err != nil {
 		return runList{}, err
 	}
@@ -262,7 +262,7 @@ func (h *Handler) search(r *http.Request, lq listQuery) (runList, error) {
 	if lq.cursor == "" && !slices.Contains(ids, lq.q) {
 		ids = append([]string{lq.q}, ids...)
 	}
-	runs, err := engineapi.Runs(h.engine, ctx, ids)
+	runs, err := engine.Runs(h.engine, ctx, ids)
 	if err != nil {
 		return runList{}, err
 	}

@@ -8,7 +8,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -157,7 +157,7 @@ func (h *Handler) needsHuman(w http.ResponseWriter, r *http.Request) {
 	for _, id := range ids {
 		run, err := h.engine.Get(ctx, id)
 		if errors.Is(err, reactor.ErrNotFound) {
-			run, err = engineapi.Element(h.engine, ctx, id)
+			run, err = engine.Element(h.engine, ctx, id)
 		}
 		if errors.Is(err, reactor.ErrNotFound) {
 			continue // gone since it was listed

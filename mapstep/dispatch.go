@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/runctx"
 	"github.com/goreactor/goreactor/reactor"
@@ -61,7 +61,7 @@ func (s mapStore) unindex(ctx context.Context, mapID, owner string) {
 // dispatch enqueues the element tasks of positions [from, from+len(items))
 // of map md, each carrying the map's immutable metadata.
 func dispatch(ctx context.Context, e *reactor.Engine, md meta, mapID string, from int, items []codec.Raw) error {
-	q, ok := maptask.Adapt(engineapi.Enqueuer(e))
+	q, ok := maptask.Adapt(engine.EnqueuerOf(e))
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue element tasks (use worker.Client)")
 	}
@@ -94,7 +94,7 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 		sr, err := runCarried(ctx, e, ms, md, t)
 		switch {
 		case errors.Is(err, errElemOwnerDone):
-			engineapi.Logger(e).Debug("element task for a finished map ignored", "event", "reactor.map.element.late",
+			engine.Logger(e).Debug("element task for a finished map ignored", "event", "reactor.map.element.late",
 				"map", t.MapID, "index", t.Index)
 			return nil
 		case errors.Is(err, errElemMapFailed):
@@ -124,7 +124,7 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 		// rolled back) and finished with: nothing may run or settle now,
 		// and sealing a missing element run would create a key outside
 		// the retention the owner's tree already got.
-		engineapi.Logger(e).Debug("element task for a finished map ignored", "event", "reactor.map.element.late",
+		engine.Logger(e).Debug("element task for a finished map ignored", "event", "reactor.map.element.late",
 			"map", t.MapID, "index", t.Index)
 		return nil
 	}
@@ -145,7 +145,7 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 		// element only now (after the rollback found nothing to undo)
 		// cannot start it.
 		sctx := runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: t.Index, Trace: md.Trace, Legacy: md.Layout < 2})
-		err = engineapi.StopElement(e, sctx, md.Element, ElementID(t.MapID, t.Index), func(ctx context.Context) error {
+		err = engine.StopElement(e, sctx, md.Element, ElementID(t.MapID, t.Index), func(ctx context.Context) error {
 			var err error
 			sr, err = ms.settle(ctx, t.MapID, t.Index, outcome{Status: outcomeStopped})
 			return err
@@ -154,7 +154,7 @@ func processElement(ctx context.Context, e *reactor.Engine, t maptask.ElementTas
 			return err
 		}
 	} else {
-		def, err := engineapi.DefinitionFor(e, md.Owner, md.Element, md.ElementDef)
+		def, err := engine.DefinitionFor(e, md.Owner, md.Element, md.ElementDef)
 		if err != nil {
 			return fmt.Errorf("mapstep: element of map %s: %w", t.MapID, err)
 		}
@@ -216,7 +216,7 @@ func settled(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, t map
 // map md claimed a batch: kind is reactor.EventMapBatchClaimed or
 // reactor.EventMapRollbackBatchClaimed. It costs no Redis round trip.
 func claimedBatch(ctx context.Context, e *reactor.Engine, md meta, kind reactor.EventKind) {
-	engineapi.Emit(e, ctx, reactor.Event{Kind: kind, RunID: md.Owner, Reactor: md.OwnerReact, Step: md.Step, TraceID: md.Trace})
+	engine.Emit(e, ctx, reactor.Event{Kind: kind, RunID: md.Owner, Reactor: md.OwnerReact, Step: md.Step, TraceID: md.Trace})
 }
 
 // claimedItems reads the items of a claimed batch: from the stored source,
@@ -225,11 +225,11 @@ func claimedItems(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, 
 	if !md.Paged {
 		return ms.sourceRange(ctx, mapID, from, to)
 	}
-	owner, err := engineapi.DefinitionFor(e, md.Owner, md.OwnerReact, md.OwnerDef)
+	owner, err := engine.DefinitionFor(e, md.Owner, md.OwnerReact, md.OwnerDef)
 	if err != nil {
 		return nil, fmt.Errorf("mapstep: owner of map %s: %w", mapID, err)
 	}
-	c, ok := engineapi.ConstructAt(owner, md.Step)
+	c, ok := engine.ConstructAt(owner, md.Step)
 	m, isMap := c.(*construct)
 	if !ok || !isMap || m.cfg.Pages == nil {
 		return nil, fmt.Errorf("mapstep: reactor %q has no paged map step at %q", md.OwnerReact, md.Step)
@@ -244,7 +244,7 @@ func claimedItems(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, 
 }
 
 func resumeOwner(ctx context.Context, e *reactor.Engine, md meta, mapID string) error {
-	return engineapi.Enqueuer(e).Enqueue(ctx, reactor.Wake{
+	return engine.EnqueuerOf(e).Enqueue(ctx, reactor.Wake{
 		ID:    fwdResumeID(md.Owner, mapID),
 		RunID: md.Owner, Reactor: md.OwnerReact, Retain: resumeRetention,
 	})

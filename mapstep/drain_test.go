@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/payload"
 	"github.com/goreactor/goreactor/internal/redistest"
@@ -467,7 +467,7 @@ func TestDrainEarlyOwnerResumeDispatchesNothing(t *testing.T) {
 	require.NotNil(t, f.d.DrainUntil(drainIsElement(10)))
 
 	// In-process, as a sweeper's mistaken resume would run it.
-	res, err := engineapi.Process(f.engine, ctx, id)
+	res, err := engine.Process(f.engine, ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 	require.Empty(t, f.d.Observe().IDs(), "an unsettled map dispatches nothing")
@@ -484,7 +484,7 @@ func TestDrainEarlyOwnerResumeDispatchesNothing(t *testing.T) {
 
 	// On a batch boundary too: position 49 settled and claimed [50, 100).
 	require.NotNil(t, f.d.DrainUntil(drainIsElement(50)))
-	res, err = engineapi.Process(f.engine, ctx, id)
+	res, err = engine.Process(f.engine, ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
 	require.Empty(t, f.d.Observe().IDs())

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/runctx"
 	"github.com/goreactor/goreactor/internal/store"
@@ -168,7 +168,7 @@ func runCarried(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, t 
 	if t.Index < 0 || t.Index >= md.Total {
 		return sr, fmt.Errorf("%w: element %d of map %s is outside the map (size %d)", maptask.ErrBadTask, t.Index, t.MapID, md.Total)
 	}
-	def, err := engineapi.DefinitionFor(e, md.Owner, md.Element, md.ElementDef)
+	def, err := engine.DefinitionFor(e, md.Owner, md.Element, md.ElementDef)
 	if err != nil {
 		return sr, fmt.Errorf("mapstep: element of map %s: %w", t.MapID, err)
 	}
@@ -189,7 +189,7 @@ func runCarried(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, t 
 	inputs[md.Input] = item
 	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: t.Index, Trace: md.Trace, Sensitive: md.Sensitive,
 		Create: ms.elemBegin(t.MapID, md, t.Index), Finish: ms.elemFinish(t.MapID, md, t.Index, &sr)})
-	res, err := engineapi.ExecuteElement(e, ctx, def, ElementID(t.MapID, t.Index), inputs)
+	res, err := engine.ExecuteElement(e, ctx, def, ElementID(t.MapID, t.Index), inputs)
 	var ie *reactor.InputError
 	switch {
 	case errors.Is(err, reactor.ErrLockLost):
@@ -316,7 +316,7 @@ func processCarriedRollback(ctx context.Context, e *reactor.Engine, ms mapStore,
 	var o rbOutcome
 	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: t.Index, Trace: md.Trace, WindowAt: t.WindowAt,
 		Load: ms.elemRbLoad(md, t), Finish: ms.elemRbFinish(md, t, &sr, &o)})
-	res, err := engineapi.UndoElement(e, ctx, ElementID(t.MapID, t.Index), 0)
+	res, err := engine.UndoElement(e, ctx, ElementID(t.MapID, t.Index), 0)
 	switch {
 	case errors.Is(err, errRbSuperseded):
 		return true, nil
@@ -335,7 +335,7 @@ func processCarriedRollback(ctx context.Context, e *reactor.Engine, ms mapStore,
 	if !sr.Stored {
 		return true, nil
 	}
-	logElement(engineapi.Logger(e), md, t.MapID, o)
+	logElement(engine.Logger(e), md, t.MapID, o)
 	if hook := failpoints.rbAfterSettle; hook != nil {
 		if err := hook(t.MapID, t.Pos); err != nil {
 			return true, err

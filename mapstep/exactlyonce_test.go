@@ -18,7 +18,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/redistest"
@@ -509,7 +509,7 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 			require.Zero(t, h.rec.okWithPrefix("resume:"), "no owner resume task ran")
 			require.Zero(t, h.resumes(owner))
 			h.requireStatus(ctx, owner, reactor.StatusRunning)
-			locked, err := engineapi.Locked(h.engine, ctx, owner)
+			locked, err := engine.Locked(h.engine, ctx, owner)
 			require.NoError(t, err)
 			require.False(t, locked)
 			_, err = h.rdb.ZScore(ctx, h.keys.Active(), owner).Result()

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
@@ -130,7 +130,7 @@ func TestHardeningElementTaskOutsideMap(t *testing.T) {
 		err := maptask.ProcessElement(ctx, f.engine, maptask.ElementTask{MapID: mapID, Index: i, Input: item})
 		require.ErrorIs(t, err, maptask.ErrBadTask, "element %d", i)
 		if i >= 0 {
-			_, err = engineapi.Element(f.engine, ctx, mapstep.ElementID(mapID, i))
+			_, err = engine.Element(f.engine, ctx, mapstep.ElementID(mapID, i))
 			require.ErrorIs(t, err, reactor.ErrNotFound, "element %d must have no run", i)
 		}
 	}
@@ -593,7 +593,7 @@ func TestHardeningStoppedElementCannotStartLater(t *testing.T) {
 	require.Zero(t, f.ran[0], "element 0 ran after its map was rolled back")
 	require.Empty(t, f.undone)
 	f.mu.Unlock()
-	run, err := engineapi.Element(f.engine, ctx, mapstep.ElementID(mapID, 0))
+	run, err := engine.Element(f.engine, ctx, mapstep.ElementID(mapID, 0))
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCancelled, run.Status)
 	require.ErrorIs(t, run.Failure, reactor.ErrElementStopped)

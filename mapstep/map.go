@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/runctx"
@@ -204,7 +204,7 @@ func (m *construct) Run(ctx context.Context, c *reactor.ConstructContext) (codec
 			return nil, reactor.Permanent(fmt.Errorf("mapstep: element run ids of this map are invalid (shorten the run id or step name): %w", err))
 		}
 	}
-	if st.FanOut && engineapi.Enqueuer(e) == nil {
+	if st.FanOut && engine.EnqueuerOf(e) == nil {
 		return nil, reactor.Permanent(errors.New("mapstep: a fan-out map needs an engine with an Enqueuer (worker.Client)"))
 	}
 	if st.Total == 0 { // an empty map settles at once, without keys or tasks
@@ -450,7 +450,7 @@ func runElement(ctx context.Context, e *reactor.Engine, def *reactor.Definition,
 	}
 	inputs[md.Input] = item
 	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace, Sensitive: md.Sensitive, Legacy: md.Layout < 2})
-	res, err := engineapi.ExecuteElement(e, ctx, def, ElementID(mapID, i), inputs)
+	res, err := engine.ExecuteElement(e, ctx, def, ElementID(mapID, i), inputs)
 	if errors.Is(err, reactor.ErrLockLost) {
 		// The element's lock, not the owner's: for the caller this element
 		// is held elsewhere (a worker snoozes, an inline map waits).

@@ -14,7 +14,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
@@ -454,7 +454,7 @@ func TestOracleRefusesUndoAndCancelWhileRollingBack(t *testing.T) {
 				require.NoError(t, err)
 				require.Equal(t, before.Version, after.Version, "%s: the refusals wrote nothing", when)
 				require.Equal(t, before.Status, after.Status)
-				locked, err := engineapi.Locked(f.engine, ctx, id)
+				locked, err := engine.Locked(f.engine, ctx, id)
 				require.NoError(t, err)
 				require.False(t, locked, "%s: the refusals released the run lock", when)
 				require.Empty(t, f.d.Observe().IDs(), "%s: the refusals enqueued nothing", when)

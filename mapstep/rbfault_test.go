@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
@@ -598,7 +598,7 @@ func (h *rbfHarness) runFanOut(ctx context.Context, def *reactor.Definition, own
 // map), its three undos recorded as compensated, s3 first, no failure kept.
 func (h *rbfHarness) requireElementUndone(ctx context.Context, mapID string, i int) {
 	h.t.Helper()
-	run, err := engineapi.Element(h.engine, ctx, mapstep.ElementID(mapID, i))
+	run, err := engine.Element(h.engine, ctx, mapstep.ElementID(mapID, i))
 	require.NoError(h.t, err)
 	require.Equal(h.t, reactor.StatusCancelled, run.Status)
 	require.Empty(h.t, run.Ledger)
@@ -662,7 +662,7 @@ func TestRbFaultInterruptedSecondUndo(t *testing.T) {
 		eoAwait(t, ctx, entered, "the interrupted undo")
 		require.Equal(t, [3]int{0, 1, 1}, c.undos(target), "s3 undone, s2 in flight")
 		srvA.Shutdown() // requeues the job, then cancels it
-		run, err := engineapi.Element(h.engine, ctx, mapstep.ElementID(mapID, target))
+		run, err := engine.Element(h.engine, ctx, mapstep.ElementID(mapID, target))
 		require.NoError(t, err)
 		require.Equal(t, reactor.StatusRollingBack, run.Status, "the element rollback stopped mid-way")
 		require.Equal(t, []string{"s1", "s2"}, ledgerSteps(run), "s3's pop was saved before s2's undo began")
@@ -718,7 +718,7 @@ func TestRbFaultInterruptedSecondUndo(t *testing.T) {
 		pos := n - 1 - target
 		h.rec.await(t, ctx, "the interrupted job to snooze", func(r *rbfRecorder) bool { return r.snoozed[rbTaskID(mapID, pos)] >= 1 })
 		require.Equal(t, [3]int{0, 1, 1}, c.undos(target))
-		run, err := engineapi.Element(h.engine, ctx, mapstep.ElementID(mapID, target))
+		run, err := engine.Element(h.engine, ctx, mapstep.ElementID(mapID, target))
 		require.NoError(t, err)
 		require.Equal(t, reactor.StatusRollingBack, run.Status, "the element rollback stopped mid-way")
 		require.Equal(t, []string{"s1", "s2"}, ledgerSteps(run), "s3's pop was saved; s2's failure was not")
@@ -935,7 +935,7 @@ func TestRbFaultExpiredElementRun(t *testing.T) {
 			require.Equal(t, "1", meta["n:context_unavailable"])
 			require.Equal(t, "1", meta["failed"])
 			c.requireUndos(t, n, map[int][3]int{gone: {}})
-			_, err := engineapi.Element(h.engine, ctx, mapstep.ElementID(mapID, gone))
+			_, err := engine.Element(h.engine, ctx, mapstep.ElementID(mapID, gone))
 			require.ErrorIs(t, err, reactor.ErrNotFound)
 		})
 	}
@@ -1019,7 +1019,7 @@ func TestRbFaultHandshake(t *testing.T) {
 		require.Equal(t, reactor.StatusRollingBack, run.Status, "the hand-off was saved")
 		require.NotNil(t, run.Rollback)
 		require.Equal(t, "each", run.Ledger[len(run.Ledger)-1].Step, "the map's entry stays on the stack")
-		locked, err := engineapi.Locked(h.engine, ctx, owner)
+		locked, err := engine.Locked(h.engine, ctx, owner)
 		require.NoError(t, err)
 		require.True(t, locked, "the owner still holds its run in AfterSave")
 		ok, _, _ := h.rec.get(rbResumeID(owner, mapID))
@@ -1199,7 +1199,7 @@ func TestRbFaultHandshake(t *testing.T) {
 		// The early resume.
 		early := make(chan error, 1)
 		go func() {
-			res, err := engineapi.Process(h.engine, ctx, owner)
+			res, err := engine.Process(h.engine, ctx, owner)
 			if err == nil && res.Status != reactor.StatusRollingBack {
 				err = fmt.Errorf("the early resume ended %s", res.Status)
 			}

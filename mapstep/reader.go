@@ -6,7 +6,7 @@ import (
 	"fmt"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -39,7 +39,7 @@ type Reader[T any] struct {
 // Read returns a reader over r's elements. Call it inside a step (it finds
 // the engine in ctx) or use ReadWith.
 func Read[T any](ctx context.Context, r Result) (*Reader[T], error) {
-	e := engineapi.EngineFrom(ctx)
+	e := engine.EngineFrom(ctx)
 	if e == nil {
 		return nil, errors.New("mapstep: Read needs a step's context; use ReadWith outside steps")
 	}

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/inspect"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/mapstep"
@@ -197,7 +197,7 @@ func TestRetriggerFanOutMapStartsASecondGeneration(t *testing.T) {
 // no failure left, its report s3, s2 (failed), s1, then s2 compensated.
 func (h *rbfHarness) requireElementRetried(ctx context.Context, mapID string, i int) {
 	h.t.Helper()
-	run, err := engineapi.Element(h.engine, ctx, mapstep.ElementID(mapID, i))
+	run, err := engine.Element(h.engine, ctx, mapstep.ElementID(mapID, i))
 	require.NoError(h.t, err)
 	require.Equal(h.t, reactor.StatusCancelled, run.Status)
 	require.Empty(h.t, run.Failure.RollbackFailures)

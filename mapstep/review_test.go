@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
@@ -129,20 +129,20 @@ func TestElementCompletedBeforeMapFailedIsUndone(t *testing.T) {
 	mapID := mapstep.MapID("zombie-1", "each")
 	// Element 2's first delivery: runs to completion, then "dies" before
 	// its settle.
-	_, err = engineapi.ExecuteElement(f.engine, ctx, elem, mapstep.ElementID(mapID, 2), map[string]codec.Raw{"item": mustEncode(t, 2)})
+	_, err = engine.ExecuteElement(f.engine, ctx, elem, mapstep.ElementID(mapID, 2), map[string]codec.Raw{"item": mustEncode(t, 2)})
 	require.NoError(t, err)
 	for _, i := range []int{0, 1, 3, 2} { // 1 fails the map; 2 is the redelivery
 		require.NoError(t, maptask.ProcessElement(ctx, f.engine, maptask.ElementTask{MapID: mapID, Index: i, Input: mustEncode(t, i)}))
 	}
 	// Resume the owner by hand (the settle enqueued it on a queue nobody
 	// serves here), then run the rollback inline through the jobs.
-	res, err = engineapi.Process(f.engine, ctx, "zombie-1")
+	res, err = engine.Process(f.engine, ctx, "zombie-1")
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusRollingBack, res.Status)
 	for p := range 4 {
 		require.NoError(t, maptask.ProcessRollback(ctx, f.engine, maptask.RollbackTask{MapID: mapID, Gen: 1, Pos: p, Index: 3 - p}))
 	}
-	res, err = engineapi.Process(f.engine, ctx, "zombie-1")
+	res, err = engine.Process(f.engine, ctx, "zombie-1")
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusFailed, res.Status)
 	f.mu.Lock()

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/runctx"
 	"github.com/goreactor/goreactor/reactor"
@@ -70,7 +70,7 @@ const rbElementInFlight = "element_in_flight"
 // the Redis server's clock (rb_locked.lua), so a crash and a redelivery do
 // not restart it.
 func rollbackLockWait(e *reactor.Engine) time.Duration {
-	x := engineapi.LockExpiry(e)
+	x := engine.LockExpiry(e)
 	return x + x/3
 }
 
@@ -421,7 +421,7 @@ func (m *construct) rollback(ctx context.Context, c *reactor.ConstructContext) e
 	if err != nil {
 		return err
 	}
-	log := engineapi.Logger(e).With("reactor", c.OwnerReactor, "run", c.OwnerID, "map_step", c.Step, "map", st.MapID)
+	log := engine.Logger(e).With("reactor", c.OwnerReactor, "run", c.OwnerID, "map_step", c.Step, "map", st.MapID)
 	if !rb.exists || (gen < want && rb.settled()) {
 		if st.FanOut {
 			// Indexed before the rollback exists, like the forward map, so
@@ -547,7 +547,7 @@ func (m *construct) rollbackInline(ctx context.Context, c *reactor.ConstructCont
 			if _, err := ms.rbSettle(ctx, mapID, rb.Gen, p, o); err != nil {
 				return err
 			}
-			logElement(engineapi.Logger(c.Engine), md, mapID, o)
+			logElement(engine.Logger(c.Engine), md, mapID, o)
 		}
 	}
 	return nil
@@ -589,7 +589,7 @@ func (s mapStore) heldElement(ctx context.Context, e *reactor.Engine, md meta, m
 		return rbOutcome{Index: i}, fmt.Errorf("mapstep: note held element %s[%d]: %w", mapID, i, err)
 	}
 	if res[1] == 1 {
-		engineapi.Logger(e).Warn("map rollback is waiting for an element another process holds; it undoes the element once the holder lets go",
+		engine.Logger(e).Warn("map rollback is waiting for an element another process holds; it undoes the element once the holder lets go",
 			"event", "reactor.map.rollback.element_held", "reactor", md.OwnerReact, "run", md.Owner, "map_step", md.Step,
 			"map", mapID, "index", i, "element_run", ElementID(mapID, i), "waited", (time.Duration(res[0]) * time.Millisecond).String())
 	}
@@ -614,7 +614,7 @@ func rollbackElement(ctx context.Context, e *reactor.Engine, ms mapStore, md met
 // those), or is undone if it never was.
 func retryElement(ctx context.Context, e *reactor.Engine, md meta, mapID string, i, gen int, wait time.Duration, windowAt int64) (rbOutcome, error) {
 	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace, WindowAt: windowAt, Legacy: md.Layout < 2})
-	res, err := engineapi.RetryElementRollback(e, ctx, ElementID(mapID, i), gen, wait)
+	res, err := engine.RetryElementRollback(e, ctx, ElementID(mapID, i), gen, wait)
 	switch {
 	case errors.Is(err, reactor.ErrNotFound):
 		return unavailable(md, i), nil
@@ -681,7 +681,7 @@ func rollbackElementWith(ctx context.Context, e *reactor.Engine, md meta, mapID 
 	}
 	mayBeAbsent := f == nil || f.Status == outcomeStopped
 	ctx = runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: i, Trace: md.Trace, WindowAt: windowAt, Legacy: md.Layout < 2})
-	res, err := engineapi.UndoElement(e, ctx, ElementID(mapID, i), wait)
+	res, err := engine.UndoElement(e, ctx, ElementID(mapID, i), wait)
 	switch {
 	case mayBeAbsent && errors.Is(err, reactor.ErrNotFound):
 		o.Outcome = rbNotNeeded
@@ -772,7 +772,7 @@ type indexedSteps struct {
 // read here for the batch in one round trip), so that a job's first Redis
 // call is its element's load.
 func dispatchRollback(ctx context.Context, e *reactor.Engine, ms mapStore, md meta, mapID string, rb rbMeta, from, to int) error {
-	q, ok := maptask.Adapt(engineapi.Enqueuer(e))
+	q, ok := maptask.Adapt(engine.EnqueuerOf(e))
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
 	}
@@ -812,7 +812,7 @@ func dispatchRollback(ctx context.Context, e *reactor.Engine, ms mapStore, md me
 }
 
 func dispatchRollbackTask(ctx context.Context, e *reactor.Engine, t maptask.RollbackTask) error {
-	q, ok := maptask.Adapt(engineapi.Enqueuer(e))
+	q, ok := maptask.Adapt(engine.EnqueuerOf(e))
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
 	}
@@ -820,7 +820,7 @@ func dispatchRollbackTask(ctx context.Context, e *reactor.Engine, t maptask.Roll
 }
 
 func resumeOwnerRollback(ctx context.Context, e *reactor.Engine, owner, reactorName, mapID string, gen int) error {
-	return engineapi.Enqueuer(e).Enqueue(ctx, reactor.Wake{
+	return engine.EnqueuerOf(e).Enqueue(ctx, reactor.Wake{
 		ID:    rbResumeID(owner, mapID, gen),
 		RunID: owner, Reactor: reactorName, Retain: resumeRetention,
 	})
@@ -884,7 +884,7 @@ func processRollback(ctx context.Context, e *reactor.Engine, t maptask.RollbackT
 	if !sr.Stored {
 		return nil
 	}
-	logElement(engineapi.Logger(e), md, t.MapID, o)
+	logElement(engine.Logger(e), md, t.MapID, o)
 	if hook := failpoints.rbAfterSettle; hook != nil {
 		if err := hook(t.MapID, t.Pos); err != nil {
 			return err

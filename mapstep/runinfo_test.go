@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -75,7 +75,7 @@ func TestElementRunInfo(t *testing.T) {
 					require.Equal(t, trace, info.TraceID, "the element inherits its owner's trace")
 				}
 			}
-			el, err := engineapi.Element(f.engine, ctx, mapstep.ElementID(mapID, 1))
+			el, err := engine.Element(f.engine, ctx, mapstep.ElementID(mapID, 1))
 			require.NoError(t, err)
 			require.Equal(t, &reactor.ElementInfo{Owner: runID, Step: "each", Index: 1}, el.Element)
 			require.Equal(t, trace, el.TraceID)

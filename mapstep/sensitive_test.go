@@ -7,7 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -55,7 +55,7 @@ func TestSensitiveRunsAndElements(t *testing.T) {
 				require.True(t, run.Sensitive, c.name)
 				mapID := mapstep.MapID(runID, "each")
 				for i := range 3 {
-					el, err := engineapi.Element(f.engine, ctx, mapstep.ElementID(mapID, i))
+					el, err := engine.Element(f.engine, ctx, mapstep.ElementID(mapID, i))
 					require.NoError(t, err)
 					require.True(t, el.Sensitive, "%s: element %d", c.name, i)
 				}
@@ -69,7 +69,7 @@ func TestSensitiveRunsAndElements(t *testing.T) {
 				_, err = f.engine.Wait(ctx, runID)
 				require.NoError(t, err)
 			}
-			el, err := engineapi.Element(f.engine, ctx, mapstep.ElementID(mapstep.MapID(runID, "each"), 0))
+			el, err := engine.Element(f.engine, ctx, mapstep.ElementID(mapstep.MapID(runID, "each"), 0))
 			require.NoError(t, err)
 			require.False(t, el.Sensitive)
 		})

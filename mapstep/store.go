@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/reactor"
@@ -71,7 +71,7 @@ func (s mapStore) held(ctx context.Context, mapID string) (reactor.Held, error) 
 }
 
 func storeOf(e *reactor.Engine) mapStore {
-	return mapStore{rdb: engineapi.Client(e), keys: keys.New(engineapi.Prefix(e))}
+	return mapStore{rdb: engine.Client(e), keys: keys.New(engine.Prefix(e))}
 }
 
 // meta is a map's metadata as the element jobs read it.

@@ -11,7 +11,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/tracing"
 	"github.com/goreactor/goreactor/reactor"
@@ -129,7 +129,7 @@ func recoverMap(ctx context.Context, e *reactor.Engine, mapID string, opt maptas
 		return maptask.Recovery{Done: true, Owner: v.md.Owner}, nil // inline maps have no tasks to lose
 	}
 	// What the pass re-enqueues for this map joins the owner run's trace.
-	ctx, span := tracing.StartIn(ctx, engineapi.Tracer(e), v.md.Trace, "reactor.sweeper.recover",
+	ctx, span := tracing.StartIn(ctx, engine.Tracer(e), v.md.Trace, "reactor.sweeper.recover",
 		attribute.String("reactor.map.id", mapID), attribute.String("reactor.run.id", v.md.Owner),
 		attribute.String("reactor.sweeper.recovery", "map"))
 	defer span.End()
@@ -397,7 +397,7 @@ func (sw *mapSweep) redelivery(ctx context.Context, id string) (suffix string, s
 }
 
 func (sw *mapSweep) enqueueElement(ctx context.Context, t maptask.ElementTask) error {
-	q, ok := maptask.Adapt(engineapi.Enqueuer(sw.e))
+	q, ok := maptask.Adapt(engine.EnqueuerOf(sw.e))
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue element tasks (use worker.Client)")
 	}
@@ -426,7 +426,7 @@ func (sw *mapSweep) resumeOwner(ctx context.Context, id string) error {
 		sw.rec.Done = true
 		return nil
 	}
-	locked, err := engineapi.Locked(sw.e, ctx, md.Owner)
+	locked, err := engine.Locked(sw.e, ctx, md.Owner)
 	if err != nil || locked {
 		return err
 	}
@@ -453,7 +453,7 @@ func (sw *mapSweep) resumeOwner(ctx context.Context, id string) error {
 		}
 		sw.rec.Deleted++
 	}
-	if err := engineapi.Enqueuer(sw.e).Enqueue(ctx, w); err != nil {
+	if err := engine.EnqueuerOf(sw.e).Enqueue(ctx, w); err != nil {
 		return err
 	}
 	sw.rec.Resumes++

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -40,7 +40,7 @@ func TestElementUndoWindowsAreJudgedAtTheOwnersRollbackStart(t *testing.T) {
 						f.undone = append(f.undone, in.N)
 						f.mu.Unlock()
 						// The windows close while the map's rollback goes on.
-						engineapi.SetClockSkew(f.engine, 2*time.Hour)
+						engine.SetClockSkew(f.engine, 2*time.Hour)
 						return nil
 					},
 				}))

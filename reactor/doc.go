@@ -186,4 +186,6 @@
 // are how package mapstep plugs the map step into the engine: a map's
 // hand-off to workers, its elements' rollback failures, its undo windows.
 // They are exported for it; a reactor needs none of them.
+//go:generate go run ../internal/facadegen -src ../internal/engine -import github.com/goreactor/goreactor/internal/engine -pkg reactor -out api.go
+
 package reactor

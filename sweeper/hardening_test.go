@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
 )
@@ -248,7 +248,7 @@ func TestHardeningIndexTrim(t *testing.T) {
 
 	srv, err := e.rdb.Time(ctx).Result()
 	require.NoError(t, err)
-	old := float64(srv.Add(-engineapi.Retention(e.engine) - 24*time.Hour).UnixMilli())
+	old := float64(srv.Add(-engine.Retention(e.engine) - 24*time.Hour).UnixMilli())
 	runs, completed, running := e.prefix+":idx:runs", e.prefix+":idx:status:completed", e.prefix+":idx:status:running"
 	require.NoError(t, e.rdb.ZAdd(ctx, runs,
 		redis.Z{Score: old, Member: "gone-1"}, redis.Z{Score: old + 1, Member: "gone-2"},

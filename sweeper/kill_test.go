@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
@@ -90,7 +90,7 @@ func TestKilledWorkerRunIsFinishedByTheSweeper(t *testing.T) {
 	queue := redistest.Queue(t)
 	ctx := ctxTimeout(t, 50*time.Second)
 	client := worker.NewClient(rdb, queue)
-	engine, err := reactor.NewEngine(ctx, reactor.Config{
+	eng, err := reactor.NewEngine(ctx, reactor.Config{
 		Client: rdb, Prefix: prefix, Enqueuer: client, Logger: discard, LockExpiry: killLockExpiry,
 	})
 	require.NoError(t, err)
@@ -102,15 +102,15 @@ func TestKilledWorkerRunIsFinishedByTheSweeper(t *testing.T) {
 	require.NoError(t, rdb.Set(ctx, prefix+":crash-armed", "1", 0).Err())
 	first := startWorkerProcess(t, prefix, queue, workerSpec{set: "steps"})
 	firstPID := first.pid
-	res, err := engine.Enqueue(ctx, def, nil, reactor.WithRunID(id))
+	res, err := eng.Enqueue(ctx, def, nil, reactor.WithRunID(id))
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusPending, res.Status)
 	require.Equal(t, "s2-started:"+firstPID, first.await(ctx, rdb, signal, 30*time.Second))
-	run, err := engine.Get(ctx, id)
+	run, err := eng.Get(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusRunning, run.Status)
 	require.Equal(t, []string{"s1"}, run.Completed, "s1 is checkpointed before s2 starts")
-	locked, err := engineapi.Locked(engine, ctx, id)
+	locked, err := engine.Locked(eng, ctx, id)
 	require.NoError(t, err)
 	require.True(t, locked)
 
@@ -125,10 +125,10 @@ func TestKilledWorkerRunIsFinishedByTheSweeper(t *testing.T) {
 	require.NoError(t, rdb.Del(ctx, guard).Err())
 
 	// The second worker, in this process, and the sweeper every 200 ms.
-	second := worker.New(engine, rdb, worker.Config{Queues: map[string]int{queue: 1}, Logger: discard})
+	second := worker.New(eng, rdb, worker.Config{Queues: map[string]int{queue: 1}, Logger: discard})
 	require.NoError(t, second.Start(ctx))
 	t.Cleanup(func() { require.NoError(t, second.Stop(context.Background())) })
-	sw, err := sweeper.NewRunSweeper(sweeper.RunConfig{Engine: engine, Client: rdb, Enqueuer: client,
+	sw, err := sweeper.NewRunSweeper(sweeper.RunConfig{Engine: eng, Client: rdb, Enqueuer: client,
 		Queue: queue, StaleAfter: time.Second, Logger: discard})
 	require.NoError(t, err)
 	sweepCtx, stopSweeping := context.WithCancel(ctx)
@@ -164,7 +164,7 @@ func TestKilledWorkerRunIsFinishedByTheSweeper(t *testing.T) {
 
 	waitCtx, cancel := context.WithDeadline(ctx, killedAt.Add(30*time.Second))
 	defer cancel()
-	res, err = engine.Wait(waitCtx, id)
+	res, err = eng.Wait(waitCtx, id)
 	recovery := time.Since(killedAt)
 	stopSweeping()
 	<-sweeping
@@ -186,7 +186,7 @@ func TestKilledWorkerRunIsFinishedByTheSweeper(t *testing.T) {
 		"start:s3:" + me, "end:s3:" + me,
 		"start:s4:" + me, "end:s4:" + me,
 	}, rdb.LRange(ctx, trace, 0, -1).Val(), "s1 ran once, s2 again after the kill, no step twice at once")
-	final, err := engine.Get(ctx, id)
+	final, err := eng.Get(ctx, id)
 	require.NoError(t, err)
 	require.Equal(t, []string{"s1", "s2", "s3", "s4"}, final.Completed)
 }

@@ -11,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/maptask"
@@ -84,10 +84,10 @@ type MapSweeper struct {
 
 // NewMapSweeper returns a map sweeper.
 func NewMapSweeper(cfg MapConfig) (*MapSweeper, error) {
-	if cfg.Engine == nil || engineapi.Enqueuer(cfg.Engine) == nil {
+	if cfg.Engine == nil || engine.EnqueuerOf(cfg.Engine) == nil {
 		return nil, errors.New("sweeper: MapConfig needs an Engine with an Enqueuer (worker.Client)")
 	}
-	if q, ok := engineapi.Enqueuer(cfg.Engine).(interface{ Queue() string }); ok {
+	if q, ok := engine.EnqueuerOf(cfg.Engine).(interface{ Queue() string }); ok {
 		if cfg.Queue == "" {
 			cfg.Queue = q.Queue()
 		} else if cfg.Queue != q.Queue() {
@@ -106,8 +106,8 @@ func NewMapSweeper(cfg MapConfig) (*MapSweeper, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	rdb := engineapi.Client(cfg.Engine)
-	return &MapSweeper{cfg: cfg, keys: keys.New(engineapi.Prefix(cfg.Engine)), rdb: rdb, tasks: newQueueTasks(rdb, cfg.Queue, engineapi.Prefix(cfg.Engine))}, nil
+	rdb := engine.Client(cfg.Engine)
+	return &MapSweeper{cfg: cfg, keys: keys.New(engine.Prefix(cfg.Engine)), rdb: rdb, tasks: newQueueTasks(rdb, cfg.Queue, engine.Prefix(cfg.Engine))}, nil
 }
 
 // ownerGone reports whether the owner of map mapID, a map without keys, is
@@ -125,7 +125,7 @@ func (s *MapSweeper) ownerGone(ctx context.Context, mapID string) (gone bool, ow
 		switch {
 		case errors.Is(err, reactor.ErrNotFound):
 			// Gone, or being created: a run being created holds its lock.
-			locked, err := engineapi.Locked(s.cfg.Engine, ctx, owner)
+			locked, err := engine.Locked(s.cfg.Engine, ctx, owner)
 			if err != nil || locked {
 				return false, nil, err
 			}

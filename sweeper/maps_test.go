@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/redistest"
@@ -207,7 +207,7 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 		require.ErrorAs(t, err, &snooze)
 		m.setHook(nil)
 		require.NoError(t, m.rdb.Del(m.ctx, lockKey).Err(), "the dead worker's lock expires")
-		el, err := engineapi.Element(m.engine, m.ctx, elemID)
+		el, err := engine.Element(m.engine, m.ctx, elemID)
 		require.NoError(t, err)
 		require.Equal(t, reactor.StatusRunning, el.Status, "cut short mid-step")
 		require.Empty(t, el.Completed)
@@ -397,7 +397,7 @@ func TestRunSweeperAwaitsAnUnsettledMap(t *testing.T) {
 
 		run := m.waitStale(m.ctx, id)
 		require.False(t, run.Status.Terminal())
-		locked, err := engineapi.Locked(m.engine, m.ctx, id)
+		locked, err := engine.Locked(m.engine, m.ctx, id)
 		require.NoError(t, err)
 		require.False(t, locked, "the owner handed off")
 		awaiting, _, err := maptask.Awaiting(m.ctx, m.engine, id)

@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
@@ -113,7 +113,7 @@ func NewRunSweeper(cfg RunConfig) (*RunSweeper, error) {
 	if cfg.Engine == nil || cfg.Client == nil || cfg.Enqueuer == nil {
 		return nil, errors.New("sweeper: RunConfig needs Engine, Client and Enqueuer")
 	}
-	k := keys.New(engineapi.Prefix(cfg.Engine))
+	k := keys.New(engine.Prefix(cfg.Engine))
 	st, err := store.New(context.Background(), cfg.Client, k)
 	if err != nil {
 		return nil, fmt.Errorf("sweeper: %w", err)
@@ -389,7 +389,7 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		}
 		w.ID = fresh
 	}
-	tctx, span := tracing.StartIn(ctx, engineapi.Tracer(s.cfg.Engine), run.TraceID, "reactor.sweeper.recover",
+	tctx, span := tracing.StartIn(ctx, engine.Tracer(s.cfg.Engine), run.TraceID, "reactor.sweeper.recover",
 		attribute.String("reactor.run.id", id), attribute.String("reactor.sweeper.recovery", "run"))
 	err = s.cfg.Enqueuer.Enqueue(tctx, w)
 	span.End()

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
 )
@@ -123,7 +123,7 @@ func TestSweepLeavesALockedRunAlone(t *testing.T) {
 	<-started
 	run := e.waitStale(ctx, id)
 	require.Equal(t, reactor.StatusRunning, run.Status)
-	locked, err := engineapi.Locked(e.engine, ctx, id)
+	locked, err := engine.Locked(e.engine, ctx, id)
 	require.NoError(t, err)
 	require.True(t, locked)
 

@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/reactor"
@@ -97,7 +97,7 @@ type Sweeper struct {
 
 // New returns a Sweeper.
 func New(cfg Config) (*Sweeper, error) {
-	if cfg.Engine == nil || engineapi.Enqueuer(cfg.Engine) == nil {
+	if cfg.Engine == nil || engine.EnqueuerOf(cfg.Engine) == nil {
 		return nil, errors.New("sweeper: Config needs an Engine with an Enqueuer (worker.Client)")
 	}
 	if cfg.Interval <= 0 {
@@ -109,8 +109,8 @@ func New(cfg Config) (*Sweeper, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	rdb := engineapi.Client(cfg.Engine)
-	runs, err := NewRunSweeper(RunConfig{Engine: cfg.Engine, Client: rdb, Enqueuer: engineapi.Enqueuer(cfg.Engine), Queue: cfg.Queue,
+	rdb := engine.Client(cfg.Engine)
+	runs, err := NewRunSweeper(RunConfig{Engine: cfg.Engine, Client: rdb, Enqueuer: engine.EnqueuerOf(cfg.Engine), Queue: cfg.Queue,
 		StaleAfter: cfg.StaleAfter, Page: cfg.RunPage, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
@@ -125,7 +125,7 @@ func New(cfg Config) (*Sweeper, error) {
 		return nil, err
 	}
 	return &Sweeper{cfg: cfg, runs: runs, maps: maps, trim: trim, locker: lock.New(rdb, cfg.LeaderTTL),
-		leader: keys.New(engineapi.Prefix(cfg.Engine)).SweeperLeader()}, nil
+		leader: keys.New(engine.Prefix(cfg.Engine)).SweeperLeader()}, nil
 }
 
 // Once runs one pass (runs, then maps, then the index trim) if it can take the leader lock, and
@@ -148,7 +148,7 @@ func (s *Sweeper) Once(ctx context.Context) (Report, error) {
 	pctx := lease.Keep(ctx)
 	// One span per pass as leader; the tasks it re-enqueues join their own
 	// runs' traces (tracing.StartIn), linked to this span.
-	pctx, span := engineapi.Tracer(s.cfg.Engine).Start(pctx, "reactor.sweeper.pass")
+	pctx, span := engine.Tracer(s.cfg.Engine).Start(pctx, "reactor.sweeper.pass")
 	rep := Report{Leader: true}
 	var errs []error
 	var rerr, merr error

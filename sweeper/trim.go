@@ -12,7 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/reactor"
@@ -50,7 +50,7 @@ type TrimConfig struct {
 // WithDefaults returns c with every unset field at its default.
 func (c TrimConfig) WithDefaults() TrimConfig {
 	if c.Retention <= 0 && c.Engine != nil {
-		c.Retention = engineapi.Retention(c.Engine)
+		c.Retention = engine.Retention(c.Engine)
 	}
 	if c.StaleAfter <= 0 {
 		c.StaleAfter = 10 * time.Second
@@ -133,7 +133,7 @@ func NewIndexTrimmer(cfg TrimConfig) (*IndexTrimmer, error) {
 		return nil, errors.New("sweeper: TrimConfig needs an Engine")
 	}
 	cfg = cfg.WithDefaults()
-	return &IndexTrimmer{cfg: cfg, keys: keys.New(engineapi.Prefix(cfg.Engine)), rdb: engineapi.Client(cfg.Engine),
+	return &IndexTrimmer{cfg: cfg, keys: keys.New(engine.Prefix(cfg.Engine)), rdb: engine.Client(cfg.Engine),
 		cursors: map[string]trimCursor{}}, nil
 }
 
@@ -364,7 +364,7 @@ func (t *IndexTrimmer) trimIndex(ctx context.Context, ix trimIndex, rep *TrimRep
 // "<mapID>.<i>", expired), or it exists but waits no more (the terminal
 // write that followed the entry's add failed and the run was settled
 // later, or the run was made live again and finished otherwise). The
-// engine decides (engineapi.WaitsForPerson, the same test its terminal
+// engine decides (engine.WaitsForPerson, the same test its terminal
 // write uses).
 //
 // An entry whose run's lock is held (root or element) stays: the run is
@@ -397,7 +397,7 @@ func (t *IndexTrimmer) trimNeedsHuman(ctx context.Context, before int64, rep *Tr
 	}); err != nil {
 		return fmt.Errorf("read the locks of a page: %w", err)
 	}
-	waiting, err := engineapi.WaitsForPerson(t.cfg.Engine, ctx, ids)
+	waiting, err := engine.WaitsForPerson(t.cfg.Engine, ctx, ids)
 	if err != nil {
 		return fmt.Errorf("read the runs of a page: %w", err)
 	}

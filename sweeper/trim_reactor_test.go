@@ -9,7 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
 )
@@ -32,7 +32,7 @@ func TestTrimReactorAndIDIndexes(t *testing.T) {
 
 	srv, err := e.rdb.Time(ctx).Result()
 	require.NoError(t, err)
-	old := float64(srv.Add(-engineapi.Retention(e.engine) - 24*time.Hour).UnixMilli())
+	old := float64(srv.Add(-engine.Retention(e.engine) - 24*time.Hour).UnixMilli())
 	p := e.prefix
 	byReactor, rsFailed, rsRunning := p+":idx:reactor:shop", p+":idx:rs:shop:failed", p+":idx:rs:shop:running"
 	ghost, ghostFailed := p+":idx:reactor:ghost", p+":idx:rs:ghost:failed"

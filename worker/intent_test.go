@@ -11,7 +11,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -31,7 +31,7 @@ func deliver(t *testing.T, e *reactor.Engine, id string) (*reactor.Result, error
 	t.Helper()
 	ctx, cancel := context.WithCancel(ctxTimeout(t))
 	defer cancel()
-	return engineapi.Process(e, context.WithValue(ctx, deliverKey{}, context.CancelFunc(cancel)), id)
+	return engine.Process(e, context.WithValue(ctx, deliverKey{}, context.CancelFunc(cancel)), id)
 }
 
 // TestHardeningInterruptedStepIsCompensated: a step whose Run was called but
@@ -176,7 +176,7 @@ func TestHardeningLongBackoffIsAScheduledWakeUp(t *testing.T) {
 	wake := "resume:backoff-run:retry:later:2"
 	info := f.awaitTaskState(wake, asynq.TaskStateScheduled)
 	require.WithinDuration(t, time.Now().Add(2*time.Second), info.NextProcessAt, 1500*time.Millisecond)
-	locked, err := engineapi.Locked(e, ctxTimeout(t), "backoff-run")
+	locked, err := engine.Locked(e, ctxTimeout(t), "backoff-run")
 	require.NoError(t, err)
 	require.False(t, locked, "the run is released while it waits")
 	run, err := e.Get(ctxTimeout(t), "backoff-run")
@@ -226,7 +226,7 @@ func TestHardeningLockOutlivesTheDeliveryContext(t *testing.T) {
 	// context: a second delivery must find the run locked every time.
 	deadline := time.Now().Add(5 * expiry)
 	for time.Now().Before(deadline) {
-		_, err := engineapi.Process(e, ctxTimeout(t), "stubborn-run")
+		_, err := engine.Process(e, ctxTimeout(t), "stubborn-run")
 		require.ErrorIs(t, err, reactor.ErrRunLocked)
 		time.Sleep(expiry / 4)
 	}

@@ -8,7 +8,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 )
 
 // traceparentKey is the W3C header the payload's tp field holds.
@@ -38,7 +38,7 @@ func withTraceparent(ctx context.Context, tp string) context.Context {
 // reactor.map.rollback), a child of the span context the task carried.
 func (w *Worker) startTask(ctx context.Context, name, tp string, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
 	ctx = withTraceparent(ctx, tp)
-	return engineapi.Tracer(w.engine).Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
+	return engine.Tracer(w.engine).Start(ctx, name, trace.WithSpanKind(trace.SpanKindConsumer), trace.WithAttributes(attrs...))
 }
 
 // endTask ends the span of a handler that returned err: a failure (not a

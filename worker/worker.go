@@ -17,7 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
 
-	"github.com/goreactor/goreactor/internal/engineapi"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/payload"
@@ -176,9 +176,9 @@ type Worker struct {
 // rdb. The queues it serves default to its engine's Enqueuer's, when that
 // is a *Client; Start refuses Config.Queues that leave that queue out (see
 // Config.Queues).
-func New(engine *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker {
+func New(eng *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker {
 	var invalid error
-	if c, ok := engineapi.Enqueuer(engine).(*Client); ok {
+	if c, ok := engine.EnqueuerOf(eng).(*Client); ok {
 		if len(cfg.Queues) == 0 {
 			cfg.Queues = map[string]int{c.Queue(): 1}
 		} else if cfg.Queues[c.Queue()] <= 0 {
@@ -186,7 +186,7 @@ func New(engine *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker 
 		}
 	}
 	cfg = cfg.WithDefaults()
-	w := &Worker{cfg: cfg, engine: engine, log: cfg.Logger, mux: asynq.NewServeMux(), invalid: invalid}
+	w := &Worker{cfg: cfg, engine: eng, log: cfg.Logger, mux: asynq.NewServeMux(), invalid: invalid}
 	w.mux.HandleFunc(TypeRun, w.observe("run", w.handleRun))
 	w.mux.HandleFunc(TypeElement, w.observe("element", w.handleElement))
 	w.mux.HandleFunc(TypeRollback, w.observe("rollback", w.handleRollback))
@@ -305,13 +305,13 @@ func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
 		// A rolling deploy may not have the definition here yet: retry.
 		err := fmt.Errorf("worker: unknown reactor %q for run %s: register it on every worker (retrying)", p.Reactor, p.RunID)
 		w.unknownReactor(ctx, p.Reactor, "run", p.RunID)
-		if nerr := engineapi.NoteDefinitionWait(w.engine, ctx, p.RunID, p.Reactor, fmt.Errorf("%w %q", reactor.ErrUnknownReactor, p.Reactor)); nerr != nil {
+		if nerr := engine.NoteDefinitionWait(w.engine, ctx, p.RunID, p.Reactor, fmt.Errorf("%w %q", reactor.ErrUnknownReactor, p.Reactor)); nerr != nil {
 			w.log.Debug("could not note a run waiting for its definition", "event", "worker.definition.note_failed", "run", p.RunID, "error", nerr)
 		}
 		return err
 	}
 	ctx = withTraceparent(ctx, p.TP)
-	res, err := engineapi.Process(w.engine, ctx, p.RunID)
+	res, err := engine.Process(w.engine, ctx, p.RunID)
 	switch {
 	case errors.Is(err, reactor.ErrRunLocked):
 		return &SnoozeError{RunID: p.RunID, Base: w.cfg.Snooze}
@@ -412,7 +412,7 @@ func (w *Worker) refuse(ctx context.Context, kind, id string, err error) error {
 	if mm == nil {
 		return err
 	}
-	if nerr := engineapi.NoteDefinitionWait(w.engine, ctx, mm.Run, mm.Reactor, err); nerr != nil {
+	if nerr := engine.NoteDefinitionWait(w.engine, ctx, mm.Run, mm.Reactor, err); nerr != nil {
 		w.log.Debug("could not note a run waiting for its definition", "event", "worker.definition.note_failed", "run", mm.Run, "error", nerr)
 	}
 	if o, ok := w.cfg.Metrics.(DefinitionObserver); ok {

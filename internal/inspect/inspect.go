@@ -21,7 +21,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/keys"
-	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/internal/engine"
 )
 
 // A map's rollback may have several generations (mapstep: a re-triggered
@@ -235,16 +235,16 @@ type Picture struct {
 
 // outcome mirrors mapstep's outcome (mapstep/outcome.go).
 type outcome struct {
-	Status  string           `msgpack:"s"`
-	Failure *reactor.Failure `msgpack:"f,omitempty"`
-	Reason  string           `msgpack:"r,omitempty"`
+	Status  string          `msgpack:"s"`
+	Failure *engine.Failure `msgpack:"f,omitempty"`
+	Reason  string          `msgpack:"r,omitempty"`
 }
 
 // rbOutcome mirrors mapstep's rbOutcome (mapstep/rollback.go).
 type rbOutcome struct {
-	Index    int                       `msgpack:"i"`
-	Outcome  string                    `msgpack:"o"`
-	Failures []reactor.RollbackFailure `msgpack:"f,omitempty"`
+	Index    int                      `msgpack:"i"`
+	Outcome  string                   `msgpack:"o"`
+	Failures []engine.RollbackFailure `msgpack:"f,omitempty"`
 }
 
 // statusOnly decodes no more of an outcome than its status.

@@ -6,22 +6,22 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/internal/engine"
 )
 
 // fastStatus reads the status of every outcome shape mapstep's codec
 // writes, and declines what it cannot read, so the decoder takes over.
 func TestFastStatus(t *testing.T) {
 	type full struct {
-		Status  string           `msgpack:"s"`
-		Value   codec.Raw        `msgpack:"v,omitempty"`
-		Failure *reactor.Failure `msgpack:"f,omitempty"`
-		Reason  string           `msgpack:"r,omitempty"`
+		Status  string          `msgpack:"s"`
+		Value   codec.Raw       `msgpack:"v,omitempty"`
+		Failure *engine.Failure `msgpack:"f,omitempty"`
+		Reason  string          `msgpack:"r,omitempty"`
 	}
 	for _, o := range []full{
 		{Status: "ok", Value: codec.Raw{0x01}},
 		{Status: "ok"},
-		{Status: "failed", Failure: &reactor.Failure{Step: "a", Message: "no"}},
+		{Status: "failed", Failure: &engine.Failure{Step: "a", Message: "no"}},
 		{Status: "halted", Reason: "enough"},
 		{Status: "skipped"},
 		{Status: "stopped"},

@@ -12,7 +12,7 @@ import (
 	"strconv"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/internal/engine"
 )
 
 // ElementTask is one element to execute on a worker.
@@ -190,7 +190,7 @@ type Enqueuers interface {
 // Adapt returns the map-task side of a run Enqueuer: q itself when it
 // implements Enqueuers (a test or benchmark wrapper), else what package
 // worker registered in WorkerTasks for its Client.
-func Adapt(q reactor.Enqueuer) (Enqueuers, bool) {
+func Adapt(q engine.Enqueuer) (Enqueuers, bool) {
 	if t, ok := q.(Enqueuers); ok {
 		return t, true
 	}
@@ -201,24 +201,24 @@ func Adapt(q reactor.Enqueuer) (Enqueuers, bool) {
 }
 
 // WorkerTasks is set by package worker: the map-task enqueuer of its Client.
-var WorkerTasks func(q reactor.Enqueuer) (Enqueuers, bool)
+var WorkerTasks func(q engine.Enqueuer) (Enqueuers, bool)
 
 // Entry points of package mapstep, set when it is imported (its init).
 var (
 	// ProcessElement executes one element task on a worker.
-	ProcessElement func(ctx context.Context, e *reactor.Engine, t ElementTask) error
+	ProcessElement func(ctx context.Context, e *engine.Engine, t ElementTask) error
 	// ProcessRollback executes one element rollback job on a worker.
-	ProcessRollback func(ctx context.Context, e *reactor.Engine, t RollbackTask) error
+	ProcessRollback func(ctx context.Context, e *engine.Engine, t RollbackTask) error
 	// RecoverMap re-dispatches the lost work of one fan-out map.
-	RecoverMap func(ctx context.Context, e *reactor.Engine, mapID string, opt SweepOptions) (Recovery, error)
+	RecoverMap func(ctx context.Context, e *engine.Engine, mapID string, opt SweepOptions) (Recovery, error)
 	// Awaiting reports whether run runID waits for one of its fan-out maps,
 	// and the owner resumes of its settled maps.
-	Awaiting func(ctx context.Context, e *reactor.Engine, runID string) (waiting bool, resumes []string, err error)
+	Awaiting func(ctx context.Context, e *engine.Engine, runID string) (waiting bool, resumes []string, err error)
 )
 
 // MustAdapt is Adapt for callers that know q is a worker.Client (tests,
 // benchmarks, the soak loop): it panics otherwise.
-func MustAdapt(q reactor.Enqueuer) Enqueuers {
+func MustAdapt(q engine.Enqueuer) Enqueuers {
 	t, ok := Adapt(q)
 	if !ok {
 		panic(fmt.Sprintf("maptask: %T enqueues no map tasks (use a *worker.Client)", q))

@@ -1,0 +1,69 @@
+package reactor_test
+
+import (
+	"bytes"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/goreactor/goreactor/internal/facadegen/gen"
+)
+
+// api.go is generated from internal/engine; an exported identifier added
+// there without regenerating would be missing from the public API.
+func TestFacadeIsUpToDate(t *testing.T) {
+	want, err := gen.Facade("../internal/engine", "github.com/goreactor/goreactor/internal/engine", "reactor")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := os.ReadFile("api.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("reactor/api.go is out of date: run go generate ./reactor")
+	}
+}
+
+// The engine's core lives under internal/ and never imports the public
+// packages that are its facades: the dependency runs one way. (Test files
+// are exempt: an internal package's tests may drive it through mapstep or
+// worker.) The leaf packages fingerprint and metrics' sibling examples are
+// not facades; fingerprint imports nothing of goreactor.
+func TestInternalImportsNoFacade(t *testing.T) {
+	facades := map[string]bool{}
+	for _, p := range []string{"reactor", "mapstep", "worker", "sweeper", "dashboard", "metrics", "bench", "examples"} {
+		facades["github.com/goreactor/goreactor/"+p] = true
+	}
+	root := filepath.Join("..", "internal")
+	checked := 0
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return err
+		}
+		f, err := parser.ParseFile(token.NewFileSet(), path, nil, parser.ImportsOnly)
+		if err != nil {
+			return err
+		}
+		checked++
+		for _, im := range f.Imports {
+			p, _ := strconv.Unquote(im.Path.Value)
+			for facade := range facades {
+				if p == facade || strings.HasPrefix(p, facade+"/") {
+					t.Errorf("%s imports %s: internal packages must not import the public API", path, p)
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if checked < 50 {
+		t.Fatalf("checked only %d files under %s", checked, root)
+	}
+}
