@@ -47,4 +47,6 @@
 //
 // The repository's docs/maps.md is the reference: back pressure, the
 // rollback protocol, and what each outcome means.
+//go:generate go run ../internal/facadegen -src ../internal/mapcore -import github.com/goreactor/goreactor/internal/mapcore -pkg mapstep -rename github.com/goreactor/goreactor/internal/engine=github.com/goreactor/goreactor/reactor -out api.go
+
 package mapstep

@@ -14,6 +14,7 @@ import (
 	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/store"
 	// Imported for its registration of the map entry points (internal/maptask).
@@ -168,7 +169,7 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 		}
 		id, _ := z.Member.(string)
 		rep.Examined++
-		rec, err := maptask.RecoverMap(ctx, s.cfg.Engine, id, opt)
+		rec, err := mapcore.RecoverMap(ctx, s.cfg.Engine, id, opt)
 		rep.add(rec)
 		var owners []string
 		if rec.Owner != "" {

@@ -13,7 +13,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/lock"
-	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
@@ -400,7 +400,7 @@ func TestRunSweeperAwaitsAnUnsettledMap(t *testing.T) {
 		locked, err := engine.Locked(m.engine, m.ctx, id)
 		require.NoError(t, err)
 		require.False(t, locked, "the owner handed off")
-		awaiting, _, err := maptask.Awaiting(m.ctx, m.engine, id)
+		awaiting, _, err := mapcore.Awaiting(m.ctx, m.engine, id)
 		require.NoError(t, err)
 		require.True(t, awaiting)
 		rep, err := m.sweeper.Sweep(m.ctx)
@@ -410,7 +410,7 @@ func TestRunSweeperAwaitsAnUnsettledMap(t *testing.T) {
 
 		m.drain(prefix)
 		require.Equal(t, []string{resume}, m.pending())
-		awaiting, resumes, err := maptask.Awaiting(m.ctx, m.engine, id)
+		awaiting, resumes, err := mapcore.Awaiting(m.ctx, m.engine, id)
 		require.NoError(t, err)
 		require.False(t, awaiting, "settled")
 		require.Equal(t, []string{resume}, resumes, "the owner was signalled")
@@ -485,7 +485,7 @@ func TestMapSweepReloadsScriptsAfterAFlush(t *testing.T) {
 	m.drop(elTasks(mapID, positions(5, 9)...)...)
 	require.NoError(t, rdb.Set(m.ctx, m.keys.MapOffset(mapID), 5, 0).Err()) // the trigger's claim is lost
 
-	src, err := os.ReadFile("../mapstep/lua/claim.lua")
+	src, err := os.ReadFile("../internal/mapcore/lua/claim.lua")
 	require.NoError(t, err)
 	claim := redis.NewScript(string(src))
 	require.NoError(t, claim.Load(m.ctx, rdb).Err())

@@ -16,7 +16,7 @@ import (
 	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
-	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/internal/tracing"
 	"github.com/goreactor/goreactor/reactor"
@@ -331,7 +331,7 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 	// A run waiting for a fan-out map is resumed by the map's workers (or
 	// by the map sweeper) when the map settles; waking it earlier would
 	// only make it hand off again.
-	waiting, resumes, err := maptask.Awaiting(ctx, s.cfg.Engine, id)
+	waiting, resumes, err := mapcore.Awaiting(ctx, s.cfg.Engine, id)
 	if err != nil || waiting {
 		return false, false, due, err
 	}

@@ -32,9 +32,10 @@ const DefaultMaxRetry = 25
 // Client enqueues goreactor tasks. It implements reactor.Enqueuer and
 // reactor.ServingReporter.
 type Client struct {
-	c     *asynq.Client
-	insp  *asynq.Inspector
-	queue string
+	*mapSender // the map-task side, for package mapstep (maptask.Adapt)
+	c          *asynq.Client
+	insp       *asynq.Inspector
+	queue      string
 }
 
 // NewClient returns a Client enqueuing on queue. An empty queue is the
@@ -45,7 +46,9 @@ func NewClient(rdb redis.UniversalClient, queue string) *Client {
 	if queue == "" {
 		queue = envconfig.Queue()
 	}
-	return &Client{c: asynq.NewClientFromRedisClient(rdb), insp: asynq.NewInspectorFromRedisClient(rdb), queue: queue}
+	c := &Client{c: asynq.NewClientFromRedisClient(rdb), insp: asynq.NewInspectorFromRedisClient(rdb), queue: queue}
+	c.mapSender = maptask.NewSender(mapTasks{c})
+	return c
 }
 
 // Queue returns the queue the client enqueues on.
@@ -169,20 +172,14 @@ func (c *Client) replaceCompleted(ctx context.Context, queue, id string, enqueue
 	return nil
 }
 
-// mapTasks is the Client's map-task side (internal/maptask.Enqueuers): the
-// element and rollback jobs of fan-out maps. It is registered for mapstep,
-// not part of the Client's API.
-type mapTasks struct{ c *Client }
+// mapSender is maptask.Sender under a name that keeps the embedded field
+// unexported.
+type mapSender = maptask.Sender
 
-func init() {
-	maptask.WorkerTasks = func(q reactor.Enqueuer) (maptask.Enqueuers, bool) {
-		c, ok := q.(*Client)
-		if !ok {
-			return nil, false
-		}
-		return mapTasks{c}, true
-	}
-}
+// mapTasks is the Client's map-task side (internal/maptask.Enqueuers): the
+// element and rollback jobs of fan-out maps. mapstep reaches it through
+// the embedded Sender; it is not part of the Client's API.
+type mapTasks struct{ c *Client }
 
 // EnqueueElement puts a map element task on the queue.
 func (m mapTasks) EnqueueElement(ctx context.Context, t maptask.ElementTask) error {

@@ -19,6 +19,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/envconfig"
+	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/payload"
 	"github.com/goreactor/goreactor/mapstep"
@@ -353,7 +354,7 @@ func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
 	ctx, span := w.startTask(ctx, "reactor.map.element", p.TP,
 		attribute.String("reactor.map.id", p.MapID), attribute.Int("reactor.element.index", p.Index))
 	defer func() { endTask(span, err) }()
-	err = maptask.ProcessElement(ctx, w.engine, maptask.ElementTask{MapID: p.MapID, Index: p.Index, Input: p.Input, Meta: p.Meta})
+	err = mapcore.ProcessElement(ctx, w.engine, maptask.ElementTask{MapID: p.MapID, Index: p.Index, Input: p.Input, Meta: p.Meta})
 	if errors.Is(err, reactor.ErrUnknownReactor) {
 		w.unknownReactor(ctx, "", "element", mapstep.ElementID(p.MapID, p.Index))
 	}
@@ -384,7 +385,7 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 	ctx, span := w.startTask(ctx, "reactor.map.rollback", p.TP, attribute.String("reactor.map.id", p.MapID),
 		attribute.Int("reactor.element.index", p.Index), attribute.Int("reactor.rollback.gen", p.Gen), attribute.Int("reactor.rollback.pos", p.Pos))
 	defer func() { endTask(span, err) }()
-	err = maptask.ProcessRollback(ctx, w.engine, maptask.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index,
+	err = mapcore.ProcessRollback(ctx, w.engine, maptask.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index,
 		Meta: p.Meta, Fwd: p.Fwd, Total: p.Total, WindowAt: p.WA})
 	if errors.Is(err, reactor.ErrUnknownReactor) {
 		w.unknownReactor(ctx, "", "element rollback", mapstep.ElementID(p.MapID, p.Index))

@@ -10,6 +10,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/typename"
 )
 
 // checkBindings refuses a binding of step that names no field of its In
@@ -66,7 +67,7 @@ func checkStored(step, what string, raw Raw, t reflect.Type) error {
 		return nil
 	}
 	accepted, _ := codec.Fields(t)
-	return Permanent(&DroppedFieldsError{Step: step, What: what, Type: t.String(), Fields: dropped, Accepted: accepted})
+	return Permanent(&DroppedFieldsError{Step: step, What: what, Type: typename.Of(t), Fields: dropped, Accepted: accepted})
 }
 
 // bindingNames returns b's names, sorted: the first bad one reported is

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/typename"
 )
 
 // prepareInputs encodes and validates a run's inputs: required inputs must be
@@ -102,7 +103,7 @@ func explainDecode(raw Raw, t reflect.Type) mismatch {
 			}
 			want := "another type"
 			if f, ok := fieldNamed(st, k); ok {
-				want = f.Type.String()
+				want = typename.Of(f.Type)
 			}
 			return mismatch{field: k, want: want, got: describeEncoded(entries[k])}
 		}

@@ -13,6 +13,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/goreactor/goreactor/internal/typename"
 )
 
 // Versioned definitions.
@@ -127,7 +129,7 @@ func (d *Definition) writeShape(h hash.Hash) {
 			w("  child %q %s", s.child.name, s.child.fp)
 		}
 		if s.construct != nil {
-			w("  construct %s", reflect.TypeOf(s.construct))
+			w("  construct %s", typename.Of(reflect.TypeOf(s.construct)))
 			if sc, ok := s.construct.(ShapedConstruct); ok {
 				w("  shape %q", sc.Shape())
 			}
@@ -149,7 +151,7 @@ func typeName(t reflect.Type) string {
 	if t == nil {
 		return "-"
 	}
-	return t.String()
+	return typename.Of(t)
 }
 
 // refShape describes a binding without a constant's value: a constant
@@ -308,7 +310,7 @@ var processName = func() string {
 // its definition (err is a *DefinitionMismatchError, or an ErrUnknownReactor
 // error for run id of reactor name): Wait's error and the dashboard then
 // say what the run waits for. The note lapses 30 s after the last refusal.
-// Workers call it (engineapi); an err that says nothing of a definition is
+// Workers call it (NoteDefinitionWait in plumbing.go); an err that says nothing of a definition is
 // ignored.
 func (e *Engine) noteDefinitionWait(ctx context.Context, id, name string, err error) error {
 	w := &DefinitionWait{Reactor: name, By: processName, At: e.now()}

@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"log"
 	"os"
+	"strings"
 
 	"github.com/goreactor/goreactor/internal/facadegen/gen"
 )
@@ -25,11 +26,20 @@ func main() {
 	imp := flag.String("import", "", "import path of the internal package")
 	pkg := flag.String("pkg", "", "name of the facade package")
 	out := flag.String("out", "", "file to write (stdout if empty)")
+	renames := map[string]string{}
+	flag.Func("rename", "from=to: name from's types through to (repeatable)", func(v string) error {
+		from, to, ok := strings.Cut(v, "=")
+		if !ok {
+			return fmt.Errorf("want from=to, got %q", v)
+		}
+		renames[from] = to
+		return nil
+	})
 	flag.Parse()
 	if *src == "" || *imp == "" || *pkg == "" {
 		log.Fatal("facadegen: -src, -import and -pkg are required")
 	}
-	b, err := gen.Facade(*src, *imp, *pkg)
+	b, err := gen.Facade(*src, *imp, *pkg, renames)
 	if err != nil {
 		log.Fatal(err)
 	}

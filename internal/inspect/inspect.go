@@ -20,8 +20,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/codec"
-	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/engine"
+	"github.com/goreactor/goreactor/internal/keys"
 )
 
 // A map's rollback may have several generations (mapstep: a re-triggered

@@ -188,33 +188,35 @@ type Enqueuers interface {
 }
 
 // Adapt returns the map-task side of a run Enqueuer: q itself when it
-// implements Enqueuers (a test or benchmark wrapper), else what package
-// worker registered in WorkerTasks for its Client.
+// implements Enqueuers (a test or benchmark wrapper), else the Sender a
+// worker.Client embeds.
 func Adapt(q engine.Enqueuer) (Enqueuers, bool) {
 	if t, ok := q.(Enqueuers); ok {
 		return t, true
 	}
-	if WorkerTasks != nil {
-		return WorkerTasks(q)
+	if s, ok := q.(interface{ mapTasks() Enqueuers }); ok {
+		if t := s.mapTasks(); t != nil {
+			return t, true
+		}
 	}
 	return nil, false
 }
 
-// WorkerTasks is set by package worker: the map-task enqueuer of its Client.
-var WorkerTasks func(q engine.Enqueuer) (Enqueuers, bool)
+// Sender is how a worker.Client carries its map-task side without an
+// exported method: the Client embeds a *Sender under an unexported alias,
+// which promotes the unexported method mapTasks into the Client's method
+// set, and only this package can name that method (Adapt).
+type Sender struct{ tasks Enqueuers }
 
-// Entry points of package mapstep, set when it is imported (its init).
-var (
-	// ProcessElement executes one element task on a worker.
-	ProcessElement func(ctx context.Context, e *engine.Engine, t ElementTask) error
-	// ProcessRollback executes one element rollback job on a worker.
-	ProcessRollback func(ctx context.Context, e *engine.Engine, t RollbackTask) error
-	// RecoverMap re-dispatches the lost work of one fan-out map.
-	RecoverMap func(ctx context.Context, e *engine.Engine, mapID string, opt SweepOptions) (Recovery, error)
-	// Awaiting reports whether run runID waits for one of its fan-out maps,
-	// and the owner resumes of its settled maps.
-	Awaiting func(ctx context.Context, e *engine.Engine, runID string) (waiting bool, resumes []string, err error)
-)
+// NewSender returns a Sender for t.
+func NewSender(t Enqueuers) *Sender { return &Sender{tasks: t} }
+
+func (s *Sender) mapTasks() Enqueuers {
+	if s == nil {
+		return nil
+	}
+	return s.tasks
+}
 
 // MustAdapt is Adapt for callers that know q is a worker.Client (tests,
 // benchmarks, the soak loop): it panics otherwise.

@@ -21,15 +21,18 @@ import (
 )
 
 // Facade returns the formatted source of package pkg re-exporting the
-// package in dir, whose import path is importPath.
-func Facade(dir, importPath, pkg string) ([]byte, error) {
+// package in dir, whose import path is importPath. Signatures that name a
+// type of a package listed in renames (import path -> import path) name
+// it through the replacement instead: mapstep's facade says reactor.Part
+// where internal/mapcore says engine.Part (reactor aliases engine's types).
+func Facade(dir, importPath, pkg string, renames map[string]string) ([]byte, error) {
 	names, err := filepath.Glob(filepath.Join(dir, "*.go"))
 	if err != nil {
 		return nil, err
 	}
 	slices.Sort(names)
 	fset := token.NewFileSet()
-	g := &generator{fset: fset, src: path.Base(importPath), imports: map[string]string{importPath: ""}}
+	g := &generator{fset: fset, src: path.Base(importPath), imports: map[string]string{importPath: ""}, renames: renames}
 	for _, name := range names {
 		base := filepath.Base(name)
 		if strings.HasSuffix(base, "_test.go") || strings.HasPrefix(base, "plumbing") {
@@ -88,6 +91,7 @@ type generator struct {
 	src     string            // the internal package's name, the qualifier
 	imports map[string]string // import path -> name used
 	fileImp map[string]string // the current file's imports: name -> path
+	renames map[string]string // import path -> the import path to name instead
 	body    bytes.Buffer
 }
 
@@ -147,6 +151,10 @@ func (g *generator) expr(e ast.Node) (string, error) {
 					err = fmt.Errorf("qualifier %s has no import", x.Name)
 					return false
 				}
+				if to, ok := g.renames[p]; ok {
+					p = to
+					x.Name = path.Base(to)
+				}
 				g.imports[p] = x.Name
 			}
 		}
@@ -161,7 +169,6 @@ func (g *generator) expr(e ast.Node) (string, error) {
 	}
 	return b.String(), nil
 }
-
 
 func (g *generator) gen(d *ast.GenDecl) error {
 	var specs []ast.Spec

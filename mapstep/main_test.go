@@ -1,9 +1,0 @@
-package mapstep_test
-
-import (
-	"testing"
-
-	"github.com/goreactor/goreactor/internal/redistest"
-)
-
-func TestMain(m *testing.M) { redistest.Main(m) }
