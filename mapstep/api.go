@@ -14,6 +14,37 @@ import (
 const DefaultBatchSize = mapcore.DefaultBatchSize
 
 // Config describes a map step.
+//
+//	type Config struct {
+//		// Element is the reactor run once per item. Required.
+//		Element *engine.Definition
+//		// Items binds the collection: a slice (reactor.FromInput("orders"),
+//		// reactor.FromStep("load", "rows"), reactor.Const(...)). Set Items or
+//		// Pages.
+//		Items engine.Ref
+//		// Pages, instead of Items, pages through a collection too big to hold
+//		// in one process: every batch is fetched by whichever job claims it.
+//		Pages Source
+//		// Input is the element reactor's input that receives the item.
+//		// Default "item".
+//		Input string
+//		// With binds more inputs of the element reactor, the same for every
+//		// element. Default none.
+//		With engine.Bindings
+//		// FanOut runs each element as its own task on workers. Default false
+//		// (inline: elements run one after another where the map runs). A map
+//		// inside a map element always runs inline.
+//		FanOut bool
+//		// BatchSize bounds how many element tasks one action enqueues.
+//		// Default DefaultBatchSize (50).
+//		BatchSize int
+//		// Partial turns atomic off: the map completes with every element's
+//		// outcome, and failed elements roll themselves back. Default false
+//		// (atomic: the first element failure fails the map and stops claims).
+//		Partial bool
+//		// After lists steps that must complete first.
+//		After []string
+//	}
 type Config = mapcore.Config
 
 // Map declares a map step.
@@ -21,6 +52,15 @@ func Map(name string, cfg Config) reactor.Part { return mapcore.Map(name, cfg) }
 
 // Source pages through a map's collection. Both calls get the map's With
 // arguments, so one Source serves every run ("orders of customer X").
+//
+//	type Source interface {
+//		// Len returns the number of items; it is called once, when the map
+//		// starts, and fixes the map's size.
+//		Len(ctx context.Context, with engine.Args) (int, error)
+//		// Page returns items [offset, offset+limit), each a value the element
+//		// reactor's input decodes.
+//		Page(ctx context.Context, with engine.Args, offset, limit int) ([]any, error)
+//	}
 type Source = mapcore.Source
 
 // MapID is the id of the map run by step (a path) of owner run: derived, so
@@ -44,13 +84,47 @@ const CancelCheckInterval = mapcore.CancelCheckInterval
 
 // Result is a completed map step's value: what a later step binds with
 // reactor.FromStep. Read the elements' outcomes with Read.
+//
+//	type Result struct {
+//		MapID string `msgpack:"map"`
+//		// Total is the number of elements.
+//		Total int `msgpack:"total"`
+//		// Failed counts elements that failed (partial maps only; an atomic map
+//		// with a failure fails instead of completing).
+//		Failed int `msgpack:"failed"`
+//	}
 type Result = mapcore.Result
 
 // Element is one element's outcome, as Read returns it.
+//
+//	type Element[T any] struct {
+//		Index int
+//		// Value is the element reactor's return value (zero unless OK).
+//		Value T
+//		// OK is true when the element completed.
+//		OK bool
+//		// Failure is set when the element failed.
+//		Failure *engine.Failure
+//		// Skipped is true for an element that never ran.
+//		Skipped bool
+//		// Halted is true for an element that halted; Reason says why.
+//		Halted bool
+//		Reason string
+//	}
 type Element[T any] = mapcore.Element[T]
 
 // Reader reads a map's outcomes in index order, a chunk at a time, so a map
 // of any size never sits in one process.
+//
+//	type Reader[T any] struct {
+//		// Has unexported fields.
+//	}
+//
+//	func (rd *Reader[T]) Next(ctx context.Context) (el Element[T], ok bool, err error)
+//	    Next returns the next element; ok is false after the last one.
+//
+//	func (rd *Reader[T]) All(ctx context.Context) ([]Element[T], error)
+//	    All reads every element (convenient for small maps).
 type Reader[T any] = mapcore.Reader[T]
 
 // Read returns a reader over r's elements. Call it inside a step (it finds
@@ -61,6 +135,20 @@ func Read[T any](ctx context.Context, r Result) (*Reader[T], error) { return map
 func ReadWith[T any](e *reactor.Engine, r Result) *Reader[T] { return mapcore.ReadWith[T](e, r) }
 
 // Progress is where a map stands.
+//
+//	type Progress struct {
+//		// Total is the number of elements.
+//		Total int
+//		// Claimed is how many positions have been dispatched (fan-out) or are
+//		// due to run (inline).
+//		Claimed int
+//		// Settled is how many elements have an outcome.
+//		Settled int
+//		// Failed is how many elements failed.
+//		Failed int
+//		// Done is true once the map has settled.
+//		Done bool
+//	}
 type Progress = mapcore.Progress
 
 // ProgressOf reads the progress of map mapID (see MapID) in one round trip.
@@ -71,6 +159,14 @@ func ProgressOf(ctx context.Context, e *reactor.Engine, mapID string) (p Progres
 
 // RollbackProgress is where a map's rollback stands: what a dashboard shows
 // while the owner run is rolling_back.
+//
+//	type RollbackProgress struct {
+//		Total, Settled, Outstanding, Failed int
+//		// Dispatched is how many rollback positions have been claimed.
+//		Dispatched int
+//		// Done is true once every position has an outcome.
+//		Done bool
+//	}
 type RollbackProgress = mapcore.RollbackProgress
 
 // RollbackProgressOf reads the progress of map mapID's rollback. ok is
@@ -98,4 +194,37 @@ func RollbackProgressOf(ctx context.Context, e *reactor.Engine, mapID string) (p
 // reactor returns (its Returns step's Out type). Reading needs the engine:
 // inside a step it comes from the step's context; elsewhere use Reader with
 // ReadWith.
+//
+//	type Results[T any] struct {
+//		// Has unexported fields.
+//	}
+//
+//	func (r Results[T]) Len() int
+//	    Len is the number of elements.
+//
+//	func (r Results[T]) Failed() int
+//	    Failed is the number of elements that failed (a partial map; an atomic
+//	    map with a failure fails instead of completing).
+//
+//	func (r Results[T]) Result() Result
+//	    Result is the untyped result (its map id, size and failure count).
+//
+//	func (r Results[T]) Elements(ctx context.Context) iter.Seq2[Element[T], error]
+//	    Elements iterates over every element's outcome, in index order, reading
+//	    100 at a time; it stops at the first read error, which it yields.
+//
+//	func (r Results[T]) All(ctx context.Context) ([]Element[T], error)
+//	    All reads every element's outcome (convenient for small maps; a big map
+//	    is better walked with Elements).
+//
+//	func (r Results[T]) Values(ctx context.Context) ([]T, error)
+//	    Values reads the values of the elements that completed, in index order
+//	    (every element of an atomic map; a partial map's failed, halted and
+//	    skipped elements have none and are left out).
+//
+//	func (r *Results[T]) DecodeMsgpack(dec *msgpack.Decoder) error
+//	    DecodeMsgpack decodes a map step's result.
+//
+//	func (r Results[T]) EncodeMsgpack(enc *msgpack.Encoder) error
+//	    EncodeMsgpack encodes it as the map step's result.
 type Results[T any] = mapcore.Results[T]

@@ -11,12 +11,16 @@ import (
 
 // Args are a step's arguments, still encoded. Use it as a step's In type when
 // the arguments are dynamic; Arg decodes one of them.
+//
+//	type Args map[string]Raw
 type Args = engine.Args
 
 // Arg decodes argument name of a into T.
 func Arg[T any](a Args, name string) (T, error) { return engine.Arg[T](a, name) }
 
 // AuditKind names what an audit entry records.
+//
+//	type AuditKind string
 type AuditKind = engine.AuditKind
 
 // Audit entry kinds.
@@ -69,6 +73,58 @@ const (
 )
 
 // AuditEntry is one entry of a run's audit stream.
+//
+//	type AuditEntry struct {
+//		// ID is the entry's stream id ("<ms>-<seq>"), increasing.
+//		ID string `json:"id"`
+//		// Kind is what the entry records.
+//		Kind AuditKind `json:"kind"`
+//		// Step is the step's path ("book/reserve" inside a composed child);
+//		// for rollback_started the failing step, if any; for
+//		// rollback_completed "" (a composed child's rollback: its compose
+//		// step).
+//		Step string `json:"step,omitempty"`
+//		// Ordinal is the ledger entry's ordinal within its run or composed
+//		// child (0 for entries not on the ledger: the failing step, steps
+//		// without an Undo).
+//		Ordinal int `json:"ordinal,omitempty"`
+//		// Status is the entry's rollback status after the transition.
+//		Status RollbackStatus `json:"status,omitempty"`
+//		// Action is the compensating action (compensating, compensated,
+//		// compensation_failed, no_compensation).
+//		Action CompensatingAction `json:"action,omitempty"`
+//		// Attempt is the step's attempt that completed (eligible) or the
+//		// compensation's attempt (from 1).
+//		Attempt int `json:"attempt,omitempty"`
+//		// TraceID is the run's trace id (RunInfo.TraceID: the OpenTelemetry
+//		// trace id when the run started under a span, else a generated one).
+//		TraceID string `json:"trace_id"`
+//		// Generation is the rollback generation (1 for a run's first); 0 on
+//		// eligible entries, written before any rollback.
+//		Generation int `json:"generation,omitempty"`
+//		// Trigger is what started the rollback (rollback_started).
+//		Trigger RollbackTrigger `json:"trigger,omitempty"`
+//		// Outcome is the rollback's summary outcome (rollback_completed).
+//		Outcome RollbackOutcome `json:"outcome,omitempty"`
+//		// Reason is a failure's stable code (compensation_failed).
+//		Reason string `json:"reason,omitempty"`
+//		// MessageHash is "sha256:<hex>" of a failure's message: the audit
+//		// never holds free text, which may carry personal data; the readable
+//		// message stays on the run (Run.Rollbacks, Engine.RollbackReport).
+//		MessageHash string `json:"message_sha256,omitempty"`
+//		// Resource is the entry's resource, if it names one.
+//		Resource string `json:"resource,omitempty"`
+//		// Expected, Observed and RestoreTo are a guarded undo's fingerprints
+//		// (conflict): the effect's after state, what was read, its before
+//		// state.
+//		Expected  string `json:"expected,omitempty"`
+//		Observed  string `json:"observed,omitempty"`
+//		RestoreTo string `json:"restore_to,omitempty"`
+//		// BlockedBy is the entry that blocked this one (blocked).
+//		BlockedBy string `json:"blocked_by,omitempty"`
+//		// At is the Redis server's time of the write that stored the entry.
+//		At time.Time `json:"at"`
+//	}
 type AuditEntry = engine.AuditEntry
 
 // ReasonUnregistered is the audit's reason code for a failure whose error
@@ -83,12 +139,29 @@ func HashMessage(msg string) string { return engine.HashMessage(msg) }
 
 // RollbackStatusError is returned when a run would be stored with a rollback
 // status outside the closed set (RollbackStatuses): nothing is written.
+//
+//	type RollbackStatusError struct {
+//		RunID  string
+//		Step   string
+//		Status RollbackStatus
+//	}
+//
+//	func (e *RollbackStatusError) Error() string
 type RollbackStatusError = engine.RollbackStatusError
 
 // Held counts what the elements of one map still hold after their
 // rollbacks, over every rollback generation: entries waiting for a person,
 // entries left applied by a person's decision (or kept under them), and
 // entries whose undo failed or was blocked.
+//
+//	type Held struct {
+//		Waiting     int `msgpack:"w,omitempty" json:"waiting,omitempty"`
+//		LeftApplied int `msgpack:"l,omitempty" json:"left_applied,omitempty"`
+//		Failed      int `msgpack:"f,omitempty" json:"failed,omitempty"`
+//	}
+//
+//	func (h Held) IsZero() bool
+//	    IsZero reports whether nothing is held.
 type Held = engine.Held
 
 // Construct is a step kind with a protocol of its own, declared with
@@ -101,9 +174,94 @@ type Held = engine.Held
 // run is resumed, Run is called again with the saved state and must adopt the
 // outcome idempotently: return the result, or Dispatch() again without
 // dispatching anything.
+//
+//	type Construct interface {
+//		// Run executes the step forward and returns its encoded result. A
+//		// *Failure or a Permanent error fails the step; any other error is
+//		// infrastructure trouble: the run stops at its last checkpoint, to be
+//		// retried, and is not rolled back for it.
+//		Run(ctx context.Context, c *ConstructContext) (Raw, error)
+//		// Undo rolls back the completed step (State holds what Run saved). A
+//		// *RollbackFailures, *Failure or Permanent error is recorded as the
+//		// step's rollback failure; any other error stops the rollback at its
+//		// checkpoint, to be resumed, with the entry still on the stack.
+//		Undo(ctx context.Context, c *ConstructContext) error
+//		// Compensate cleans up after the step's own failure; errors are
+//		// classified as for Undo.
+//		Compensate(ctx context.Context, c *ConstructContext, cause error) error
+//	}
 type Construct = engine.Construct
 
 // ConstructContext is what a Construct sees of the run executing it.
+//
+//	type ConstructContext struct {
+//		// Engine is the engine executing the run.
+//		Engine *Engine
+//		// OwnerID and OwnerReactor name the top-level run (the root of a
+//		// composed tree): all resumes go to it.
+//		OwnerID, OwnerReactor string
+//		// OwnerDefinition is the fingerprint of the definition the owner run
+//		// started with (Definition.Fingerprint): what a worker must have to
+//		// take the construct's work.
+//		OwnerDefinition string
+//		// RunID is the id of the run whose step this is (the owner, or a run
+//		// nested in it).
+//		RunID string
+//		// Step is the step's path in the owner ("book/items").
+//		Step string
+//		// Args are the step's resolved arguments (encoded map).
+//		Args Raw
+//		// Nested is true when the run is itself an element of a construct
+//		// (a map inside a map element runs inline).
+//		Nested bool
+//		// TraceID is the run's trace id (RunInfo.TraceID), for the construct
+//		// to hand to the element runs it starts.
+//		TraceID string
+//		// Sensitive is true when the run is a sensitive run (Run.Sensitive):
+//		// the element runs the construct starts, whose inputs come from it,
+//		// are to be sensitive too (mapstep hands it on).
+//		Sensitive bool
+//		// Has unexported fields.
+//	}
+//
+//	func (c *ConstructContext) Hold(h Held)
+//	    Hold reports what the construct's parts (a map's element runs) still
+//	    hold after their rollbacks, over every rollback generation: the run keeps
+//	    it with the step (saved with its next write). While any part waits for a
+//	    person the run waits too (it never expires and Engine.NeedsHuman lists
+//	    it), and while any effect is held Engine.Retry refuses the run. A
+//	    construct calls it when its parts may have rolled back: at the end of its
+//	    own rollback, and when its Run completes or fails with parts that rolled
+//	    themselves back. A zero Held clears it.
+//
+//	func (c *ConstructContext) State() Raw
+//	    State returns what the construct saved for this step (nil at first).
+//
+//	func (c *ConstructContext) SaveState(ctx context.Context, state Raw) error
+//	    SaveState stores state with the run and saves the run (fenced) before
+//	    returning: decide, save, then act.
+//
+//	func (c *ConstructContext) CancelRequested(ctx context.Context) (bool, error)
+//	    CancelRequested reports whether someone asked to cancel the run
+//	    (Engine.Cancel while this process executes it). The engine honours a
+//	    request at every checkpoint of its own; a construct that runs long in
+//	    this process without one (an inline map, between its elements) asks
+//	    here and, when it is true, returns ErrCancelRequested from Run. A request
+//	    seen once is remembered; until then each call reads Redis once, so a
+//	    construct with many small parts asks now and then, not between every two.
+//	    Outside Run it returns false.
+//
+//	func (c *ConstructContext) RollbackGeneration() int
+//	    RollbackGeneration is the generation of the rollback the construct undoes
+//	    in: 1 for a run's rollback, 2 and up for each RetryRollback of it. A
+//	    construct whose parts keep rollback state of their own (a fan-out map's
+//	    outcomes and task ids) starts fresh state for a new generation, over the
+//	    parts the previous generation could not undo.
+//
+//	func (c *ConstructContext) UndoWindowAt() time.Time
+//	    UndoWindowAt is the Redis server time at which the run's rollback judges
+//	    undo windows (zero when it judges none): a construct hands it to its
+//	    parts, so that a rollback that started inside their windows finishes.
 type ConstructContext = engine.ConstructContext
 
 // RollbackHandedOff is the control signal a Construct's Undo or Compensate
@@ -113,11 +271,33 @@ type ConstructContext = engine.ConstructContext
 // rollback record) while it still holds the lock, then calls AfterSave, and
 // releases the run. When the owner is resumed, the rollback carries on and
 // calls the construct again, which adopts the settled outcome.
+//
+//	type RollbackHandedOff struct {
+//		// AfterSave runs after the owner's save, still under its lock: the
+//		// construct's half of the two-flag handshake (mark the hand-off, and
+//		// resume the owner if the work already settled).
+//		AfterSave func(ctx context.Context) error
+//	}
+//
+//	func (*RollbackHandedOff) Error() string
 type RollbackHandedOff = engine.RollbackHandedOff
 
 // RollbackFailures is what a Construct's Undo or Compensate returns to
 // report the rollback failures of its parts (a map's elements): each is
 // recorded on the run's Failure as it is, with the same cap as any other.
+//
+//	type RollbackFailures struct {
+//		Failures []RollbackFailure
+//		// Omitted counts failures beyond those listed.
+//		Omitted int
+//		// OutOfWindow lists the parts' steps ("each[3]/reserve") that were
+//		// kept because their undo windows had closed. They are not failures:
+//		// a RollbackFailures with no Failures and no Omitted reports only
+//		// these, and the construct's undo counts as done.
+//		OutOfWindow []string
+//	}
+//
+//	func (e *RollbackFailures) Error() string
 type RollbackFailures = engine.RollbackFailures
 
 // Dispatch is what a Construct's Run returns after handing its work to
@@ -125,6 +305,13 @@ type RollbackFailures = engine.RollbackFailures
 func Dispatch() error { return engine.Dispatch() }
 
 // ConstructConfig describes a construct step.
+//
+//	type ConstructConfig struct {
+//		// Args binds the construct's arguments.
+//		Args Bindings
+//		// After lists steps that must complete first.
+//		After []string
+//	}
 type ConstructConfig = engine.ConstructConfig
 
 // ConstructStep declares a step run by a Construct.
@@ -134,6 +321,8 @@ func ConstructStep(name string, c Construct, cfg ConstructConfig) Part {
 
 // Op names an operation on a stored run that the run's status can refuse:
 // the Op of a StatusError, and what Check checks.
+//
+//	type Op string
 type Op = engine.Op
 
 // Operations on stored runs.
@@ -165,10 +354,45 @@ var ErrDeadlineExceeded = engine.ErrDeadlineExceeded
 
 // Definition is a named reactor: typed inputs, steps that form a DAG, and
 // what the run returns. Build one with Define; it is immutable afterwards.
+//
+//	type Definition struct {
+//		// Has unexported fields.
+//	}
+//
+//	func (d *Definition) Name() string
+//	    Name returns the definition's name.
+//
+//	func (d *Definition) Steps() []string
+//	    Steps returns the step names in execution order.
+//
+//	func (d *Definition) Inputs() []string
+//	    Inputs returns the declared input names, in declaration order. A
+//	    construct's Validate can check its bindings into an element reactor
+//	    against them.
+//
+//	func (d *Definition) ResultType() reflect.Type
+//	    ResultType returns the Go type of what a run of d returns, when Define can
+//	    tell: Returns naming a step's whole result (its Out type, or a construct's
+//	    result type), or an input. It is nil when d returns nothing or a value
+//	    whose type is not known before it runs (a path into a result, a constant).
+//
+//	func (d *Definition) Version() int
+//	    Version returns the definition's version (Version; default 1).
+//
+//	func (d *Definition) Fingerprint() string
+//	    Fingerprint returns the hash of the definition's shape (16 hex digits):
+//	    what a stored run must match to be executed by this definition.
+//
+//	func (d *Definition) UndoWindow() time.Duration
+//	    UndoWindow returns the definition's undo window (0: none).
 type Definition = engine.Definition
 
 // Part is one element of a definition: an input, a step, a compose, or the
 // return value.
+//
+//	type Part interface {
+//		// Has unexported methods.
+//	}
 type Part = engine.Part
 
 // Define builds and validates a definition. It fails, naming the step at
@@ -182,6 +406,10 @@ func Define(name string, parts ...Part) (*Definition, error) { return engine.Def
 func MustDefine(name string, parts ...Part) *Definition { return engine.MustDefine(name, parts...) }
 
 // InputOption configures an input.
+//
+//	type InputOption interface {
+//		// Has unexported methods.
+//	}
 type InputOption = engine.InputOption
 
 // Input declares an input of type T. A value given for it must decode into
@@ -203,6 +431,15 @@ func Default[T any](v T) InputOption { return engine.Default[T](v) }
 func Validate[T any](fn func(T) error) InputOption { return engine.Validate[T](fn) }
 
 // Ref says where a step argument comes from.
+//
+//	type Ref struct {
+//		// Has unexported fields.
+//	}
+//
+//	func (r Ref) IsZero() bool
+//	    IsZero reports whether r was never set.
+//
+//	func (r Ref) String() string
 type Ref = engine.Ref
 
 // FromInput refers to the run's input name, optionally to a field inside it
@@ -228,6 +465,8 @@ func Const(v any) Ref { return engine.Const(v) }
 // counts), or handed over as they are when In is Args. Define refuses a
 // binding that names no field of a struct In; a map or interface In takes
 // any name.
+//
+//	type Bindings map[string]Ref
 type Bindings = engine.Bindings
 
 // Returns sets what the run returns: usually a step's result.
@@ -235,10 +474,65 @@ func Returns(r Ref) Part { return engine.Returns(r) }
 
 // StepConfig describes a step whose arguments decode into In and whose
 // result is an Out.
+//
+//	type StepConfig[In, Out any] struct {
+//		// Args binds the step's arguments.
+//		Args Bindings
+//		// After lists steps that must complete first, beyond those Args refer to.
+//		After []string
+//		// Run does the step's work. Required. Return Halt or Skip to stop the
+//		// run or skip the step, Permanent to fail without retry.
+//		Run func(ctx context.Context, in In) (Out, error)
+//		// Undo reverses a completed step when a later step fails or the run is
+//		// undone. It receives the arguments the step ran with and its result.
+//		// A step without Undo is not recorded in the ledger.
+//		Undo func(ctx context.Context, in In, out Out) error
+//		// Compensate cleans up after this step's own failure (its Run returned
+//		// an error after all retries).
+//		Compensate func(ctx context.Context, in In, err error) error
+//		// Retry is the retry policy. Default: one attempt.
+//		Retry Retry
+//		// Timeout bounds each attempt of Run. Default: none.
+//		Timeout time.Duration
+//		// UndoTimeout bounds Undo and Compensate; a hung undo becomes a rollback
+//		// failure. Default: the engine's UndoTimeout (30 s).
+//		UndoTimeout time.Duration
+//		// Resource names the resource the step changes, computed from its
+//		// arguments and result when it completes (an account id, "order:42"),
+//		// and stored on its ledger entry. UndoSteps refuses to undo a step
+//		// while a newer step that changed the same resource stays applied:
+//		// undoing the older change first would write over the newer one.
+//		// Default: the step names none, and is never refused on that ground.
+//		Resource func(in In, out Out) string
+//		// Guard makes the step's undo a guarded one (Guarded): its Run records
+//		// the effect it has with RecordEffect, and the rollback undoes it by
+//		// compare-and-set through the guard's Probe and Restore, never
+//		// writing over a change somebody else made. A guarded step has no
+//		// Undo and no Resource (the effect names it). Default: none.
+//		Guard *Guard
+//		// HandOff makes an in-process run hand the rest of the run to workers
+//		// before or after this step. Ignored where the run already executes in
+//		// a worker, and when the engine has no Enqueuer. Default NoHandOff.
+//		HandOff HandOff
+//	}
 type StepConfig[In, Out any] = engine.StepConfig[In, Out]
 
 // ArgumentError reports step arguments that do not decode into the step's
 // In type: which argument, what the type wants and what arrived.
+//
+//	type ArgumentError struct {
+//		Step string
+//		// Argument is the argument (In field) at fault; empty when the
+//		// arguments as a whole do not fit.
+//		Argument  string
+//		Want, Got string
+//		// Err is the codec's error.
+//		Err error
+//	}
+//
+//	func (e *ArgumentError) Error() string
+//
+//	func (e *ArgumentError) Unwrap() error
 type ArgumentError = engine.ArgumentError
 
 // Step declares a step. In and Out are inferred from cfg.
@@ -247,6 +541,13 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 }
 
 // ComposeConfig describes a step that runs a child reactor.
+//
+//	type ComposeConfig struct {
+//		// Args binds the child's inputs.
+//		Args Bindings
+//		// After lists steps that must complete first.
+//		After []string
+//	}
 type ComposeConfig = engine.ComposeConfig
 
 // Compose declares a step that runs child as part of this run. The child's
@@ -259,6 +560,23 @@ func Compose(name string, child *Definition, cfg ComposeConfig) Part {
 // Wake asks a worker to execute run RunID. ID names the cause of the wake-up
 // (a start, a hand-off, a sweep), so that a duplicate of the same cause is
 // recognised as already queued.
+//
+//	type Wake struct {
+//		// ID is the task id: "resume:<run>:<cause>".
+//		ID      string
+//		RunID   string
+//		Reactor string
+//		// Queue is the asynq queue of the task; "" for the Enqueuer's own. A
+//		// run's wake-ups carry the queue it recorded: WithQueue's, or the
+//		// Enqueuer's when Enqueue stored it.
+//		Queue string
+//		// Delay postpones the task.
+//		Delay time.Duration
+//		// Retain keeps the completed task visible this long (asynq retention),
+//		// so a sweeper can tell a wake-up that ran from one that was lost.
+//		// Zero: the task is forgotten when it completes.
+//		Retain time.Duration
+//	}
 type Wake = engine.Wake
 
 // Enqueuer puts wake-ups on the workers' queue. The worker package's Client
@@ -268,6 +586,10 @@ type Wake = engine.Wake
 // Engine.Enqueue stores without WithQueue records that queue, so the run's
 // later wake-ups, retries and operators' actions (a dashboard's undo) go
 // where its workers are.
+//
+//	type Enqueuer interface {
+//		Enqueue(ctx context.Context, w Wake) error
+//	}
 type Enqueuer = engine.Enqueuer
 
 // ErrNoEnqueuer: the operation hands work to workers but Config.Enqueuer is
@@ -275,6 +597,8 @@ type Enqueuer = engine.Enqueuer
 var ErrNoEnqueuer = engine.ErrNoEnqueuer
 
 // HandOff is where a step hands the rest of an in-process run to workers.
+//
+//	type HandOff uint8
 type HandOff = engine.HandOff
 
 // Hand-off points.
@@ -292,11 +616,29 @@ const (
 // worker is serving the queue it enqueues on; worker.Client does, through
 // asynq's server registry. Wait consults it for a run that stays pending,
 // so that "no worker is running" is not reported as a bare timeout.
+//
+//	type ServingReporter interface {
+//		// Queue names the queue the Enqueuer enqueues on.
+//		Queue() string
+//		// ServesQueue reports whether a live worker polls queue (a run
+//		// started WithQueue waits on its own).
+//		ServesQueue(ctx context.Context, queue string) (bool, error)
+//	}
 type ServingReporter = engine.ServingReporter
 
 // NotServedError is Wait's error when its context ended while the run was
 // still pending and no worker served the queue the run was enqueued on.
 // It unwraps to the context's error.
+//
+//	type NotServedError struct {
+//		RunID string
+//		Queue string
+//		Err   error
+//	}
+//
+//	func (e *NotServedError) Error() string
+//
+//	func (e *NotServedError) Unwrap() error
 type NotServedError = engine.NotServedError
 
 // DefinitionWaitError is Wait's error when its context ended while the
@@ -304,6 +646,16 @@ type NotServedError = engine.NotServedError
 // started with (or of any definition of its reactor): a rolling deploy
 // removed it, or the workers run an older build. It unwraps to the
 // context's error.
+//
+//	type DefinitionWaitError struct {
+//		RunID string
+//		Wait  *DefinitionWait
+//		Err   error
+//	}
+//
+//	func (e *DefinitionWaitError) Error() string
+//
+//	func (e *DefinitionWaitError) Unwrap() error
 type DefinitionWaitError = engine.DefinitionWaitError
 
 // ErrElementStopped is the Failure of an element run that StopElement
@@ -312,10 +664,279 @@ type DefinitionWaitError = engine.DefinitionWaitError
 var ErrElementStopped = engine.ErrElementStopped
 
 // Config configures an Engine.
+//
+//	type Config struct {
+//		// Client is the Redis client (a *redis.Client or *redis.ClusterClient).
+//		// Required.
+//		Client redis.UniversalClient
+//		// Prefix starts every key. Default: GOREACTOR_PREFIX, else
+//		// "goreactor" (the prefix the binaries read too).
+//		Prefix string
+//		// Logger receives the structured events. Default slog.Default().
+//		Logger *slog.Logger
+//		// Hooks receive every event. Default none.
+//		Hooks []Hook
+//		// Middleware wraps every call of a step function, outermost first.
+//		// Default none.
+//		Middleware []Middleware
+//		// LockExpiry is how long a run lock lives without a heartbeat; the
+//		// heartbeat extends it every third of that. Default 30 s.
+//		LockExpiry time.Duration
+//		// LockGrace is how long a run's lock goes on being extended after the
+//		// context of its execution ended (a worker shutting down, a delivery
+//		// whose queue lease lapsed) while a step that ignores its context still
+//		// runs: a redelivery cannot run the same step concurrently meanwhile.
+//		// Past it the lock is let go and nothing the step returns is recorded.
+//		// Default 2 minutes.
+//		LockGrace time.Duration
+//		// UndoLockWait is how long Undo waits for a run's lock. Default 5 s.
+//		UndoLockWait time.Duration
+//		// UndoTimeout bounds each Undo and Compensate call of steps that set no
+//		// UndoTimeout of their own. Default 30 s.
+//		UndoTimeout time.Duration
+//		// Retention is how long a finished run stays in Redis. Default 7 days.
+//		Retention time.Duration
+//		// Enqueuer hands runs to workers (Enqueue, hand-off points, sweeps).
+//		// Default none: runs execute in-process only.
+//		Enqueuer Enqueuer
+//		// MaxRollbackFailures is how many rollback failures a Failure keeps; the
+//		// rest are counted. Default 100.
+//		MaxRollbackFailures int
+//		// TracerProvider gives the tracer of the engine's spans (a reactor.run
+//		// span per execution of a run, a reactor.step span per call of a step
+//		// function) and of its workers' (reactor.map.element,
+//		// reactor.map.rollback). Default: the global provider
+//		// (otel.GetTracerProvider), a no-op until otel.SetTracerProvider is
+//		// called. No exporter is set up here: the provider brings its own.
+//		TracerProvider trace.TracerProvider
+//	}
+//
+//	func (c Config) WithDefaults() Config
+//	    WithDefaults returns c with every unset field at its default.
 type Config = engine.Config
 
 // Engine runs reactors and manages stored runs. It is safe for concurrent
 // use; create one per process and share it.
+//
+//	type Engine struct {
+//		// Has unexported fields.
+//	}
+//
+//	func (e *Engine) Audit(ctx context.Context, id string) ([]AuditEntry, error)
+//	    Audit returns the audit trail of run id, oldest first: every ledger and
+//	    rollback-status transition stored for it (see AuditKind). id may be a root
+//	    run's or a map element run's ("<mapID>.<i>", Run.Element); a run with no
+//	    entries, or unknown, has none. It needs no definitions.
+//
+//	func (e *Engine) Check(ctx context.Context, id string, op Op) (*Run, error)
+//	    Check tells whether op may be applied to stored run id now, by the same
+//	    rules, and with the same errors, as the operation itself: nil when it
+//	    may; an error wrapping ErrNotFound for an unknown run; a *StatusError
+//	    with the operation's reason when the run's status refuses it. It reads
+//	    the run and needs no definitions, so a process that holds none (a
+//	    dashboard) can validate a request before handing it to workers (see
+//	    worker.Controller). It also returns the run as it read it (nil when it
+//	    found none). The run may change before the operation is applied: the
+//	    operation checks again.
+//
+//	func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string]any, opts ...RunOption) (*Result, error)
+//	    Enqueue stores a run of def as pending and hands it to workers; it returns
+//	    at once with a dispatched Result (see Wait). WithDelay and WithStartAt
+//	    schedule the start task for later (the run is stored pending at once);
+//	    WithQueue picks the queue of the run's wake-ups, which is else the
+//	    Enqueuer's (recorded with the run, see Enqueuer). Starting the same id again is
+//	    idempotent: the stored run's result or status is returned.
+//
+//	func (e *Engine) Wait(ctx context.Context, id string) (*Result, error)
+//	    Wait blocks until run id reaches a terminal status or ctx ends, and
+//	    returns its result. It listens for the run's terminal write, which
+//	    announces itself on the run's shard pub/sub channel (Redis 7 SSUBSCRIBE;
+//	    every Wait of an Engine shares one connection, one per master on a
+//	    cluster), and reads the run every few seconds as well, in case an
+//	    announcement was lost; on a Redis without sharded pub/sub it polls with
+//	    a backoff from 5 ms to 250 ms. When ctx ends while the run is still
+//	    pending and the Enqueuer is a ServingReporter (worker.Client is), Wait
+//	    asks it whether any worker serves the queue; if none does, the error is a
+//	    *NotServedError saying so. A run pending for longer than 5 s on a queue
+//	    no worker serves is also logged once, as a warning, while Wait goes on
+//	    waiting.
+//
+//	func (e *Engine) Register(defs ...*Definition) error
+//	    Register makes definitions known by name, so that stored runs can be
+//	    resumed, undone and inspected, with the children and element reactors
+//	    they run. Definitions of one name with different versions (Version) are
+//	    registered side by side: each stored run executes under the one it
+//	    started with. Registering a different definition under a taken name and
+//	    version is an error.
+//
+//	func (e *Engine) Definition(name string) (*Definition, bool)
+//	    Definition returns the definition registered under name: its highest
+//	    version (Versions lists them all).
+//
+//	func (e *Engine) Run(ctx context.Context, def *Definition, inputs map[string]any, opts ...RunOption) (*Result, error)
+//	    Run executes def and returns its final result: Run runs to the end, in
+//	    this process and, after a hand-off point or a fan-out map, on the workers,
+//	    whose finish it waits for (NoWait returns at the hand-off instead; Enqueue
+//	    runs the whole run on workers without waiting). The run is stored in
+//	    Redis and checkpointed after every step; this process holds the run's
+//	    lock (extended by a heartbeat) for as long as it executes. An error is
+//	    returned for what prevented the run from being executed, recorded or
+//	    waited for (invalid inputs, Redis, a lost lock, ctx ending while workers
+//	    have the run, in which case the dispatched Result comes with it); what
+//	    the run did is in the Result.
+//
+//	func (e *Engine) Resume(ctx context.Context, id string) (*Result, error)
+//	    Resume continues a stored, unfinished run in this process from its last
+//	    checkpoint (or its rollback from the last undone entry). A finished run
+//	    returns its result; a run held by another process returns ErrRunLocked.
+//
+//	func (e *Engine) Get(ctx context.Context, id string) (*Run, error)
+//	    Get returns the stored run id.
+//
+//	func (e *Engine) Undo(ctx context.Context, id string) (*Result, error)
+//	    Undo rolls back a finished run (completed, halted or aborted): every
+//	    ledger entry is undone, newest first, and the run ends cancelled. It waits
+//	    up to Config.UndoLockWait for the run's lock and returns ErrRunLocked if it
+//	    stays held. A run that is rolling back is refused with
+//	    ErrRollbackInProgress.
+//
+//	func (e *Engine) Cancel(ctx context.Context, id string) error
+//	    Cancel stops a run that has not finished and rolls back what it completed;
+//	    the run ends cancelled. A run executing in another process is asked to
+//	    cancel and does so at its next checkpoint: before its next step, an
+//	    inline map's next element, or its terminal write (a cancel that arrives
+//	    during the last step rolls back that step too). A finished run is refused with
+//	    ErrAlreadyFinished (use Undo), a rolling-back one with
+//	    ErrRollbackInProgress.
+//
+//	func (e *Engine) RollbackStatus(ctx context.Context, id string) (*RollbackReport, error)
+//	    RollbackStatus returns run id's rollback report.
+//
+//	    Deprecated: use RollbackReport. RollbackStatus is also the type of one
+//	    entry's status, which made the two easy to confuse.
+//
+//	func (e *Engine) Names() []string
+//	    Names returns the names of the registered definitions, sorted: those
+//	    passed to Register and the children and element reactors they run. A
+//	    worker logs them when it receives a run of a reactor it does not know.
+//
+//	func (e *Engine) Resolve(ctx context.Context, id, entry string, kind Resolution, note string) error
+//	    Resolve records what a person did about entry entry of run id, whose
+//	    guarded undo conflicted (it is needs_human; RollbackReport.ActionRequired
+//	    lists such entries with their ids). kind is ResolvedManuallyReverted or
+//	    ResolvedLeftApplied, and note must say what was done: it is kept on the
+//	    run and audited (as its sha256). id may be a root run's or a map element
+//	    run's ("<mapID>.<i>"). The call needs no definitions.
+//
+//	    After manually_reverted, a RetryRollback of the run undoes the entries
+//	    the conflict blocked; after left_applied they are kept for good. A run
+//	    with an entry no person resolved never expires; once the last is
+//	    resolved, the run's retention applies again.
+//
+//	func (e *Engine) NeedsHuman(ctx context.Context, limit int) ([]string, error)
+//	    NeedsHuman lists up to limit runs (root or map element runs) that wait
+//	    for a person, newest first: a conflicted undo of their own that no person
+//	    has resolved, or, for an owner, map elements with one (however many its
+//	    failure lists). It is what an operator's queue of work holds;
+//	    RollbackReport of each says what to do.
+//
+//	func (e *Engine) RetryRollback(ctx context.Context, id string, opts ...RollbackOption) (*Result, error)
+//	    RetryRollback re-triggers the rollback of a failed or cancelled run whose
+//	    rollback left entries applied (their undo or compensate failed; see
+//	    Failure.RollbackFailures): it undoes those entries again, and only them,
+//	    newest first, in a new rollback generation (Run.RollbackGeneration goes
+//	    up by one). Entries that were compensated are never undone again. A
+//	    fan-out map among them starts a rollback generation of its own over the
+//	    elements that failed (their outcome failed, element_in_flight or
+//	    context_unavailable), with fresh keys and task ids, through the same
+//	    distributed protocol; the earlier generation's outcomes stay readable. An
+//	    inline map retries its failed elements in this process.
+//
+//	    The run ends as it ended before (failed or cancelled), with a Failure
+//	    whose RollbackFailures are this retry's only: none when everything is
+//	    now undone. Entries that fail again can be retried again.
+//
+//	    It is idempotent: the run's lock serializes calls, and once the retry has
+//	    run, the same call finds nothing to retry (ErrNothingToRetry) or, with
+//	    FromGeneration, a newer generation (ErrRollbackRetried). Refusals are
+//	    *StatusError (Op "rollback"): ErrNoRollbackToRetry for a run that is not
+//	    failed or cancelled, ErrRollbackInProgress while it rolls back,
+//	    ErrNothingToRetry when nothing is left applied. It waits up to
+//	    Config.UndoLockWait for the run's lock and returns ErrRunLocked if it
+//	    stays held. A run whose map hands its rollback to workers returns the
+//	    rolling_back Result; Wait for its end.
+//
+//	func (e *Engine) Retry(ctx context.Context, id string) (*Result, error)
+//	    Retry runs a failed or cancelled run again: a new run of the same
+//	    reactor with the same inputs, on the same queue, stored pending and
+//	    handed to workers (Config.Enqueuer is required), like Enqueue. It returns
+//	    the new run's dispatched Result; Wait for its end. A deadline carries
+//	    over as a budget: the new run gets as long as the original had, counted
+//	    from the retry.
+//
+//	    The runs are linked both ways: the new run's RetryOf is id, and id's
+//	    RetriedBy lists the new run. The new run's id is derived from the
+//	    original's and the attempt ("<id>-retry-1", "<id>-retry-2"), and the
+//	    attempt is recorded on the original before the new run is created, so a
+//	    repeated or redelivered request never creates two runs: while the latest
+//	    retry is live, or after it completed, Retry is refused with
+//	    ErrAlreadyRetried naming it; once it failed or was cancelled, the
+//	    original can be retried again (or the retry itself can).
+//
+//	    Only failed and cancelled runs are retryable: both were rolled back, so
+//	    running them again from the start repeats nothing that still stands. A
+//	    completed, halted or aborted run kept its effects (Undo it first); a live
+//	    run is still running. Refusals are *StatusError (Op "retry") with
+//	    ErrNotRetryable or ErrAlreadyRetried. Retry waits up to
+//	    Config.UndoLockWait for the original's lock and returns ErrRunLocked if
+//	    it stays held.
+//
+//	func (e *Engine) RollbackReport(ctx context.Context, id string) (*RollbackReport, error)
+//	    RollbackReport reports run id's latest rollback, entry by entry, with its
+//	    summary. id may be a root run's or a map element run's ("<mapID>.<i>").
+//	    It reads the stored run only (no definitions needed), so any process can
+//	    call it, a dashboard included. A run that never rolled back returns
+//	    ErrNoRollback; an unknown one ErrNotFound.
+//
+//	func (e *Engine) UndoSteps(ctx context.Context, id string, steps []string) (*StepsUndone, error)
+//	    UndoSteps undoes the named completed steps of a finished run (completed,
+//	    halted or aborted) and keeps the rest: the run keeps its status, and its
+//	    other steps stay applied, to be undone later by Undo or another
+//	    UndoSteps. A step is named by its path: "charge", or "book/reserve" for a
+//	    step of composed child book; naming a compose step ("book") or a map step
+//	    names all it did. The named entries are undone newest first, in one new
+//	    rollback generation (RollbackReport reports it; the audit trail records
+//	    it), even when other steps sit between them.
+//
+//	    Before anything runs, the request is refused with a *ResourceOrderError
+//	    when it would undo an entry while a newer entry on the same resource
+//	    (StepConfig.Resource) stays applied, and with ErrUnknownStep when a name
+//	    is not a step of the definition. A named step with nothing to undo (it
+//	    never completed, or was compensated already) is listed in Unresolved and
+//	    audited, not an error; one that completed without an Undo is reported
+//	    no_compensation_registered. An entry whose undo fails, or whose undo
+//	    window had closed, stays applied with its status, and can be named again.
+//
+//	    Status refusals are *StatusError (Op "undo_steps"), as for Undo. It waits
+//	    up to Config.UndoLockWait for the run's lock (ErrRunLocked).
+//
+//	func (e *Engine) CheckUndoSteps(ctx context.Context, id string, steps []string) (*Run, error)
+//	    CheckUndoSteps tells whether UndoSteps(ctx, id, steps) would be refused
+//	    before anything runs, by the same rules and errors: the status rule
+//	    (*StatusError), ErrNoStepsNamed, the resource order (*ResourceOrderError)
+//	    and, when this engine holds the run's definition, ErrUnknownStep. It
+//	    needs no definition (a dashboard can ask it); without one, a name that
+//	    matches no entry is not judged here. It returns the run as it read it.
+//
+//	func (e *Engine) Versions(name string) []DefinitionVersion
+//	    Versions returns the definitions registered under name, lowest version
+//	    first (nil when the name is unknown).
+//
+//	func (e *Engine) DefinitionWait(ctx context.Context, id string) (*DefinitionWait, error)
+//	    DefinitionWait returns what run id waits for when the last process that
+//	    received it refused it for want of its definition within the last 30 s,
+//	    nil otherwise. A worker that has the definition may have taken the run
+//	    over since: read the run's status beside it.
 type Engine = engine.Engine
 
 // NewEngine returns an Engine. It loads its Lua scripts, so an unreachable
@@ -357,12 +978,43 @@ var (
 
 // InputError reports an input that is missing, of the wrong type, or invalid.
 // Nothing is stored for a run whose inputs are rejected.
+//
+//	type InputError struct {
+//		Reactor, Input, Reason string
+//	}
+//
+//	func (e *InputError) Error() string
 type InputError = engine.InputError
 
 // DefinitionError reports an invalid definition, naming the step at fault.
+//
+//	type DefinitionError struct {
+//		Reactor, Step, Reason string
+//		// Binding is the binding at fault, when one is: a name that matches no
+//		// field of the step's In type (or no input of a composed child), or a
+//		// binding whose FromStep path the step's result cannot have.
+//		Binding string
+//		// Fields are the names that binding could have used: the In type's
+//		// fields as the codec decodes them, the child's inputs, or the fields
+//		// of the result's type where its FromStep path went wrong.
+//		Fields []string
+//	}
+//
+//	func (e *DefinitionError) Error() string
 type DefinitionError = engine.DefinitionError
 
 // StatusError reports an API call made on a run in the wrong status.
+//
+//	type StatusError struct {
+//		RunID  string
+//		Status Status
+//		Op     string
+//		Err    error // one of the sentinels above
+//	}
+//
+//	func (e *StatusError) Error() string
+//
+//	func (e *StatusError) Unwrap() error
 type StatusError = engine.StatusError
 
 // Halt returns an error that, returned from a step's Run, stops the run with
@@ -382,9 +1034,23 @@ func Permanent(err error) error { return engine.Permanent(err) }
 func IsPermanent(err error) bool { return engine.IsPermanent(err) }
 
 // PanicError is the error of a step whose function panicked.
+//
+//	type PanicError struct {
+//		Value string `msgpack:"value"`
+//		Stack string `msgpack:"stack"`
+//	}
+//
+//	func (e *PanicError) Error() string
 type PanicError = engine.PanicError
 
 // TimeoutError is the error of a step that ran past its Timeout.
+//
+//	type TimeoutError struct {
+//		Step    string `msgpack:"step"`
+//		Timeout string `msgpack:"timeout"`
+//	}
+//
+//	func (e *TimeoutError) Error() string
 type TimeoutError = engine.TimeoutError
 
 // DroppedFieldsError is the rollback failure of an Undo or Compensate whose
@@ -394,6 +1060,20 @@ type TimeoutError = engine.TimeoutError
 // zero values (an empty id to release). The function is not called. Keep
 // the old name readable (`msgpack:"new,alias:old"`) in the type, or undo the
 // entry by hand; the stored value is on the run's ledger.
+//
+//	type DroppedFieldsError struct {
+//		Step string `msgpack:"step"`
+//		// What is "arguments" or "result".
+//		What string `msgpack:"what"`
+//		// Type is the Go type the value no longer fits.
+//		Type string `msgpack:"type"`
+//		// Fields are the stored fields Type has no field for.
+//		Fields []string `msgpack:"fields"`
+//		// Accepted are the fields Type decodes.
+//		Accepted []string `msgpack:"accepted"`
+//	}
+//
+//	func (e *DroppedFieldsError) Error() string
 type DroppedFieldsError = engine.DroppedFieldsError
 
 // RegisterError registers the error type E under a stable code. A step error
@@ -407,6 +1087,8 @@ func RegisterError[E error](code string) { engine.RegisterError[E](code) }
 func RegisterSentinel(code string, sentinel error) { engine.RegisterSentinel(code, sentinel) }
 
 // EventKind names an event; it is also the log line's event attribute.
+//
+//	type EventKind string
 type EventKind = engine.EventKind
 
 // Events emitted by the executor.
@@ -443,16 +1125,57 @@ const (
 )
 
 // Event describes something that happened to a run or a step.
+//
+//	type Event struct {
+//		Kind    EventKind
+//		RunID   string
+//		Reactor string
+//		// Step is the step's path ("" for run events).
+//		Step    string
+//		Attempt int
+//		// Status is the run's status; on EventRunStarted and EventRunResumed,
+//		// the status the execution began from (StatusPending on the first
+//		// execution of an enqueued run).
+//		Status Status
+//		Err    error
+//		// Duration is how long the user function took: a step's final attempt
+//		// (EventStepCompleted, EventStepFailed), an undo or a compensate
+//		// (EventStepUndone, EventStepUndoFailed, EventStepCompensated,
+//		// EventCompensateFail). Zero when not timed.
+//		Duration time.Duration
+//		// Delay is the wait before the next attempt (EventStepRetrying).
+//		Delay time.Duration
+//		// Element is true for the events of a construct's element run (a map
+//		// element, run id "<mapID>.<i>", executed by ExecuteElement or undone
+//		// by UndoElement). They are logged at Debug whatever happened: the map
+//		// reports its elements' failures and rollback failures on the owner
+//		// run, once, where an operator looks.
+//		Element bool
+//		// TraceID is the run's trace id (RunInfo.TraceID): the OpenTelemetry
+//		// trace its spans are in when tracing is on. It is logged as trace_id.
+//		TraceID string
+//	}
 type Event = engine.Event
 
 // Hook receives every event. Hooks run synchronously on the executing
 // goroutine: keep them fast and never block.
+//
+//	type Hook interface {
+//		OnEvent(ctx context.Context, e Event)
+//	}
 type Hook = engine.Hook
 
 // HookFunc adapts a function to Hook.
+//
+//	type HookFunc func(ctx context.Context, e Event)
+//
+//	func (f HookFunc) OnEvent(ctx context.Context, e Event)
+//	    OnEvent calls f.
 type HookFunc = engine.HookFunc
 
 // CallKind says which user function a Middleware wraps.
+//
+//	type CallKind string
 type CallKind = engine.CallKind
 
 // Kinds of call.
@@ -463,17 +1186,45 @@ const (
 )
 
 // Call describes one invocation of a step's function.
+//
+//	type Call struct {
+//		Kind    CallKind
+//		RunID   string
+//		Reactor string
+//		Step    string
+//		Attempt int
+//	}
 type Call = engine.Call
 
 // Middleware wraps every call of a step's Run, Undo and Compensate (for
 // tracing, metrics, or context values). It must call next once and return
 // its error.
+//
+//	type Middleware func(ctx context.Context, c Call, next func(context.Context) error) error
 type Middleware = engine.Middleware
 
 // Effect is a change a guarded step made to something outside the run.
+//
+//	type Effect struct {
+//		// Resource names what changed ("user:42/email"). Required. It is the
+//		// entry's resource (StepConfig.Resource): blocking and UndoSteps's
+//		// ordering rule go by it, within the run (a map element run is its own
+//		// scope).
+//		Resource string
+//		// Before is the resource's state before the step, as the step's
+//		// Guard's Probe would read it; Restore gets it back (encoded and
+//		// decoded into the guard's state type).
+//		Before any
+//		// After is the state the step left, as Probe would read it.
+//		After any
+//		// Label says what the change was, for the person who reads a report.
+//		Label string
+//	}
 type Effect = engine.Effect
 
 // RestoreResult is what a Restore reports.
+//
+//	type RestoreResult string
 type RestoreResult = engine.RestoreResult
 
 // Restore results.
@@ -491,9 +1242,30 @@ const (
 
 // GuardConfig describes how a guarded step's resource is read and restored.
 // S is the resource's state type: what Probe returns and Restore writes.
+//
+//	type GuardConfig[S any] struct {
+//		// Probe reads the resource's current state. Required.
+//		Probe func(ctx context.Context, resource string) (S, error)
+//		// Restore writes before back. Required. It is only ever called on a
+//		// resource Probe has just read at the effect's after state, and gets
+//		// that after state too, so that a store that can compare and write
+//		// atomically (compare with after, then set before) does, and reports
+//		// RestoreApplied or RestorePreconditionFailed. (after is S's zero
+//		// value for an effect recorded before Restore received it.)
+//		Restore func(ctx context.Context, resource string, before, after S) (RestoreResult, error)
+//		// Retry bounds the attempts of Probe and Restore that fail with a
+//		// Transient error (a dropped connection, a 503). Any other error
+//		// fails the undo (compensation_failed); a conflict is never retried,
+//		// whatever this says. Default: one attempt.
+//		Retry Retry
+//	}
 type GuardConfig[S any] = engine.GuardConfig[S]
 
 // Guard is a step's guarded undo (StepConfig.Guard), built by Guarded.
+//
+//	type Guard struct {
+//		// Has unexported fields.
+//	}
 type Guard = engine.Guard
 
 // Guarded builds a step's Guard from its config.
@@ -524,6 +1296,14 @@ var (
 // whose resource, read back at once, does not fingerprint as its After:
 // Probe reads something other than what the effect describes (one field
 // of a record described whole), and every rollback would conflict.
+//
+//	type EffectMismatchError struct {
+//		Resource string
+//		// After is the effect's after fingerprint; Probed the probe's.
+//		After, Probed string
+//	}
+//
+//	func (e *EffectMismatchError) Error() string
 type EffectMismatchError = engine.EffectMismatchError
 
 // RecordEffect records the effect the step is having, from a guarded
@@ -559,6 +1339,16 @@ const (
 )
 
 // ConflictError describes a guarded undo's conflict.
+//
+//	type ConflictError struct {
+//		Step, Resource string
+//		// Expected is the effect's after fingerprint, Observed what the probe
+//		// read, RestoreTo the before fingerprint.
+//		Expected, Observed, RestoreTo string
+//		Why                           string
+//	}
+//
+//	func (e *ConflictError) Error() string
 type ConflictError = engine.ConflictError
 
 // RollbackFailureKind was the type of RollbackFailure.Kind and
@@ -566,6 +1356,8 @@ type ConflictError = engine.ConflictError
 //
 // Deprecated: use CompensatingAction, which names the same two functions
 // (ActionUndo, ActionCompensate) everywhere a rollback names them.
+//
+//	type RollbackFailureKind = CompensatingAction
 type RollbackFailureKind = engine.RollbackFailureKind
 
 // Kinds of rollback failure, under their old names.
@@ -585,6 +1377,8 @@ func Outcomes() []RollbackOutcome { return engine.Outcomes() }
 // RunOption configures one Run or Enqueue call. An option that makes no
 // sense for the call it is given to (WithDelay on Run) makes the call fail
 // with an error naming the option, before anything is stored.
+//
+//	type RunOption func(*runOptions)
 type RunOption = engine.RunOption
 
 // WithRunID runs under a caller-chosen id. Starting the same id again is
@@ -631,10 +1425,14 @@ func NewRunID() string { return engine.NewRunID() }
 // sorted and struct fields named by their msgpack tag, else their json tag.
 // Results, inputs and ledger snapshots are Raw; ValueOf and Arg decode them
 // into your types.
+//
+//	type Raw = msgpack.RawMessage
 type Raw = engine.Raw
 
 // Resolution is what a person did about an entry whose guarded undo
 // conflicted (Engine.Resolve).
+//
+//	type Resolution string
 type Resolution = engine.Resolution
 
 // Resolutions.
@@ -676,6 +1474,8 @@ const OpResolve = engine.OpResolve
 // rollback calls for it, or called when it failed: the Action of a
 // RollbackEntry and an AuditEntry, the Kind of a RollbackFailure and a
 // StepRollback.
+//
+//	type CompensatingAction string
 type CompensatingAction = engine.CompensatingAction
 
 // Compensating actions.
@@ -692,15 +1492,60 @@ const (
 
 // RollbackFailure is one undo or compensate that failed during a rollback.
 // The rollback carried on past it.
+//
+//	type RollbackFailure struct {
+//		// Step is the step's path: its name, prefixed by the compose steps it
+//		// ran inside ("book/reserve_seat").
+//		Step string `msgpack:"step"`
+//		// Kind is the function that failed: ActionUndo or ActionCompensate.
+//		Kind CompensatingAction `msgpack:"kind"`
+//		// Reason is the stable code of the error ("" when it was not registered).
+//		Reason string `msgpack:"reason"`
+//		// Message is the error's text.
+//		Message string `msgpack:"message"`
+//		// Run and Entry name, for a guarded undo's conflict, the run holding
+//		// the conflicted entry and the entry's id: what Engine.Resolve takes.
+//		// Run is a map element run's id when the conflict is an element's.
+//		Run   string `msgpack:"run,omitempty"`
+//		Entry string `msgpack:"entry,omitempty"`
+//	}
 type RollbackFailure = engine.RollbackFailure
 
 // Failure is how a run failed: the error, the step it came from, whether a
 // retry of the run could help, and every rollback failure along the way.
 // A Failure read back from Redis unwraps to the registered error, so
 // errors.Is and errors.As work on it.
+//
+//	type Failure struct {
+//		// Step is the failing step ("" when the failure is not a step's).
+//		Step string `msgpack:"step"`
+//		// Code is the error's stable code from the error registry ("" if none).
+//		Code string `msgpack:"code"`
+//		// Message is the error's text.
+//		Message string `msgpack:"message"`
+//		// Data holds the registered error's fields.
+//		Data Raw `msgpack:"data,omitempty"`
+//		// Retryable is false when the step failed with a Permanent error.
+//		Retryable bool `msgpack:"retryable"`
+//		// RollbackFailures lists the undos and compensations that failed.
+//		RollbackFailures []RollbackFailure `msgpack:"rollback_failures,omitempty"`
+//		// RollbackFailuresOmitted counts rollback failures beyond those kept.
+//		RollbackFailuresOmitted int `msgpack:"rollback_failures_omitted,omitempty"`
+//		// Has unexported fields.
+//	}
+//
+//	func (f *Failure) Error() string
+//	    Error describes the failure and, when there were any, its rollback failures.
+//
+//	func (f *Failure) Unwrap() error
+//	    Unwrap returns the step's error: the original in the process that ran the
+//	    step, otherwise the error rebuilt from its registered code (nil if the code
+//	    is not registered here).
 type Failure = engine.Failure
 
 // Outcome is the kind of a run's result.
+//
+//	type Outcome string
 type Outcome = engine.Outcome
 
 // Outcomes of a run.
@@ -718,6 +1563,34 @@ const (
 )
 
 // Result is what a run returned: its status and value, or its Failure.
+//
+//	type Result struct {
+//		RunID   string
+//		Reactor string
+//		Status  Status
+//		// Value is the encoded return value (see ValueOf).
+//		Value Raw
+//		// Failure is set when Status is failed or cancelled.
+//		Failure *Failure
+//		// Reason is the halt reason.
+//		Reason string
+//		// OutOfWindow lists the steps the run's latest rollback kept because
+//		// their undo windows had closed (UndoWindow): the rollback did not undo
+//		// them, by the definition's own rule.
+//		OutOfWindow []string
+//		// Held counts the entries the run's rollbacks (every generation) left
+//		// in place and that someone must know of: waiting for a person, left
+//		// applied by one, failed or blocked; its maps' elements included. Zero
+//		// when nothing is held.
+//		Held Held
+//	}
+//
+//	func (r *Result) Outcome() Outcome
+//	    Outcome classifies the result.
+//
+//	func (r *Result) Err() error
+//	    Err returns the Failure as an error, ErrAborted for an aborted run, or
+//	    nil.
 type Result = engine.Result
 
 // ValueOf decodes a result's return value into T.
@@ -728,6 +1601,10 @@ func ValueOf[T any](r *Result) (T, error) { return engine.ValueOf[T](r) }
 // field the whole result is bound to, so a mismatch (a map whose elements
 // return strings read as mapstep.Results[int]) fails at Define instead of
 // decoding wrong values at run time.
+//
+//	type BindingChecker interface {
+//		CheckBinding(field reflect.Type) error
+//	}
 type BindingChecker = engine.BindingChecker
 
 // Errors of Engine.RetryRollback (the Err of its *StatusError).
@@ -747,6 +1624,8 @@ var (
 )
 
 // RollbackOption adjusts a RetryRollback.
+//
+//	type RollbackOption func(*rollbackOptions)
 type RollbackOption = engine.RollbackOption
 
 // FromGeneration makes RetryRollback retry only if gen (a Run's
@@ -758,9 +1637,18 @@ func FromGeneration(gen int) RollbackOption { return engine.FromGeneration(gen) 
 
 // Backoff computes the delay before retry attempt n (n = 1 before the second
 // attempt).
+//
+//	type Backoff interface {
+//		Delay(n int) time.Duration
+//	}
 type Backoff = engine.Backoff
 
 // BackoffFunc adapts a function to Backoff.
+//
+//	type BackoffFunc func(n int) time.Duration
+//
+//	func (f BackoffFunc) Delay(n int) time.Duration
+//	    Delay calls f.
 type BackoffFunc = engine.BackoffFunc
 
 // Fixed waits d before every retry.
@@ -774,6 +1662,14 @@ func Linear(step, max time.Duration) Backoff { return engine.Linear(step, max) }
 func Exponential(base, max time.Duration) Backoff { return engine.Exponential(base, max) }
 
 // Retry is a step's retry policy. The zero value runs a step once.
+//
+//	type Retry struct {
+//		// MaxAttempts is the total number of attempts, first included.
+//		// Default 1 (no retry).
+//		MaxAttempts int
+//		// Backoff spaces the attempts. Default: no wait.
+//		Backoff Backoff
+//	}
 type Retry = engine.Retry
 
 // Errors of Engine.Retry (the Err of its *StatusError).
@@ -806,9 +1702,52 @@ func NoWait() RunOption { return engine.NoWait() }
 // RunInfo is where a step runs, as the context of its Run, Undo and
 // Compensate (and of every Middleware around them) tells it: see
 // RunInfoFrom.
+//
+//	type RunInfo struct {
+//		// RunID is the run's id: the top-level run for the steps of a composed
+//		// child as well, and "<mapID>.<i>" for the steps of a map element.
+//		RunID string
+//		// Reactor is the name of the definition the step belongs to (the
+//		// composed child's for a child's step, the element reactor's in a map
+//		// element).
+//		Reactor string
+//		// Step is the step's path in the run: "reserve", or "book/reserve" for
+//		// step reserve of the child composed as step book.
+//		Step string
+//		// Kind is the function being called: CallRun, CallUndo or
+//		// CallCompensate.
+//		Kind CallKind
+//		// Attempt is the attempt of a Run, from 1; it counts across processes
+//		// (a resumed run goes on from the attempt it was on). It is 0 for Undo
+//		// and Compensate.
+//		Attempt int
+//		// Element is set when the run is an element of a map step.
+//		Element *ElementInfo
+//		// TraceID identifies the run tree in traces and logs: 32 lowercase hex
+//		// digits (a W3C trace id). It is the one the starting call's context
+//		// carried (WithTraceID, the RunInfo of the step that started the run,
+//		// or its OpenTelemetry span), else generated when the run was created; it is stored with the
+//		// run, so every worker that executes the run sees the same one. A map's
+//		// element runs inherit their owner's.
+//		TraceID string
+//		// Deadline is the run's deadline (WithDeadline, WithTimeout), zero when
+//		// it has none. The context of a Run carries it too.
+//		Deadline time.Time
+//	}
 type RunInfo = engine.RunInfo
 
 // ElementInfo says which element of which map a run is.
+//
+//	type ElementInfo struct {
+//		// Owner is the id of the run whose map step this is: the top-level
+//		// run, or the element run of an outer map for a map nested in an
+//		// element.
+//		Owner string
+//		// Step is the map step's path in the owner ("items", "book/items").
+//		Step string
+//		// Index is the element's position in the map's source, from 0.
+//		Index int
+//	}
 type ElementInfo = engine.ElementInfo
 
 // RunInfoFrom returns where the step whose context ctx is runs. ok is false
@@ -832,6 +1771,8 @@ func WithTraceID(ctx context.Context, id string) context.Context { return engine
 func Sensitive() InputOption { return engine.Sensitive() }
 
 // StopKind says how a step stopped without completing.
+//
+//	type StopKind string
 type StopKind = engine.StopKind
 
 // How a step stopped (Run.Stopped).
@@ -848,12 +1789,58 @@ const (
 
 // StepStop is the step a run stopped at without completing it, with the
 // attempt it was on and how it stopped.
+//
+//	type StepStop struct {
+//		Step    string   `msgpack:"s"`
+//		Attempt int      `msgpack:"a,omitempty"`
+//		How     StopKind `msgpack:"h"`
+//	}
 type StepStop = engine.StepStop
 
 // LedgerEntry is one completed, undoable step on a run's undo stack.
+//
+//	type LedgerEntry struct {
+//		// Ordinal orders entries within a run (1, 2, ...).
+//		Ordinal int `msgpack:"o"`
+//		// Step is the step's name.
+//		Step string `msgpack:"step"`
+//		// Args is a snapshot of the arguments the step saw.
+//		Args Raw `msgpack:"args,omitempty"`
+//		// Result is the step's result.
+//		Result Raw `msgpack:"res,omitempty"`
+//		// Status is the entry's rollback status (pending until undone).
+//		Status RollbackStatus `msgpack:"status"`
+//		// Children are a composed child's entries, folded into the compose
+//		// step's entry, oldest first.
+//		Children []*LedgerEntry `msgpack:"ch,omitempty"`
+//		// Interrupted marks a step whose Run was called but whose result was
+//		// never recorded (its process died, or the run was cut short mid-step):
+//		// its effect may or may not have happened, so the rollback calls its
+//		// Compensate, which must tolerate both.
+//		Interrupted bool `msgpack:"int,omitempty"`
+//		// At is when the step completed, by the Redis server's clock, in Unix
+//		// ms (0 when unknown): what an undo window is measured from.
+//		At int64 `msgpack:"at,omitempty"`
+//		// Resource names what the step changed (StepConfig.Resource), "" when
+//		// it names nothing: an undo of named steps is refused when it would
+//		// leave a newer entry on the same resource applied.
+//		Resource string `msgpack:"rs,omitempty"`
+//		// Target marks an entry UndoSteps is undoing.
+//		Target bool `msgpack:"tg,omitempty"`
+//		// Effect is what a guarded step recorded (RecordEffect): its
+//		// resource is Resource.
+//		Effect *effectRec `msgpack:"ef,omitempty"`
+//		// Kept lists, on a compose step's entry, the child's steps that
+//		// completed without an Undo, in completion order: a rollback reports
+//		// them no_compensation_registered in their turn (the child's step
+//		// records are gone once it folded).
+//		Kept []string `msgpack:"kp,omitempty"`
+//	}
 type LedgerEntry = engine.LedgerEntry
 
 // RollbackTrigger says what started a rollback.
+//
+//	type RollbackTrigger string
 type RollbackTrigger = engine.RollbackTrigger
 
 // Rollback triggers.
@@ -872,22 +1859,190 @@ const (
 // RollbackRecord is saved with status rolling_back before the first
 // compensation side effect, so a crash mid-rollback resumes the rollback
 // instead of retrying the failed step.
+//
+//	type RollbackRecord struct {
+//		Trigger RollbackTrigger `msgpack:"trigger"`
+//		// Step is the failing step ("" for an undo).
+//		Step string `msgpack:"step,omitempty"`
+//		// Compensated is true once the failing step's compensate was called.
+//		Compensated bool `msgpack:"compensated"`
+//		// Failure is the Failure the run will end with, captured when the
+//		// rollback started; rollback failures are added as they happen.
+//		Failure *Failure `msgpack:"failure,omitempty"`
+//		// CompensationError is the failing step's compensate error, if any.
+//		CompensationError string `msgpack:"compensation_error,omitempty"`
+//		// Generation numbers the run's rollbacks (1 for the first; a
+//		// re-triggered rollback gets the next). 0 in records written before
+//		// generations were kept, which means 1.
+//		Generation int `msgpack:"gen,omitempty"`
+//		// WindowAt is the server time (Unix ms) at which the rollback judged
+//		// its entries' undo windows (0: not judged, or no window applies).
+//		WindowAt int64 `msgpack:"wa,omitempty"`
+//		// Targeted is set on the rollback of UndoSteps.
+//		Targeted *targetedRec `msgpack:"tg,omitempty"`
+//	}
 type RollbackRecord = engine.RollbackRecord
 
 // StepRollback is the stored record of what a rollback did for one step
 // (Run.Rollbacks); Engine.RollbackReport derives its entries from these.
+//
+//	type StepRollback struct {
+//		Step    string             `msgpack:"step"`
+//		Ordinal int                `msgpack:"o,omitempty"`
+//		Kind    CompensatingAction `msgpack:"kind"`
+//		Status  RollbackStatus     `msgpack:"status"`
+//		Reason  string             `msgpack:"reason,omitempty"`
+//		Message string             `msgpack:"message,omitempty"`
+//		// At is when the compensation returned (or the status was decided), in
+//		// Unix ms.
+//		At int64 `msgpack:"at"`
+//		// StartedAt is when its Undo or Compensate was called, in Unix ms (0
+//		// when none was: no compensation registered, or a record written before
+//		// it was kept).
+//		StartedAt int64 `msgpack:"sa,omitempty"`
+//		// Attempt counts the calls of this step's Undo or Compensate across the
+//		// run's rollbacks, this one included (0 when none was called).
+//		Attempt int `msgpack:"a,omitempty"`
+//		// Generation is the rollback generation that wrote the record (0 in
+//		// records written before generations were kept, which means 1).
+//		Generation int `msgpack:"g,omitempty"`
+//		// Resource is the entry's resource ("" when it names none).
+//		Resource string `msgpack:"rs,omitempty"`
+//		// Label is a guarded effect's label.
+//		Label string `msgpack:"lb,omitempty"`
+//		// Expected, Observed and RestoreTo are a guarded undo's fingerprints:
+//		// the effect's after state, what the probe read, the before state.
+//		Expected  string `msgpack:"ex,omitempty"`
+//		Observed  string `msgpack:"ob,omitempty"`
+//		RestoreTo string `msgpack:"to,omitempty"`
+//		// ExpectedEnc, ObservedEnc and RestoreToEnc are the encodings
+//		// (fingerprint.Encode) of those states, for a person to read; nil when
+//		// not known (see effectRec.BeforeEnc).
+//		ExpectedEnc  []byte `msgpack:"exv,omitempty"`
+//		ObservedEnc  []byte `msgpack:"obv,omitempty"`
+//		RestoreToEnc []byte `msgpack:"tov,omitempty"`
+//		// BlockedBy is the entry (entryID) that blocked this one.
+//		BlockedBy string `msgpack:"by,omitempty"`
+//	}
 type StepRollback = engine.StepRollback
 
 // Run is a stored run, as Get returns it.
+//
+//	type Run struct {
+//		ID      string
+//		Reactor string
+//		// Definition is the version and fingerprint of the definition the run
+//		// started with, the only one that executes or rolls it back (zero for
+//		// a run stored before runs recorded it).
+//		Definition DefinitionVersion
+//		Status     Status
+//		// Version is the number of fenced writes the run has had.
+//		Version int64
+//		Inputs  map[string]Raw
+//		// Completed lists completed steps in completion order of the definition.
+//		Completed []string
+//		// Skipped lists skipped steps.
+//		Skipped []string
+//		// Ledger is the undo stack, oldest first.
+//		Ledger []*LedgerEntry
+//		// Rollback is set while the run is rolling back.
+//		Rollback *RollbackRecord
+//		// Rollbacks is the per-step rollback report, in the order it happened.
+//		Rollbacks []StepRollback
+//		// RollbackGeneration is the generation of the run's latest rollback: 1
+//		// for its first, one more for each RetryRollback.
+//		RollbackGeneration int
+//		Value              Raw
+//		Failure            *Failure
+//		Reason             string
+//		// Wake is the id of the last wake-up task enqueued for the run.
+//		Wake string
+//		// Queue is the asynq queue of the run's wake-ups: WithQueue's, or the
+//		// Enqueuer's that Enqueue recorded; "" for an in-process run (its
+//		// hand-offs go to the Enqueuer's own).
+//		Queue string
+//		// Deadline is the run's deadline (WithDeadline, WithTimeout); zero when
+//		// it has none.
+//		Deadline time.Time
+//		// TraceID is the run's trace id (see RunInfo.TraceID).
+//		TraceID string
+//		// Element is set for a map element run (Engine.Element).
+//		Element *ElementInfo
+//		// RetryOf is the id of the run this run retries (Engine.Retry); "" for
+//		// a run started otherwise.
+//		RetryOf string
+//		// RetriedBy lists the ids of the runs that retry this one, oldest
+//		// first.
+//		RetriedBy []string
+//		// Held counts what the run's rollbacks left in place that someone must
+//		// know of (see Result.Held).
+//		Held Held
+//		// Sensitive is true for a sensitive run: its definition, or one it
+//		// composes or maps over, declares a Sensitive input, or it is a
+//		// composed child, map element or retry of a sensitive run. It is
+//		// decided when the run is created. Its inputs and the values in its
+//		// rollback report are returned here as any run's; show them to people
+//		// only as the dashboard does (to holders of its token).
+//		Sensitive bool
+//		// Stopped is the step the run stopped at without completing it (it
+//		// failed, halted, or was cut short and found by the rollback), with
+//		// its attempt; nil when there is none. For a composed child's step it
+//		// names the compose step.
+//		Stopped *StepStop
+//		// Steps are the steps with a record (completed or skipped), in
+//		// definition order when the engine knows the definition, else by start
+//		// time.
+//		Steps []StepInfo
+//		// Started holds when each step that started but has no record yet
+//		// began: the step running now, or the one that failed.
+//		Started map[string]time.Time
+//		// Current is the plain step the run executes next or is executing, with
+//		// its attempt; nil when there is none (between steps, a construct or
+//		// composed child in progress, or a finished run).
+//		Current *StepAttempt
+//		// Children are the composed child runs in progress, by compose step;
+//		// their ids are "<run id>/<step path>". A finished child leaves only its
+//		// step's record.
+//		Children  map[string]*Run
+//		CreatedAt time.Time
+//		UpdatedAt time.Time
+//	}
+//
+//	func (r *Run) Result() *Result
+//	    Result returns the run's result as a Result.
 type Run = engine.Run
 
 // StepInfo is the record of one completed or skipped step.
+//
+//	type StepInfo struct {
+//		Name string
+//		// Skipped is true for a step that skipped itself (reactor.Skip).
+//		Skipped bool
+//		// Attempts is the attempt that completed it (1 for constructs and
+//		// composed children).
+//		Attempts int
+//		// Value is the step's result.
+//		Value Raw
+//		// StartedAt and FinishedAt are when the step started and when it was
+//		// recorded; zero for runs stored before they were kept.
+//		StartedAt, FinishedAt time.Time
+//	}
 type StepInfo = engine.StepInfo
 
 // StepAttempt names a step and its attempt (from 1).
+//
+//	type StepAttempt struct {
+//		Step    string
+//		Attempt int
+//	}
 type StepAttempt = engine.StepAttempt
 
 // Status is the lifecycle state of a run.
+//
+//	type Status string
+//
+//	func (s Status) Terminal() bool
+//	    Terminal reports whether s is a final status.
 type Status = engine.Status
 
 // Run statuses. Terminal: completed, failed, halted, cancelled, aborted.
@@ -918,6 +2073,12 @@ const (
 func Statuses() []Status { return engine.Statuses() }
 
 // RollbackStatus is the rollback state of one ledger entry, from a closed set.
+//
+//	type RollbackStatus string
+//
+//	func (s RollbackStatus) Valid() bool
+//	    Valid reports whether s is one of the known rollback statuses
+//	    (RollbackStatuses). A run is never stored with any other.
 type RollbackStatus = engine.RollbackStatus
 
 // Rollback statuses of a ledger entry or of the failing step's compensation.
@@ -963,6 +2124,8 @@ func RollbackStatuses() []RollbackStatus { return engine.RollbackStatuses() }
 
 // RollbackOutcome is a rollback's summary, from a closed set; never
 // "partial": each outcome says what is still in place and who must act.
+//
+//	type RollbackOutcome string
 type RollbackOutcome = engine.RollbackOutcome
 
 // Rollback outcomes.
@@ -991,9 +2154,81 @@ const (
 
 // RollbackEntry is one entry of a rollback report: a step the rollback
 // compensated, tried to, kept or has still to reach.
+//
+//	type RollbackEntry struct {
+//		// Order is the entry's place in the rollback, from 1, in the order it
+//		// was (or will be) reached: newest step first.
+//		Order int `json:"order"`
+//		// Step is the step's path ("book/reserve" inside a composed child).
+//		Step string `json:"step"`
+//		// Ordinal is the ledger ordinal of the step within its run or child (0
+//		// for steps not on the ledger: the failing step, steps without Undo).
+//		Ordinal int `json:"ordinal,omitempty"`
+//		// Status is the entry's rollback status.
+//		Status RollbackStatus `json:"status"`
+//		// Action is what reverses the step: undo, compensate, or none.
+//		Action CompensatingAction `json:"action"`
+//		// Attempts counts the calls of its Undo or Compensate (0 for none).
+//		Attempts int `json:"attempts"`
+//		// StartedAt and FinishedAt bound its compensation (zero when nothing
+//		// was called or it has not finished).
+//		StartedAt  time.Time `json:"started_at,omitzero"`
+//		FinishedAt time.Time `json:"finished_at,omitzero"`
+//		// Reason is a failure's stable code and Message its text.
+//		Reason  string `json:"reason,omitempty"`
+//		Message string `json:"message,omitempty"`
+//		// ID names the entry for Engine.Resolve: "<step path>#<ordinal>".
+//		ID string `json:"id"`
+//		// Resource is what the step changed, if it names it.
+//		Resource string `json:"resource,omitempty"`
+//		// Label, Expected, Observed and RestoreTo describe a guarded undo: the
+//		// effect's label, its after fingerprint, what the probe read, and its
+//		// before fingerprint.
+//		Label     string `json:"label,omitempty"`
+//		Expected  string `json:"expected,omitempty"`
+//		Observed  string `json:"observed,omitempty"`
+//		RestoreTo string `json:"restore_to,omitempty"`
+//		// ExpectedValue, ObservedValue and RestoreToValue are those states as
+//		// a person reads them (fingerprint.Format: indented, one map entry or
+//		// list element a line); "" when not known. For a sensitive run they
+//		// are there too: RollbackReport.Redacted hides them.
+//		ExpectedValue  string `json:"expected_value,omitempty"`
+//		ObservedValue  string `json:"observed_value,omitempty"`
+//		RestoreToValue string `json:"restore_to_value,omitempty"`
+//		// BlockedBy is the id of the newer entry that blocked this one.
+//		BlockedBy string `json:"blocked_by,omitempty"`
+//	}
 type RollbackEntry = engine.RollbackEntry
 
 // RollbackSummary is what a rollback's entries add up to (SummarizeRollback).
+//
+//	type RollbackSummary struct {
+//		// Outcome is in_progress until Settled, then reverted,
+//		// kept_in_place, nothing_to_do or needs_human.
+//		Outcome RollbackOutcome `json:"outcome"`
+//		// Settled is false while some entry is pending or compensating.
+//		Settled bool `json:"settled"`
+//		// Total is the number of entries.
+//		Total int `json:"total"`
+//		// Compensated, Outstanding and Failed count entries reverted, not yet
+//		// settled, and needing a person.
+//		Compensated int `json:"compensated"`
+//		Outstanding int `json:"outstanding"`
+//		Failed      int `json:"failed"`
+//		// Kept lists the steps whose effects were kept because nothing can
+//		// reverse them (no_compensation_registered), in rollback order.
+//		Kept []string `json:"kept,omitempty"`
+//		// OutOfWindow lists the steps whose effects were kept because their
+//		// undo window had closed (out_of_window), in rollback order: "roll
+//		// back everything" never quietly means less than it says.
+//		OutOfWindow []string `json:"out_of_window,omitempty"`
+//		// LeftApplied lists the steps whose effects a person decided to keep
+//		// (a resolved conflict left_applied, and the entries under it), in
+//		// rollback order.
+//		LeftApplied []string `json:"left_applied,omitempty"`
+//		// NeedsHuman lists the steps a person must look at, in rollback order.
+//		NeedsHuman []string `json:"needs_human,omitempty"`
+//	}
 type RollbackSummary = engine.RollbackSummary
 
 // RollbackOutcomes lists every rollback outcome.
@@ -1017,9 +2252,82 @@ func SummarizeRollback(entries []RollbackEntry) RollbackSummary {
 
 // RollbackReport is the per-entry account of a run's latest rollback
 // (Engine.RollbackReport).
+//
+//	type RollbackReport struct {
+//		// RunID is the run.
+//		RunID string `json:"run_id"`
+//		// RollbackID names the rollback: "<run id>:rb:<generation>".
+//		RollbackID string `json:"rollback_id"`
+//		// Generation is the rollback's generation (1 for a run's first).
+//		Generation int `json:"generation"`
+//		// Status is the run's status (rolling_back while it is under way).
+//		Status Status `json:"status"`
+//		// Trigger is what started the rollback, while it is under way ("" once
+//		// it finished: the run's status then says failed or cancelled).
+//		Trigger RollbackTrigger `json:"trigger,omitempty"`
+//		// Summary adds the entries up.
+//		Summary RollbackSummary `json:"summary"`
+//		// Entries are the rollback's entries in order: those it reached, then,
+//		// while it is under way, those still on the undo stack (newest first).
+//		Entries []RollbackEntry `json:"entries"`
+//		// ActionRequired lists what a person must act on: the entries whose
+//		// guarded undo conflicted and that no one resolved yet, with the
+//		// fingerprints and why (FormatActionRequired turns it into text).
+//		ActionRequired []ActionItem `json:"action_required"`
+//		// ElementsHeld counts what the run's map elements still hold, over
+//		// every rollback generation: it can exceed what ActionRequired lists
+//		// (a run keeps its first MaxRollbackFailures failures); NeedsHuman lists
+//		// every element run that waits.
+//		ElementsHeld Held `json:"elements_held,omitzero"`
+//		// Sensitive is the run's Run.Sensitive (see Sensitive). The report
+//		// still carries the states' values (the caller of RollbackReport is
+//		// trusted code); whatever shows the report to people who may not read
+//		// them should show Redacted instead.
+//		Sensitive bool `json:"sensitive,omitempty"`
+//		// ValuesRedacted: the states' values were replaced with RedactedValue
+//		// (Redacted).
+//		ValuesRedacted bool `json:"values_redacted,omitempty"`
+//	}
+//
+//	func (r *RollbackReport) Redacted() *RollbackReport
+//	    Redacted returns a copy of the report with every state's value replaced
+//	    with RedactedValue (a value not known stays ""), and ValuesRedacted set;
+//	    the fingerprints stay. It is what a sensitive run's report looks like to
+//	    someone who may not read its values: the dashboard shows it to requests
+//	    without its token. The report itself is not changed.
 type RollbackReport = engine.RollbackReport
 
 // ActionItem is an entry a person must resolve (Engine.Resolve).
+//
+//	type ActionItem struct {
+//		// ID is the entry's id, for Resolve.
+//		ID string `json:"id"`
+//		// Run is the run to call Resolve on: the report's own run, or the map
+//		// element run whose entry conflicted (an owner's report lists its
+//		// elements' conflicts; their fingerprints are on the element's report).
+//		Run      string `json:"run"`
+//		Step     string `json:"step"`
+//		Resource string `json:"resource"`
+//		Label    string `json:"label,omitempty"`
+//		// Expected is the fingerprint of the state the step left, Observed
+//		// what the rollback read instead, RestoreTo the state before the step.
+//		Expected  string `json:"expected"`
+//		Observed  string `json:"observed"`
+//		RestoreTo string `json:"restore_to"`
+//		// ExpectedValue, ObservedValue and RestoreToValue are those states as
+//		// a person reads them (fingerprint.Format), what "restore to" means in
+//		// practice; "" when not known (a conflict recorded before values were
+//		// kept, a state too large to keep, a map element's conflict listed on
+//		// its owner).
+//		ExpectedValue  string `json:"expected_value,omitempty"`
+//		ObservedValue  string `json:"observed_value,omitempty"`
+//		RestoreToValue string `json:"restore_to_value,omitempty"`
+//		// Why the rollback stopped.
+//		Why string `json:"why"`
+//		// Blocked lists the ids of the older entries on the resource waiting
+//		// for this one.
+//		Blocked []string `json:"blocked,omitempty"`
+//	}
 type ActionItem = engine.ActionItem
 
 // FormatActionRequired renders what a person must act on in a report as
@@ -1055,12 +2363,51 @@ const (
 // that would undo Step while a newer entry on the same Resource stays
 // applied: undoing the older change would write over the newer one. Include
 // the newer step in the request (or undo it first).
+//
+//	type ResourceOrderError struct {
+//		RunID string
+//		// Step and Ordinal are the requested entry.
+//		Step    string
+//		Ordinal int
+//		// Resource is what both entries changed.
+//		Resource string
+//		// Newer and NewerOrdinal name the newer entry left out of the request.
+//		Newer        string
+//		NewerOrdinal int
+//	}
+//
+//	func (e *ResourceOrderError) Is(target error) bool
+//	    Is makes errors.Is(err, ErrResourceOrder) true.
+//
+//	func (e *ResourceOrderError) Error() string
 type ResourceOrderError = engine.ResourceOrderError
 
 // StepsUndone is what UndoSteps did.
+//
+//	type StepsUndone struct {
+//		// Result is the run's result. Its status is the one the run had
+//		// (completed, halted or aborted) once the undo is done, or
+//		// rolling_back while a fan-out map's workers undo its elements (Wait
+//		// for the run, then read RollbackReport).
+//		Result *Result
+//		// Rollback reports the run's rollbacks so far, this one included:
+//		// each named entry with its status (compensated, compensation_failed,
+//		// out_of_window, no_compensation_registered). Nil when no named step
+//		// had anything to undo.
+//		Rollback *RollbackReport
+//		// Unresolved lists the named steps that had nothing to undo, with
+//		// why: logged and audited (unresolved), not a fault.
+//		Unresolved []UnresolvedStep
+//	}
 type StepsUndone = engine.StepsUndone
 
 // UnresolvedStep is a step named for undo that had nothing to undo.
+//
+//	type UnresolvedStep struct {
+//		Step string `json:"step"`
+//		// Reason is ReasonNotCompleted or ReasonAlreadyCompensated.
+//		Reason string `json:"reason"`
+//	}
 type UnresolvedStep = engine.UnresolvedStep
 
 // ErrStoppedMidStep: UndoSteps of a run that stopped with work in
@@ -1094,6 +2441,10 @@ func Compatible(fingerprints ...string) Part { return engine.Compatible(fingerpr
 // ShapedConstruct is implemented by a construct whose configuration changes
 // what its stored state means (a map's mode and failure policy): Shape
 // describes it, and goes into the owner definition's fingerprint.
+//
+//	type ShapedConstruct interface {
+//		Shape() string
+//	}
 type ShapedConstruct = engine.ShapedConstruct
 
 // ErrDefinitionMismatch is what a *DefinitionMismatchError matches with
@@ -1101,17 +2452,55 @@ type ShapedConstruct = engine.ShapedConstruct
 var ErrDefinitionMismatch = engine.ErrDefinitionMismatch
 
 // DefinitionVersion names one registered definition of a reactor.
+//
+//	type DefinitionVersion struct {
+//		Version     int    `json:"version"`
+//		Fingerprint string `json:"fingerprint"`
+//	}
+//
+//	func (v DefinitionVersion) String() string
 type DefinitionVersion = engine.DefinitionVersion
 
 // DefinitionMismatchError is returned for a stored run whose definition
 // (the one that created it) is not among those this engine registered
 // under its reactor's name: a rolling deploy changed the reactor's shape,
 // or a process runs an older build. Nothing of the run was executed.
+//
+//	type DefinitionMismatchError struct {
+//		// Run is the run that needs the definition: the run itself, or the
+//		// owner of the map whose element or rollback needed it.
+//		Run string
+//		// Reactor is the definition's name; Want is the definition the run
+//		// started with (Version 0 when only the fingerprint is known).
+//		Reactor string
+//		Want    DefinitionVersion
+//		// Have lists what this engine registered under Reactor.
+//		Have []DefinitionVersion
+//	}
+//
+//	func (e *DefinitionMismatchError) Error() string
+//
+//	func (e *DefinitionMismatchError) Is(target error) bool
 type DefinitionMismatchError = engine.DefinitionMismatchError
 
 // DefinitionWait says that a run waits for a process that has its
 // definition: the last process that received it refused it (Engine
 // workers record it on every refusal).
+//
+//	type DefinitionWait struct {
+//		// Reactor and Want name the definition the run needs.
+//		Reactor string            `json:"reactor"`
+//		Want    DefinitionVersion `json:"want"`
+//		// Have is what the refusing process registered under Reactor (empty:
+//		// nothing at all).
+//		Have []DefinitionVersion `json:"have,omitempty"`
+//		// By names the refusing process (host:pid), At when it refused.
+//		By string    `json:"by,omitempty"`
+//		At time.Time `json:"at"`
+//	}
+//
+//	func (w *DefinitionWait) String() string
+//	    String is the one line a dashboard or a log shows.
 type DefinitionWait = engine.DefinitionWait
 
 // UndoWindow bounds how long after a step of this definition completed its
@@ -1132,6 +2521,17 @@ var ErrClockBackwards = engine.ErrClockBackwards
 // reopen a window that had closed). Nothing is undone; the rollback is
 // judged again when it is resumed or the call is repeated, once the clock
 // has caught up.
+//
+//	type ClockError struct {
+//		RunID string
+//		// Now is the reading; Last the latest time the run recorded before.
+//		Now, Last time.Time
+//	}
+//
+//	func (e *ClockError) Error() string
+//
+//	func (e *ClockError) Is(target error) bool
+//	    Is makes errors.Is(err, ErrClockBackwards) true.
 type ClockError = engine.ClockError
 
 // WindowedConstruct is implemented by a Construct whose parts have undo
@@ -1139,4 +2539,8 @@ type ClockError = engine.ClockError
 // the run's rollback then judges windows at its start, and hands the time
 // to the construct (ConstructContext.UndoWindowAt), so that its parts
 // judge theirs by the same instant, however late they run.
+//
+//	type WindowedConstruct interface {
+//		UndoWindowed() bool
+//	}
 type WindowedConstruct = engine.WindowedConstruct

@@ -28,6 +28,13 @@ func TestFacadeIsUpToDate(t *testing.T) {
 	if !bytes.Equal(got, want) {
 		t.Fatal("reactor/api.go is out of date: run go generate ./reactor")
 	}
+	// go doc shows no methods or fields for an alias: the facade's comments
+	// carry them.
+	for _, manual := range []string{"//\tfunc (e *Engine) Run(ctx context.Context", "//\t\tLockExpiry time.Duration"} {
+		if !bytes.Contains(got, []byte(manual)) {
+			t.Errorf("reactor/api.go lacks %q in its doc comments", manual)
+		}
+	}
 }
 
 // The engine's core lives under internal/ and never imports the public

@@ -33,6 +33,12 @@ func Facade(dir, importPath, pkg string, renames map[string]string) ([]byte, err
 	slices.Sort(names)
 	fset := token.NewFileSet()
 	g := &generator{fset: fset, src: path.Base(importPath), imports: map[string]string{importPath: ""}, renames: renames}
+	type parsed struct {
+		base string
+		f    *ast.File
+		src  []byte
+	}
+	var files []parsed
 	for _, name := range names {
 		base := filepath.Base(name)
 		if strings.HasSuffix(base, "_test.go") || strings.HasPrefix(base, "plumbing") {
@@ -42,15 +48,32 @@ func Facade(dir, importPath, pkg string, renames map[string]string) ([]byte, err
 		if err != nil {
 			return nil, err
 		}
+		if strings.Contains(string(text), "//go:build ignore") {
+			continue
+		}
 		f, err := parser.ParseFile(fset, name, text, parser.ParseComments)
 		if err != nil {
 			return nil, err
 		}
-		if strings.Contains(string(text), "//go:build ignore") {
-			continue
+		files = append(files, parsed{base, f, text})
+		g.srcs = append(g.srcs, text)
+	}
+	// The exported methods of every type, wherever declared: an alias's
+	// manual lists them (go doc shows none for an alias).
+	g.methods = map[string][]method{}
+	for _, pf := range files {
+		for _, d := range pf.f.Decls {
+			if fd, ok := d.(*ast.FuncDecl); ok && fd.Recv != nil && fd.Name.IsExported() {
+				if recv := recvName(fd.Recv.List[0].Type); recv != "" {
+					g.methods[recv] = append(g.methods[recv], method{fd, pf.src})
+				}
+			}
 		}
-		if err := g.file(f); err != nil {
-			return nil, fmt.Errorf("%s: %w", base, err)
+	}
+	for _, pf := range files {
+		g.cur = pf.src
+		if err := g.file(pf.f); err != nil {
+			return nil, fmt.Errorf("%s: %w", pf.base, err)
 		}
 	}
 	var out bytes.Buffer
@@ -92,6 +115,9 @@ type generator struct {
 	imports map[string]string // import path -> name used
 	fileImp map[string]string // the current file's imports: name -> path
 	renames map[string]string // import path -> the import path to name instead
+	srcs    [][]byte
+	cur     []byte              // the current file's source
+	methods map[string][]method // receiver type name -> its exported methods
 	body    bytes.Buffer
 }
 
@@ -212,6 +238,7 @@ func (g *generator) gen(d *ast.GenDecl) error {
 				tparams = fieldList(g, s.TypeParams)
 				targs = "[" + strings.Join(fieldNames(s.TypeParams), ", ") + "]"
 			}
+			g.manual(s)
 			fmt.Fprintf(&g.body, "type %s%s = %s.%s%s\n", s.Name.Name, tparams, g.src, s.Name.Name, targs)
 		case *ast.ValueSpec:
 			if grouped {
@@ -335,4 +362,105 @@ func (g *generator) fn(d *ast.FuncDecl) error {
 	}
 	fmt.Fprintf(&g.body, "func %s%s(%s)%s { %s }\n", d.Name.Name, tparams, strings.Join(params, ", "), results, call)
 	return nil
+}
+
+type method struct {
+	d   *ast.FuncDecl
+	src []byte
+}
+
+func recvName(e ast.Expr) string {
+	for {
+		switch t := e.(type) {
+		case *ast.StarExpr:
+			e = t.X
+		case *ast.IndexExpr:
+			e = t.X
+		case *ast.IndexListExpr:
+			e = t.X
+		case *ast.Ident:
+			return t.Name
+		default:
+			return ""
+		}
+	}
+}
+
+func (g *generator) text(src []byte, from, to token.Pos) string {
+	return string(src[g.fset.Position(from).Offset:g.fset.Position(to).Offset])
+}
+
+// manual appends to the alias's doc comment what go doc would show for the
+// aliased type itself: its declaration (exported fields or methods, with
+// their comments) and its exported methods with their docs, as a code
+// block, so that reactor's page still documents the type.
+func (g *generator) manual(s *ast.TypeSpec) {
+	var lines []string
+	head := "type " + g.text(g.cur, s.Name.Pos(), s.Type.Pos())
+	var list *ast.FieldList
+	kw := ""
+	switch t := s.Type.(type) {
+	case *ast.StructType:
+		list, kw = t.Fields, "struct"
+	case *ast.InterfaceType:
+		list, kw = t.Methods, "interface"
+	default:
+		lines = append(lines, head+strings.Join(strings.Split(g.text(g.cur, s.Type.Pos(), s.Type.End()), "\n"), " "))
+	}
+	if list != nil {
+		lines = append(lines, head+kw+" {")
+		hidden := false
+		for _, f := range list.List {
+			exported := len(f.Names) == 0 && recvName(f.Type) != "" && ast.IsExported(recvName(f.Type))
+			for _, n := range f.Names {
+				exported = exported || n.IsExported()
+			}
+			if !exported {
+				hidden = true
+				continue
+			}
+			if f.Doc != nil {
+				for _, c := range f.Doc.List {
+					lines = append(lines, "\t"+c.Text)
+				}
+			}
+			field := g.text(g.cur, f.Pos(), f.End())
+			if f.Comment != nil {
+				field += " " + g.text(g.cur, f.Comment.Pos(), f.Comment.End())
+			}
+			for i, l := range strings.Split(field, "\n") {
+				if i > 0 {
+					l = strings.TrimPrefix(l, "\t")
+				}
+				lines = append(lines, "\t"+l)
+			}
+		}
+		if hidden {
+			lines = append(lines, "\t// Has unexported "+map[string]string{"struct": "fields", "interface": "methods"}[kw]+".")
+		}
+		lines = append(lines, "}")
+	}
+	for _, m := range g.methods[s.Name.Name] {
+		lines = append(lines, "")
+		lines = append(lines, strings.Split(g.text(m.src, m.d.Pos(), m.d.Type.End()), "\n")...)
+		if m.d.Doc != nil {
+			for _, l := range strings.Split(strings.TrimRight(m.d.Doc.Text(), "\n"), "\n") {
+				if l == "" {
+					lines = append(lines, "")
+					continue
+				}
+				lines = append(lines, "    "+l)
+			}
+		}
+	}
+	if s.Doc != nil || len(lines) > 0 {
+		g.body.WriteString("//\n")
+	}
+	for _, l := range lines {
+		if strings.TrimSpace(l) == "" {
+			g.body.WriteString("//\n")
+			continue
+		}
+		g.body.WriteString("//\t" + l + "\n")
+	}
 }
