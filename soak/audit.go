@@ -108,7 +108,7 @@ func parseClaims(cmd redis.Cmder) []claim {
 		}
 	}
 	if strings.HasPrefix(suffix, "el:") && nkeys == 8 && len(reply) == 7 && reply[0] > 0 {
-		// elem_finish.lua / elem_rb_finish.lua: an element's terminal
+		// elem_finish.lua, either direction: an element's terminal
 		// write with its map's settle; KEYS[4] names the direction.
 		third, _ := args[3+3].(string)
 		_, metaSuffix, _ := splitMapKey(third)
@@ -140,9 +140,9 @@ func parseClaims(cmd redis.Cmder) []claim {
 		if reply[0] == 1 {
 			batch("rb"+gen, 0, reply[1]-1)
 		}
-	case isRb && rbSuffix == "meta" && nkeys == 2 && len(reply) == 2 && nargs == 1: // rb_claim.lua
+	case isRb && rbSuffix == "meta" && nkeys == 2 && len(reply) == 2 && nargs == 1: // claim.lua, a rollback generation's (2 keys)
 		batch("rb"+gen, reply[0], reply[1])
-	case isRb && rbSuffix == "meta" && nkeys == 5 && len(reply) == 4: // rb_settle.lua
+	case isRb && rbSuffix == "meta" && nkeys == 5 && len(reply) == 4: // settle.lua, a rollback generation's
 		batch("rb"+gen, reply[1], reply[2])
 		if reply[3] == 1 {
 			out = append(out, claim{MapID: mapID, Kind: "rsig" + gen})

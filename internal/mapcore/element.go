@@ -138,7 +138,7 @@ func (s mapStore) elemFinish(mapID string, md meta, index int, sr *settleResult)
 		}
 		k := s.keys
 		args, err := store.AppendAudit([]any{token, version, data, b2s(o.KeepForever), newIncarnation(), t.AuditCapOrDefault(),
-			index, enc, b2s(out.Status == outcomeFailed), md.Total, md.BatchSize, b2s(md.Atomic)}, o.Audit)
+			index, enc, b2s(out.Status == outcomeFailed), md.Total, md.BatchSize, b2s(md.Atomic), "f", ""}, o.Audit)
 		if err != nil {
 			return store.WriteResult{}, err
 		}
@@ -245,7 +245,7 @@ func (s mapStore) elemRbLoad(md meta, t maptask.RollbackTask) func(ctx context.C
 }
 
 // elemRbFinish is a rollback job's terminal element write
-// (runctx.Element.Finish): elem_rb_finish.lua, recording the outcome o(res)
+// (runctx.Element.Finish): elem_finish.lua in its rollback direction, recording the outcome o(res)
 // of position t.Pos; what the settle did goes to *sr, the outcome to *out.
 func (s mapStore) elemRbFinish(md meta, t maptask.RollbackTask, sr *settleResult, out *rbOutcome) func(ctx context.Context, tg store.Target, token string, version int64, data []byte, o store.WriteOptions, res any) (store.WriteResult, error) {
 	return func(ctx context.Context, tg store.Target, token string, version int64, data []byte, o store.WriteOptions, res any) (store.WriteResult, error) {
@@ -266,13 +266,13 @@ func (s mapStore) elemRbFinish(md meta, t maptask.RollbackTask, sr *settleResult
 		}
 		k := s.keys
 		args, err := store.AppendAudit([]any{token, version, data, b2s(o.KeepForever), newIncarnation(), tg.AuditCapOrDefault(),
-			t.Pos, enc, out.Outcome, b2s(len(out.Failures) > 0), t.Total, md.BatchSize}, o.Audit)
+			t.Pos, enc, b2s(len(out.Failures) > 0), t.Total, md.BatchSize, "0", "r", out.Outcome}, o.Audit)
 		if err != nil {
 			return store.WriteResult{}, err
 		}
 		keys := []string{tg.State, tg.Lock, tg.Audit, k.MapRbMeta(t.MapID, t.Gen), k.MapRbOffset(t.MapID, t.Gen), k.MapRbResults(t.MapID, t.Gen),
 			k.MapRbHandedOff(t.MapID, t.Gen), k.MapRbSignalled(t.MapID, t.Gen)}
-		vals, err := elemRbFinishScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+		vals, err := elemFinishScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
 		if err != nil {
 			return store.WriteResult{}, fmt.Errorf("mapstep: finish the rollback of element %s[%d]: %w", t.MapID, t.Index, err)
 		}

@@ -203,7 +203,7 @@ func (s mapStore) rbSettle(ctx context.Context, mapID string, gen, pos int, o rb
 			return settleResult{}, err
 		}
 	}
-	res, err := rbSettleScript.Run(ctx, s.rdb, s.rbKeys(mapID, gen), pos, enc, o.Outcome, failure).Slice()
+	res, err := settleScript.Run(ctx, s.rdb, s.rbKeys(mapID, gen), pos, enc, failure, "r", o.Outcome).Slice()
 	if err != nil {
 		return settleResult{}, fmt.Errorf("mapstep: settle rollback %s[%d]: %w", mapID, pos, err)
 	}

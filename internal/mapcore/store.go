@@ -15,6 +15,10 @@ import (
 )
 
 var (
+	// batch.lua is the settle shared by the scripts that settle a position,
+	// forward and rollback alike; it is prepended to each of them.
+	//go:embed lua/batch.lua
+	batchSrc string
 	//go:embed lua/start.lua
 	startSrc string
 	//go:embed lua/settle.lua
@@ -25,28 +29,22 @@ var (
 	elemFinishSrc string
 	//go:embed lua/elem_rb_load.lua
 	elemRbLoadSrc string
-	//go:embed lua/elem_rb_finish.lua
-	elemRbFinishSrc string
 
 	//go:embed lua/rb_start.lua
 	rbStartSrc string
-	//go:embed lua/rb_settle.lua
-	rbSettleSrc string
 	//go:embed lua/rb_handoff.lua
 	rbHandOffSrc string
 	//go:embed lua/rb_locked.lua
 	rbLockedSrc string
 
-	startScript        = redis.NewScript(startSrc)
-	settleScript       = redis.NewScript(settleSrc)
-	elemBeginScript    = redis.NewScript(elemBeginSrc)
-	elemFinishScript   = redis.NewScript(elemFinishSrc)
-	elemRbLoadScript   = redis.NewScript(elemRbLoadSrc)
-	elemRbFinishScript = redis.NewScript(elemRbFinishSrc)
-	rbStartScript      = redis.NewScript(rbStartSrc)
-	rbSettleScript     = redis.NewScript(rbSettleSrc)
-	rbHandOffScript    = redis.NewScript(rbHandOffSrc)
-	rbLockedScript     = redis.NewScript(rbLockedSrc)
+	startScript      = redis.NewScript(startSrc)
+	settleScript     = redis.NewScript(batchSrc + settleSrc)
+	elemBeginScript  = redis.NewScript(elemBeginSrc)
+	elemFinishScript = redis.NewScript(batchSrc + elemFinishSrc)
+	elemRbLoadScript = redis.NewScript(elemRbLoadSrc)
+	rbStartScript    = redis.NewScript(rbStartSrc)
+	rbHandOffScript  = redis.NewScript(rbHandOffSrc)
+	rbLockedScript   = redis.NewScript(rbLockedSrc)
 )
 
 // mapStore is the Redis side of one engine's maps.
@@ -186,7 +184,7 @@ func (s mapStore) settle(ctx context.Context, mapID string, index int, o outcome
 	}
 	k := s.keys
 	res, err := settleScript.Run(ctx, s.rdb, []string{k.MapMeta(mapID), k.MapOffset(mapID), k.MapResults(mapID), k.MapFailed(mapID), k.MapSignalled(mapID)},
-		index, enc, failure).Slice()
+		index, enc, failure, "f").Slice()
 	if err != nil {
 		return settleResult{}, fmt.Errorf("mapstep: settle %s[%d]: %w", mapID, index, err)
 	}

@@ -35,13 +35,12 @@ import (
 // outstanding beyond what its settles claimed.
 
 var (
+	// claim.lua serves the forward pass (with the map's failed flag) and
+	// every rollback generation (without it): one claim protocol.
 	//go:embed lua/claim.lua
 	claimSrc string
-	//go:embed lua/rb_claim.lua
-	rbClaimSrc string
 
-	claimScript   = redis.NewScript(claimSrc)
-	rbClaimScript = redis.NewScript(rbClaimSrc)
+	claimScript = redis.NewScript(claimSrc)
 )
 
 // sweepView is everything recoverMap reads of a map, in one round trip.
@@ -245,7 +244,7 @@ func (sw *mapSweep) rollback(ctx context.Context) (maptask.Recovery, error) {
 		return err
 	}
 	if rb.Settled >= rb.Offset && rb.Offset < rb.Total {
-		res, err := rbClaimScript.Run(ctx, sw.ms.rdb, []string{sw.ms.keys.MapRbMeta(sw.mapID, gen), sw.ms.keys.MapRbOffset(sw.mapID, gen)}, rb.Offset).Int64Slice()
+		res, err := claimScript.Run(ctx, sw.ms.rdb, []string{sw.ms.keys.MapRbMeta(sw.mapID, gen), sw.ms.keys.MapRbOffset(sw.mapID, gen)}, rb.Offset).Int64Slice()
 		if err != nil {
 			return sw.rec, fmt.Errorf("mapstep: claim the next rollback batch of %s: %w", sw.mapID, err)
 		}

@@ -1,14 +1,15 @@
--- claim.lua: the map sweeper's replacement for a lost batch trigger. It
+-- claim.lua: the map sweeper's replacement for a lost batch trigger, for a
+-- map's forward pass and for each of its rollback generations alike. It
 -- claims exactly the next batch, by the same compare-and-set on the absolute
 -- offset a settle uses, and only when every claimed position has settled,
--- the map has not failed and positions remain.
--- KEYS[1] map meta     P:{map:<id>}:meta
--- KEYS[2] map offset   P:{map:<id>}:offset
--- KEYS[3] map failed   P:{map:<id>}:failed
+-- positions remain and (forward) the map has not failed.
+-- KEYS[1] meta    P:{map:<id>}:meta      or P:{map:<id>}:rb:<gen>:meta
+-- KEYS[2] offset  P:{map:<id>}:offset    or P:{map:<id>}:rb:<gen>:offset
+-- KEYS[3] failed  P:{map:<id>}:failed    (forward only: a rollback passes 2 keys)
 -- ARGV[1] the offset the sweeper read
 -- Returns {from, to}, or {-1, -1} when nothing was claimed.
 local offset = tonumber(redis.call('GET', KEYS[2]) or '-1')
-if offset ~= tonumber(ARGV[1]) or redis.call('EXISTS', KEYS[3]) == 1 then
+if offset ~= tonumber(ARGV[1]) or (KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1) then
   return {-1, -1}
 end
 local m = redis.call('HMGET', KEYS[1], 'total', 'batch_size', 'settled')

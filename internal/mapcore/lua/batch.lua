@@ -1,0 +1,74 @@
+-- batch.lua: the batch protocol's settle, one implementation for a map's
+-- forward pass and every generation of its rollback. It is prepended to
+-- each script that settles a position (settle.lua, elem_finish.lua), so
+-- what defines a settle is written once:
+--   * first writer wins: the outcome is stored with HSETNX, and only the
+--     settle that stored it counts, claims or signals;
+--   * the trigger position of a batch, half a batch before its end
+--     (k*B-1-B/2), claims the next batch by compare-and-set on the absolute
+--     offset, so the next batch is queued while the rest of this one runs
+--     and a duplicate trigger claims nothing; one action enqueues at most B;
+--   * the owner's signal is claimed once (SET NX) when every claimed
+--     position has settled and nothing more will be claimed.
+-- The two directions differ only in their keys and three rules, passed in d:
+--   forward:  d.stop is the map's failed flag (claims stop once it exists;
+--             an atomic map's first failure sets it), failures count in
+--             'failures', and the owner is signalled when the map settled
+--             or stopped;
+--   rollback: no stop flag, failures count in 'failed', each outcome name
+--             counts in 'n:<name>', and the owner is signalled only once it
+--             handed off (d.gate, the handshake's other flag, exists).
+--
+-- settle(d) with d = {meta, offset, results, stop, gate, signal (keys),
+-- pos (and field, the same position as the results hash's field), enc, fail (bool), atomic (bool), count (outcome name or nil),
+-- total, b, now, claimed (the offset when the caller read it)}
+-- returns stored, from, to, signal.
+local function settle(d)
+  if redis.call('HSETNX', d.results, d.field, d.enc) == 0 then
+    return 0, -1, -1, 0
+  end
+  local settled = redis.call('HINCRBY', d.meta, 'settled', 1)
+  -- Progress time (server clock) for the map sweeper, which leaves a map
+  -- that settled something recently alone.
+  redis.call('HSET', d.meta, 'touched', d.now)
+  if d.count then
+    redis.call('HINCRBY', d.meta, 'n:' .. d.count, 1)
+  end
+  if d.fail then
+    redis.call('HINCRBY', d.meta, d.stop and 'failures' or 'failed', 1)
+    if d.stop and d.atomic then
+      redis.call('SET', d.stop, d.field, 'NX')
+    end
+  end
+  local total, b, pos = d.total, d.b, d.pos
+  local ahead = math.floor(b / 2)
+  local trigger = (pos + 1 + ahead) % b == 0
+  -- Claims are whole batches, so the offset is at least the end of pos's
+  -- batch: while fewer positions settled, the map cannot have settled, and
+  -- only a trigger needs the offset.
+  local offset = d.claimed
+  if offset == nil and (trigger or settled >= math.min((math.floor(pos / b) + 1) * b, total)) then
+    offset = tonumber(redis.call('GET', d.offset) or '0')
+  end
+  local stopped = nil -- read only when it decides something
+  local function isStopped()
+    if stopped == nil then
+      stopped = d.stop ~= nil and redis.call('EXISTS', d.stop) == 1
+    end
+    return stopped
+  end
+  local from, to = -1, -1
+  if trigger and offset == pos + 1 + ahead and offset < total and not isStopped() then
+    local nxt = math.min(offset + b, total)
+    redis.call('SET', d.offset, nxt)
+    from, to, offset = offset, nxt - 1, nxt
+  end
+  local signal = 0
+  if offset and settled >= offset and (offset >= total or isStopped())
+      and (d.gate == nil or redis.call('EXISTS', d.gate) == 1)
+      and redis.call('SET', d.signal, '1', 'NX') then
+    signal = 1
+  end
+  return 1, from, to, signal
+end
+
