@@ -373,7 +373,10 @@ func (m *construct) Compensate(ctx context.Context, c *engine.ConstructContext, 
 }
 
 // rollback starts the map's rollback, or adopts it once settled. A fan-out
-// map hands off while its jobs work; an inline map rolls back here.
+// map hands off while its jobs work; an inline map rolls back here. Its
+// phases: stop a forward pass still running, choose (and start) the
+// rollback generation, undo inline, hand off, and aggregate what the
+// settled generation could not undo.
 func (m *construct) rollback(ctx context.Context, c *engine.ConstructContext) error {
 	raw := c.State()
 	if raw == nil {
@@ -386,92 +389,30 @@ func (m *construct) rollback(ctx context.Context, c *engine.ConstructContext) er
 	if st.Total == 0 {
 		return nil
 	}
-	e := c.Engine
-	ms := storeOf(e)
+	ms := storeOf(c.Engine)
 	md, err := ms.readMeta(ctx, st.MapID)
-	if err != nil {
+	if err != nil || !md.exists {
+		// Not existing: saved, but the map was never created (a crash
+		// before its start script): no element can exist, nothing to undo.
 		return err
 	}
-	if !md.exists {
-		// Saved, but the map was never created (a crash before its start
-		// script): no element can exist, nothing to undo.
-		return nil
-	}
+	r := &mapRollback{m: m, c: c, ms: ms, st: st, md: md,
+		log: engine.Logger(c.Engine).With("reactor", c.OwnerReactor, "run", c.OwnerID, "map_step", c.Step, "map", st.MapID)}
 	if st.FanOut && !md.settled() {
-		// Still running forward (the run was cancelled or undone mid-map):
-		// stop further claims, and let the elements in flight settle
-		// first, or one could complete after its rollback position was
-		// judged. The forward settle then resumes the owner as usual.
-		if err := ms.rdb.SetNX(ctx, ms.keys.MapFailed(st.MapID), "-1", 0).Err(); err != nil {
-			return err
-		}
-		if md, err = ms.readMeta(ctx, st.MapID); err != nil {
-			return err
-		}
-		if !md.settled() {
-			return &engine.RollbackHandedOff{}
-		}
-	}
-	// The generation to roll back in: the current one, or a new one over
-	// what it could not undo when the owner's rollback was re-triggered.
-	want := c.RollbackGeneration()
-	gen := md.rbGen()
-	rb, err := ms.readRb(ctx, st.MapID, gen)
-	if err != nil {
-		return err
-	}
-	log := engine.Logger(e).With("reactor", c.OwnerReactor, "run", c.OwnerID, "map_step", c.Step, "map", st.MapID)
-	if !rb.exists || (gen < want && rb.settled()) {
-		if st.FanOut {
-			// Indexed before the rollback exists, like the forward map, so
-			// the map sweeper can find a rollback with outstanding work.
-			if err := ms.index(ctx, st.MapID, c.OwnerID); err != nil {
-				return err
-			}
-		}
-		var created bool
-		var offset int
-		if !rb.exists {
-			// The work list: the claimed forward positions, newest first,
-			// anchored at the claim offset fixed now.
-			total := min(md.Offset, md.Total)
-			batch := md.BatchSize
-			if !st.FanOut {
-				batch = max(total, 1)
-			}
-			gen = max(want, 1)
-			created, offset, err = ms.rbStart(ctx, st.MapID, gen, total, batch, false, windowAtMs(c))
-		} else {
-			prev := gen
-			gen = want
-			created, offset, err = ms.regenerate(ctx, md, st.MapID, st.FanOut, prev, gen, windowAtMs(c))
-		}
+		settled, err := r.stopForward(ctx)
 		if err != nil {
 			return err
 		}
-		if rb, err = ms.readRb(ctx, st.MapID, gen); err != nil {
-			return err
-		}
-		if created {
-			log.Info("map rollback started", "event", "reactor.map.rollback.started", "total", rb.Total, "batch_size", rb.BatchSize, "generation", gen)
-		}
-		if created && st.FanOut && offset > 0 {
-			claimedBatch(ctx, e, md, engine.EventMapRollbackBatchClaimed)
-			if err := dispatchRollback(ctx, e, ms, md, st.MapID, rb, 0, offset-1); err != nil {
-				return err
-			}
-		}
-	} else if st.FanOut && rb.Settled == 0 && rb.Offset > 0 {
-		// Nothing settled yet: the first batch may never have gone out (the
-		// enqueue after the start script failed, or the owner died there).
-		// Enqueue it again: at most one batch, and task ids dedupe the jobs
-		// still queued.
-		if err := dispatchRollback(ctx, e, ms, md, st.MapID, rb, 0, min(rb.Offset, rb.BatchSize)-1); err != nil {
-			return err
+		if !settled {
+			return &engine.RollbackHandedOff{}
 		}
 	}
+	gen, rb, err := r.generation(ctx)
+	if err != nil {
+		return err
+	}
 	if !st.FanOut && !rb.settled() {
-		if err := m.rollbackInline(ctx, c, ms, md, st.MapID, rb); err != nil {
+		if err := m.rollbackInline(ctx, c, ms, r.md, st.MapID, rb); err != nil {
 			return err
 		}
 		if rb, err = ms.readRb(ctx, st.MapID, gen); err != nil {
@@ -481,26 +422,134 @@ func (m *construct) rollback(ctx context.Context, c *engine.ConstructContext) er
 	if !rb.settled() {
 		// Not settled (or a resume came early): hand off, dispatching
 		// nothing more.
-		mapID, owner, reactorName := st.MapID, c.OwnerID, c.OwnerReactor
-		return &engine.RollbackHandedOff{AfterSave: func(ctx context.Context) error {
-			if hook := failpoints.rbBeforeHandOff; hook != nil {
-				if err := hook(mapID, -1); err != nil {
-					return err
-				}
-			}
-			resume, err := ms.rbHandOff(ctx, mapID, gen)
-			if err != nil || !resume {
+		return r.handOff(gen)
+	}
+	return r.finish(ctx, gen, rb)
+}
+
+// mapRollback is one call of a map's rollback: what its phases share.
+type mapRollback struct {
+	m   *construct
+	c   *engine.ConstructContext
+	ms  mapStore
+	st  state
+	md  meta
+	log *slog.Logger
+}
+
+// stopForward stops a fan-out map still running forward (the run was
+// cancelled or undone mid-map): no further claims, and the elements in
+// flight settle first, or one could complete after its rollback position
+// was judged. It reports whether the forward pass has settled; when not,
+// the forward settle resumes the owner as usual.
+func (r *mapRollback) stopForward(ctx context.Context) (bool, error) {
+	if err := r.ms.rdb.SetNX(ctx, r.ms.keys.MapFailed(r.st.MapID), "-1", 0).Err(); err != nil {
+		return false, err
+	}
+	md, err := r.ms.readMeta(ctx, r.st.MapID)
+	if err != nil {
+		return false, err
+	}
+	r.md = md
+	return md.settled(), nil
+}
+
+// generation returns the generation to roll back in, and its meta: the
+// current one, or a new one (started here) over what the previous could
+// not undo when the owner's rollback was re-triggered. A fan-out
+// generation started here has its first batch dispatched; one that never
+// settled anything has its first batch dispatched again.
+func (r *mapRollback) generation(ctx context.Context) (int, rbMeta, error) {
+	ms, st, md := r.ms, r.st, r.md
+	want := r.c.RollbackGeneration()
+	gen := md.rbGen()
+	rb, err := ms.readRb(ctx, st.MapID, gen)
+	if err != nil {
+		return 0, rb, err
+	}
+	if rb.exists && !(gen < want && rb.settled()) {
+		if st.FanOut && rb.Settled == 0 && rb.Offset > 0 {
+			// Nothing settled yet: the first batch may never have gone out
+			// (the enqueue after the start script failed, or the owner died
+			// there). Enqueue it again: at most one batch, and task ids
+			// dedupe the jobs still queued.
+			err = dispatchRollback(ctx, r.c.Engine, ms, md, st.MapID, rb, 0, min(rb.Offset, rb.BatchSize)-1)
+		}
+		return gen, rb, err
+	}
+	if st.FanOut {
+		// Indexed before the rollback exists, like the forward map, so the
+		// map sweeper can find a rollback with outstanding work.
+		if err := ms.index(ctx, st.MapID, r.c.OwnerID); err != nil {
+			return 0, rb, err
+		}
+	}
+	var created bool
+	var offset int
+	if !rb.exists {
+		// The work list: the claimed forward positions, newest first,
+		// anchored at the claim offset fixed now.
+		total := min(md.Offset, md.Total)
+		batch := md.BatchSize
+		if !st.FanOut {
+			batch = max(total, 1)
+		}
+		gen = max(want, 1)
+		created, offset, err = ms.rbStart(ctx, st.MapID, gen, total, batch, false, windowAtMs(r.c))
+	} else {
+		prev := gen
+		gen = want
+		created, offset, err = ms.regenerate(ctx, md, st.MapID, st.FanOut, prev, gen, windowAtMs(r.c))
+	}
+	if err != nil {
+		return 0, rb, err
+	}
+	if rb, err = ms.readRb(ctx, st.MapID, gen); err != nil {
+		return 0, rb, err
+	}
+	if created {
+		r.log.Info("map rollback started", "event", "reactor.map.rollback.started", "total", rb.Total, "batch_size", rb.BatchSize, "generation", gen)
+	}
+	if created && st.FanOut && offset > 0 {
+		claimedBatch(ctx, r.c.Engine, md, engine.EventMapRollbackBatchClaimed)
+		if err := dispatchRollback(ctx, r.c.Engine, ms, md, st.MapID, rb, 0, offset-1); err != nil {
+			return 0, rb, err
+		}
+	}
+	return gen, rb, nil
+}
+
+// handOff hands the owner's rollback to generation gen's jobs. After the
+// owner's state is saved, it raises its half of the two-flag handshake;
+// when the jobs had settled everything first, it resumes the owner itself.
+func (r *mapRollback) handOff(gen int) error {
+	e, ms := r.c.Engine, r.ms
+	mapID, owner, reactorName := r.st.MapID, r.c.OwnerID, r.c.OwnerReactor
+	return &engine.RollbackHandedOff{AfterSave: func(ctx context.Context) error {
+		if hook := failpoints.rbBeforeHandOff; hook != nil {
+			if err := hook(mapID, -1); err != nil {
 				return err
 			}
-			if hook := failpoints.rbOwnerSignal; hook != nil {
-				if err := hook(mapID, -1); err != nil {
-					return err
-				}
+		}
+		resume, err := ms.rbHandOff(ctx, mapID, gen)
+		if err != nil || !resume {
+			return err
+		}
+		if hook := failpoints.rbOwnerSignal; hook != nil {
+			if err := hook(mapID, -1); err != nil {
+				return err
 			}
-			return resumeOwnerRollback(ctx, e, owner, reactorName, mapID, gen)
-		}}
-	}
-	failures, omitted, outOfWindow, err := m.aggregate(ctx, ms, st.MapID, gen)
+		}
+		return resumeOwnerRollback(ctx, e, owner, reactorName, mapID, gen)
+	}}
+}
+
+// finish adopts settled generation gen: the entries it left held, the
+// failures, omissions and closed windows it reports, and the map's removal
+// from the sweeper's index.
+func (r *mapRollback) finish(ctx context.Context, gen int, rb rbMeta) error {
+	ms, st := r.ms, r.st
+	failures, omitted, outOfWindow, err := r.m.aggregate(ctx, ms, st.MapID, gen)
 	if err != nil {
 		return err
 	}
@@ -508,11 +557,11 @@ func (m *construct) rollback(ctx context.Context, c *engine.ConstructContext) er
 	if err != nil {
 		return err
 	}
-	c.Hold(held)
+	r.c.Hold(held)
 	if st.FanOut {
-		ms.unindex(ctx, st.MapID, c.OwnerID)
+		ms.unindex(ctx, st.MapID, r.c.OwnerID)
 	}
-	log.Info("map rollback completed", "event", "reactor.map.rollback.completed", "total", rb.Total, "failed", rb.Failed, "generation", gen)
+	r.log.Info("map rollback completed", "event", "reactor.map.rollback.completed", "total", rb.Total, "failed", rb.Failed, "generation", gen)
 	if len(failures) == 0 && omitted == 0 && len(outOfWindow) == 0 {
 		return nil
 	}
