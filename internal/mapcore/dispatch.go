@@ -129,52 +129,12 @@ func processElement(ctx context.Context, e *engine.Engine, t maptask.ElementTask
 	}
 	var sr settleResult
 	if md.Failed {
-		// The map failed (or was stopped for a rollback): the position
-		// settles without running, so the map can settle and the owner
-		// resume. An earlier delivery may have run part of the element
-		// before it died: "stopped" tells the rollback to look. It settles
-		// only under the element's lock: another delivery may still be
-		// executing the element (asynq re-queued it after a lease lapse,
-		// or the sweeper redelivered it), and settling under it would let
-		// the map settle and the rollback judge the element before that
-		// delivery completes it. A held lock snoozes this task; once the
-		// other delivery settled, this settle is a refused duplicate.
-		// StopElement also creates a missing element run finished, so a
-		// delivery that read the map before it failed and reaches the
-		// element only now (after the rollback found nothing to undo)
-		// cannot start it.
-		sctx := runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: t.Index, Trace: md.Trace, Legacy: md.Layout < 2})
-		err = engine.StopElement(e, sctx, md.Element, ElementID(t.MapID, t.Index), func(ctx context.Context) error {
-			var err error
-			sr, err = ms.settle(ctx, t.MapID, t.Index, outcome{Status: outcomeStopped})
-			return err
-		})
-		if err != nil {
-			return err
-		}
+		sr, err = settleStopped(ctx, e, ms, md, t)
 	} else {
-		def, err := engine.DefinitionFor(e, md.Owner, md.Element, md.ElementDef)
-		if err != nil {
-			return fmt.Errorf("mapstep: element of map %s: %w", t.MapID, err)
-		}
-		item := t.Input
-		if len(item) == 0 {
-			items, err := claimedItems(ctx, e, ms, md, t.MapID, t.Index, t.Index)
-			if err != nil {
-				return err
-			}
-			item = items[0]
-		}
-		o, err := runElement(ctx, e, def, md, t.MapID, t.Index, item)
-		if err != nil {
-			return err
-		}
-		// This settle comes after the element run ended (the run's
-		// terminal write released the element lock): a terminal run is
-		// never executed again, so nothing can complete behind it.
-		if sr, err = ms.settle(ctx, t.MapID, t.Index, o); err != nil {
-			return err
-		}
+		sr, err = runAndSettle(ctx, e, ms, md, t)
+	}
+	if err != nil {
+		return err
 	}
 	return settled(ctx, e, ms, md, t, sr)
 }
@@ -279,4 +239,56 @@ var failpoints struct {
 	rbJobSignal     func(mapID string, pos int) error // a job claimed the owner signal
 	rbBeforeHandOff func(mapID string, pos int) error // owner saved, handed_off not yet set
 	rbOwnerSignal   func(mapID string, pos int) error // the owner claimed the signal itself
+}
+
+// settleStopped settles position t.Index of a map that failed (or was
+// stopped for a rollback) without running it.
+func settleStopped(ctx context.Context, e *engine.Engine, ms mapStore, md meta, t maptask.ElementTask) (settleResult, error) {
+	// The map failed (or was stopped for a rollback): the position
+	// settles without running, so the map can settle and the owner
+	// resume. An earlier delivery may have run part of the element
+	// before it died: "stopped" tells the rollback to look. It settles
+	// only under the element's lock: another delivery may still be
+	// executing the element (asynq re-queued it after a lease lapse,
+	// or the sweeper redelivered it), and settling under it would let
+	// the map settle and the rollback judge the element before that
+	// delivery completes it. A held lock snoozes this task; once the
+	// other delivery settled, this settle is a refused duplicate.
+	// StopElement also creates a missing element run finished, so a
+	// delivery that read the map before it failed and reaches the
+	// element only now (after the rollback found nothing to undo)
+	// cannot start it.
+	sctx := runctx.WithElement(ctx, runctx.Element{Owner: md.Owner, Step: md.Step, Index: t.Index, Trace: md.Trace, Legacy: md.Layout < 2})
+	var sr settleResult
+	err := engine.StopElement(e, sctx, md.Element, ElementID(t.MapID, t.Index), func(ctx context.Context) error {
+		var err error
+		sr, err = ms.settle(ctx, t.MapID, t.Index, outcome{Status: outcomeStopped})
+		return err
+	})
+	return sr, err
+}
+
+// runAndSettle runs element t.Index of a map whose task carries no meta (a
+// task of the previous layout) and settles its outcome.
+func runAndSettle(ctx context.Context, e *engine.Engine, ms mapStore, md meta, t maptask.ElementTask) (settleResult, error) {
+	def, err := engine.DefinitionFor(e, md.Owner, md.Element, md.ElementDef)
+	if err != nil {
+		return settleResult{}, fmt.Errorf("mapstep: element of map %s: %w", t.MapID, err)
+	}
+	item := t.Input
+	if len(item) == 0 {
+		items, err := claimedItems(ctx, e, ms, md, t.MapID, t.Index, t.Index)
+		if err != nil {
+			return settleResult{}, err
+		}
+		item = items[0]
+	}
+	o, err := runElement(ctx, e, def, md, t.MapID, t.Index, item)
+	if err != nil {
+		return settleResult{}, err
+	}
+	// This settle comes after the element run ended (the run's
+	// terminal write released the element lock): a terminal run is
+	// never executed again, so nothing can complete behind it.
+	return ms.settle(ctx, t.MapID, t.Index, o)
 }
