@@ -1,6 +1,6 @@
 #!/bin/sh
-# ab-run.sh BASE [ROUNDS]: the in-process Run benchmark (reactor's
-# BenchmarkRunInProcess: a 3-step reactor from 64 goroutines, NoWait, on a
+# ab-run.sh BASE [ROUNDS]: the in-process Run benchmark (the engine's
+# BenchmarkRunInProcess, in internal/engine since issue 23, in reactor before: a 3-step reactor from 64 goroutines, NoWait, on a
 # redis-server of its own) of this checkout against commit BASE, old and
 # new alternating so that machine noise hits both. Prints one line per
 # round and side: runs/s, CPU per run (this process and Redis), round trips
@@ -12,9 +12,12 @@ root=$(git rev-parse --show-toplevel)
 tmp=$(mktemp -d)
 trap 'git -C "$root" worktree remove --force "$tmp/base" >/dev/null 2>&1 || true; rm -rf "$tmp"' EXIT
 git -C "$root" worktree add --detach "$tmp/base" "$base" >/dev/null 2>&1
-(cd "$tmp/base" && go test -c -o "$tmp/base.test" ./reactor/)
-(cd "$root" && go test -c -o "$tmp/new.test" ./reactor/)
-cd "$root/reactor"
+# The benchmark's package: internal/engine, or reactor in a build from
+# before the engine core moved.
+pkg() { if [ -f "$1/internal/engine/run_bench_test.go" ]; then echo ./internal/engine/; else echo ./reactor/; fi; }
+(cd "$tmp/base" && go test -c -o "$tmp/base.test" "$(pkg "$tmp/base")")
+(cd "$root" && go test -c -o "$tmp/new.test" "$(pkg "$root")")
+cd "$root"
 i=1
 while [ "$i" -le "$rounds" ]; do
 	for side in base new; do
