@@ -250,6 +250,29 @@ func (q countingEnqueuer) EnqueueElement(ctx context.Context, t maptask.ElementT
 	return nil
 }
 
+// EnqueueElements forwards a batch to the client's batch enqueue (several
+// in flight), then counts each task.
+func (q countingEnqueuer) EnqueueElements(ctx context.Context, ts []maptask.ElementTask) error {
+	if err := maptask.EnqueueElements(ctx, maptask.MustAdapt(q.inner), ts); err != nil {
+		return err
+	}
+	for _, t := range ts {
+		q.c.note(ctx, runOf(t.MapID), t.TaskID())
+	}
+	return nil
+}
+
+// EnqueueRollbacks is EnqueueElements for rollback jobs.
+func (q countingEnqueuer) EnqueueRollbacks(ctx context.Context, ts []maptask.RollbackTask) error {
+	if err := maptask.EnqueueRollbacks(ctx, maptask.MustAdapt(q.inner), ts); err != nil {
+		return err
+	}
+	for _, t := range ts {
+		q.c.note(ctx, runOf(t.MapID), t.TaskID())
+	}
+	return nil
+}
+
 func (q countingEnqueuer) EnqueueRollback(ctx context.Context, t maptask.RollbackTask) error {
 	if err := maptask.MustAdapt(q.inner).EnqueueRollback(ctx, t); err != nil {
 		return err

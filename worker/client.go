@@ -191,6 +191,18 @@ func (m mapTasks) EnqueueRollback(ctx context.Context, t maptask.RollbackTask) e
 	return m.c.enqueueRollback(ctx, t)
 }
 
+// EnqueueElements puts a batch of element tasks on the queue, several at
+// once (maptask.All).
+func (m mapTasks) EnqueueElements(ctx context.Context, ts []maptask.ElementTask) error {
+	return maptask.All(ctx, ts, m.c.enqueueElement)
+}
+
+// EnqueueRollbacks puts a batch of rollback jobs on the queue, several at
+// once.
+func (m mapTasks) EnqueueRollbacks(ctx context.Context, ts []maptask.RollbackTask) error {
+	return maptask.All(ctx, ts, m.c.enqueueRollback)
+}
+
 func (c *Client) enqueueElement(ctx context.Context, t maptask.ElementTask) error {
 	body, err := codec.Marshal(payload.ElementPayload{MapID: t.MapID, Index: t.Index, Input: t.Input, Meta: t.Meta, TP: traceparent(ctx)})
 	if err != nil {

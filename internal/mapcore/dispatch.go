@@ -66,15 +66,45 @@ func dispatch(ctx context.Context, e *engine.Engine, md meta, mapID string, from
 	}
 	hook := failpoints.beforeEnqueue
 	carried := md.carried()
+	ts := make([]maptask.ElementTask, 0, len(items))
 	for k, it := range items {
 		if hook != nil {
 			if err := hook(mapID, from+k); err != nil {
-				return err
+				// The positions before the failing one still go out.
+				return errors.Join(inWaves(md.BatchSize, from, len(ts), func(lo, hi int) error {
+					return maptask.EnqueueElements(ctx, q, ts[lo:hi])
+				}), err)
 			}
 		}
-		if err := q.EnqueueElement(ctx, maptask.ElementTask{MapID: mapID, Index: from + k, Input: it, Meta: carried}); err != nil {
-			return err
+		ts = append(ts, maptask.ElementTask{MapID: mapID, Index: from + k, Input: it, Meta: carried})
+	}
+	return inWaves(md.BatchSize, from, len(ts), func(lo, hi int) error {
+		return maptask.EnqueueElements(ctx, q, ts[lo:hi])
+	})
+}
+
+// inWaves sends the tasks of positions [from, from+n) of a batch protocol
+// with batch size b in waves, calling send(lo, hi) for the tasks at offsets
+// [lo, hi) one wave after another; within a wave the enqueues go out
+// together (maptask.All) and may reach the queue in any order. A trigger
+// position (the one whose settle claims the next batch, (p+1+b/2)%b == 0)
+// starts a new wave, so every position before it is queued before it, as
+// when tasks went out one by one: the next batch is not claimed before
+// the positions ahead of its trigger have been taken from the queue, and
+// the queue holds at most B + B/2 waiting tasks.
+func inWaves(b, from, n int, send func(lo, hi int) error) error {
+	ahead := b / 2
+	lo := 0
+	for k := 1; k < n; k++ {
+		if b > 0 && (from+k+1+ahead)%b == 0 {
+			if err := send(lo, k); err != nil {
+				return err
+			}
+			lo = k
 		}
+	}
+	if lo < n {
+		return send(lo, n)
 	}
 	return nil
 }

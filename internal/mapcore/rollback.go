@@ -839,10 +839,14 @@ func dispatchRollback(ctx context.Context, e *engine.Engine, ms mapStore, md met
 			return fmt.Errorf("mapstep: read the forward results of %s: %w", mapID, err)
 		}
 	}
+	ts := make([]maptask.RollbackTask, 0, to-from+1)
 	for p := from; p <= to; p++ {
 		if hook := failpoints.rbBeforeEnqueue; hook != nil {
 			if err := hook(mapID, p); err != nil {
-				return err
+				// The positions before the failing one still go out.
+				return errors.Join(inWaves(rb.BatchSize, from, len(ts), func(lo, hi int) error {
+					return maptask.EnqueueRollbacks(ctx, q, ts[lo:hi])
+				}), err)
 			}
 		}
 		t := maptask.RollbackTask{MapID: mapID, Gen: rb.Gen, Pos: p, Index: idx[p-from]}
@@ -852,11 +856,11 @@ func dispatchRollback(ctx context.Context, e *engine.Engine, ms mapStore, md met
 				t.Fwd = codec.Raw(v)
 			}
 		}
-		if err := q.EnqueueRollback(ctx, t); err != nil {
-			return err
-		}
+		ts = append(ts, t)
 	}
-	return nil
+	return inWaves(rb.BatchSize, from, len(ts), func(lo, hi int) error {
+		return maptask.EnqueueRollbacks(ctx, q, ts[lo:hi])
+	})
 }
 
 func dispatchRollbackTask(ctx context.Context, e *engine.Engine, t maptask.RollbackTask) error {
