@@ -56,7 +56,6 @@ func Facade(dir, importPath, pkg string, renames map[string]string) ([]byte, err
 			return nil, err
 		}
 		files = append(files, parsed{base, f, text})
-		g.srcs = append(g.srcs, text)
 	}
 	// The exported methods of every type, wherever declared: an alias's
 	// manual lists them (go doc shows none for an alias).
@@ -114,11 +113,10 @@ func Facade(dir, importPath, pkg string, renames map[string]string) ([]byte, err
 
 type generator struct {
 	fset    *token.FileSet
-	src     string            // the internal package's name, the qualifier
-	imports map[string]string // import path -> name used
-	fileImp map[string]string // the current file's imports: name -> path
-	renames map[string]string // import path -> the import path to name instead
-	srcs    [][]byte
+	src     string              // the internal package's name, the qualifier
+	imports map[string]string   // import path -> name used
+	fileImp map[string]string   // the current file's imports: name -> path
+	renames map[string]string   // import path -> the import path to name instead
 	cur     []byte              // the current file's source
 	methods map[string][]method // receiver type name -> its exported methods
 	body    bytes.Buffer
