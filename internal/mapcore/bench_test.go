@@ -19,9 +19,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/redistest"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -38,18 +38,18 @@ const benchConcurrency = 20
 
 // benchOwner is a map over its input and nothing else: a zero-latency
 // element, one batch (B = the map's size, so back pressure never waits).
-func benchOwner(h *eoHarness, name string, batch int) *reactor.Definition {
-	elem := reactor.MustDefine(name+"-el",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("id", reactor.StepConfig[eoIn, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+func benchOwner(h *eoHarness, name string, batch int) *engine.Definition {
+	elem := engine.MustDefine(name+"-el",
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("id", engine.StepConfig[eoIn, int]{
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run:  func(_ context.Context, in eoIn) (int, error) { return in.N, nil },
 		}),
-		reactor.Returns(reactor.FromStep("id")))
-	return reactor.MustDefine(name,
-		reactor.Input[[]int]("items", reactor.Required()),
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: true, BatchSize: batch}),
-		reactor.Returns(reactor.FromStep("each")))
+		engine.Returns(engine.FromStep("id")))
+	return engine.MustDefine(name,
+		engine.Input[[]int]("items", engine.Required()),
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.FromInput("items"), FanOut: true, BatchSize: batch}),
+		engine.Returns(engine.FromStep("each")))
 }
 
 // BenchmarkFanOutElement: one fan-out map of b.N elements, timed from the
@@ -71,23 +71,23 @@ func fanOutElement(b *testing.B, tp trace.TracerProvider) {
 	ctx := eoCtx(b, 10*time.Minute)
 	h := newEOHarness(b, eoOptions{concurrency: benchConcurrency, tracer: tp})
 	def := benchOwner(h, "bench-fan", max(b.N, 1))
-	owner := "bench-" + reactor.NewRunID()
+	owner := "bench-" + engine.NewRunID()
 	finished := h.done(owner)
 	in := map[string]any{"items": eoSeq(0, b.N)}
 	b.ResetTimer()
 	start := time.Now()
-	res, err := h.engine.Run(ctx, def, in, reactor.WithRunID(owner))
+	res, err := h.engine.Run(ctx, def, in, engine.WithRunID(owner))
 	if err != nil {
 		b.Fatal(err)
 	}
-	if res.Outcome() == reactor.OutcomeDispatched {
+	if res.Outcome() == engine.OutcomeDispatched {
 		eoAwait(b, ctx, finished, "the owner")
 	}
 	took := time.Since(start)
 	b.StopTimer()
 	res, err = h.engine.Wait(ctx, owner)
 	require.NoError(b, err)
-	require.Equal(b, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+	require.Equal(b, engine.StatusCompleted, res.Status, "%v", res.Failure)
 	b.ReportMetric(float64(b.N)/took.Seconds(), "elements/s")
 }
 
@@ -113,7 +113,7 @@ func BenchmarkBareAsynq(b *testing.B) {
 	b.Cleanup(srv.Shutdown)
 	client := asynq.NewClientFromRedisClient(rdb)
 	b.Cleanup(func() { _ = client.Close() })
-	id := reactor.NewRunID()
+	id := engine.NewRunID()
 	b.ResetTimer()
 	start := time.Now()
 	for i := range b.N {
@@ -153,19 +153,19 @@ func TestRoundTripsPerElement(t *testing.T) {
 		byCmd         map[string]int64
 	}
 	measure := func(n int) tally {
-		owner := fmt.Sprintf("rt-%d-%s", n, reactor.NewRunID())
+		owner := fmt.Sprintf("rt-%d-%s", n, engine.NewRunID())
 		mapID := mapcore.MapID(owner, "each")
 		finished := h.done(owner)
 		engineCount.reset()
 		asynqCount.reset()
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner), engine.NoWait())
 		require.NoError(t, err)
-		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+		require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 		eoAwait(t, ctx, finished, "the owner")
 		h.rec.await(t, ctx, "the resume task", func(r *eoRecorder) bool { return r.ok[resumeTaskID(owner, mapID)] == 1 })
 		res, err = h.engine.Wait(ctx, owner)
 		require.NoError(t, err)
-		require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+		require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
 		return tally{engine: engineCount.total(), asynq: asynqCount.total(), byCmd: engineCount.snapshot()}
 	}
 	a, bb := measure(small), measure(large)
@@ -190,7 +190,7 @@ func TestRoundTripsPerElement(t *testing.T) {
 		})))
 		defer srv.Shutdown()
 		client := asynq.NewClientFromRedisClient(bareRdb)
-		id := reactor.NewRunID()
+		id := engine.NewRunID()
 		bareCount.reset()
 		for i := range n {
 			_, err := client.EnqueueContext(ctx, asynq.NewTask("bench:noop", nil),
@@ -305,44 +305,44 @@ func rollbackRoundTripsPerElement(t *testing.T, tp trace.TracerProvider) {
 	engineRdb := redistest.Client(t)
 	engineRdb.AddHook(count)
 	h := newEOHarness(t, eoOptions{concurrency: benchConcurrency, engineRdb: engineRdb, tracer: tp})
-	elem := reactor.MustDefine("rrt-el",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("id", reactor.StepConfig[eoIn, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+	elem := engine.MustDefine("rrt-el",
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("id", engine.StepConfig[eoIn, int]{
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run:  func(_ context.Context, in eoIn) (int, error) { return in.N, nil },
 			Undo: func(context.Context, eoIn, int) error { return nil },
 		}),
-		reactor.Returns(reactor.FromStep("id")))
-	def := reactor.MustDefine("rrt",
-		reactor.Input[[]int]("items", reactor.Required()),
-		reactor.Input[bool]("fail", reactor.Default(false)),
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: true}),
-		reactor.Step("after", reactor.StepConfig[struct {
+		engine.Returns(engine.FromStep("id")))
+	def := engine.MustDefine("rrt",
+		engine.Input[[]int]("items", engine.Required()),
+		engine.Input[bool]("fail", engine.Default(false)),
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.FromInput("items"), FanOut: true}),
+		engine.Step("after", engine.StepConfig[struct {
 			Fail bool `json:"fail"`
 		}, int]{
-			Args:  reactor.Bindings{"fail": reactor.FromInput("fail")},
+			Args:  engine.Bindings{"fail": engine.FromInput("fail")},
 			After: []string{"each"},
 			Run: func(_ context.Context, in struct {
 				Fail bool `json:"fail"`
 			}) (int, error) {
 				if in.Fail {
-					return 0, reactor.Permanent(errors.New("after the map"))
+					return 0, engine.Permanent(errors.New("after the map"))
 				}
 				return 0, nil
 			},
 		}))
 	measure := func(n int, fail bool) int64 {
-		owner := fmt.Sprintf("rrt-%d-%v-%s", n, fail, reactor.NewRunID())
+		owner := fmt.Sprintf("rrt-%d-%v-%s", n, fail, engine.NewRunID())
 		finished := h.done(owner)
 		count.reset()
-		_, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n), "fail": fail}, reactor.WithRunID(owner))
+		_, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n), "fail": fail}, engine.WithRunID(owner))
 		require.NoError(t, err)
 		eoAwait(t, ctx, finished, "the owner")
 		res, err := h.engine.Wait(ctx, owner)
 		require.NoError(t, err)
-		want := reactor.StatusCompleted
+		want := engine.StatusCompleted
 		if fail {
-			want = reactor.StatusFailed
+			want = engine.StatusFailed
 		}
 		require.Equal(t, want, res.Status, "%v", res.Failure)
 		return count.total()

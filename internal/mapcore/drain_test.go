@@ -18,7 +18,6 @@ import (
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/payload"
 	"github.com/goreactor/goreactor/internal/redistest"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -32,7 +31,7 @@ type drainFixture struct {
 	keys   keys.Keys
 	queue  string
 	client *worker.Client
-	engine *reactor.Engine
+	engine *engine.Engine
 	d      *drainer
 
 	mu     sync.Mutex
@@ -42,18 +41,18 @@ type drainFixture struct {
 	crash func(ctx context.Context, n int) error
 }
 
-func newDrainFixture(t *testing.T, mod ...func(*reactor.Config)) *drainFixture {
+func newDrainFixture(t *testing.T, mod ...func(*engine.Config)) *drainFixture {
 	t.Helper()
 	rdb := redistest.Client(t)
 	prefix := redistest.Prefix(t)
 	queue := redistest.Queue(t)
 	client := worker.NewClient(rdb, queue)
-	cfg := reactor.Config{Client: rdb, Prefix: prefix, Enqueuer: client,
+	cfg := engine.Config{Client: rdb, Prefix: prefix, Enqueuer: client,
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	for _, m := range mod {
 		m(&cfg)
 	}
-	e, err := reactor.NewEngine(context.Background(), cfg)
+	e, err := engine.NewEngine(context.Background(), cfg)
 	require.NoError(t, err)
 	return &drainFixture{t: t, rdb: rdb, keys: keys.New(prefix), queue: queue, client: client, engine: e,
 		d: newDrainer(t, e, rdb, queue), ran: map[int]int{}}
@@ -64,11 +63,11 @@ type drainItem struct {
 }
 
 // element doubles its item; it fails (permanently) for the items in failOn.
-func (f *drainFixture) element(name string, failOn ...int) *reactor.Definition {
-	return reactor.MustDefine(name,
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("double", reactor.StepConfig[drainItem, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+func (f *drainFixture) element(name string, failOn ...int) *engine.Definition {
+	return engine.MustDefine(name,
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("double", engine.StepConfig[drainItem, int]{
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run: func(ctx context.Context, in drainItem) (int, error) {
 				f.mu.Lock()
 				f.ran[in.N]++
@@ -80,7 +79,7 @@ func (f *drainFixture) element(name string, failOn ...int) *reactor.Definition {
 					}
 				}
 				if slices.Contains(failOn, in.N) {
-					return 0, reactor.Permanent(fmt.Errorf("item %d is bad", in.N))
+					return 0, engine.Permanent(fmt.Errorf("item %d is bad", in.N))
 				}
 				return in.N * 2, nil
 			},
@@ -91,17 +90,17 @@ func (f *drainFixture) element(name string, failOn ...int) *reactor.Definition {
 				return nil
 			},
 		}),
-		reactor.Returns(reactor.FromStep("double")),
+		engine.Returns(engine.FromStep("double")),
 	)
 }
 
 // drainSumStep adds the values of the map step "each" (failed elements count 0).
-func drainSumStep() reactor.Part {
+func drainSumStep() engine.Part {
 	type args struct {
 		R mapcore.Result `json:"r"`
 	}
-	return reactor.Step("sum", reactor.StepConfig[args, int]{
-		Args: reactor.Bindings{"r": reactor.FromStep("each")},
+	return engine.Step("sum", engine.StepConfig[args, int]{
+		Args: engine.Bindings{"r": engine.FromStep("each")},
 		Run: func(ctx context.Context, in args) (int, error) {
 			rd, err := mapcore.Read[int](ctx, in.R)
 			if err != nil {
@@ -127,13 +126,13 @@ func drainSumStep() reactor.Part {
 
 // owner maps cfg over the input "items" with a map step "each", then returns
 // the sum of the results.
-func (f *drainFixture) owner(name string, cfg mapcore.Config) *reactor.Definition {
-	cfg.Items = reactor.FromInput("items")
-	return reactor.MustDefine(name,
-		reactor.Input[[]int]("items", reactor.Required()),
+func (f *drainFixture) owner(name string, cfg mapcore.Config) *engine.Definition {
+	cfg.Items = engine.FromInput("items")
+	return engine.MustDefine(name,
+		engine.Input[[]int]("items", engine.Required()),
 		mapcore.Map("each", cfg),
 		drainSumStep(),
-		reactor.Returns(reactor.FromStep("sum")),
+		engine.Returns(engine.FromStep("sum")),
 	)
 }
 
@@ -153,16 +152,16 @@ func drainCtx(t *testing.T) context.Context {
 
 // start runs def in-process: a fan-out map hands off after enqueueing its
 // first batch, which is observed as the first burst.
-func (f *drainFixture) start(def *reactor.Definition, n int, opts ...reactor.RunOption) (runID string, first drainRecord) {
+func (f *drainFixture) start(def *engine.Definition, n int, opts ...engine.RunOption) (runID string, first drainRecord) {
 	f.t.Helper()
-	res, err := f.engine.Run(drainCtx(f.t), def, map[string]any{"items": drainItems(n)}, append(opts, reactor.NoWait())...)
+	res, err := f.engine.Run(drainCtx(f.t), def, map[string]any{"items": drainItems(n)}, append(opts, engine.NoWait())...)
 	require.NoError(f.t, err)
-	require.Equal(f.t, reactor.OutcomeDispatched, res.Outcome(), "%v", res.Failure)
+	require.Equal(f.t, engine.OutcomeDispatched, res.Outcome(), "%v", res.Failure)
 	return res.RunID, f.d.Observe()
 }
 
 // result returns the stored result of run id, which must be terminal.
-func (f *drainFixture) result(id string) *reactor.Result {
+func (f *drainFixture) result(id string) *engine.Result {
 	f.t.Helper()
 	run, err := f.engine.Get(drainCtx(f.t), id)
 	require.NoError(f.t, err)
@@ -170,7 +169,7 @@ func (f *drainFixture) result(id string) *reactor.Result {
 	return run.Result()
 }
 
-func (f *drainFixture) status(id string) reactor.Status {
+func (f *drainFixture) status(id string) engine.Status {
 	f.t.Helper()
 	run, err := f.engine.Get(drainCtx(f.t), id)
 	require.NoError(f.t, err)
@@ -217,8 +216,8 @@ func TestDrainBurstsStayWithinDefaultBatch(t *testing.T) {
 	require.Equal(t, 500, f.d.Appeared(worker.TypeElement), "every element dispatched once")
 	require.Equal(t, 1, f.d.Appeared(worker.TypeRun), "the owner resumed once")
 	res := f.result(id)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-	sum, err := reactor.ValueOf[int](res)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+	sum, err := engine.ValueOf[int](res)
 	require.NoError(t, err)
 	require.Equal(t, 499*500, sum)
 	f.requireRanOnce(500)
@@ -239,8 +238,8 @@ func TestDrainSmallMapGoesOutAtOnce(t *testing.T) {
 	require.Equal(t, []int{20}, f.d.Bursts())
 	require.Equal(t, 1, f.d.Appeared(worker.TypeRun))
 	res := f.result(id)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-	sum, err := reactor.ValueOf[int](res)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+	sum, err := engine.ValueOf[int](res)
 	require.NoError(t, err)
 	require.Equal(t, 19*20, sum)
 	f.requireRanOnce(20)
@@ -258,7 +257,7 @@ func TestDrainExplicitBatchSizeIsHonoured(t *testing.T) {
 	require.Equal(t, []int{99, 299}, drainTriggers(f.d.Log))
 	require.Equal(t, 1, f.d.Appeared(worker.TypeRun))
 	res := f.result(id)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
 	f.requireRanOnce(500)
 	t.Logf("bursts: %v", f.d.Bursts())
 }
@@ -315,7 +314,7 @@ func TestDrainAtomicFailureStopsClaims(t *testing.T) {
 	}
 
 	res := f.result(id)
-	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, engine.StatusFailed, res.Status)
 	require.Equal(t, "each[60]/double", res.Failure.Step)
 	require.Equal(t, "item 60 is bad", res.Failure.Message)
 	f.mu.Lock()
@@ -328,11 +327,11 @@ func TestDrainAtomicFailureStopsClaims(t *testing.T) {
 func TestDrainPartialMap(t *testing.T) {
 	t.Parallel()
 	f := newDrainFixture(t)
-	def := reactor.MustDefine("burst-partial",
-		reactor.Input[[]int]("items", reactor.Required()),
+	def := engine.MustDefine("burst-partial",
+		engine.Input[[]int]("items", engine.Required()),
 		mapcore.Map("each", mapcore.Config{Element: f.element("burst-partial-el", 3, 77, 110),
-			Items: reactor.FromInput("items"), FanOut: true, Partial: true}),
-		reactor.Returns(reactor.FromStep("each")))
+			Items: engine.FromInput("items"), FanOut: true, Partial: true}),
+		engine.Returns(engine.FromStep("each")))
 	id, first := f.start(def, 120)
 	require.Equal(t, 50, first.Burst())
 
@@ -340,8 +339,8 @@ func TestDrainPartialMap(t *testing.T) {
 	require.Equal(t, []int{50, 50, 20}, f.d.Bursts(), "a failure claims on in partial mode")
 	require.Equal(t, 1, f.d.Appeared(worker.TypeRun))
 	res := f.result(id)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-	r, err := reactor.ValueOf[mapcore.Result](res)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+	r, err := engine.ValueOf[mapcore.Result](res)
 	require.NoError(t, err)
 	require.Equal(t, 120, r.Total)
 	require.Equal(t, 3, r.Failed)
@@ -407,7 +406,7 @@ func TestDrainDuplicateElementDeliveryChangesNothing(t *testing.T) {
 		}
 	}
 	require.NotNil(t, last)
-	require.Equal(t, reactor.StatusCompleted, f.status(id))
+	require.Equal(t, engine.StatusCompleted, f.status(id))
 	sig := f.d.Again(last.Info)
 	require.NoError(t, sig.Err)
 	require.Empty(t, sig.IDs(), "a redelivered signalling element resumes no one")
@@ -415,8 +414,8 @@ func TestDrainDuplicateElementDeliveryChangesNothing(t *testing.T) {
 	require.Equal(t, []int{50, 10}, f.d.Bursts())
 	require.Equal(t, 1, f.d.Appeared(worker.TypeRun))
 	res := f.result(id)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-	sum, err := reactor.ValueOf[int](res)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+	sum, err := engine.ValueOf[int](res)
 	require.NoError(t, err)
 	require.Equal(t, 59*60, sum)
 	f.requireRanOnce(60)
@@ -450,8 +449,8 @@ func TestDrainDuplicateTriggerClaimsOnce(t *testing.T) {
 	require.Equal(t, 120, f.d.Appeared(worker.TypeElement))
 	require.Equal(t, 1, f.d.Appeared(worker.TypeRun))
 	res := f.result(id)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-	sum, err := reactor.ValueOf[int](res)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+	sum, err := engine.ValueOf[int](res)
 	require.NoError(t, err)
 	require.Equal(t, 119*120, sum)
 	f.requireRanOnce(120)
@@ -469,24 +468,24 @@ func TestDrainEarlyOwnerResumeDispatchesNothing(t *testing.T) {
 	// In-process, as a sweeper's mistaken resume would run it.
 	res, err := engine.Process(f.engine, ctx, id)
 	require.NoError(t, err)
-	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 	require.Empty(t, f.d.Observe().IDs(), "an unsettled map dispatches nothing")
-	require.Equal(t, reactor.StatusRunning, f.status(id))
+	require.Equal(t, engine.StatusRunning, f.status(id))
 
 	// As a task, under the very id of the forward resume.
-	wake := reactor.Wake{ID: "resume:" + id + ":fwd:" + mapID, RunID: id, Reactor: def.Name()}
+	wake := engine.Wake{ID: "resume:" + id + ":fwd:" + mapID, RunID: id, Reactor: def.Name()}
 	require.NoError(t, f.client.Enqueue(ctx, wake))
 	require.Equal(t, 1, f.d.Observe().Resumes())
 	early := f.d.Run(f.d.Pending(wake.ID))
 	require.NoError(t, early.Err)
 	require.Empty(t, early.IDs(), "an early resume dispatches nothing")
-	require.Equal(t, reactor.StatusRunning, f.status(id))
+	require.Equal(t, engine.StatusRunning, f.status(id))
 
 	// On a batch boundary too: position 49 settled and claimed [50, 100).
 	require.NotNil(t, f.d.DrainUntil(drainIsElement(50)))
 	res, err = engine.Process(f.engine, ctx, id)
 	require.NoError(t, err)
-	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 	require.Empty(t, f.d.Observe().IDs())
 
 	var resume *drainRecord
@@ -500,7 +499,7 @@ func TestDrainEarlyOwnerResumeDispatchesNothing(t *testing.T) {
 	require.Equal(t, 120, f.d.Appeared(worker.TypeElement), "nothing dispatched twice")
 	require.Equal(t, 2, f.d.Appeared(worker.TypeRun), "the test's early resume and the map's own")
 	res = f.result(id)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
 	f.requireRanOnce(120)
 
 	// A duplicate of the resume after the end changes nothing.
@@ -514,10 +513,10 @@ func TestDrainFanOutMapInComposedChildResumesRoot(t *testing.T) {
 	t.Parallel()
 	f := newDrainFixture(t)
 	child := f.owner("composed-child", mapcore.Config{Element: f.element("composed-child-el"), FanOut: true})
-	root := reactor.MustDefine("composed-root",
-		reactor.Input[[]int]("items", reactor.Required()),
-		reactor.Compose("child", child, reactor.ComposeConfig{Args: reactor.Bindings{"items": reactor.FromInput("items")}}),
-		reactor.Returns(reactor.FromStep("child")))
+	root := engine.MustDefine("composed-root",
+		engine.Input[[]int]("items", engine.Required()),
+		engine.Compose("child", child, engine.ComposeConfig{Args: engine.Bindings{"items": engine.FromInput("items")}}),
+		engine.Returns(engine.FromStep("child")))
 	id, first := f.start(root, 70)
 	require.Equal(t, 50, first.Burst())
 	mapID := mapcore.MapID(id, "child/each")
@@ -540,8 +539,8 @@ func TestDrainFanOutMapInComposedChildResumesRoot(t *testing.T) {
 	require.Equal(t, 1, f.d.Appeared(worker.TypeRun))
 
 	res := f.result(id)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-	sum, err := reactor.ValueOf[int](res)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+	sum, err := engine.ValueOf[int](res)
 	require.NoError(t, err)
 	require.Equal(t, 69*70, sum)
 	f.requireRanOnce(70)
@@ -551,9 +550,9 @@ func TestDrainInlineMapCrashResumesMidMap(t *testing.T) {
 	t.Parallel()
 	// A heartbeat every 333ms notices the takeover; one up to 667ms late (a
 	// process starved by a parallel run) keeps the lock till then.
-	f := newDrainFixture(t, func(c *reactor.Config) { c.LockExpiry = time.Second })
+	f := newDrainFixture(t, func(c *engine.Config) { c.LockExpiry = time.Second })
 	ctx := drainCtx(t)
-	id := reactor.NewRunID()
+	id := engine.NewRunID()
 	lockKey := f.keys.RunLock(id)
 	crashed := false
 	f.crash = func(ctx context.Context, n int) error {
@@ -574,8 +573,8 @@ func TestDrainInlineMapCrashResumesMidMap(t *testing.T) {
 	}
 	def := f.owner("inline-crash", mapcore.Config{Element: f.element("inline-crash-el")})
 
-	_, err := f.engine.Run(ctx, def, map[string]any{"items": drainItems(10)}, reactor.WithRunID(id))
-	require.ErrorIs(t, err, reactor.ErrLockLost)
+	_, err := f.engine.Run(ctx, def, map[string]any{"items": drainItems(10)}, engine.WithRunID(id))
+	require.ErrorIs(t, err, engine.ErrLockLost)
 	f.mu.Lock()
 	require.Equal(t, map[int]int{0: 1, 1: 1, 2: 1, 3: 1, 4: 1, 5: 1}, f.ran)
 	f.mu.Unlock()
@@ -590,8 +589,8 @@ func TestDrainInlineMapCrashResumesMidMap(t *testing.T) {
 	require.NoError(t, f.rdb.Set(ctx, elemLock, "crashed-process", 300*time.Millisecond).Err())
 	res, err := f.engine.Resume(ctx, id)
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-	sum, err := reactor.ValueOf[int](res)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+	sum, err := engine.ValueOf[int](res)
 	require.NoError(t, err)
 	require.Equal(t, 90, sum)
 	f.mu.Lock()

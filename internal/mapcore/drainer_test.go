@@ -14,8 +14,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/payload"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -130,9 +130,9 @@ func (r drainRecord) String() string {
 
 // newDrainer returns a drainer of queue whose tasks are executed by a worker
 // of engine (created, never started: only its handler is used).
-func newDrainer(t testing.TB, engine *reactor.Engine, rdb redis.UniversalClient, queue string) *drainer {
+func newDrainer(t testing.TB, eng *engine.Engine, rdb redis.UniversalClient, queue string) *drainer {
 	t.Helper()
-	w := worker.New(engine, rdb, worker.Config{
+	w := worker.New(eng, rdb, worker.Config{
 		Queues: map[string]int{queue: 1},
 		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})

@@ -23,7 +23,6 @@ import (
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/redistest"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -89,7 +88,7 @@ func eoOwnerID(t testing.TB, h *eoHooks) (string, *eoHooks) {
 	if h == nil {
 		h = &eoHooks{}
 	}
-	id := "eo-" + reactor.NewRunID()
+	id := "eo-" + engine.NewRunID()
 	eoRoutes.Store(id, h)
 	t.Cleanup(func() { eoRoutes.Delete(id) })
 	return id, h
@@ -111,7 +110,7 @@ type eoOptions struct {
 
 type eoHarness struct {
 	t      testing.TB
-	engine *reactor.Engine
+	engine *engine.Engine
 	rdb    redis.UniversalClient // the engine's
 	client *worker.Client
 	queue  string
@@ -178,13 +177,13 @@ func newEOHarness(t testing.TB, o eoOptions) *eoHarness {
 	h := &eoHarness{t: t, rdb: o.engineRdb, queue: queue, keys: keys.New(prefix), rec: newEORecorder(),
 		ran: map[int]int{}, resumed: map[string]int{}, finished: map[string]chan struct{}{}}
 	h.client = worker.NewClient(o.asynqRdb, queue)
-	hook := reactor.HookFunc(func(_ context.Context, ev reactor.Event) {
+	hook := engine.HookFunc(func(_ context.Context, ev engine.Event) {
 		switch ev.Kind {
-		case reactor.EventRunResumed:
+		case engine.EventRunResumed:
 			h.mu.Lock()
 			h.resumed[ev.RunID]++
 			h.mu.Unlock()
-		case reactor.EventRunCompleted, reactor.EventRunFailed, reactor.EventRunHalted, reactor.EventRunCancelled:
+		case engine.EventRunCompleted, engine.EventRunFailed, engine.EventRunHalted, engine.EventRunCancelled:
 			h.mu.Lock()
 			if ch, ok := h.finished[ev.RunID]; ok {
 				close(ch)
@@ -193,8 +192,8 @@ func newEOHarness(t testing.TB, o eoOptions) *eoHarness {
 			h.mu.Unlock()
 		}
 	})
-	e, err := reactor.NewEngine(context.Background(), reactor.Config{Client: o.engineRdb, Prefix: prefix,
-		Enqueuer: h.client, Logger: eoLogger(), Hooks: []reactor.Hook{hook}, TracerProvider: o.tracer})
+	e, err := engine.NewEngine(context.Background(), engine.Config{Client: o.engineRdb, Prefix: prefix,
+		Enqueuer: h.client, Logger: eoLogger(), Hooks: []engine.Hook{hook}, TracerProvider: o.tracer})
 	require.NoError(t, err)
 	h.engine = e
 	h.insp = asynq.NewInspectorFromRedisClient(o.asynqRdb)
@@ -249,11 +248,11 @@ type eoIn struct {
 
 // element returns an element reactor that doubles its item and counts its
 // runs.
-func (h *eoHarness) element(name string) *reactor.Definition {
-	return reactor.MustDefine(name,
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("double", reactor.StepConfig[eoIn, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+func (h *eoHarness) element(name string) *engine.Definition {
+	return engine.MustDefine(name,
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("double", engine.StepConfig[eoIn, int]{
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run: func(ctx context.Context, in eoIn) (int, error) {
 				h.mu.Lock()
 				h.ran[in.N]++
@@ -268,20 +267,20 @@ func (h *eoHarness) element(name string) *reactor.Definition {
 			},
 			Undo: func(context.Context, eoIn, int) error { return nil },
 		}),
-		reactor.Returns(reactor.FromStep("double")),
+		engine.Returns(engine.FromStep("double")),
 	)
 }
 
 // owner returns an owner reactor: a fan-out map over items, then a step that
 // sums the elements' values through the lazy reader.
-func (h *eoHarness) owner(name string, items reactor.Ref, batch int) *reactor.Definition {
-	return reactor.MustDefine(name,
-		reactor.Input[[]int]("items"),
+func (h *eoHarness) owner(name string, items engine.Ref, batch int) *engine.Definition {
+	return engine.MustDefine(name,
+		engine.Input[[]int]("items"),
 		mapcore.Map("each", mapcore.Config{Element: h.element(name + "-el"), Items: items, FanOut: true, BatchSize: batch}),
-		reactor.Step("sum", reactor.StepConfig[struct {
+		engine.Step("sum", engine.StepConfig[struct {
 			R mapcore.Result `json:"r"`
 		}, int]{
-			Args: reactor.Bindings{"r": reactor.FromStep("each")},
+			Args: engine.Bindings{"r": engine.FromStep("each")},
 			Run: func(ctx context.Context, in struct {
 				R mapcore.Result `json:"r"`
 			}) (int, error) {
@@ -305,11 +304,11 @@ func (h *eoHarness) owner(name string, items reactor.Ref, batch int) *reactor.De
 				}
 			},
 		}),
-		reactor.Returns(reactor.FromStep("sum")),
+		engine.Returns(engine.FromStep("sum")),
 	)
 }
 
-func (h *eoHarness) requireStatus(ctx context.Context, id string, want reactor.Status) {
+func (h *eoHarness) requireStatus(ctx context.Context, id string, want engine.Status) {
 	h.t.Helper()
 	run, err := h.engine.Get(ctx, id)
 	require.NoError(h.t, err)
@@ -465,10 +464,10 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 			}
 			owner, hooks := eoOwnerID(t, hooks)
 			mapID := mapcore.MapID(owner, "each")
-			def := h.owner("eo-crash-"+window, reactor.FromInput("items"), 50)
-			res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
+			def := h.owner("eo-crash-"+window, engine.FromInput("items"), 50)
+			res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner), engine.NoWait())
 			require.NoError(t, err)
-			require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+			require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 
 			// The crashed delivery, then asynq's redelivery, both finished.
 			h.rec.await(t, ctx, "the redelivery of the settle that claimed the signal", func(r *eoRecorder) bool {
@@ -508,7 +507,7 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 			require.True(t, errors.Is(err, asynq.ErrTaskNotFound) || errors.Is(err, asynq.ErrQueueNotFound), "resume task: %v", err)
 			require.Zero(t, h.rec.okWithPrefix("resume:"), "no owner resume task ran")
 			require.Zero(t, h.resumes(owner))
-			h.requireStatus(ctx, owner, reactor.StatusRunning)
+			h.requireStatus(ctx, owner, engine.StatusRunning)
 			locked, err := engine.Locked(h.engine, ctx, owner)
 			require.NoError(t, err)
 			require.False(t, locked)
@@ -520,12 +519,12 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 			// What the map sweeper is to do: enqueue the resume of the
 			// claimed signal. The owner adopts the settled map once.
 			finished := h.done(owner)
-			require.NoError(t, h.client.Enqueue(ctx, reactor.Wake{ID: resumeTaskID(owner, mapID), RunID: owner, Reactor: def.Name()}))
+			require.NoError(t, h.client.Enqueue(ctx, engine.Wake{ID: resumeTaskID(owner, mapID), RunID: owner, Reactor: def.Name()}))
 			eoAwait(t, ctx, finished, "the owner to finish")
 			res, err = h.engine.Wait(ctx, owner)
 			require.NoError(t, err)
-			require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-			sum, err := reactor.ValueOf[int](res)
+			require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+			sum, err := engine.ValueOf[int](res)
 			require.NoError(t, err)
 			require.Equal(t, n*(n-1), sum)
 			require.Equal(t, 1, h.resumes(owner))
@@ -579,11 +578,11 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 			},
 		})
 		mapID := mapcore.MapID(owner, "each")
-		def := h.owner("eo-last-two", reactor.FromInput("items"), 50)
+		def := h.owner("eo-last-two", engine.FromInput("items"), 50)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner), engine.NoWait())
 		require.NoError(t, err)
-		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+		require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 		eoAwait(t, ctx, finished, "the owner to finish")
 		// The terminal event fires inside the resume task; the recorder
 		// counts the task when its handler returns.
@@ -599,7 +598,7 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 		mu.Unlock()
 		res, err = h.engine.Wait(ctx, owner)
 		require.NoError(t, err)
-		require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+		require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
 		require.Equal(t, 1, h.resumes(owner), "the owner was resumed once")
 		require.Equal(t, 1, h.rec.okWithPrefix(resumeTaskID(owner, mapID)))
 		for i := range n {
@@ -616,16 +615,16 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 		const n = 300
 		owner, hooks := eoOwnerID(t, nil)
 		mapID := mapcore.MapID(owner, "each")
-		def := h.owner("eo-300", reactor.FromInput("items"), 50)
+		def := h.owner("eo-300", engine.FromInput("items"), 50)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner), engine.NoWait())
 		require.NoError(t, err)
-		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+		require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 		eoAwait(t, ctx, finished, "the owner to finish")
 		res, err = h.engine.Wait(ctx, owner)
 		require.NoError(t, err)
-		require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-		sum, err := reactor.ValueOf[int](res)
+		require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+		sum, err := engine.ValueOf[int](res)
 		require.NoError(t, err)
 		require.Equal(t, n*(n-1), sum)
 		h.rec.await(t, ctx, "every element task and the resume", func(r *eoRecorder) bool {
@@ -647,7 +646,7 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 		ctx := eoCtx(t, 60*time.Second)
 		h := newEOHarness(t, eoOptions{concurrency: 20})
 		const maps, n = 30, 10
-		def := h.owner("eo-small", reactor.FromInput("items"), 4) // several batches each
+		def := h.owner("eo-small", engine.FromInput("items"), 4) // several batches each
 		owners := make([]string, maps)
 		hooks := make([]*eoHooks, maps)
 		done := make([]<-chan struct{}, maps)
@@ -659,7 +658,7 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 		errs := make([]error, maps)
 		for m := range maps {
 			wg.Go(func() {
-				_, errs[m] = h.engine.Enqueue(ctx, def, map[string]any{"items": eoSeq(m*100, n)}, reactor.WithRunID(owners[m]))
+				_, errs[m] = h.engine.Enqueue(ctx, def, map[string]any{"items": eoSeq(m*100, n)}, engine.WithRunID(owners[m]))
 			})
 		}
 		wg.Wait()
@@ -680,8 +679,8 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 		for m, o := range owners {
 			res, err := h.engine.Wait(ctx, o)
 			require.NoError(t, err)
-			require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-			sum, err := reactor.ValueOf[int](res)
+			require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+			sum, err := engine.ValueOf[int](res)
 			require.NoError(t, err)
 			require.Equal(t, 2*(n*m*100+n*(n-1)/2), sum, "owner %d", m)
 			require.Equal(t, int32(1), hooks[m].signals.Load(), "owner %d: one signal", m)
@@ -708,21 +707,21 @@ func TestExactlyOnceOwnerResume(t *testing.T) {
 		// its failure claims nothing, so the map never claims past 2.
 		h.setOnElement(func(_ context.Context, item int) error {
 			if item == 0 {
-				return reactor.Permanent(errors.New("item 0 is bad"))
+				return engine.Permanent(errors.New("item 0 is bad"))
 			}
 			return nil
 		})
 		owner, hooks := eoOwnerID(t, nil)
 		mapID := mapcore.MapID(owner, "each")
-		def := h.owner("eo-stray", reactor.FromInput("items"), 2)
+		def := h.owner("eo-stray", engine.FromInput("items"), 2)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, 6)}, reactor.WithRunID(owner), reactor.NoWait())
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, 6)}, engine.WithRunID(owner), engine.NoWait())
 		require.NoError(t, err)
-		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+		require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 		eoAwait(t, ctx, finished, "the owner to finish")
 		res, err = h.engine.Wait(ctx, owner)
 		require.NoError(t, err)
-		require.Equal(t, reactor.StatusFailed, res.Status)
+		require.Equal(t, engine.StatusFailed, res.Status)
 		require.Equal(t, "each[0]/double", res.Failure.Step)
 		h.rec.await(t, ctx, "the forward resume task", func(r *eoRecorder) bool { return r.ok[resumeTaskID(owner, mapID)] == 1 })
 		require.Equal(t, int32(1), hooks.signals.Load())

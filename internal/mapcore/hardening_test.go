@@ -19,7 +19,6 @@ import (
 	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/maptask"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -99,7 +98,7 @@ func TestHardeningStoppedSettleWaitsForLiveDelivery(t *testing.T) {
 	require.NoError(t, <-firstDone)
 	f.d.Drain()
 	res := f.result(runID)
-	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, engine.StatusFailed, res.Status)
 	require.Equal(t, "each[1]/double", res.Failure.Step)
 	require.Empty(t, res.Failure.RollbackFailures, "element 0 was undone, not reported in flight")
 	f.mu.Lock()
@@ -131,7 +130,7 @@ func TestHardeningElementTaskOutsideMap(t *testing.T) {
 		require.ErrorIs(t, err, maptask.ErrBadTask, "element %d", i)
 		if i >= 0 {
 			_, err = engine.Element(f.engine, ctx, mapcore.ElementID(mapID, i))
-			require.ErrorIs(t, err, reactor.ErrNotFound, "element %d must have no run", i)
+			require.ErrorIs(t, err, engine.ErrNotFound, "element %d must have no run", i)
 		}
 	}
 	f.mu.Lock()
@@ -147,19 +146,19 @@ func TestHardeningElementTaskOutsideMap(t *testing.T) {
 
 	f.d.Drain()
 	res := f.result(runID)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
 	f.requireRanOnce(10)
 }
 
 // hxBoomOwner maps cfg over the input "items", then fails at "boom".
-func hxBoomOwner(name string, cfg mapcore.Config) *reactor.Definition {
-	cfg.Items = reactor.FromInput("items")
-	return reactor.MustDefine(name,
-		reactor.Input[[]int]("items", reactor.Required()),
+func hxBoomOwner(name string, cfg mapcore.Config) *engine.Definition {
+	cfg.Items = engine.FromInput("items")
+	return engine.MustDefine(name,
+		engine.Input[[]int]("items", engine.Required()),
 		mapcore.Map("each", cfg),
-		reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{
+		engine.Step("boom", engine.StepConfig[engine.Args, int]{
 			After: []string{"each"},
-			Run:   func(context.Context, reactor.Args) (int, error) { return 0, errBoom },
+			Run:   func(context.Context, engine.Args) (int, error) { return 0, errBoom },
 		}),
 	)
 }
@@ -194,7 +193,7 @@ func TestHardeningRollbackTaskOutsideRollback(t *testing.T) {
 
 	f.d.Drain()
 	res := f.result(runID)
-	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, engine.StatusFailed, res.Status)
 	require.Equal(t, "boom", res.Failure.Step)
 	require.Empty(t, res.Failure.RollbackFailures)
 	f.mu.Lock()
@@ -206,30 +205,30 @@ func TestHardeningRollbackTaskOutsideRollback(t *testing.T) {
 // hxReserveElement is an element reactor: "reserve" (whose undo fails for
 // item bad), then "charge" (which fails for item bad). Element bad thus
 // fails and rolls itself back, and its own rollback fails at reserve.
-func hxReserveElement(name string, bad int) *reactor.Definition {
-	return reactor.MustDefine(name,
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("reserve", reactor.StepConfig[eoIn, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+func hxReserveElement(name string, bad int) *engine.Definition {
+	return engine.MustDefine(name,
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("reserve", engine.StepConfig[eoIn, int]{
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run:  func(_ context.Context, in eoIn) (int, error) { return in.N, nil },
 			Undo: func(_ context.Context, in eoIn, _ int) error {
 				if in.N == bad {
-					return reactor.Permanent(fmt.Errorf("cannot release the reservation of item %d", in.N))
+					return engine.Permanent(fmt.Errorf("cannot release the reservation of item %d", in.N))
 				}
 				return nil
 			},
 		}),
-		reactor.Step("charge", reactor.StepConfig[eoIn, int]{
-			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
+		engine.Step("charge", engine.StepConfig[eoIn, int]{
+			Args:  engine.Bindings{"n": engine.FromInput("item")},
 			After: []string{"reserve"},
 			Run: func(_ context.Context, in eoIn) (int, error) {
 				if in.N == bad {
-					return 0, reactor.Permanent(fmt.Errorf("item %d declined", in.N))
+					return 0, engine.Permanent(fmt.Errorf("item %d declined", in.N))
 				}
 				return in.N, nil
 			},
 		}),
-		reactor.Returns(reactor.FromStep("charge")),
+		engine.Returns(engine.FromStep("charge")),
 	)
 }
 
@@ -239,27 +238,27 @@ func hxReserveElement(name string, bad int) *reactor.Definition {
 func TestHardeningFailingElementRollbackFailuresKeepTheirPath(t *testing.T) {
 	t.Parallel()
 	const n, bad = 6, 3
-	run := func(t *testing.T, fanOut bool) *reactor.Failure {
+	run := func(t *testing.T, fanOut bool) *engine.Failure {
 		f := newDrainFixture(t)
 		name := fmt.Sprintf("hx-path-%t", fanOut)
 		def := f.owner(name, mapcore.Config{Element: hxReserveElement(name+"-el", bad), FanOut: fanOut})
-		res, err := f.engine.Run(drainCtx(t), def, map[string]any{"items": drainItems(n)}, reactor.NoWait())
+		res, err := f.engine.Run(drainCtx(t), def, map[string]any{"items": drainItems(n)}, engine.NoWait())
 		require.NoError(t, err)
 		if fanOut {
-			require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+			require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 			f.d.Drain()
 			res = f.result(res.RunID)
 		}
-		require.Equal(t, reactor.StatusFailed, res.Status)
+		require.Equal(t, engine.StatusFailed, res.Status)
 		return res.Failure
 	}
 	inline, fanOut := run(t, false), run(t, true)
-	for _, f := range []*reactor.Failure{inline, fanOut} {
+	for _, f := range []*engine.Failure{inline, fanOut} {
 		require.Equal(t, fmt.Sprintf("each[%d]/charge", bad), f.Step)
 		require.Len(t, f.RollbackFailures, 1, "%+v", f.RollbackFailures)
 		rf := f.RollbackFailures[0]
 		require.Equal(t, fmt.Sprintf("each[%d]/reserve", bad), rf.Step)
-		require.Equal(t, reactor.ActionUndo, rf.Kind)
+		require.Equal(t, engine.ActionUndo, rf.Kind)
 		require.Contains(t, rf.Message, "cannot release the reservation of item 3")
 	}
 	hxSameFailure(t, inline, fanOut)
@@ -267,7 +266,7 @@ func TestHardeningFailingElementRollbackFailuresKeepTheirPath(t *testing.T) {
 
 // hxSameFailure checks that the inline and the fan-out map ended with the
 // same Failure: step, error, and rollback failures (messages included).
-func hxSameFailure(t *testing.T, inline, fanOut *reactor.Failure) {
+func hxSameFailure(t *testing.T, inline, fanOut *engine.Failure) {
 	t.Helper()
 	require.NotNil(t, inline)
 	require.NotNil(t, fanOut)
@@ -333,16 +332,16 @@ func (w *hxWith) WithGroup(string) slog.Handler { return w }
 func TestHardeningPerElementRollbackLogsAtDebug(t *testing.T) {
 	t.Parallel()
 	logs := &hxRecords{}
-	f := newDrainFixture(t, func(c *reactor.Config) { c.Logger = slog.New(logs) })
+	f := newDrainFixture(t, func(c *engine.Config) { c.Logger = slog.New(logs) })
 	const n, bad = 4, 1
-	elem := reactor.MustDefine("hx-log-el",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("reserve", reactor.StepConfig[eoIn, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+	elem := engine.MustDefine("hx-log-el",
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("reserve", engine.StepConfig[eoIn, int]{
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run:  func(_ context.Context, in eoIn) (int, error) { return in.N, nil },
 			Undo: func(_ context.Context, in eoIn, _ int) error {
 				if in.N == bad {
-					return reactor.Permanent(errors.New("cannot release"))
+					return engine.Permanent(errors.New("cannot release"))
 				}
 				return nil
 			},
@@ -352,7 +351,7 @@ func TestHardeningPerElementRollbackLogsAtDebug(t *testing.T) {
 	mapID := mapcore.MapID(runID, "each")
 	f.d.Drain()
 	res := f.result(runID)
-	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, engine.StatusFailed, res.Status)
 	require.Len(t, res.Failure.RollbackFailures, 1)
 
 	logs.mu.Lock()
@@ -393,7 +392,7 @@ func TestHardeningDeadElementLockSameWaitBothModes(t *testing.T) {
 	// live when the rollback first finds it (a worker's lock lives at most
 	// one expiry past its last heartbeat). UndoLockWait is far shorter.
 	opts := rbfOptions{undoLockWait: 300 * time.Millisecond, lockExpiry: 2 * time.Second}
-	run := func(t *testing.T, fanOut bool, ttl time.Duration) (*reactor.Result, *rbfHarness, *rbfCounts, string) {
+	run := func(t *testing.T, fanOut bool, ttl time.Duration) (*engine.Result, *rbfHarness, *rbfCounts, string) {
 		ctx := eoCtx(t, 60*time.Second)
 		o := opts
 		o.noServer = !fanOut
@@ -412,7 +411,7 @@ func TestHardeningDeadElementLockSameWaitBothModes(t *testing.T) {
 		if fanOut {
 			return h.runFanOut(ctx, def, owner, eoSeq(0, n)), h, c, mapID
 		}
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner))
 		require.NoError(t, err)
 		return res, h, c, mapID
 	}
@@ -420,7 +419,7 @@ func TestHardeningDeadElementLockSameWaitBothModes(t *testing.T) {
 	t.Run("UndoneOnceTheLockExpires", func(t *testing.T) {
 		t.Parallel()
 		var mu sync.Mutex
-		failures := map[bool]*reactor.Failure{}
+		failures := map[bool]*engine.Failure{}
 		t.Run("modes", func(t *testing.T) {
 			for _, fanOut := range []bool{false, true} {
 				t.Run(fmt.Sprintf("fanOut=%t", fanOut), func(t *testing.T) {
@@ -445,7 +444,7 @@ func TestHardeningDeadElementLockSameWaitBothModes(t *testing.T) {
 		// rollback warns once and goes on waiting; the element is undone
 		// when the holder lets go, and the Failure is the same as ever.
 		var mu sync.Mutex
-		failures := map[bool]*reactor.Failure{}
+		failures := map[bool]*engine.Failure{}
 		t.Run("modes", func(t *testing.T) {
 			for _, fanOut := range []bool{false, true} {
 				t.Run(fmt.Sprintf("fanOut=%t", fanOut), func(t *testing.T) {
@@ -466,13 +465,13 @@ func TestHardeningDeadElementLockSameWaitBothModes(t *testing.T) {
 					def := rbfOwner(name, c.element(name+"-el"), fanOut, 50, func(ctx context.Context) error {
 						return h.rdb.Set(ctx, lockKey, "live-holder-token", time.Minute).Err()
 					})
-					done := make(chan *reactor.Result, 1)
+					done := make(chan *engine.Result, 1)
 					go func() {
 						if fanOut {
 							done <- h.runFanOut(ctx, def, owner, eoSeq(0, n))
 							return
 						}
-						res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
+						res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner))
 						assert.NoError(t, err)
 						done <- res
 					}()
@@ -524,9 +523,9 @@ type hxGatedSource struct {
 	release chan struct{}
 }
 
-func (s *hxGatedSource) Len(context.Context, reactor.Args) (int, error) { return s.n, nil }
+func (s *hxGatedSource) Len(context.Context, engine.Args) (int, error) { return s.n, nil }
 
-func (s *hxGatedSource) Page(ctx context.Context, _ reactor.Args, offset, limit int) ([]any, error) {
+func (s *hxGatedSource) Page(ctx context.Context, _ engine.Args, offset, limit int) ([]any, error) {
 	s.mu.Lock()
 	gated := s.gated && limit == 1
 	s.gated = s.gated && !gated // once
@@ -558,12 +557,12 @@ func TestHardeningStoppedElementCannotStartLater(t *testing.T) {
 	ctx := drainCtx(t)
 	f := newDrainFixture(t)
 	src := &hxGatedSource{n: 2, entered: make(chan struct{}), release: make(chan struct{})}
-	def := reactor.MustDefine("hx-late",
+	def := engine.MustDefine("hx-late",
 		mapcore.Map("each", mapcore.Config{Element: f.element("hx-late-el", 1), Pages: src, FanOut: true}),
 	)
-	res, err := f.engine.Run(ctx, def, nil, reactor.NoWait())
+	res, err := f.engine.Run(ctx, def, nil, engine.NoWait())
 	require.NoError(t, err)
-	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 	require.Equal(t, 2, f.d.Observe().Burst())
 	runID, mapID := res.RunID, mapcore.MapID(res.RunID, "each")
 	t0 := f.d.ElementTask(mapID, 0)
@@ -583,7 +582,7 @@ func TestHardeningStoppedElementCannotStartLater(t *testing.T) {
 	require.Equal(t, 1, stop.Resumes(), "the map settled")
 	f.d.Drain()
 	res = f.result(runID)
-	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, engine.StatusFailed, res.Status)
 	require.Equal(t, "each[1]/double", res.Failure.Step)
 	require.Empty(t, res.Failure.RollbackFailures)
 
@@ -595,7 +594,7 @@ func TestHardeningStoppedElementCannotStartLater(t *testing.T) {
 	f.mu.Unlock()
 	run, err := engine.Element(f.engine, ctx, mapcore.ElementID(mapID, 0))
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCancelled, run.Status)
-	require.ErrorIs(t, run.Failure, reactor.ErrElementStopped)
+	require.Equal(t, engine.StatusCancelled, run.Status)
+	require.ErrorIs(t, run.Failure, engine.ErrElementStopped)
 	require.Zero(t, f.d.Len(), "the late delivery settled nothing and enqueued nothing")
 }

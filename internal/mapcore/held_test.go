@@ -14,9 +14,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/redistest"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -25,24 +25,24 @@ import (
 // back, and the plain step of some elements fails its first undo.
 type heldFixture struct {
 	rdb    redis.UniversalClient
-	engine *reactor.Engine
+	engine *engine.Engine
 	prefix string
 	// failNote makes the note step's undo of item n fail while the
 	// counter is above zero.
 	failNote [8]atomic.Int32
 }
 
-func newHeldFixture(t *testing.T, fanOut bool, mod func(*reactor.Config)) *heldFixture {
+func newHeldFixture(t *testing.T, fanOut bool, mod func(*engine.Config)) *heldFixture {
 	t.Helper()
 	rdb := redistest.Client(t)
 	queue := redistest.Queue(t)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	cfg := reactor.Config{Client: rdb, Prefix: redistest.Prefix(t), Enqueuer: worker.NewClient(rdb, queue), Logger: logger,
+	cfg := engine.Config{Client: rdb, Prefix: redistest.Prefix(t), Enqueuer: worker.NewClient(rdb, queue), Logger: logger,
 		Retention: time.Hour}
 	if mod != nil {
 		mod(&cfg)
 	}
-	e, err := reactor.NewEngine(context.Background(), cfg)
+	e, err := engine.NewEngine(context.Background(), cfg)
 	require.NoError(t, err)
 	hf := &heldFixture{rdb: rdb, engine: e, prefix: cfg.Prefix}
 	if fanOut {
@@ -67,14 +67,14 @@ func (hf *heldFixture) get(ctx context.Context, k string) (string, error) {
 // itself, after clobbering its own account, for items in failSelf) and an
 // owner mapping it, whose last step clobbers the accounts in clobber and
 // fails (none: it completes).
-func (hf *heldFixture) defs(name string, fanOut, partial bool, failSelf, clobber []int) (*reactor.Definition, *reactor.Definition) {
+func (hf *heldFixture) defs(name string, fanOut, partial bool, failSelf, clobber []int) (*engine.Definition, *engine.Definition) {
 	type in struct {
 		N int `json:"n"`
 	}
-	guard := reactor.Guarded(reactor.GuardConfig[string]{
+	guard := engine.Guarded(engine.GuardConfig[string]{
 		Probe: hf.get,
-		Restore: func(ctx context.Context, k, before, _ string) (reactor.RestoreResult, error) {
-			return reactor.RestoreWritten, hf.rdb.Set(ctx, k, before, 0).Err()
+		Restore: func(ctx context.Context, k, before, _ string) (engine.RestoreResult, error) {
+			return engine.RestoreWritten, hf.rdb.Set(ctx, k, before, 0).Err()
 		},
 	})
 	has := func(xs []int, n int) bool {
@@ -85,10 +85,10 @@ func (hf *heldFixture) defs(name string, fanOut, partial bool, failSelf, clobber
 		}
 		return false
 	}
-	element := reactor.MustDefine(name+"-el",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("upgrade", reactor.StepConfig[in, string]{
-			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
+	element := engine.MustDefine(name+"-el",
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("upgrade", engine.StepConfig[in, string]{
+			Args:  engine.Bindings{"n": engine.FromInput("item")},
 			Guard: guard,
 			Run: func(ctx context.Context, in in) (string, error) {
 				k := hf.key(in.N)
@@ -99,18 +99,18 @@ func (hf *heldFixture) defs(name string, fanOut, partial bool, failSelf, clobber
 				if err := hf.rdb.Set(ctx, k, "gold", 0).Err(); err != nil {
 					return "", err
 				}
-				return "gold", reactor.RecordEffect(ctx, reactor.Effect{Resource: k, Before: before, After: "gold", Label: "tier"})
+				return "gold", engine.RecordEffect(ctx, engine.Effect{Resource: k, Before: before, After: "gold", Label: "tier"})
 			},
 		}),
-		reactor.Step("note", reactor.StepConfig[in, string]{
-			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
+		engine.Step("note", engine.StepConfig[in, string]{
+			Args:  engine.Bindings{"n": engine.FromInput("item")},
 			After: []string{"upgrade"},
 			Run: func(ctx context.Context, in in) (string, error) {
 				if has(failSelf, in.N) {
 					if err := hf.rdb.Set(ctx, hf.key(in.N), "platinum (support desk)", 0).Err(); err != nil {
 						return "", err
 					}
-					return "", reactor.Permanent(fmt.Errorf("item %d refused", in.N))
+					return "", engine.Permanent(fmt.Errorf("item %d refused", in.N))
 				}
 				return "noted", nil
 			},
@@ -121,28 +121,28 @@ func (hf *heldFixture) defs(name string, fanOut, partial bool, failSelf, clobber
 				return nil
 			},
 		}))
-	parts := []reactor.Part{
-		reactor.Input[[]int]("items", reactor.Required()),
-		mapcore.Map("each", mapcore.Config{Element: element, Items: reactor.FromInput("items"), FanOut: fanOut, Partial: partial, BatchSize: 2}),
+	parts := []engine.Part{
+		engine.Input[[]int]("items", engine.Required()),
+		mapcore.Map("each", mapcore.Config{Element: element, Items: engine.FromInput("items"), FanOut: fanOut, Partial: partial, BatchSize: 2}),
 	}
 	if clobber != nil {
-		parts = append(parts, reactor.Step("decline", reactor.StepConfig[reactor.Args, string]{
+		parts = append(parts, engine.Step("decline", engine.StepConfig[engine.Args, string]{
 			After: []string{"each"},
-			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+			Run: func(ctx context.Context, _ engine.Args) (string, error) {
 				for _, n := range clobber {
 					if err := hf.rdb.Set(ctx, hf.key(n), "platinum (support desk)", 0).Err(); err != nil {
 						return "", err
 					}
 				}
-				return "", reactor.Permanent(errors.New("declined"))
+				return "", engine.Permanent(errors.New("declined"))
 			},
 		}))
 	}
-	return reactor.MustDefine(name, parts...), element
+	return engine.MustDefine(name, parts...), element
 }
 
 // finish waits for a run handed to workers.
-func (hf *heldFixture) finish(t *testing.T, ctx context.Context, res *reactor.Result) *reactor.Result {
+func (hf *heldFixture) finish(t *testing.T, ctx context.Context, res *engine.Result) *engine.Result {
 	t.Helper()
 	if res.Status.Terminal() {
 		return res
@@ -159,7 +159,7 @@ func (hf *heldFixture) ttl(ctx context.Context, kind, id string) time.Duration {
 	return hf.rdb.PTTL(ctx, hf.prefix+":{"+kind+":"+id+"}:ctx").Val()
 }
 
-func reasons(f *reactor.Failure) []string {
+func reasons(f *engine.Failure) []string {
 	var out []string
 	if f != nil {
 		for _, rf := range f.RollbackFailures {
@@ -186,41 +186,41 @@ func TestOwnerRetryRollbackKeepsItsElementsConflicts(t *testing.T) {
 			require.NoError(t, hf.engine.Register(owner, element))
 			hf.failNote[2].Store(1)
 			id := name + "-run"
-			var res *reactor.Result
+			var res *engine.Result
 			var err error
 			if fanOut {
-				res, err = hf.engine.Enqueue(ctx, owner, map[string]any{"items": []int{0, 1, 2}}, reactor.WithRunID(id))
+				res, err = hf.engine.Enqueue(ctx, owner, map[string]any{"items": []int{0, 1, 2}}, engine.WithRunID(id))
 			} else {
-				res, err = hf.engine.Run(ctx, owner, map[string]any{"items": []int{0, 1, 2}}, reactor.WithRunID(id))
+				res, err = hf.engine.Run(ctx, owner, map[string]any{"items": []int{0, 1, 2}}, engine.WithRunID(id))
 			}
 			require.NoError(t, err)
 			res = hf.finish(t, ctx, res)
-			require.Equal(t, reactor.StatusFailed, res.Status)
-			require.ElementsMatch(t, []string{"each[1]/upgrade=" + reactor.ReasonConflict, "each[2]/note="}, reasons(res.Failure))
+			require.Equal(t, engine.StatusFailed, res.Status)
+			require.ElementsMatch(t, []string{"each[1]/upgrade=" + engine.ReasonConflict, "each[2]/note="}, reasons(res.Failure))
 			elem1 := mapcore.MapID(id, "each") + ".1"
 			trail, err := hf.engine.Audit(ctx, id)
 			require.NoError(t, err)
 			var mapReasons []string
 			for _, a := range trail {
-				if a.Step == "each" && a.Status == reactor.RollbackFailed {
+				if a.Step == "each" && a.Status == engine.RollbackFailed {
 					mapReasons = append(mapReasons, a.Reason)
 				}
 			}
-			require.Equal(t, []string{reactor.ReasonConflict}, mapReasons, "the owner's audit says what holds its map entry")
+			require.Equal(t, []string{engine.ReasonConflict}, mapReasons, "the owner's audit says what holds its map entry")
 
 			res, err = hf.engine.RetryRollback(ctx, id)
 			require.NoError(t, err)
 			res = hf.finish(t, ctx, res)
-			require.Equal(t, reactor.StatusFailed, res.Status)
-			require.Equal(t, []string{"each[1]/upgrade=" + reactor.ReasonConflict}, reasons(res.Failure),
+			require.Equal(t, engine.StatusFailed, res.Status)
+			require.Equal(t, []string{"each[1]/upgrade=" + engine.ReasonConflict}, reasons(res.Failure),
 				"the conflict is not forgotten by the generation that undid element 2")
-			require.Equal(t, reactor.Held{Waiting: 1}, res.Held)
+			require.Equal(t, engine.Held{Waiting: 1}, res.Held)
 			rep, err := hf.engine.RollbackReport(ctx, id)
 			require.NoError(t, err)
-			require.Equal(t, reactor.RollbackNeedsHuman, rep.Summary.Outcome)
+			require.Equal(t, engine.RollbackNeedsHuman, rep.Summary.Outcome)
 			require.Len(t, rep.ActionRequired, 1)
 			require.Equal(t, elem1, rep.ActionRequired[0].Run)
-			require.Equal(t, reactor.Held{Waiting: 1}, rep.ElementsHeld)
+			require.Equal(t, engine.Held{Waiting: 1}, rep.ElementsHeld)
 			waiting, err := hf.engine.NeedsHuman(ctx, 10)
 			require.NoError(t, err)
 			require.Contains(t, waiting, id)
@@ -228,13 +228,13 @@ func TestOwnerRetryRollbackKeepsItsElementsConflicts(t *testing.T) {
 			require.Eventually(t, func() bool { return hf.ttl(ctx, "run", id) == -1 }, 5*time.Second, 5*time.Millisecond,
 				"the owner's tree is kept while its element waits")
 			require.Equal(t, time.Duration(-1), hf.ttl(ctx, "elem", elem1))
-			_, err = hf.engine.Check(ctx, id, reactor.OpRetry)
-			require.ErrorIs(t, err, reactor.ErrNotRetryable)
+			_, err = hf.engine.Check(ctx, id, engine.OpRetry)
+			require.ErrorIs(t, err, engine.ErrNotRetryable)
 			v, err := hf.get(ctx, hf.key(1))
 			require.NoError(t, err)
 			require.Equal(t, "platinum (support desk)", v, "nothing was restored over the other writer")
 
-			require.NoError(t, hf.engine.Resolve(ctx, elem1, "upgrade#1", reactor.ResolvedLeftApplied, "support keeps platinum"))
+			require.NoError(t, hf.engine.Resolve(ctx, elem1, "upgrade#1", engine.ResolvedLeftApplied, "support keeps platinum"))
 			waiting, err = hf.engine.NeedsHuman(ctx, 10)
 			require.NoError(t, err)
 			require.NotContains(t, waiting, id)
@@ -243,25 +243,25 @@ func TestOwnerRetryRollbackKeepsItsElementsConflicts(t *testing.T) {
 			require.Greater(t, hf.ttl(ctx, "elem", elem1), time.Duration(0))
 			run, err := hf.engine.Get(ctx, id)
 			require.NoError(t, err)
-			require.Equal(t, reactor.Held{LeftApplied: 1}, run.Held)
-			_, err = hf.engine.Check(ctx, id, reactor.OpRetry)
-			require.ErrorIs(t, err, reactor.ErrNotRetryable, "an effect a person left applied still stands")
+			require.Equal(t, engine.Held{LeftApplied: 1}, run.Held)
+			_, err = hf.engine.Check(ctx, id, engine.OpRetry)
+			require.ErrorIs(t, err, engine.ErrNotRetryable, "an effect a person left applied still stands")
 
 			// Another generation of the owner does not drop the marker.
 			res, err = hf.engine.RetryRollback(ctx, id)
 			if err == nil {
-				require.Equal(t, reactor.StatusFailed, hf.finish(t, ctx, res).Status)
+				require.Equal(t, engine.StatusFailed, hf.finish(t, ctx, res).Status)
 			} else {
-				require.ErrorIs(t, err, reactor.ErrNothingToRetry)
+				require.ErrorIs(t, err, engine.ErrNothingToRetry)
 			}
 			run, err = hf.engine.Get(ctx, id)
 			require.NoError(t, err)
-			require.Equal(t, reactor.Held{LeftApplied: 1}, run.Held)
-			_, err = hf.engine.Check(ctx, id, reactor.OpRetry)
-			require.ErrorIs(t, err, reactor.ErrNotRetryable)
+			require.Equal(t, engine.Held{LeftApplied: 1}, run.Held)
+			_, err = hf.engine.Check(ctx, id, engine.OpRetry)
+			require.ErrorIs(t, err, engine.ErrNotRetryable)
 			rep, err = hf.engine.RollbackReport(ctx, id)
 			require.NoError(t, err)
-			require.Equal(t, reactor.RollbackKeptInPlace, rep.Summary.Outcome)
+			require.Equal(t, engine.RollbackKeptInPlace, rep.Summary.Outcome)
 		})
 	}
 }
@@ -275,11 +275,11 @@ func TestPartialMapOwnerWaitsForItsElementsConflict(t *testing.T) {
 	ctx := ctxT(t)
 	owner, element := hf.defs("held-partial", false, true, []int{1}, nil)
 	require.NoError(t, hf.engine.Register(owner, element))
-	res, err := hf.engine.Run(ctx, owner, map[string]any{"items": []int{0, 1, 2}}, reactor.WithRunID("held-partial-run"))
+	res, err := hf.engine.Run(ctx, owner, map[string]any{"items": []int{0, 1, 2}}, engine.WithRunID("held-partial-run"))
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCompleted, res.Status)
+	require.Equal(t, engine.StatusCompleted, res.Status)
 	require.Nil(t, res.Failure)
-	require.Equal(t, reactor.Held{Waiting: 1}, res.Held)
+	require.Equal(t, engine.Held{Waiting: 1}, res.Held)
 	elem1 := mapcore.MapID("held-partial-run", "each") + ".1"
 	waiting, err := hf.engine.NeedsHuman(ctx, 10)
 	require.NoError(t, err)
@@ -292,7 +292,7 @@ func TestPartialMapOwnerWaitsForItsElementsConflict(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "platinum (support desk)", v)
 	require.NoError(t, hf.rdb.Set(ctx, hf.key(1), "", 0).Err(), "the person puts it back")
-	require.NoError(t, hf.engine.Resolve(ctx, elem1, "upgrade#1", reactor.ResolvedManuallyReverted, "set back to nothing"))
+	require.NoError(t, hf.engine.Resolve(ctx, elem1, "upgrade#1", engine.ResolvedManuallyReverted, "set back to nothing"))
 	waiting, err = hf.engine.NeedsHuman(ctx, 10)
 	require.NoError(t, err)
 	require.NotContains(t, waiting, "held-partial-run")
@@ -307,28 +307,28 @@ func TestPartialMapOwnerWaitsForItsElementsConflict(t *testing.T) {
 // resolved (issue 21, case 3).
 func TestConflictsPastTheFailureCapKeepTheOwnerWaiting(t *testing.T) {
 	t.Parallel()
-	hf := newHeldFixture(t, false, func(c *reactor.Config) { c.MaxRollbackFailures = 1 })
+	hf := newHeldFixture(t, false, func(c *engine.Config) { c.MaxRollbackFailures = 1 })
 	ctx := ctxT(t)
 	owner, element := hf.defs("held-cap", false, false, nil, []int{0, 1, 2})
 	require.NoError(t, hf.engine.Register(owner, element))
-	res, err := hf.engine.Run(ctx, owner, map[string]any{"items": []int{0, 1, 2}}, reactor.WithRunID("held-cap-run"))
+	res, err := hf.engine.Run(ctx, owner, map[string]any{"items": []int{0, 1, 2}}, engine.WithRunID("held-cap-run"))
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, engine.StatusFailed, res.Status)
 	require.Len(t, res.Failure.RollbackFailures, 1)
 	require.Equal(t, 2, res.Failure.RollbackFailuresOmitted)
-	require.Equal(t, reactor.Held{Waiting: 3}, res.Held)
+	require.Equal(t, engine.Held{Waiting: 3}, res.Held)
 	rep, err := hf.engine.RollbackReport(ctx, "held-cap-run")
 	require.NoError(t, err)
 	require.Len(t, rep.ActionRequired, 1)
 	require.Equal(t, 3, rep.ElementsHeld.Waiting)
-	require.Contains(t, reactor.FormatActionRequired(rep), "2 more conflict(s) of map element runs")
+	require.Contains(t, engine.FormatActionRequired(rep), "2 more conflict(s) of map element runs")
 	mapID := mapcore.MapID("held-cap-run", "each")
 	for i := range 3 {
 		waiting, err := hf.engine.NeedsHuman(ctx, 10)
 		require.NoError(t, err)
 		require.Contains(t, waiting, "held-cap-run", "%d of 3 resolved: the owner still waits", i)
 		require.Equal(t, time.Duration(-1), hf.ttl(ctx, "run", "held-cap-run"))
-		require.NoError(t, hf.engine.Resolve(ctx, fmt.Sprintf("%s.%d", mapID, i), "upgrade#1", reactor.ResolvedLeftApplied, "kept"))
+		require.NoError(t, hf.engine.Resolve(ctx, fmt.Sprintf("%s.%d", mapID, i), "upgrade#1", engine.ResolvedLeftApplied, "kept"))
 	}
 	waiting, err := hf.engine.NeedsHuman(ctx, 10)
 	require.NoError(t, err)
@@ -336,5 +336,5 @@ func TestConflictsPastTheFailureCapKeepTheOwnerWaiting(t *testing.T) {
 	require.Greater(t, hf.ttl(ctx, "run", "held-cap-run"), time.Duration(0))
 	run, err := hf.engine.Get(ctx, "held-cap-run")
 	require.NoError(t, err)
-	require.Equal(t, reactor.Held{LeftApplied: 3}, run.Held)
+	require.Equal(t, engine.Held{LeftApplied: 3}, run.Held)
 }

@@ -12,14 +12,14 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/redistest"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
 type fixture struct {
-	engine *reactor.Engine
+	engine *engine.Engine
 	queue  string
 	prefix string
 	mu     sync.Mutex
@@ -34,7 +34,7 @@ func newFixture(t *testing.T, withWorker bool) *fixture {
 	client := worker.NewClient(rdb, queue)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	prefix := redistest.Prefix(t)
-	e, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix, Enqueuer: client, Logger: logger})
+	e, err := engine.NewEngine(context.Background(), engine.Config{Client: rdb, Prefix: prefix, Enqueuer: client, Logger: logger})
 	require.NoError(t, err)
 	f := &fixture{engine: e, queue: queue, prefix: prefix, ran: map[int]int{}}
 	if withWorker {
@@ -46,13 +46,13 @@ func newFixture(t *testing.T, withWorker bool) *fixture {
 }
 
 // element doubles its item; it fails for items in failOn.
-func (f *fixture) element(name string, failOn ...int) *reactor.Definition {
-	return reactor.MustDefine(name,
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("double", reactor.StepConfig[struct {
+func (f *fixture) element(name string, failOn ...int) *engine.Definition {
+	return engine.MustDefine(name,
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("double", engine.StepConfig[struct {
 			N int `json:"n"`
 		}, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run: func(_ context.Context, in struct {
 				N int `json:"n"`
 			}) (int, error) {
@@ -61,7 +61,7 @@ func (f *fixture) element(name string, failOn ...int) *reactor.Definition {
 				f.mu.Unlock()
 				for _, x := range failOn {
 					if x == in.N {
-						return 0, reactor.Permanent(fmt.Errorf("item %d is bad", in.N))
+						return 0, engine.Permanent(fmt.Errorf("item %d is bad", in.N))
 					}
 				}
 				return in.N * 2, nil
@@ -75,7 +75,7 @@ func (f *fixture) element(name string, failOn ...int) *reactor.Definition {
 				return nil
 			},
 		}),
-		reactor.Returns(reactor.FromStep("double")),
+		engine.Returns(engine.FromStep("double")),
 	)
 }
 
@@ -94,14 +94,14 @@ func items(n int) []int {
 	return out
 }
 
-func sumOwner(name string, elem *reactor.Definition, fanOut, partial bool, after ...reactor.Part) *reactor.Definition {
-	parts := []reactor.Part{
-		reactor.Input[[]int]("items", reactor.Required()),
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: fanOut, Partial: partial}),
-		reactor.Step("sum", reactor.StepConfig[struct {
+func sumOwner(name string, elem *engine.Definition, fanOut, partial bool, after ...engine.Part) *engine.Definition {
+	parts := []engine.Part{
+		engine.Input[[]int]("items", engine.Required()),
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.FromInput("items"), FanOut: fanOut, Partial: partial}),
+		engine.Step("sum", engine.StepConfig[struct {
 			R mapcore.Result `json:"r"`
 		}, int]{
-			Args: reactor.Bindings{"r": reactor.FromStep("each")},
+			Args: engine.Bindings{"r": engine.FromStep("each")},
 			Run: func(ctx context.Context, in struct {
 				R mapcore.Result `json:"r"`
 			}) (int, error) {
@@ -123,9 +123,9 @@ func sumOwner(name string, elem *reactor.Definition, fanOut, partial bool, after
 				return sum, nil
 			},
 		}),
-		reactor.Returns(reactor.FromStep("sum")),
+		engine.Returns(engine.FromStep("sum")),
 	}
-	return reactor.MustDefine(name, append(parts, after...)...)
+	return engine.MustDefine(name, append(parts, after...)...)
 }
 
 func ctxT(t *testing.T) context.Context {
@@ -140,8 +140,8 @@ func TestInlineMap(t *testing.T) {
 	def := sumOwner("inline", f.element("inline-el"), false, false)
 	res, err := f.engine.Run(ctxT(t), def, map[string]any{"items": items(250)})
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-	sum, err := reactor.ValueOf[int](res)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+	sum, err := engine.ValueOf[int](res)
 	require.NoError(t, err)
 	require.Equal(t, 249*250, sum)
 }
@@ -152,7 +152,7 @@ func TestInlineAtomicFailureRollsBackCompletedElements(t *testing.T) {
 	def := sumOwner("inline-fail", f.element("inline-fail-el", 3), false, false)
 	res, err := f.engine.Run(ctxT(t), def, map[string]any{"items": items(10)})
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, engine.StatusFailed, res.Status)
 	require.Equal(t, "each[3]/double", res.Failure.Step)
 	require.Equal(t, "item 3 is bad", res.Failure.Message)
 	require.Equal(t, []int{2, 1, 0}, f.undone, "completed elements undone newest first")
@@ -166,7 +166,7 @@ func TestEmptyMapSettlesAtOnce(t *testing.T) {
 		def := sumOwner(fmt.Sprint("empty-", fan), f.element(fmt.Sprint("empty-el-", fan)), fan, false)
 		res, err := f.engine.Run(ctxT(t), def, map[string]any{"items": []int{}})
 		require.NoError(t, err)
-		require.Equal(t, reactor.StatusCompleted, res.Status)
+		require.Equal(t, engine.StatusCompleted, res.Status)
 	}
 }
 
@@ -174,13 +174,13 @@ func TestFanOutMap(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, true)
 	def := sumOwner("fan", f.element("fan-el"), true, false)
-	res, err := f.engine.Run(ctxT(t), def, map[string]any{"items": items(120)}, reactor.NoWait())
+	res, err := f.engine.Run(ctxT(t), def, map[string]any{"items": items(120)}, engine.NoWait())
 	require.NoError(t, err)
-	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 	res, err = f.engine.Wait(ctxT(t), res.RunID)
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-	sum, err := reactor.ValueOf[int](res)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+	sum, err := engine.ValueOf[int](res)
 	require.NoError(t, err)
 	require.Equal(t, 119*120, sum)
 	for i := range 120 {
@@ -196,7 +196,7 @@ func TestFanOutAtomicFailure(t *testing.T) {
 	require.NoError(t, err)
 	res, err = f.engine.Wait(ctxT(t), res.RunID)
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, engine.StatusFailed, res.Status)
 	require.Equal(t, "each[7]/double", res.Failure.Step)
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -214,16 +214,16 @@ func TestPartialMapKeepsSuccessesAndFailures(t *testing.T) {
 	f := newFixture(t, true)
 	for _, fan := range []bool{false, true} {
 		elem := f.element(fmt.Sprint("partial-el-", fan), 2, 5)
-		def := reactor.MustDefine(fmt.Sprint("partial-", fan),
-			reactor.Input[[]int]("items", reactor.Required()),
-			mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: fan, Partial: true}),
-			reactor.Returns(reactor.FromStep("each")))
+		def := engine.MustDefine(fmt.Sprint("partial-", fan),
+			engine.Input[[]int]("items", engine.Required()),
+			mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.FromInput("items"), FanOut: fan, Partial: true}),
+			engine.Returns(engine.FromStep("each")))
 		res, err := f.engine.Enqueue(ctxT(t), def, map[string]any{"items": items(8)})
 		require.NoError(t, err)
 		res, err = f.engine.Wait(ctxT(t), res.RunID)
 		require.NoError(t, err)
-		require.Equal(t, reactor.StatusCompleted, res.Status)
-		r, err := reactor.ValueOf[mapcore.Result](res)
+		require.Equal(t, engine.StatusCompleted, res.Status)
+		r, err := engine.ValueOf[mapcore.Result](res)
 		require.NoError(t, err)
 		require.Equal(t, 2, r.Failed)
 		all, err := mapcore.ReadWith[int](f.engine, r).All(ctxT(t))
@@ -244,14 +244,14 @@ func TestPartialMapKeepsSuccessesAndFailures(t *testing.T) {
 func TestStepFailureAfterMapUndoesElements(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, true)
-	fail := reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{After: []string{"sum"},
-		Run: func(context.Context, reactor.Args) (int, error) { return 0, errors.New("after map") }})
+	fail := engine.Step("boom", engine.StepConfig[engine.Args, int]{After: []string{"sum"},
+		Run: func(context.Context, engine.Args) (int, error) { return 0, errors.New("after map") }})
 	def := sumOwner("after", f.element("after-el"), true, false, fail)
 	res, err := f.engine.Enqueue(ctxT(t), def, map[string]any{"items": items(12)})
 	require.NoError(t, err)
 	res, err = f.engine.Wait(ctxT(t), res.RunID)
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, engine.StatusFailed, res.Status)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	require.ElementsMatch(t, items(12), f.undone)
@@ -272,19 +272,19 @@ func TestCrashBetweenSaveAndStartResumes(t *testing.T) {
 	}})
 	t.Cleanup(func() { mapcore.SetFailpoints(mapcore.Failpoints{}) })
 	ctx := ctxT(t)
-	_, err := f.engine.Run(ctx, def, map[string]any{"items": items(60)}, reactor.WithRunID("save-start-1"))
+	_, err := f.engine.Run(ctx, def, map[string]any{"items": items(60)}, engine.WithRunID("save-start-1"))
 	require.ErrorContains(t, err, "injected crash")
 	run, err := f.engine.Get(ctx, "save-start-1")
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusRunning, run.Status, "an infrastructure error is not a step failure")
+	require.Equal(t, engine.StatusRunning, run.Status, "an infrastructure error is not a step failure")
 
 	res, err := f.engine.Resume(ctx, "save-start-1")
 	require.NoError(t, err)
-	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 	res, err = f.engine.Wait(ctx, "save-start-1")
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-	sum, err := reactor.ValueOf[int](res)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+	sum, err := engine.ValueOf[int](res)
 	require.NoError(t, err)
 	require.Equal(t, 59*60, sum)
 }
@@ -298,9 +298,9 @@ type numbers struct {
 	pages   int
 }
 
-func (s *numbers) Len(_ context.Context, with reactor.Args) (int, error) { return s.n, nil }
-func (s *numbers) Page(_ context.Context, with reactor.Args, offset, limit int) ([]any, error) {
-	base, err := reactor.Arg[int](with, "base")
+func (s *numbers) Len(_ context.Context, with engine.Args) (int, error) { return s.n, nil }
+func (s *numbers) Page(_ context.Context, with engine.Args, offset, limit int) ([]any, error) {
+	base, err := engine.Arg[int](with, "base")
 	if err != nil {
 		return nil, err
 	}
@@ -321,14 +321,14 @@ func TestPagedSource(t *testing.T) {
 	for _, fan := range []bool{false, true} {
 		src := &numbers{n: 230}
 		// With feeds both the Source and every element.
-		elem := reactor.MustDefine(fmt.Sprint("paged-el-", fan),
-			reactor.Input[int]("item", reactor.Required()),
-			reactor.Input[int]("base", reactor.Required()),
-			reactor.Step("double", reactor.StepConfig[struct {
+		elem := engine.MustDefine(fmt.Sprint("paged-el-", fan),
+			engine.Input[int]("item", engine.Required()),
+			engine.Input[int]("base", engine.Required()),
+			engine.Step("double", engine.StepConfig[struct {
 				N    int `json:"n"`
 				Base int `json:"base"`
 			}, int]{
-				Args: reactor.Bindings{"n": reactor.FromInput("item"), "base": reactor.FromInput("base")},
+				Args: engine.Bindings{"n": engine.FromInput("item"), "base": engine.FromInput("base")},
 				Run: func(_ context.Context, in struct {
 					N    int `json:"n"`
 					Base int `json:"base"`
@@ -339,17 +339,17 @@ func TestPagedSource(t *testing.T) {
 					return in.N * 2, nil
 				},
 			}),
-			reactor.Returns(reactor.FromStep("double")))
-		def := reactor.MustDefine(fmt.Sprint("paged-", fan),
+			engine.Returns(engine.FromStep("double")))
+		def := engine.MustDefine(fmt.Sprint("paged-", fan),
 			mapcore.Map("each", mapcore.Config{Element: elem, Pages: src, FanOut: fan, BatchSize: 40,
-				With: reactor.Bindings{"base": reactor.Const(1000)}}),
-			reactor.Returns(reactor.FromStep("each")))
+				With: engine.Bindings{"base": engine.Const(1000)}}),
+			engine.Returns(engine.FromStep("each")))
 		res, err := f.engine.Run(ctxT(t), def, nil)
 		require.NoError(t, err)
 		res, err = f.engine.Wait(ctxT(t), res.RunID)
 		require.NoError(t, err)
-		require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-		r, err := reactor.ValueOf[mapcore.Result](res)
+		require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+		r, err := engine.ValueOf[mapcore.Result](res)
 		require.NoError(t, err)
 		all, err := mapcore.ReadWith[int](f.engine, r).All(ctxT(t))
 		require.NoError(t, err)
@@ -371,28 +371,28 @@ func TestNestedMapRunsInline(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, true)
 	leaf := f.element("nested-leaf")
-	inner := reactor.MustDefine("nested-inner",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("spread", reactor.StepConfig[struct {
+	inner := engine.MustDefine("nested-inner",
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("spread", engine.StepConfig[struct {
 			N int `json:"n"`
 		}, []int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run: func(_ context.Context, in struct {
 				N int `json:"n"`
 			}) ([]int, error) {
 				return []int{in.N * 10, in.N*10 + 1}, nil
 			},
 		}),
-		mapcore.Map("leaves", mapcore.Config{Element: leaf, Items: reactor.FromStep("spread"), FanOut: true}),
-		reactor.Returns(reactor.FromStep("leaves")))
-	def := reactor.MustDefine("nested-outer",
-		mapcore.Map("outer", mapcore.Config{Element: inner, Items: reactor.Const([]int{1, 2, 3}), FanOut: true}),
-		reactor.Returns(reactor.FromStep("outer")))
+		mapcore.Map("leaves", mapcore.Config{Element: leaf, Items: engine.FromStep("spread"), FanOut: true}),
+		engine.Returns(engine.FromStep("leaves")))
+	def := engine.MustDefine("nested-outer",
+		mapcore.Map("outer", mapcore.Config{Element: inner, Items: engine.Const([]int{1, 2, 3}), FanOut: true}),
+		engine.Returns(engine.FromStep("outer")))
 	res, err := f.engine.Run(ctxT(t), def, nil)
 	require.NoError(t, err)
 	res, err = f.engine.Wait(ctxT(t), res.RunID)
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, n := range []int{10, 11, 20, 21, 30, 31} {
@@ -418,12 +418,12 @@ func TestCancelDuringFanOutForward(t *testing.T) {
 	var completed sync.Map
 	var started sync.WaitGroup
 	started.Add(10)
-	elem := reactor.MustDefine("cancel-fwd-el",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("work", reactor.StepConfig[struct {
+	elem := engine.MustDefine("cancel-fwd-el",
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("work", engine.StepConfig[struct {
 			N int `json:"n"`
 		}, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run: func(ctx context.Context, in struct {
 				N int `json:"n"`
 			}) (int, error) {
@@ -448,19 +448,19 @@ func TestCancelDuringFanOutForward(t *testing.T) {
 				return nil
 			},
 		}),
-		reactor.Returns(reactor.FromStep("work")))
-	def := reactor.MustDefine("cancel-fwd",
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.Const(items(120)), FanOut: true, BatchSize: 10}))
+		engine.Returns(engine.FromStep("work")))
+	def := engine.MustDefine("cancel-fwd",
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.Const(items(120)), FanOut: true, BatchSize: 10}))
 	ctx := ctxT(t)
-	res, err := f.engine.Run(ctx, def, nil, reactor.WithRunID("cancel-fwd-1"), reactor.NoWait())
+	res, err := f.engine.Run(ctx, def, nil, engine.WithRunID("cancel-fwd-1"), engine.NoWait())
 	require.NoError(t, err)
-	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 	started.Wait() // elements 0-9 completed; batch [10, 20) is claimed and held
 	require.NoError(t, f.engine.Cancel(ctx, "cancel-fwd-1"))
 	close(gate)
 	res, err = f.engine.Wait(ctx, "cancel-fwd-1")
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCancelled, res.Status, "%v", res.Err())
+	require.Equal(t, engine.StatusCancelled, res.Status, "%v", res.Err())
 	var want []int
 	completed.Range(func(k, _ any) bool { want = append(want, k.(int)); return true })
 	f.mu.Lock()
@@ -479,10 +479,10 @@ func TestUndoOfRunAbortedMidInlineMap(t *testing.T) {
 	type in struct {
 		N int `json:"n"`
 	}
-	elem := reactor.MustDefine("abort-inline-el",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("first", reactor.StepConfig[in, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+	elem := engine.MustDefine("abort-inline-el",
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("first", engine.StepConfig[in, int]{
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run:  func(_ context.Context, x in) (int, error) { return x.N, nil },
 			Undo: func(_ context.Context, x in, _ int) error {
 				f.mu.Lock()
@@ -491,8 +491,8 @@ func TestUndoOfRunAbortedMidInlineMap(t *testing.T) {
 				return nil
 			},
 		}),
-		reactor.Step("second", reactor.StepConfig[in, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")}, After: []string{"first"},
+		engine.Step("second", engine.StepConfig[in, int]{
+			Args: engine.Bindings{"n": engine.FromInput("item")}, After: []string{"first"},
 			Run: func(ctx context.Context, x in) (int, error) {
 				if x.N == 4 {
 					cancel() // the caller gives up while element 4 runs
@@ -502,14 +502,14 @@ func TestUndoOfRunAbortedMidInlineMap(t *testing.T) {
 				return x.N, nil
 			},
 		}))
-	def := reactor.MustDefine("abort-inline",
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.Const(items(10))}))
+	def := engine.MustDefine("abort-inline",
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.Const(items(10))}))
 	res, err := f.engine.Run(ctx, def, nil)
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusAborted, res.Status)
+	require.Equal(t, engine.StatusAborted, res.Status)
 	undone, err := f.engine.Undo(ctxT(t), res.RunID)
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCancelled, undone.Status, "%v", undone.Err())
+	require.Equal(t, engine.StatusCancelled, undone.Status, "%v", undone.Err())
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	require.Equal(t, []int{4, 3, 2, 1, 0}, f.undone, "newest first, the cut-short element included")

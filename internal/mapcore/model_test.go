@@ -58,9 +58,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/redistest"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -321,7 +321,7 @@ type mmEntry struct {
 	res           string // resource name ("" none)
 	before, after string
 	failOn        map[int]bool
-	status        reactor.RollbackStatus // "" while no rollback reached it
+	status        engine.RollbackStatus // "" while no rollback reached it
 	calls         int
 	conflict      bool
 	resolved      bool
@@ -329,7 +329,7 @@ type mmEntry struct {
 
 func (e *mmEntry) applied() bool {
 	switch e.status {
-	case reactor.RollbackCompensated, reactor.RollbackManuallyReverted:
+	case engine.RollbackCompensated, engine.RollbackManuallyReverted:
 		return false
 	}
 	return true
@@ -339,7 +339,7 @@ type mmModel struct {
 	spec       *mmSpec
 	entries    []*mmEntry // completion order, oldest first
 	kv         map[string]string
-	status     reactor.Status
+	status     engine.Status
 	gen        int          // the owner's rollback generations
 	elemRolled map[int]bool // the element rolled back at least once
 	elemFailed map[int]bool // the element failed forward (and rolled itself back)
@@ -362,7 +362,7 @@ func (m *mmModel) blocker(e *mmEntry) (by *mmEntry, left bool) {
 		if by == nil {
 			by = n
 		}
-		if n.status == reactor.RollbackLeftApplied {
+		if n.status == engine.RollbackLeftApplied {
 			return n, true
 		}
 	}
@@ -373,13 +373,13 @@ func (m *mmModel) undoOne(e *mmEntry) {
 	if e.elem >= 0 {
 		m.elemRolled[e.elem] = true
 	}
-	if e.conflict && !e.resolved || e.status == reactor.RollbackLeftApplied {
+	if e.conflict && !e.resolved || e.status == engine.RollbackLeftApplied {
 		return
 	}
 	if by, left := m.blocker(e); by != nil {
-		e.status = reactor.RollbackBlocked
+		e.status = engine.RollbackBlocked
 		if left {
-			e.status = reactor.RollbackLeftApplied
+			e.status = engine.RollbackLeftApplied
 		}
 		return
 	}
@@ -388,23 +388,23 @@ func (m *mmModel) undoOne(e *mmEntry) {
 		case e.after:
 			e.calls++
 			m.kv[e.res] = e.before
-			e.status = reactor.RollbackCompensated
+			e.status = engine.RollbackCompensated
 		case e.before:
-			e.status = reactor.RollbackCompensated
+			e.status = engine.RollbackCompensated
 		default:
-			e.status, e.conflict = reactor.RollbackNeedsPerson, true
+			e.status, e.conflict = engine.RollbackNeedsPerson, true
 		}
 		return
 	}
 	e.calls++
 	if e.failOn[e.calls] {
-		e.status = reactor.RollbackFailed
+		e.status = engine.RollbackFailed
 		return
 	}
 	if e.res != "" {
 		m.kv[e.res] = e.before
 	}
-	e.status = reactor.RollbackCompensated
+	e.status = engine.RollbackCompensated
 }
 
 // rollbackElement is element i rolling back (its own failure, or its map's
@@ -432,26 +432,26 @@ func (m *mmModel) rollback(failure bool) {
 			m.undoOne(e)
 		}
 	}
-	m.status = reactor.StatusCancelled
+	m.status = engine.StatusCancelled
 	if failure {
-		m.status = reactor.StatusFailed
+		m.status = engine.StatusFailed
 	}
 }
 
 // retryPlan is RetryRollback's decision: the entries it retries, or the
 // refusal.
 func (m *mmModel) retryPlan() ([]*mmEntry, error) {
-	if m.status != reactor.StatusFailed && m.status != reactor.StatusCancelled {
-		return nil, reactor.ErrNoRollbackToRetry
+	if m.status != engine.StatusFailed && m.status != engine.StatusCancelled {
+		return nil, engine.ErrNoRollbackToRetry
 	}
 	var retry []*mmEntry
 	for j := len(m.entries) - 1; j >= 0; j-- {
-		if e := m.entries[j]; e.status == reactor.RollbackFailed || e.status == reactor.RollbackBlocked {
+		if e := m.entries[j]; e.status == engine.RollbackFailed || e.status == engine.RollbackBlocked {
 			retry = append(retry, e)
 		}
 	}
 	if len(retry) == 0 {
-		return nil, reactor.ErrNothingToRetry
+		return nil, engine.ErrNothingToRetry
 	}
 	return retry, nil
 }
@@ -463,23 +463,23 @@ func (m *mmModel) retryRollback(retry []*mmEntry) {
 	}
 }
 
-func (m *mmModel) resolve(e *mmEntry, kind reactor.Resolution) {
+func (m *mmModel) resolve(e *mmEntry, kind engine.Resolution) {
 	e.resolved = true
-	e.status = reactor.RollbackStatus(kind)
-	if kind == reactor.ResolvedManuallyReverted {
+	e.status = engine.RollbackStatus(kind)
+	if kind == engine.ResolvedManuallyReverted {
 		m.kv[e.res] = e.before
 		return
 	}
 	for i := m.index(e) - 1; i >= 0; i-- {
-		if o := m.entries[i]; o.elem == e.elem && o.res == e.res && o.status == reactor.RollbackBlocked {
-			o.status = reactor.RollbackLeftApplied
+		if o := m.entries[i]; o.elem == e.elem && o.res == e.res && o.status == engine.RollbackBlocked {
+			o.status = engine.RollbackLeftApplied
 		}
 	}
 }
 
-func inPlaceStatus(s reactor.RollbackStatus) bool {
+func inPlaceStatus(s engine.RollbackStatus) bool {
 	switch s {
-	case reactor.RollbackFailed, reactor.RollbackNeedsPerson, reactor.RollbackBlocked, reactor.RollbackLeftApplied:
+	case engine.RollbackFailed, engine.RollbackNeedsPerson, engine.RollbackBlocked, engine.RollbackLeftApplied:
 		return true
 	}
 	return false
@@ -490,23 +490,23 @@ func (m *mmModel) effectInPlace() bool {
 }
 
 func (m *mmModel) retryAllowed() bool {
-	return (m.status == reactor.StatusFailed || m.status == reactor.StatusCancelled) && !m.effectInPlace()
+	return (m.status == engine.StatusFailed || m.status == engine.StatusCancelled) && !m.effectInPlace()
 }
 
 // held counts what the tree holds: entries waiting for a person, left
 // applied, failed or blocked; elements only with elemsOnly.
-func (m *mmModel) held(elemsOnly bool) reactor.Held {
-	var h reactor.Held
+func (m *mmModel) held(elemsOnly bool) engine.Held {
+	var h engine.Held
 	for _, e := range m.entries {
 		if elemsOnly && e.elem < 0 {
 			continue
 		}
 		switch e.status {
-		case reactor.RollbackNeedsPerson:
+		case engine.RollbackNeedsPerson:
 			h.Waiting++
-		case reactor.RollbackLeftApplied:
+		case engine.RollbackLeftApplied:
 			h.LeftApplied++
-		case reactor.RollbackFailed, reactor.RollbackBlocked:
+		case engine.RollbackFailed, engine.RollbackBlocked:
 			h.Failed++
 		}
 	}
@@ -529,27 +529,27 @@ func (m *mmModel) elemOpen(i int) bool {
 	return slices.ContainsFunc(m.entries, func(e *mmEntry) bool { return e.elem == i && e.conflict && !e.resolved })
 }
 
-func (m *mmModel) outcome() reactor.RollbackOutcome {
+func (m *mmModel) outcome() engine.RollbackOutcome {
 	var human, kept, reverted bool
 	for _, e := range m.entries {
 		switch e.status {
-		case reactor.RollbackFailed, reactor.RollbackNeedsPerson, reactor.RollbackBlocked:
+		case engine.RollbackFailed, engine.RollbackNeedsPerson, engine.RollbackBlocked:
 			human = true
-		case reactor.RollbackLeftApplied:
+		case engine.RollbackLeftApplied:
 			kept = true
-		case reactor.RollbackCompensated, reactor.RollbackManuallyReverted:
+		case engine.RollbackCompensated, engine.RollbackManuallyReverted:
 			reverted = true
 		}
 	}
 	switch {
 	case human:
-		return reactor.RollbackNeedsHuman
+		return engine.RollbackNeedsHuman
 	case kept:
-		return reactor.RollbackKeptInPlace
+		return engine.RollbackKeptInPlace
 	case reverted:
-		return reactor.RollbackReverted
+		return engine.RollbackReverted
 	}
-	return reactor.RollbackNothingToDo
+	return engine.RollbackNothingToDo
 }
 
 // forward computes the entries and resources after the forward run; for a
@@ -600,7 +600,7 @@ func (m *mmModel) forward(ran map[int]bool) map[int]bool {
 	if s.fail || mapFailed {
 		m.rollback(true)
 	} else {
-		m.status = reactor.StatusCompleted
+		m.status = engine.StatusCompleted
 	}
 	return expect
 }
@@ -618,7 +618,7 @@ type mmDivergence struct {
 type mmHist struct {
 	ctx    context.Context
 	rdb    *redis.Client
-	eng    *reactor.Engine
+	eng    *engine.Engine
 	prefix string
 	spec   *mmSpec
 	m      *mmModel
@@ -730,7 +730,7 @@ func mmValueOf(path string) string { return "v:" + path }
 func mmWriterOf(v string) (string, bool) { return strings.CutPrefix(v, "v:") }
 
 // restore is a guarded step's Restore, for the step at path.
-func (h *mmHist) restore(ctx context.Context, path, key, before string) (reactor.RestoreResult, error) {
+func (h *mmHist) restore(ctx context.Context, path, key, before string) (engine.RestoreResult, error) {
 	if err := h.killed(ctx); err != nil {
 		return "", err
 	}
@@ -740,10 +740,10 @@ func (h *mmHist) restore(ctx context.Context, path, key, before string) (reactor
 		h.violate("Restore of %s wrote over %q (not its own write)", path, cur)
 	}
 	h.set(key, before)
-	return reactor.RestoreWritten, nil
+	return engine.RestoreWritten, nil
 }
 
-func (h *mmHist) definitions(seed int64) (*reactor.Definition, *reactor.Definition) {
+func (h *mmHist) definitions(seed int64) (*engine.Definition, *engine.Definition) {
 	s := h.spec
 	// The element's guarded effect names its element after "|": the
 	// Restore must know whose it is (a resource is the element run's own).
@@ -752,20 +752,20 @@ func (h *mmHist) definitions(seed int64) (*reactor.Definition, *reactor.Definiti
 		i, _ := strconv.Atoi(n)
 		return k, i
 	}
-	guard := reactor.Guarded(reactor.GuardConfig[string]{
+	guard := engine.Guarded(engine.GuardConfig[string]{
 		Probe: func(ctx context.Context, resource string) (string, error) {
 			k, _ := elemKey(resource)
 			return h.get(k), nil
 		},
-		Restore: func(ctx context.Context, resource, before, _ string) (reactor.RestoreResult, error) {
+		Restore: func(ctx context.Context, resource, before, _ string) (engine.RestoreResult, error) {
 			k, i := elemKey(resource)
 			return h.restore(ctx, fmt.Sprintf("each[%d]/g", i), k, before)
 		},
 	})
-	parts := []reactor.Part{
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("g", reactor.StepConfig[mmIn, mmOut]{
-			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
+	parts := []engine.Part{
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("g", engine.StepConfig[mmIn, mmOut]{
+			Args:  engine.Bindings{"n": engine.FromInput("item")},
 			Guard: guard,
 			Run: func(ctx context.Context, in mmIn) (mmOut, error) {
 				h.mu.Lock()
@@ -775,16 +775,16 @@ func (h *mmHist) definitions(seed int64) (*reactor.Definition, *reactor.Definiti
 				key := h.key(s.elemRes(in.N))
 				before := h.get(key)
 				h.set(key, mmValueOf(path))
-				return mmOut{Before: before, After: mmValueOf(path)}, reactor.RecordEffect(ctx,
-					reactor.Effect{Resource: key + "|" + strconv.Itoa(in.N), Before: before, After: mmValueOf(path), Label: path})
+				return mmOut{Before: before, After: mmValueOf(path)}, engine.RecordEffect(ctx,
+					engine.Effect{Resource: key + "|" + strconv.Itoa(in.N), Before: before, After: mmValueOf(path), Label: path})
 			},
 		}),
 	}
 	last := "g"
 	if s.hasP {
 		last = "p"
-		parts = append(parts, reactor.Step("p", reactor.StepConfig[mmIn, mmOut]{
-			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
+		parts = append(parts, engine.Step("p", engine.StepConfig[mmIn, mmOut]{
+			Args:  engine.Bindings{"n": engine.FromInput("item")},
 			After: []string{"g"},
 			Run: func(ctx context.Context, in mmIn) (mmOut, error) {
 				return mmOut{After: mmValueOf(fmt.Sprintf("each[%d]/p", in.N))}, nil
@@ -803,8 +803,8 @@ func (h *mmHist) definitions(seed int64) (*reactor.Definition, *reactor.Definiti
 		}))
 	}
 	if s.anyFailSelf {
-		parts = append(parts, reactor.Step("boom", reactor.StepConfig[mmIn, mmOut]{
-			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
+		parts = append(parts, engine.Step("boom", engine.StepConfig[mmIn, mmOut]{
+			Args:  engine.Bindings{"n": engine.FromInput("item")},
 			After: []string{last},
 			Run: func(ctx context.Context, in mmIn) (mmOut, error) {
 				el := s.elems[in.N]
@@ -814,39 +814,39 @@ func (h *mmHist) definitions(seed int64) (*reactor.Definition, *reactor.Definiti
 				if el.clobberSelf {
 					h.set(h.key(s.elemRes(in.N)), "w:self"+strconv.Itoa(in.N))
 				}
-				return mmOut{}, reactor.Permanent(fmt.Errorf("element %d refused", in.N))
+				return mmOut{}, engine.Permanent(fmt.Errorf("element %d refused", in.N))
 			},
 		}))
 	}
 	name := fmt.Sprintf("mapmodel-%d", seed)
-	element := reactor.MustDefine(name+"-el", parts...)
+	element := engine.MustDefine(name+"-el", parts...)
 
-	owner := []reactor.Part{reactor.Input[[]int]("items", reactor.Required())}
+	owner := []engine.Part{engine.Input[[]int]("items", engine.Required())}
 	var after []string
 	for _, st := range s.own {
 		path, key := st.name, h.key(st.res)
-		cfg := reactor.StepConfig[reactor.Args, mmOut]{After: after}
+		cfg := engine.StepConfig[engine.Args, mmOut]{After: after}
 		if st.guarded {
-			cfg.Guard = reactor.Guarded(reactor.GuardConfig[string]{
+			cfg.Guard = engine.Guarded(engine.GuardConfig[string]{
 				Probe: func(ctx context.Context, k string) (string, error) { return h.get(k), nil },
-				Restore: func(ctx context.Context, k, before, _ string) (reactor.RestoreResult, error) {
+				Restore: func(ctx context.Context, k, before, _ string) (engine.RestoreResult, error) {
 					return h.restore(ctx, path, k, before)
 				},
 			})
-			cfg.Run = func(ctx context.Context, _ reactor.Args) (mmOut, error) {
+			cfg.Run = func(ctx context.Context, _ engine.Args) (mmOut, error) {
 				before := h.get(key)
 				h.set(key, mmValueOf(path))
-				return mmOut{Before: before, After: mmValueOf(path)}, reactor.RecordEffect(ctx,
-					reactor.Effect{Resource: key, Before: before, After: mmValueOf(path), Label: path})
+				return mmOut{Before: before, After: mmValueOf(path)}, engine.RecordEffect(ctx,
+					engine.Effect{Resource: key, Before: before, After: mmValueOf(path), Label: path})
 			}
 		} else {
-			cfg.Resource = func(reactor.Args, mmOut) string { return key }
-			cfg.Run = func(ctx context.Context, _ reactor.Args) (mmOut, error) {
+			cfg.Resource = func(engine.Args, mmOut) string { return key }
+			cfg.Run = func(ctx context.Context, _ engine.Args) (mmOut, error) {
 				before := h.get(key)
 				h.set(key, mmValueOf(path))
 				return mmOut{Before: before, After: mmValueOf(path)}, nil
 			}
-			cfg.Undo = func(ctx context.Context, _ reactor.Args, out mmOut) error {
+			cfg.Undo = func(ctx context.Context, _ engine.Args, out mmOut) error {
 				if err := h.killed(ctx); err != nil {
 					return err
 				}
@@ -871,23 +871,23 @@ func (h *mmHist) definitions(seed int64) (*reactor.Definition, *reactor.Definiti
 				return nil
 			}
 		}
-		owner = append(owner, reactor.Step(st.name, cfg))
+		owner = append(owner, engine.Step(st.name, cfg))
 		after = []string{st.name}
 	}
-	owner = append(owner, mapcore.Map("each", mapcore.Config{Element: element, Items: reactor.FromInput("items"),
+	owner = append(owner, mapcore.Map("each", mapcore.Config{Element: element, Items: engine.FromInput("items"),
 		FanOut: s.fanOut, Partial: s.partial, BatchSize: 2, After: after}))
 	if s.fail {
-		owner = append(owner, reactor.Step("fail", reactor.StepConfig[reactor.Args, mmOut]{
+		owner = append(owner, engine.Step("fail", engine.StepConfig[engine.Args, mmOut]{
 			After: []string{"each"},
-			Run: func(ctx context.Context, _ reactor.Args) (mmOut, error) {
+			Run: func(ctx context.Context, _ engine.Args) (mmOut, error) {
 				for _, r := range s.failClobber {
 					h.set(h.key(r), "w:fail")
 				}
-				return mmOut{}, reactor.Permanent(errors.New("downstream refused"))
+				return mmOut{}, engine.Permanent(errors.New("downstream refused"))
 			},
 		}))
 	}
-	return reactor.MustDefine(name, owner...), element
+	return engine.MustDefine(name, owner...), element
 }
 
 func (env *mmEnv) runHistory(seed int64) (out []mmDivergence) {
@@ -919,7 +919,7 @@ func (env *mmEnv) runHistory(seed int64) (out []mmDivergence) {
 		queue = fmt.Sprintf("%s-h%d", env.queue, seed)
 		defer env.dropQueue(queue)
 	}
-	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: env.rdb, Prefix: h.prefix, Enqueuer: worker.NewClient(env.rdb, queue),
+	eng, err := engine.NewEngine(ctx, engine.Config{Client: env.rdb, Prefix: h.prefix, Enqueuer: worker.NewClient(env.rdb, queue),
 		Logger: logger, Retention: time.Hour})
 	if err != nil {
 		panic(err)
@@ -942,11 +942,11 @@ func (env *mmEnv) runHistory(seed int64) (out []mmDivergence) {
 		items[i] = i
 	}
 	h.snapshot()
-	var res *reactor.Result
+	var res *engine.Result
 	if spec.fanOut {
-		res, err = eng.Enqueue(ctx, owner, map[string]any{"items": items}, reactor.WithRunID(h.runID))
+		res, err = eng.Enqueue(ctx, owner, map[string]any{"items": items}, engine.WithRunID(h.runID))
 	} else {
-		res, err = eng.Run(ctx, owner, map[string]any{"items": items}, reactor.WithRunID(h.runID))
+		res, err = eng.Run(ctx, owner, map[string]any{"items": items}, engine.WithRunID(h.runID))
 	}
 	if err == nil {
 		res, err = h.finish(res)
@@ -963,7 +963,7 @@ func (env *mmEnv) runHistory(seed int64) (out []mmDivergence) {
 		add("forward: the elements that ran differ", fmt.Sprintf("engine %v, model %v", sortedKeys(ran), sortedKeys(expect)))
 		return out
 	}
-	if h.m.status == reactor.StatusCompleted {
+	if h.m.status == engine.StatusCompleted {
 		h.log = append(h.log, "run: completes (elements run: "+fmt.Sprint(sortedKeys(ran))+")")
 	} else {
 		h.log = append(h.log, "run: fails, rolls back (elements run: "+fmt.Sprint(sortedKeys(ran))+")")
@@ -1011,7 +1011,7 @@ func (env *mmEnv) dropQueue(queue string) {
 }
 
 // finish waits for a run handed to workers.
-func (h *mmHist) finish(res *reactor.Result) (*reactor.Result, error) {
+func (h *mmHist) finish(res *engine.Result) (*engine.Result, error) {
 	if res.Status.Terminal() {
 		return res, nil
 	}
@@ -1019,7 +1019,7 @@ func (h *mmHist) finish(res *reactor.Result) (*reactor.Result, error) {
 }
 
 // checkResult compares a result's Held with the model's.
-func (h *mmHist) checkResult(res *reactor.Result) (string, string) {
+func (h *mmHist) checkResult(res *engine.Result) (string, string) {
 	if res == nil || !res.Status.Terminal() {
 		return "", ""
 	}
@@ -1054,10 +1054,10 @@ func (h *mmHist) pickOp(r *rand.Rand) mmOp {
 		m.kv[name] = v
 		return fmt.Sprintf("writer: %s = %s", name, v), "", "", false
 	})
-	if m.status == reactor.StatusCompleted || r.IntN(5) == 0 {
+	if m.status == engine.StatusCompleted || r.IntN(5) == 0 {
 		undo := func() (string, string, string, bool) {
 			res, err := h.eng.Undo(h.ctx, h.runID)
-			want := m.status == reactor.StatusCompleted
+			want := m.status == engine.StatusCompleted
 			switch {
 			case want && err != nil:
 				return "Undo", "Undo refused, model accepts it: " + mmErrClass(err), err.Error(), true
@@ -1075,7 +1075,7 @@ func (h *mmHist) pickOp(r *rand.Rand) mmOp {
 		}
 		ops = append(ops, undo, undo)
 	}
-	if m.status != reactor.StatusCompleted || r.IntN(5) == 0 {
+	if m.status != engine.StatusCompleted || r.IntN(5) == 0 {
 		retry := func(kill bool) mmOp {
 			return func() (string, string, string, bool) {
 				desc := "RetryRollback"
@@ -1143,9 +1143,9 @@ func (h *mmHist) pickOp(r *rand.Rand) mmOp {
 	if len(open) > 0 {
 		resolve := func() (string, string, string, bool) {
 			e := open[r.IntN(len(open))]
-			kind := reactor.ResolvedManuallyReverted
+			kind := engine.ResolvedManuallyReverted
 			if r.IntN(2) == 0 {
-				kind = reactor.ResolvedLeftApplied
+				kind = engine.ResolvedLeftApplied
 			}
 			run := h.runOf(e)
 			desc := fmt.Sprintf("Resolve %s of %s %s", e.id, run, kind)
@@ -1154,11 +1154,11 @@ func (h *mmHist) pickOp(r *rand.Rand) mmOp {
 			if err != nil {
 				return desc, "RollbackStatus of a run with a conflict failed: " + mmErrClass(err), err.Error(), true
 			}
-			i := slices.IndexFunc(rep.ActionRequired, func(a reactor.ActionItem) bool { return a.Run == run && a.ID == e.id })
+			i := slices.IndexFunc(rep.ActionRequired, func(a engine.ActionItem) bool { return a.Run == run && a.ID == e.id })
 			if i < 0 {
 				return desc, "P3 the conflicted run's ActionRequired lacks the conflict", fmt.Sprintf("%s: %+v", run, rep.ActionRequired), true
 			}
-			if kind == reactor.ResolvedManuallyReverted {
+			if kind == engine.ResolvedManuallyReverted {
 				h.set(h.key(e.res), e.before) // the person puts it back
 			}
 			err = h.eng.Resolve(h.ctx, run, rep.ActionRequired[i].ID, kind, "checked by the model")
@@ -1166,7 +1166,7 @@ func (h *mmHist) pickOp(r *rand.Rand) mmOp {
 			if err != nil {
 				return desc, "Resolve refused: " + mmErrClass(err), err.Error(), true
 			}
-			if err := h.eng.Resolve(h.ctx, run, e.id, kind, "again"); !errors.Is(err, reactor.ErrAlreadyResolved) {
+			if err := h.eng.Resolve(h.ctx, run, e.id, kind, "again"); !errors.Is(err, engine.ErrAlreadyResolved) {
 				return desc, "Resolve repeated: not ErrAlreadyResolved", fmt.Sprint(err), false
 			}
 			return desc, "", "", false
@@ -1176,7 +1176,7 @@ func (h *mmHist) pickOp(r *rand.Rand) mmOp {
 	ops = append(ops, func() (string, string, string, bool) {
 		_, err := h.eng.Retry(h.ctx, h.runID)
 		want := m.retryAllowed()
-		var se *reactor.StatusError
+		var se *engine.StatusError
 		switch {
 		case want && err != nil:
 			return "Retry", "P4 Retry refused, model allows it: " + mmErrClass(err), err.Error(), true
@@ -1202,11 +1202,11 @@ func paths(es []*mmEntry) []string {
 
 // resume resumes the owner after a kill, waiting for the killed call's
 // lock to go.
-func (h *mmHist) resume() (*reactor.Result, error) {
+func (h *mmHist) resume() (*engine.Result, error) {
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		res, err := h.eng.Resume(h.ctx, h.runID)
-		if errors.Is(err, reactor.ErrRunLocked) && time.Now().Before(deadline) {
+		if errors.Is(err, engine.ErrRunLocked) && time.Now().Before(deadline) {
 			time.Sleep(20 * time.Millisecond)
 			continue
 		}
@@ -1225,9 +1225,9 @@ func (h *mmHist) inPlaceNames() string {
 }
 
 func mmErrClass(err error) string {
-	for _, s := range []error{reactor.ErrNotUndoable, reactor.ErrNoRollbackToRetry, reactor.ErrNothingToRetry,
-		reactor.ErrNotRetryable, reactor.ErrAlreadyRetried, reactor.ErrNoSuchConflict, reactor.ErrAlreadyResolved,
-		reactor.ErrRollbackInProgress, reactor.ErrRunLocked, reactor.ErrNoRollback, reactor.ErrNotFound, context.Canceled,
+	for _, s := range []error{engine.ErrNotUndoable, engine.ErrNoRollbackToRetry, engine.ErrNothingToRetry,
+		engine.ErrNotRetryable, engine.ErrAlreadyRetried, engine.ErrNoSuchConflict, engine.ErrAlreadyResolved,
+		engine.ErrRollbackInProgress, engine.ErrRunLocked, engine.ErrNoRollback, engine.ErrNotFound, context.Canceled,
 		context.DeadlineExceeded} {
 		if errors.Is(err, s) {
 			return s.Error()
@@ -1365,7 +1365,7 @@ func (h *mmHist) checkState() (category, detail string, soft bool) {
 			if e.elem >= 0 || e.status == "" {
 				continue
 			}
-			i := slices.IndexFunc(rep.Entries, func(re reactor.RollbackEntry) bool { return re.ID == e.id })
+			i := slices.IndexFunc(rep.Entries, func(re engine.RollbackEntry) bool { return re.ID == e.id })
 			if i < 0 || rep.Entries[i].Status != e.status {
 				got := "none"
 				if i >= 0 {
@@ -1407,7 +1407,7 @@ func (h *mmHist) checkState() (category, detail string, soft bool) {
 			}
 			h.add(cat, fmt.Sprintf("engine %v, model %v (%s)", action, open, m.statusSet()))
 		}
-		if rep.Summary.Outcome == reactor.RollbackInProgress {
+		if rep.Summary.Outcome == engine.RollbackInProgress {
 			h.add("P5 summary outcome in_progress on a settled owner", "")
 		}
 		if o := m.outcome(); rep.Summary.Outcome != o {
@@ -1479,7 +1479,7 @@ func (h *mmHist) checkState() (category, detail string, soft bool) {
 		h.add(missing, ttlDetail+"; "+m.statusSet())
 	}
 	// Retry refused while any effect is in place.
-	_, err = h.eng.Check(ctx, h.runID, reactor.OpRetry)
+	_, err = h.eng.Check(ctx, h.runID, engine.OpRetry)
 	switch want := m.retryAllowed(); {
 	case want && err != nil:
 		h.add("P4 Check(OpRetry) refuses, model allows it: "+mmErrClass(err), err.Error())

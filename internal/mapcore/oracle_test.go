@@ -17,7 +17,6 @@ import (
 	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/redistest"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -69,11 +68,11 @@ type oracleItem struct {
 
 // element doubles its item; item failOn fails (permanently) once every item
 // before it completed; the undo of the items in undoFail fails.
-func (tr *oracleTracker) element(name string) *reactor.Definition {
-	return reactor.MustDefine(name,
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("double", reactor.StepConfig[oracleItem, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+func (tr *oracleTracker) element(name string) *engine.Definition {
+	return engine.MustDefine(name,
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("double", engine.StepConfig[oracleItem, int]{
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run: func(ctx context.Context, in oracleItem) (int, error) {
 				tr.mu.Lock()
 				tr.ran[in.N]++
@@ -84,7 +83,7 @@ func (tr *oracleTracker) element(name string) *reactor.Definition {
 					case <-ctx.Done():
 						return 0, ctx.Err()
 					}
-					return 0, reactor.Permanent(fmt.Errorf("item %d is bad", in.N))
+					return 0, engine.Permanent(fmt.Errorf("item %d is bad", in.N))
 				}
 				tr.mu.Lock()
 				tr.completed[in.N]++
@@ -106,18 +105,18 @@ func (tr *oracleTracker) element(name string) *reactor.Definition {
 				return nil
 			},
 		}),
-		reactor.Returns(reactor.FromStep("double")),
+		engine.Returns(engine.FromStep("double")),
 	)
 }
 
 // owner runs "prep" (undoable), maps the element over "items" in "each",
 // sums the results in "sum" and, with boom, fails in "boom" after that.
-func (tr *oracleTracker) owner(name string, fanOut bool, batch int, boom bool) *reactor.Definition {
-	parts := []reactor.Part{
-		reactor.Input[[]int]("items", reactor.Required()),
-		reactor.Step("prep", reactor.StepConfig[reactor.Args, int]{
-			Run: func(context.Context, reactor.Args) (int, error) { return 1, nil },
-			Undo: func(context.Context, reactor.Args, int) error {
+func (tr *oracleTracker) owner(name string, fanOut bool, batch int, boom bool) *engine.Definition {
+	parts := []engine.Part{
+		engine.Input[[]int]("items", engine.Required()),
+		engine.Step("prep", engine.StepConfig[engine.Args, int]{
+			Run: func(context.Context, engine.Args) (int, error) { return 1, nil },
+			Undo: func(context.Context, engine.Args, int) error {
 				tr.mu.Lock()
 				tr.prepUndone++
 				tr.mu.Unlock()
@@ -127,17 +126,17 @@ func (tr *oracleTracker) owner(name string, fanOut bool, batch int, boom bool) *
 				return nil
 			},
 		}),
-		mapcore.Map("each", mapcore.Config{Element: tr.element(name + "-el"), Items: reactor.FromInput("items"),
+		mapcore.Map("each", mapcore.Config{Element: tr.element(name + "-el"), Items: engine.FromInput("items"),
 			FanOut: fanOut, BatchSize: batch, After: []string{"prep"}}),
 		drainSumStep(),
 	}
 	if boom {
-		parts = append(parts, reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{After: []string{"sum"},
-			Run: func(context.Context, reactor.Args) (int, error) {
-				return 0, reactor.Permanent(errors.New("boom after the map"))
+		parts = append(parts, engine.Step("boom", engine.StepConfig[engine.Args, int]{After: []string{"sum"},
+			Run: func(context.Context, engine.Args) (int, error) {
+				return 0, engine.Permanent(errors.New("boom after the map"))
 			}}))
 	}
-	return reactor.MustDefine(name, append(parts, reactor.Returns(reactor.FromStep("sum")))...)
+	return engine.MustDefine(name, append(parts, engine.Returns(engine.FromStep("sum")))...)
 }
 
 // requireUndoneCompleted checks one side: every completed element was
@@ -171,7 +170,7 @@ func (tr *oracleTracker) requireUndoneCompleted(t *testing.T, side string) []int
 
 // oracleFixture is an engine with a real asynq worker on a per-test queue.
 type oracleFixture struct {
-	engine *reactor.Engine
+	engine *engine.Engine
 }
 
 func newOracleFixture(t *testing.T) *oracleFixture {
@@ -179,7 +178,7 @@ func newOracleFixture(t *testing.T) *oracleFixture {
 	rdb := redistest.Client(t)
 	queue := redistest.Queue(t)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
-	e, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: redistest.Prefix(t),
+	e, err := engine.NewEngine(context.Background(), engine.Config{Client: rdb, Prefix: redistest.Prefix(t),
 		Enqueuer: worker.NewClient(rdb, queue), Logger: logger})
 	require.NoError(t, err)
 	w := worker.New(e, rdb, worker.Config{Queues: map[string]int{queue: 1}, Concurrency: 4, Logger: logger})
@@ -190,7 +189,7 @@ func newOracleFixture(t *testing.T) *oracleFixture {
 
 // run executes def to its end: in-process for an inline map, through the
 // workers (dispatched, then waited for) for a fan-out map.
-func (f *oracleFixture) run(t *testing.T, def *reactor.Definition, n int, fanOut bool) *reactor.Result {
+func (f *oracleFixture) run(t *testing.T, def *engine.Definition, n int, fanOut bool) *engine.Result {
 	t.Helper()
 	ctx := ctxT(t)
 	res, err := f.engine.Run(ctx, def, map[string]any{"items": drainItems(n)})
@@ -203,25 +202,25 @@ func (f *oracleFixture) run(t *testing.T, def *reactor.Definition, n int, fanOut
 
 // undo undoes the completed run id: at once for an inline map; a fan-out map
 // hands its rollback to workers (rolling_back), and Wait gives the end.
-func (f *oracleFixture) undo(t *testing.T, id string, fanOut bool) *reactor.Result {
+func (f *oracleFixture) undo(t *testing.T, id string, fanOut bool) *engine.Result {
 	t.Helper()
 	ctx := ctxT(t)
 	res, err := f.engine.Undo(ctx, id)
 	require.NoError(t, err)
 	if !fanOut {
-		require.Equal(t, reactor.StatusCancelled, res.Status, "an inline map rolls back in-process")
+		require.Equal(t, engine.StatusCancelled, res.Status, "an inline map rolls back in-process")
 		return res
 	}
-	require.Equal(t, reactor.StatusRollingBack, res.Status, "a fan-out map hands its rollback off")
-	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	require.Equal(t, engine.StatusRollingBack, res.Status, "a fan-out map hands its rollback off")
+	require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 	res, err = f.engine.Wait(ctx, id)
 	require.NoError(t, err)
 	return res
 }
 
-func sortedRollbackFailures(fs []reactor.RollbackFailure) []reactor.RollbackFailure {
+func sortedRollbackFailures(fs []engine.RollbackFailure) []engine.RollbackFailure {
 	out := slices.Clone(fs)
-	slices.SortFunc(out, func(a, b reactor.RollbackFailure) int {
+	slices.SortFunc(out, func(a, b engine.RollbackFailure) int {
 		return cmp.Or(cmp.Compare(a.Step, b.Step), cmp.Compare(a.Kind, b.Kind),
 			cmp.Compare(a.Reason, b.Reason), cmp.Compare(a.Message, b.Message))
 	})
@@ -229,7 +228,7 @@ func sortedRollbackFailures(fs []reactor.RollbackFailure) []reactor.RollbackFail
 }
 
 // requireSameFailure is the oracle's verdict on the final Failures.
-func requireSameFailure(t *testing.T, inline, fan *reactor.Failure) {
+func requireSameFailure(t *testing.T, inline, fan *engine.Failure) {
 	t.Helper()
 	require.NotNil(t, inline)
 	require.NotNil(t, fan)
@@ -242,11 +241,11 @@ func requireSameFailure(t *testing.T, inline, fan *reactor.Failure) {
 	require.Equal(t, inline.RollbackFailuresOmitted, fan.RollbackFailuresOmitted)
 }
 
-func rollbackSteps(t *testing.T, fs []reactor.RollbackFailure) []string {
+func rollbackSteps(t *testing.T, fs []engine.RollbackFailure) []string {
 	t.Helper()
 	out := make([]string, len(fs))
 	for i, f := range fs {
-		require.Equal(t, reactor.ActionUndo, f.Kind, "%+v", f)
+		require.Equal(t, engine.ActionUndo, f.Kind, "%+v", f)
 		out[i] = f.Step
 	}
 	slices.Sort(out)
@@ -263,31 +262,31 @@ func TestOracleInlineAndFanOutEndAlike(t *testing.T) {
 		undo      bool  // the run completes, then is undone on request
 		undoFail  []int // element undos that fail
 		prepFails bool
-		status    reactor.Status
+		status    engine.Status
 		step, msg string
 		// wantRb are the steps of the rollback failures.
 		wantRb []string
 	}{
 		{name: "ElementFails", n: 30, batch: 10, failOn: 7, undoFail: []int{2, 5},
-			status: reactor.StatusFailed, step: "each[7]/double", msg: "item 7 is bad",
+			status: engine.StatusFailed, step: "each[7]/double", msg: "item 7 is bad",
 			wantRb: []string{"each[2]/double", "each[5]/double"}},
 		{name: "FirstElementFails", n: 12, batch: 5, failOn: 0, prepFails: true,
-			status: reactor.StatusFailed, step: "each[0]/double", msg: "item 0 is bad",
+			status: engine.StatusFailed, step: "each[0]/double", msg: "item 0 is bad",
 			wantRb: []string{"prep"}},
 		{name: "LastElementOfBatchFails", n: 25, batch: 10, failOn: 19, undoFail: []int{0, 10, 18}, prepFails: true,
-			status: reactor.StatusFailed, step: "each[19]/double", msg: "item 19 is bad",
+			status: engine.StatusFailed, step: "each[19]/double", msg: "item 19 is bad",
 			wantRb: []string{"each[0]/double", "each[10]/double", "each[18]/double", "prep"}},
 		{name: "StepAfterMapFails", n: 45, batch: 10, failOn: -1, boom: true, undoFail: []int{0, 13, 44}, prepFails: true,
-			status: reactor.StatusFailed, step: "boom", msg: "boom after the map",
+			status: engine.StatusFailed, step: "boom", msg: "boom after the map",
 			wantRb: []string{"each[0]/double", "each[13]/double", "each[44]/double", "prep"}},
 		{name: "UndoOfCompletedRun", n: 25, batch: 10, failOn: -1, undo: true, undoFail: []int{3, 24},
-			status: reactor.StatusCancelled, step: "", msg: "undone on request",
+			status: engine.StatusCancelled, step: "", msg: "undone on request",
 			wantRb: []string{"each[24]/double", "each[3]/double"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			f := newOracleFixture(t)
-			failures := map[bool]*reactor.Failure{}
+			failures := map[bool]*engine.Failure{}
 			completed := map[bool][]int{}
 			for _, fan := range []bool{false, true} {
 				side := map[bool]string{false: "inline", true: "fan-out"}[fan]
@@ -295,8 +294,8 @@ func TestOracleInlineAndFanOutEndAlike(t *testing.T) {
 				def := tr.owner(fmt.Sprintf("oracle-%s-%s", tc.name, side), fan, tc.batch, tc.boom)
 				res := f.run(t, def, tc.n, fan)
 				if tc.undo {
-					require.Equal(t, reactor.StatusCompleted, res.Status, "%s: %v", side, res.Failure)
-					sum, err := reactor.ValueOf[int](res)
+					require.Equal(t, engine.StatusCompleted, res.Status, "%s: %v", side, res.Failure)
+					sum, err := engine.ValueOf[int](res)
 					require.NoError(t, err)
 					require.Equal(t, tc.n*(tc.n-1), sum)
 					res = f.undo(t, res.RunID, fan)
@@ -348,29 +347,29 @@ func TestOracleComposedChild(t *testing.T) {
 			t.Parallel()
 			f := newOracleFixture(t)
 			const n = 24
-			failures := map[bool]*reactor.Failure{}
+			failures := map[bool]*engine.Failure{}
 			for _, fan := range []bool{false, true} {
 				side := map[bool]string{false: "inline", true: "fan-out"}[fan]
 				tr := newOracleTracker(tc.failOn, []int{4, 9}, true)
 				name := fmt.Sprintf("oracle-composed-%s-%s", tc.name, side)
 				child := tr.owner(name+"-child", fan, 5, tc.boom)
 				var rootUndone int
-				root := reactor.MustDefine(name,
-					reactor.Input[[]int]("items", reactor.Required()),
-					reactor.Step("open", reactor.StepConfig[reactor.Args, int]{
-						Run: func(context.Context, reactor.Args) (int, error) { return 1, nil },
-						Undo: func(context.Context, reactor.Args, int) error {
+				root := engine.MustDefine(name,
+					engine.Input[[]int]("items", engine.Required()),
+					engine.Step("open", engine.StepConfig[engine.Args, int]{
+						Run: func(context.Context, engine.Args) (int, error) { return 1, nil },
+						Undo: func(context.Context, engine.Args, int) error {
 							tr.mu.Lock()
 							rootUndone++
 							tr.mu.Unlock()
 							return nil
 						},
 					}),
-					reactor.Compose("child", child, reactor.ComposeConfig{After: []string{"open"},
-						Args: reactor.Bindings{"items": reactor.FromInput("items")}}),
-					reactor.Returns(reactor.FromStep("child")))
+					engine.Compose("child", child, engine.ComposeConfig{After: []string{"open"},
+						Args: engine.Bindings{"items": engine.FromInput("items")}}),
+					engine.Returns(engine.FromStep("child")))
 				res := f.run(t, root, n, fan)
-				require.Equal(t, reactor.StatusFailed, res.Status, "%s: %v", side, res.Failure)
+				require.Equal(t, engine.StatusFailed, res.Status, "%s: %v", side, res.Failure)
 				require.Equal(t, tc.step, res.Failure.Step, side)
 				require.Equal(t, tc.msg, res.Failure.Message, side)
 				require.Equal(t, tc.wantRb, rollbackSteps(t, res.Failure.RollbackFailures), "%s: rollback failures", side)
@@ -414,10 +413,10 @@ func TestOracleRefusesUndoAndCancelWhileRollingBack(t *testing.T) {
 			def := rbDrainOwner(f, "refuse-"+name, 0)
 			step, mapStep := "boom", "each"
 			if composed {
-				def = reactor.MustDefine("refuse-root-"+name,
-					reactor.Input[[]int]("items", reactor.Required()),
-					reactor.Compose("child", def, reactor.ComposeConfig{Args: reactor.Bindings{"items": reactor.FromInput("items")}}),
-					reactor.Returns(reactor.FromStep("child")))
+				def = engine.MustDefine("refuse-root-"+name,
+					engine.Input[[]int]("items", engine.Required()),
+					engine.Compose("child", def, engine.ComposeConfig{Args: engine.Bindings{"items": engine.FromInput("items")}}),
+					engine.Returns(engine.FromStep("child")))
 				step, mapStep = "child/boom", "child/each"
 			}
 			id, _ := f.start(def, n)
@@ -435,7 +434,7 @@ func TestOracleRefusesUndoAndCancelWhileRollingBack(t *testing.T) {
 				before, err := f.engine.Get(ctx, id)
 				require.NoError(t, err)
 				if !composed {
-					require.Equal(t, reactor.StatusRollingBack, before.Status, when)
+					require.Equal(t, engine.StatusRollingBack, before.Status, when)
 				}
 				for _, op := range []string{"undo", "cancel"} {
 					var err error
@@ -444,11 +443,11 @@ func TestOracleRefusesUndoAndCancelWhileRollingBack(t *testing.T) {
 					} else {
 						err = f.engine.Cancel(ctx, id)
 					}
-					require.ErrorIs(t, err, reactor.ErrRollbackInProgress, "%s: %s", when, op)
-					var se *reactor.StatusError
+					require.ErrorIs(t, err, engine.ErrRollbackInProgress, "%s: %s", when, op)
+					var se *engine.StatusError
 					require.ErrorAs(t, err, &se)
 					require.Equal(t, op, se.Op)
-					require.Equal(t, reactor.StatusRollingBack, se.Status)
+					require.Equal(t, engine.StatusRollingBack, se.Status)
 				}
 				after, err := f.engine.Get(ctx, id)
 				require.NoError(t, err)
@@ -475,7 +474,7 @@ func TestOracleRefusesUndoAndCancelWhileRollingBack(t *testing.T) {
 			require.Equal(t, 2, f.d.Appeared(worker.TypeRun))
 			require.Equal(t, n, f.d.Appeared(worker.TypeRollback))
 			res := f.result(id)
-			require.Equal(t, reactor.StatusFailed, res.Status)
+			require.Equal(t, engine.StatusFailed, res.Status)
 			require.Equal(t, step, res.Failure.Step)
 			require.Equal(t, "boom after the map", res.Failure.Message)
 			f.requireRanOnce(n)
@@ -488,8 +487,8 @@ func TestOracleRefusesUndoAndCancelWhileRollingBack(t *testing.T) {
 
 			// Finished now: Undo and Cancel say so, not "in progress".
 			_, err := f.engine.Undo(ctx, id)
-			require.ErrorIs(t, err, reactor.ErrNotUndoable)
-			require.ErrorIs(t, f.engine.Cancel(ctx, id), reactor.ErrAlreadyFinished)
+			require.ErrorIs(t, err, engine.ErrNotUndoable)
+			require.ErrorIs(t, f.engine.Cancel(ctx, id), engine.ErrAlreadyFinished)
 		})
 	}
 }

@@ -9,8 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -20,17 +20,17 @@ import (
 
 // rbDrainOwner maps the element over "items" (fan-out, batch size batch, 0
 // for the default), sums the results, then fails in "boom".
-func rbDrainOwner(f *drainFixture, name string, batch int) *reactor.Definition {
-	return reactor.MustDefine(name,
-		reactor.Input[[]int]("items", reactor.Required()),
-		mapcore.Map("each", mapcore.Config{Element: f.element(name + "-el"), Items: reactor.FromInput("items"),
+func rbDrainOwner(f *drainFixture, name string, batch int) *engine.Definition {
+	return engine.MustDefine(name,
+		engine.Input[[]int]("items", engine.Required()),
+		mapcore.Map("each", mapcore.Config{Element: f.element(name + "-el"), Items: engine.FromInput("items"),
 			FanOut: true, BatchSize: batch}),
 		drainSumStep(),
-		reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{After: []string{"sum"},
-			Run: func(context.Context, reactor.Args) (int, error) {
-				return 0, reactor.Permanent(errors.New("boom after the map"))
+		engine.Step("boom", engine.StepConfig[engine.Args, int]{After: []string{"sum"},
+			Run: func(context.Context, engine.Args) (int, error) {
+				return 0, engine.Permanent(errors.New("boom after the map"))
 			}}),
-		reactor.Returns(reactor.FromStep("sum")),
+		engine.Returns(engine.FromStep("sum")),
 	)
 }
 
@@ -144,7 +144,7 @@ func TestRbDrain500(t *testing.T) {
 			require.Equal(t, "0", meta["failed"])
 
 			res := f.result(id)
-			require.Equal(t, reactor.StatusFailed, res.Status)
+			require.Equal(t, engine.StatusFailed, res.Status)
 			require.Equal(t, "boom", res.Failure.Step)
 			require.Equal(t, "boom after the map", res.Failure.Message)
 			require.Empty(t, res.Failure.RollbackFailures)

@@ -21,7 +21,6 @@ import (
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/redistest"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -127,7 +126,7 @@ func rbfOwnerID(t testing.TB, h *rbfHooks) (string, *rbfHooks) {
 	if h == nil {
 		h = &rbfHooks{}
 	}
-	id := "rbf-" + reactor.NewRunID()
+	id := "rbf-" + engine.NewRunID()
 	rbfRoutes.Store(id, h)
 	t.Cleanup(func() { rbfRoutes.Delete(id) })
 	return id, h
@@ -144,7 +143,7 @@ type rbfOptions struct {
 	// noServer: start no server (the test starts its own with serve).
 	noServer bool
 	// hooks are more engine hooks.
-	hooks []reactor.Hook
+	hooks []engine.Hook
 	// undoLockWait is the engine's UndoLockWait (run-level Undo; a map's
 	// rollback ignores it and waits the map rollback lock wait). Default the
 	// engine's.
@@ -162,7 +161,7 @@ type rbfOptions struct {
 
 type rbfHarness struct {
 	t       testing.TB
-	engine  *reactor.Engine
+	engine  *engine.Engine
 	rdb     *redis.Client
 	client  *worker.Client
 	queue   string
@@ -181,7 +180,7 @@ type rbfHarness struct {
 }
 
 type rbfEventKey struct {
-	kind reactor.EventKind
+	kind engine.EventKind
 	run  string
 }
 
@@ -197,7 +196,7 @@ func newRBFHarness(t testing.TB, o rbfOptions) *rbfHarness {
 		resumed: map[string]int{}, events: map[rbfEventKey][]chan struct{}{}, counts: map[rbfEventKey]int{},
 		intercepts: map[rbfEventKey]func(ctx context.Context){}}
 	h.client = worker.NewClient(rdb, queue)
-	hook := reactor.HookFunc(func(ctx context.Context, ev reactor.Event) {
+	hook := engine.HookFunc(func(ctx context.Context, ev engine.Event) {
 		h.mu.Lock()
 		intercept := h.intercepts[rbfEventKey{ev.Kind, ev.RunID}]
 		h.mu.Unlock()
@@ -206,12 +205,12 @@ func newRBFHarness(t testing.TB, o rbfOptions) *rbfHarness {
 		}
 		k := rbfEventKey{ev.Kind, ev.RunID}
 		switch ev.Kind {
-		case reactor.EventRunCompleted, reactor.EventRunFailed, reactor.EventRunHalted, reactor.EventRunCancelled:
+		case engine.EventRunCompleted, engine.EventRunFailed, engine.EventRunHalted, engine.EventRunCancelled:
 			k.kind = rbfTerminal
 		}
 		h.mu.Lock()
 		defer h.mu.Unlock()
-		if ev.Kind == reactor.EventRunResumed {
+		if ev.Kind == engine.EventRunResumed {
 			h.resumed[ev.RunID]++
 		}
 		h.counts[k]++
@@ -224,8 +223,8 @@ func newRBFHarness(t testing.TB, o rbfOptions) *rbfHarness {
 	if o.logger != nil {
 		logger = o.logger
 	}
-	e, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix,
-		Enqueuer: h.client, Logger: logger, Hooks: append([]reactor.Hook{hook}, o.hooks...), UndoLockWait: o.undoLockWait, LockExpiry: o.lockExpiry, Retention: o.retention})
+	e, err := engine.NewEngine(context.Background(), engine.Config{Client: rdb, Prefix: prefix,
+		Enqueuer: h.client, Logger: logger, Hooks: append([]engine.Hook{hook}, o.hooks...), UndoLockWait: o.undoLockWait, LockExpiry: o.lockExpiry, Retention: o.retention})
 	require.NoError(t, err)
 	h.engine = e
 	h.insp = asynq.NewInspectorFromRedisClient(rdb)
@@ -248,7 +247,7 @@ func newRBFHarness(t testing.TB, o rbfOptions) *rbfHarness {
 var rbfLogger = slog.New(slog.DiscardHandler)
 
 // rbfTerminal stands for any terminal run event in waiters.
-const rbfTerminal reactor.EventKind = "test.terminal"
+const rbfTerminal engine.EventKind = "test.terminal"
 
 // serve starts an asynq server (eoServerConfig) on the harness's handler
 // until the test ends; shutdownTimeout 0 keeps the worker's default.
@@ -265,7 +264,7 @@ func (h *rbfHarness) serve(concurrency int, shutdownTimeout time.Duration) *asyn
 
 // on returns a channel closed at the next event kind of run (rbfTerminal
 // for any terminal event). Call it before the event can happen.
-func (h *rbfHarness) on(kind reactor.EventKind, run string) <-chan struct{} {
+func (h *rbfHarness) on(kind engine.EventKind, run string) <-chan struct{} {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	ch := make(chan struct{})
@@ -278,7 +277,7 @@ func (h *rbfHarness) done(run string) <-chan struct{} { return h.on(rbfTerminal,
 
 // intercept runs f inside the engine's hook at every event kind of run, on
 // the goroutine executing the run (f may block it).
-func (h *rbfHarness) intercept(kind reactor.EventKind, run string, f func(ctx context.Context)) {
+func (h *rbfHarness) intercept(kind engine.EventKind, run string, f func(ctx context.Context)) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	h.intercepts[rbfEventKey{kind, run}] = f
@@ -290,7 +289,7 @@ func (h *rbfHarness) resumes(run string) int {
 	return h.resumed[run]
 }
 
-func (h *rbfHarness) eventCount(kind reactor.EventKind, run string) int {
+func (h *rbfHarness) eventCount(kind engine.EventKind, run string) int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.counts[rbfEventKey{kind, run}]
@@ -304,9 +303,9 @@ func rbResumeID(owner, mapID string) string { return "resume:" + owner + ":rb:" 
 
 // rbfOutcome mirrors the stored rollback outcome of one position.
 type rbfOutcome struct {
-	Index    int                       `msgpack:"i"`
-	Outcome  string                    `msgpack:"o"`
-	Failures []reactor.RollbackFailure `msgpack:"f"`
+	Index    int                      `msgpack:"i"`
+	Outcome  string                   `msgpack:"o"`
+	Failures []engine.RollbackFailure `msgpack:"f"`
 }
 
 // outcome reads the stored rollback outcome of position pos.
@@ -503,14 +502,14 @@ func (c *rbfCounts) requireUndos(t testing.TB, n int, want map[int][3]int) {
 
 // element returns the element reactor: s1, s2, s3 in a chain, each with a
 // counted Undo.
-func (c *rbfCounts) element(name string) *reactor.Definition {
-	step := func(k int) reactor.Part {
+func (c *rbfCounts) element(name string) *engine.Definition {
+	step := func(k int) engine.Part {
 		var after []string
 		if k > 1 {
 			after = []string{fmt.Sprintf("s%d", k-1)}
 		}
-		return reactor.Step(fmt.Sprintf("s%d", k), reactor.StepConfig[eoIn, int]{
-			Args:  reactor.Bindings{"n": reactor.FromInput("item")},
+		return engine.Step(fmt.Sprintf("s%d", k), engine.StepConfig[eoIn, int]{
+			Args:  engine.Bindings{"n": engine.FromInput("item")},
 			After: after,
 			Run: func(_ context.Context, in eoIn) (int, error) {
 				c.mu.Lock()
@@ -530,10 +529,10 @@ func (c *rbfCounts) element(name string) *reactor.Definition {
 			},
 		})
 	}
-	return reactor.MustDefine(name,
-		reactor.Input[int]("item", reactor.Required()),
+	return engine.MustDefine(name,
+		engine.Input[int]("item", engine.Required()),
 		step(1), step(2), step(3),
-		reactor.Returns(reactor.FromStep("s3")),
+		engine.Returns(engine.FromStep("s3")),
 	)
 }
 
@@ -541,13 +540,13 @@ var errBoom = errors.New("boom")
 
 // rbfOwner returns an owner: a map "each" over the items input, then "boom",
 // which calls before (if set) and fails.
-func rbfOwner(name string, elem *reactor.Definition, fanOut bool, batch int, before func(ctx context.Context) error) *reactor.Definition {
-	return reactor.MustDefine(name,
-		reactor.Input[[]int]("items", reactor.Required()),
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: fanOut, BatchSize: batch}),
-		reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{
+func rbfOwner(name string, elem *engine.Definition, fanOut bool, batch int, before func(ctx context.Context) error) *engine.Definition {
+	return engine.MustDefine(name,
+		engine.Input[[]int]("items", engine.Required()),
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.FromInput("items"), FanOut: fanOut, BatchSize: batch}),
+		engine.Step("boom", engine.StepConfig[engine.Args, int]{
 			After: []string{"each"},
-			Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+			Run: func(ctx context.Context, _ engine.Args) (int, error) {
 				if before != nil {
 					if err := before(ctx); err != nil {
 						return 0, err
@@ -561,9 +560,9 @@ func rbfOwner(name string, elem *reactor.Definition, fanOut bool, batch int, bef
 
 // requireBoom checks that the owner failed at boom, with the given rollback
 // failures (none when want is empty).
-func requireBoom(t testing.TB, res *reactor.Result, want ...reactor.RollbackFailure) {
+func requireBoom(t testing.TB, res *engine.Result, want ...engine.RollbackFailure) {
 	t.Helper()
-	require.Equal(t, reactor.StatusFailed, res.Status, "%v", res.Failure)
+	require.Equal(t, engine.StatusFailed, res.Status, "%v", res.Failure)
 	require.NotNil(t, res.Failure)
 	require.Equal(t, "boom", res.Failure.Step)
 	require.Equal(t, "boom", res.Failure.Message)
@@ -572,7 +571,7 @@ func requireBoom(t testing.TB, res *reactor.Result, want ...reactor.RollbackFail
 		require.Empty(t, res.Failure.RollbackFailures)
 		return
 	}
-	got := make([]reactor.RollbackFailure, len(res.Failure.RollbackFailures))
+	got := make([]engine.RollbackFailure, len(res.Failure.RollbackFailures))
 	for i, f := range res.Failure.RollbackFailures {
 		f.Message = "" // compared apart
 		got[i] = f
@@ -582,12 +581,12 @@ func requireBoom(t testing.TB, res *reactor.Result, want ...reactor.RollbackFail
 
 // runFanOut starts owner def (fan-out) on items and returns when the owner
 // reached a terminal status, with its result.
-func (h *rbfHarness) runFanOut(ctx context.Context, def *reactor.Definition, owner string, items []int) *reactor.Result {
+func (h *rbfHarness) runFanOut(ctx context.Context, def *engine.Definition, owner string, items []int) *engine.Result {
 	h.t.Helper()
 	finished := h.done(owner)
-	res, err := h.engine.Run(ctx, def, map[string]any{"items": items}, reactor.WithRunID(owner), reactor.NoWait())
+	res, err := h.engine.Run(ctx, def, map[string]any{"items": items}, engine.WithRunID(owner), engine.NoWait())
 	require.NoError(h.t, err)
-	require.Equal(h.t, reactor.OutcomeDispatched, res.Outcome())
+	require.Equal(h.t, engine.OutcomeDispatched, res.Outcome())
 	eoAwait(h.t, ctx, finished, "the owner "+owner+" to finish")
 	res, err = h.engine.Wait(ctx, owner)
 	require.NoError(h.t, err)
@@ -600,19 +599,19 @@ func (h *rbfHarness) requireElementUndone(ctx context.Context, mapID string, i i
 	h.t.Helper()
 	run, err := engine.Element(h.engine, ctx, mapcore.ElementID(mapID, i))
 	require.NoError(h.t, err)
-	require.Equal(h.t, reactor.StatusCancelled, run.Status)
+	require.Equal(h.t, engine.StatusCancelled, run.Status)
 	require.Empty(h.t, run.Ledger)
 	require.NotNil(h.t, run.Failure)
 	require.Empty(h.t, run.Failure.RollbackFailures)
 	steps := make([]string, 0, len(run.Rollbacks))
 	for _, r := range run.Rollbacks {
-		require.Equal(h.t, reactor.RollbackCompensated, r.Status, "%+v", r)
+		require.Equal(h.t, engine.RollbackCompensated, r.Status, "%+v", r)
 		steps = append(steps, r.Step)
 	}
 	require.Equal(h.t, []string{"s3", "s2", "s1"}, steps)
 }
 
-func ledgerSteps(run *reactor.Run) []string {
+func ledgerSteps(run *engine.Run) []string {
 	out := make([]string, len(run.Ledger))
 	for i, e := range run.Ledger {
 		out[i] = e.Step
@@ -656,15 +655,15 @@ func TestRbFaultInterruptedSecondUndo(t *testing.T) {
 		// Concurrency 1: the job in the undo is the only task in flight.
 		srvA := h.serve(1, 100*time.Millisecond)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner), engine.NoWait())
 		require.NoError(t, err)
-		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+		require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 		eoAwait(t, ctx, entered, "the interrupted undo")
 		require.Equal(t, [3]int{0, 1, 1}, c.undos(target), "s3 undone, s2 in flight")
 		srvA.Shutdown() // requeues the job, then cancels it
 		run, err := engine.Element(h.engine, ctx, mapcore.ElementID(mapID, target))
 		require.NoError(t, err)
-		require.Equal(t, reactor.StatusRollingBack, run.Status, "the element rollback stopped mid-way")
+		require.Equal(t, engine.StatusRollingBack, run.Status, "the element rollback stopped mid-way")
 		require.Equal(t, []string{"s1", "s2"}, ledgerSteps(run), "s3's pop was saved before s2's undo began")
 		h.serve(4, 0)
 		eoAwait(t, ctx, finished, "the owner to finish")
@@ -711,16 +710,16 @@ func TestRbFaultInterruptedSecondUndo(t *testing.T) {
 		})
 		def := rbfOwner("rbf-takeover", c.element("rbf-takeover-el"), true, 50, nil)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner), engine.NoWait())
 		require.NoError(t, err)
-		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+		require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 
 		pos := n - 1 - target
 		h.rec.await(t, ctx, "the interrupted job to snooze", func(r *rbfRecorder) bool { return r.snoozed[rbTaskID(mapID, pos)] >= 1 })
 		require.Equal(t, [3]int{0, 1, 1}, c.undos(target))
 		run, err := engine.Element(h.engine, ctx, mapcore.ElementID(mapID, target))
 		require.NoError(t, err)
-		require.Equal(t, reactor.StatusRollingBack, run.Status, "the element rollback stopped mid-way")
+		require.Equal(t, engine.StatusRollingBack, run.Status, "the element rollback stopped mid-way")
 		require.Equal(t, []string{"s1", "s2"}, ledgerSteps(run), "s3's pop was saved; s2's failure was not")
 		require.NoError(t, h.rdb.Del(ctx, lockKey).Err()) // the foreign holder lets go
 		eoAwait(t, ctx, finished, "the owner to finish")
@@ -759,11 +758,11 @@ func TestRbFaultInterruptedSecondUndo(t *testing.T) {
 		owner, _ := rbfOwnerID(t, nil)
 		mapID := mapcore.MapID(owner, "each")
 		def := rbfOwner("rbf-inline-int", c.element("rbf-inline-int-el"), false, 0, nil)
-		_, err := h.engine.Run(runCtx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
+		_, err := h.engine.Run(runCtx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner))
 		require.ErrorContains(t, err, "rollback interrupted")
 		run, err := h.engine.Get(ctx, owner)
 		require.NoError(t, err)
-		require.Equal(t, reactor.StatusRollingBack, run.Status)
+		require.Equal(t, engine.StatusRollingBack, run.Status)
 		require.Equal(t, [3]int{0, 1, 1}, c.undos(target))
 
 		res, err := h.engine.Resume(ctx, owner)
@@ -805,9 +804,9 @@ func TestRbFaultHeldElementLock(t *testing.T) {
 		t.Cleanup(func() { h.rdb.Del(context.Background(), lockOf(deleted), lockOf(expires)) })
 		def := rbfOwner("rbf-held", c.element("rbf-held-el"), true, 50, hold)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner), engine.NoWait())
 		require.NoError(t, err)
-		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+		require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 
 		for _, i := range []int{deleted, expires} {
 			id := rbTaskID(mapID, n-1-i)
@@ -880,7 +879,7 @@ func TestRbFaultHeldElementLockInline(t *testing.T) {
 		def := rbfOwner("rbf-held-inline", c.element("rbf-held-inline-el"), false, 0, func(ctx context.Context) error {
 			return h.rdb.Set(ctx, lockKey, "rbf-foreign-token", time.Minute).Err()
 		})
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner))
 		require.NoError(t, err)
 		requireBoom(t, res)
 		c.requireUndos(t, n, nil)
@@ -917,15 +916,15 @@ func TestRbFaultExpiredElementRun(t *testing.T) {
 				return err
 			}
 			def := rbfOwner("rbf-expired-"+name, c.element("rbf-expired-el-"+name), fanOut, 50, expire)
-			var res *reactor.Result
+			var res *engine.Result
 			if fanOut {
 				res = h.runFanOut(ctx, def, owner, eoSeq(0, n))
 			} else {
 				var err error
-				res, err = h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner))
+				res, err = h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner))
 				require.NoError(t, err)
 			}
-			requireBoom(t, res, reactor.RollbackFailure{Step: "each[2]", Kind: reactor.ActionUndo, Reason: "context_unavailable"})
+			requireBoom(t, res, engine.RollbackFailure{Step: "each[2]", Kind: engine.ActionUndo, Reason: "context_unavailable"})
 			require.Contains(t, res.Failure.RollbackFailures[0].Message, "element 2")
 
 			o := h.outcome(ctx, mapID, n-1-gone)
@@ -936,7 +935,7 @@ func TestRbFaultExpiredElementRun(t *testing.T) {
 			require.Equal(t, "1", meta["failed"])
 			c.requireUndos(t, n, map[int][3]int{gone: {}})
 			_, err := engine.Element(h.engine, ctx, mapcore.ElementID(mapID, gone))
-			require.ErrorIs(t, err, reactor.ErrNotFound)
+			require.ErrorIs(t, err, engine.ErrNotFound)
 		})
 	}
 }
@@ -955,7 +954,7 @@ func TestRbFaultHandshake(t *testing.T) {
 	// check asserts the end of every handshake subtest: the owner failed at
 	// boom, every element was undone once, and the rollback resumed the
 	// owner once.
-	check := func(t *testing.T, ctx context.Context, h *rbfHarness, c *rbfCounts, hooks *rbfHooks, owner string, res *reactor.Result, ownerResumes int) {
+	check := func(t *testing.T, ctx context.Context, h *rbfHarness, c *rbfCounts, hooks *rbfHooks, owner string, res *engine.Result, ownerResumes int) {
 		t.Helper()
 		mapID := mapcore.MapID(owner, "each")
 		requireBoom(t, res)
@@ -1003,9 +1002,9 @@ func TestRbFaultHandshake(t *testing.T) {
 		mapID := mapcore.MapID(owner, "each")
 		def := rbfOwner("rbf-hs-a", c.element("rbf-hs-a-el"), true, 50, nil)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner), engine.NoWait())
 		require.NoError(t, err)
-		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+		require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 
 		eoAwait(t, ctx, atHandOff, "the owner in the hand-off window")
 		h.rec.awaitRollbackJobs(t, ctx, mapID, n)
@@ -1016,7 +1015,7 @@ func TestRbFaultHandshake(t *testing.T) {
 		require.Zero(t, hooks.jobSignals.Load())
 		run, err := h.engine.Get(ctx, owner)
 		require.NoError(t, err)
-		require.Equal(t, reactor.StatusRollingBack, run.Status, "the hand-off was saved")
+		require.Equal(t, engine.StatusRollingBack, run.Status, "the hand-off was saved")
 		require.NotNil(t, run.Rollback)
 		require.Equal(t, "each", run.Ledger[len(run.Ledger)-1].Step, "the map's entry stays on the stack")
 		locked, err := engine.Locked(h.engine, ctx, owner)
@@ -1053,7 +1052,7 @@ func TestRbFaultHandshake(t *testing.T) {
 				return nil
 			},
 		})
-		handedOff := h.on(reactor.EventRollbackHandedOff, owner)
+		handedOff := h.on(engine.EventRollbackHandedOff, owner)
 		// Element 0 (position n-1) is undone last, after the hand-off.
 		c.setOnUndo(func(ctx context.Context, item, step int) error {
 			if item != 0 || step != 3 {
@@ -1076,7 +1075,7 @@ func TestRbFaultHandshake(t *testing.T) {
 		require.Equal(t, []int{n - 1}, hooks.signalPos)
 		hooks.mu.Unlock()
 		require.Zero(t, hooks.ownerSignals.Load())
-		require.Equal(t, 1, h.eventCount(reactor.EventRollbackHandedOff, owner))
+		require.Equal(t, 1, h.eventCount(engine.EventRollbackHandedOff, owner))
 	})
 
 	// (c) The last job and the owner race: the owner held right before its
@@ -1106,7 +1105,7 @@ func TestRbFaultHandshake(t *testing.T) {
 			})
 			mapID := mapcore.MapID(owner, "each")
 			// Element 0 is position n-1: its job settles last.
-			h.intercept(reactor.EventRunCancelled, mapcore.ElementID(mapID, 0), func(ctx context.Context) {
+			h.intercept(engine.EventRunCancelled, mapcore.ElementID(mapID, 0), func(ctx context.Context) {
 				select {
 				case <-othersSettled:
 				case <-ctx.Done():
@@ -1187,11 +1186,11 @@ func TestRbFaultHandshake(t *testing.T) {
 		})
 		mapID := mapcore.MapID(owner, "each")
 		def := rbfOwner("rbf-hs-d", c.element("rbf-hs-d-el"), true, 50, nil)
-		firstHandOff := h.on(reactor.EventRollbackHandedOff, owner)
+		firstHandOff := h.on(engine.EventRollbackHandedOff, owner)
 		finished := h.done(owner)
-		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, reactor.WithRunID(owner), reactor.NoWait())
+		res, err := h.engine.Run(ctx, def, map[string]any{"items": eoSeq(0, n)}, engine.WithRunID(owner), engine.NoWait())
 		require.NoError(t, err)
-		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+		require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 		eoAwait(t, ctx, firstHandOff, "the first hand-off")
 		eoAwait(t, ctx, othersSettled, "every job but the last to settle")
 		require.True(t, h.exists(ctx, h.keys.MapRbHandedOff(mapID, 1)))
@@ -1200,7 +1199,7 @@ func TestRbFaultHandshake(t *testing.T) {
 		early := make(chan error, 1)
 		go func() {
 			res, err := engine.Process(h.engine, ctx, owner)
-			if err == nil && res.Status != reactor.StatusRollingBack {
+			if err == nil && res.Status != engine.StatusRollingBack {
 				err = fmt.Errorf("the early resume ended %s", res.Status)
 			}
 			early <- err

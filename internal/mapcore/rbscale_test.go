@@ -13,8 +13,8 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -41,7 +41,7 @@ func TestRbScale10k(t *testing.T) {
 	const n, concurrency = 10_000, 20
 	ctx := eoCtx(t, 170*time.Second)
 	jobs := &rbsJobs{}
-	h := newRBFHarness(t, rbfOptions{concurrency: concurrency, hooks: []reactor.Hook{jobs.hook()}, wrap: jobs.wrap})
+	h := newRBFHarness(t, rbfOptions{concurrency: concurrency, hooks: []engine.Hook{jobs.hook()}, wrap: jobs.wrap})
 
 	for _, fanOut := range []bool{false, true} {
 		mode := map[bool]string{false: "Inline", true: "FanOut"}[fanOut]
@@ -75,10 +75,10 @@ func rbsRun(t *testing.T, ctx context.Context, h *rbfHarness, jobs *rbsJobs, fan
 	name := fmt.Sprintf("rbs-%s-%d", mode, n)
 	undone := make([]atomic.Int32, n)
 	var inUndo, maxUndos atomic.Int32
-	elem := reactor.MustDefine(name+"-el",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("double", reactor.StepConfig[eoIn, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+	elem := engine.MustDefine(name+"-el",
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("double", engine.StepConfig[eoIn, int]{
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run:  func(_ context.Context, in eoIn) (int, error) { return 2 * in.N, nil },
 			Undo: func(_ context.Context, in eoIn, out int) error {
 				cur := inUndo.Add(1)
@@ -91,21 +91,21 @@ func rbsRun(t *testing.T, ctx context.Context, h *rbfHarness, jobs *rbsJobs, fan
 				return nil
 			},
 		}),
-		reactor.Returns(reactor.FromStep("double")),
+		engine.Returns(engine.FromStep("double")),
 	)
 	// The items are a constant of the definition, so the owner's state
 	// holds only what the map step adds (as in TestScaleFanOut10k).
-	def := reactor.MustDefine(name,
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.Const(eoSeq(0, n)), FanOut: fanOut}),
-		reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{
+	def := engine.MustDefine(name,
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.Const(eoSeq(0, n)), FanOut: fanOut}),
+		engine.Step("boom", engine.StepConfig[engine.Args, int]{
 			After: []string{"each"},
-			Run:   func(context.Context, reactor.Args) (int, error) { return 0, errBoom },
+			Run:   func(context.Context, engine.Args) (int, error) { return 0, errBoom },
 		}),
 	)
-	owner := name + "-" + reactor.NewRunID()
+	owner := name + "-" + engine.NewRunID()
 	mapID := mapcore.MapID(owner, "each")
 	var rbStarted atomic.Int64
-	h.intercept(reactor.EventRollbackStarted, owner, func(context.Context) { rbStarted.Store(time.Now().UnixNano()) })
+	h.intercept(engine.EventRollbackStarted, owner, func(context.Context) { rbStarted.Store(time.Now().UnixNano()) })
 
 	// The inline owner runs here, as one "job" of the gauge.
 	ownerJob := &rbsJob{typ: "in-process"}
@@ -113,10 +113,10 @@ func rbsRun(t *testing.T, ctx context.Context, h *rbfHarness, jobs *rbsJobs, fan
 	before := jobs.snapshot()
 	finished := h.done(owner)
 	start := time.Now()
-	res, err := h.engine.Run(runCtx, def, nil, reactor.WithRunID(owner), reactor.NoWait())
+	res, err := h.engine.Run(runCtx, def, nil, engine.WithRunID(owner), engine.NoWait())
 	require.NoError(t, err)
 	if fanOut {
-		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+		require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 		eoAwait(t, ctx, finished, "the owner "+owner)
 		res, err = h.engine.Wait(ctx, owner)
 		require.NoError(t, err)
@@ -221,21 +221,21 @@ func (g *rbsJobs) wrap(next asynq.Handler) asynq.Handler {
 	})
 }
 
-func (g *rbsJobs) hook() reactor.Hook {
-	return reactor.HookFunc(func(ctx context.Context, ev reactor.Event) {
+func (g *rbsJobs) hook() engine.Hook {
+	return engine.HookFunc(func(ctx context.Context, ev engine.Event) {
 		if !strings.Contains(ev.RunID, "~each.") { // element runs only
 			return
 		}
 		j, _ := ctx.Value(rbsJobKey{}).(*rbsJob)
 		switch ev.Kind {
-		case reactor.EventRollbackStarted: // an element run loaded for its undo
+		case engine.EventRollbackStarted:
 			if j == nil {
 				g.orphans.Add(1)
 				return
 			}
 			j.elements.Add(1)
 			rbsMax(&j.max, j.live.Add(1))
-		case reactor.EventRunCancelled: // its undo ended
+		case engine.EventRunCancelled:
 			if j != nil {
 				j.live.Add(-1)
 			}

@@ -8,11 +8,11 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/codec"
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/redistest"
-	"github.com/goreactor/goreactor/reactor"
 )
 
 type typedIn struct {
@@ -30,19 +30,19 @@ func TestTypedResults(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, fanOut)
 			elem := f.element("typed-elem-"+name, 3)
-			owner := reactor.MustDefine("typed-owner-"+name,
-				reactor.Input[[]int]("items", reactor.Required()),
-				mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: fanOut, Partial: true, BatchSize: 2}),
-				reactor.Step("collect", reactor.StepConfig[typedIn, []int]{
-					Args: reactor.Bindings{"doubled": reactor.FromStep("each")},
+			owner := engine.MustDefine("typed-owner-"+name,
+				engine.Input[[]int]("items", engine.Required()),
+				mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.FromInput("items"), FanOut: fanOut, Partial: true, BatchSize: 2}),
+				engine.Step("collect", engine.StepConfig[typedIn, []int]{
+					Args: engine.Bindings{"doubled": engine.FromStep("each")},
 					Run: func(ctx context.Context, in typedIn) ([]int, error) {
 						if in.Doubled.Len() != 6 || in.Doubled.Failed() != 1 {
-							return nil, reactor.Permanent(errTyped)
+							return nil, engine.Permanent(errTyped)
 						}
 						return in.Doubled.Values(ctx)
 					},
 				}),
-				reactor.Returns(reactor.FromStep("collect")))
+				engine.Returns(engine.FromStep("collect")))
 			require.NoError(t, f.engine.Register(owner))
 			start := f.engine.Run // inline: in this process
 			if fanOut {
@@ -52,8 +52,8 @@ func TestTypedResults(t *testing.T) {
 			require.NoError(t, err)
 			res, err = f.engine.Wait(ctxT(t), res.RunID)
 			require.NoError(t, err)
-			require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-			got, err := reactor.ValueOf[[]int](res)
+			require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+			got, err := engine.ValueOf[[]int](res)
 			require.NoError(t, err)
 			require.Equal(t, []int{0, 2, 4, 8, 10}, got, "element 3 failed and has no value")
 		})
@@ -69,33 +69,33 @@ func TestTypedResultsMismatchFailsAtDefine(t *testing.T) {
 	t.Parallel()
 	f := &fixture{ran: map[int]int{}}
 	elem := f.element("typed-mismatch-elem") // returns int
-	_, err := reactor.Define("typed-mismatch",
-		reactor.Input[[]int]("items", reactor.Required()),
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.FromInput("items")}),
-		reactor.Step("collect", reactor.StepConfig[struct {
+	_, err := engine.Define("typed-mismatch",
+		engine.Input[[]int]("items", engine.Required()),
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.FromInput("items")}),
+		engine.Step("collect", engine.StepConfig[struct {
 			Doubled mapcore.Results[string] `json:"doubled"`
 		}, int]{
-			Args: reactor.Bindings{"doubled": reactor.FromStep("each")},
+			Args: engine.Bindings{"doubled": engine.FromStep("each")},
 			Run: func(context.Context, struct {
 				Doubled mapcore.Results[string] `json:"doubled"`
 			}) (int, error) {
 				return 0, nil
 			},
 		}))
-	var de *reactor.DefinitionError
+	var de *engine.DefinitionError
 	require.ErrorAs(t, err, &de)
 	require.Equal(t, "collect", de.Step)
 	require.Contains(t, err.Error(), `"doubled"`)
 	require.Contains(t, err.Error(), "mapstep.Results[int]")
 	require.Contains(t, err.Error(), "mapstep.Results[string]")
 
-	_, err = reactor.Define("typed-wrong-field",
-		reactor.Input[[]int]("items", reactor.Required()),
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.FromInput("items")}),
-		reactor.Step("collect", reactor.StepConfig[struct {
+	_, err = engine.Define("typed-wrong-field",
+		engine.Input[[]int]("items", engine.Required()),
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.FromInput("items")}),
+		engine.Step("collect", engine.StepConfig[struct {
 			N int `json:"n"`
 		}, int]{
-			Args: reactor.Bindings{"n": reactor.FromStep("each")},
+			Args: engine.Bindings{"n": engine.FromStep("each")},
 			Run: func(context.Context, struct {
 				N int `json:"n"`
 			}) (int, error) {
@@ -106,13 +106,13 @@ func TestTypedResultsMismatchFailsAtDefine(t *testing.T) {
 	require.Contains(t, err.Error(), "mapstep.Results[T]")
 
 	// The untyped Result and an open In stay accepted.
-	_, err = reactor.Define("typed-untyped",
-		reactor.Input[[]int]("items", reactor.Required()),
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.FromInput("items")}),
-		reactor.Step("collect", reactor.StepConfig[struct {
+	_, err = engine.Define("typed-untyped",
+		engine.Input[[]int]("items", engine.Required()),
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.FromInput("items")}),
+		engine.Step("collect", engine.StepConfig[struct {
 			R mapcore.Result `json:"r"`
 		}, int]{
-			Args: reactor.Bindings{"r": reactor.FromStep("each")},
+			Args: engine.Bindings{"r": engine.FromStep("each")},
 			Run: func(context.Context, struct {
 				R mapcore.Result `json:"r"`
 			}) (int, error) {
@@ -131,9 +131,9 @@ func TestHardeningLateElementTaskOfAFinishedMap(t *testing.T) {
 	f := newFixture(t, false)
 	elem := f.element("late-elem")
 	owner := sumOwner("late-owner", elem, false, false)
-	res, err := f.engine.Run(ctxT(t), owner, map[string]any{"items": items(3)}, reactor.WithRunID("late"))
+	res, err := f.engine.Run(ctxT(t), owner, map[string]any{"items": items(3)}, engine.WithRunID("late"))
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCompleted, res.Status)
+	require.Equal(t, engine.StatusCompleted, res.Status)
 	mapID := mapcore.MapID("late", "each")
 	rdb := redistest.Client(t)
 	k := keys.New(f.prefix)

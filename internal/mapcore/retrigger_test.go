@@ -16,7 +16,6 @@ import (
 	"github.com/goreactor/goreactor/internal/inspect"
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/maptask"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -50,15 +49,15 @@ func rtItems(n int) []int {
 }
 
 // rtFailures are the rollback failures of elements failed (newest first).
-func rtFailures(failed ...int) []reactor.RollbackFailure {
-	var out []reactor.RollbackFailure
+func rtFailures(failed ...int) []engine.RollbackFailure {
+	var out []engine.RollbackFailure
 	for j := len(failed) - 1; j >= 0; j-- {
-		out = append(out, reactor.RollbackFailure{Step: fmt.Sprintf("each[%d]/s2", failed[j]), Kind: reactor.ActionUndo, Reason: ""})
+		out = append(out, engine.RollbackFailure{Step: fmt.Sprintf("each[%d]/s2", failed[j]), Kind: engine.ActionUndo, Reason: ""})
 	}
 	return out
 }
 
-func requireRollbackFailures(t *testing.T, res *reactor.Result, failed ...int) {
+func requireRollbackFailures(t *testing.T, res *engine.Result, failed ...int) {
 	t.Helper()
 	var got []string
 	for _, f := range res.Failure.RollbackFailures {
@@ -132,7 +131,7 @@ func TestRetriggerFanOutMapStartsASecondGeneration(t *testing.T) {
 	failed := []int{3, 8, 15}
 	rtFailing(c, failed...)
 	def := rbfOwner("rt_fan", c.element("rt_fan_elem"), true, 5, nil)
-	owner := "rt-fan-" + reactor.NewRunID()
+	owner := "rt-fan-" + engine.NewRunID()
 	mapID := mapcore.MapID(owner, "each")
 	res := h.runFanOut(ctx, def, owner, rtItems(n))
 	requireRollbackFailures(t, res, failed...)
@@ -142,7 +141,7 @@ func TestRetriggerFanOutMapStartsASecondGeneration(t *testing.T) {
 	finished := h.done(owner)
 	again, err := h.engine.RetryRollback(ctx, owner)
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusRollingBack, again.Status, "the map handed its generation 2 to workers")
+	require.Equal(t, engine.StatusRollingBack, again.Status, "the map handed its generation 2 to workers")
 	eoAwait(t, ctx, finished, "the retried rollback")
 	res, err = h.engine.Wait(ctx, owner)
 	require.NoError(t, err)
@@ -161,7 +160,7 @@ func TestRetriggerFanOutMapStartsASecondGeneration(t *testing.T) {
 	}
 
 	_, err = h.engine.RetryRollback(ctx, owner)
-	require.ErrorIs(t, err, reactor.ErrNothingToRetry)
+	require.ErrorIs(t, err, engine.ErrNothingToRetry)
 
 	// A generation-2 job delivered again, and a stale generation-1 job,
 	// undo nothing more.
@@ -199,7 +198,7 @@ func (h *rbfHarness) requireElementRetried(ctx context.Context, mapID string, i 
 	h.t.Helper()
 	run, err := engine.Element(h.engine, ctx, mapcore.ElementID(mapID, i))
 	require.NoError(h.t, err)
-	require.Equal(h.t, reactor.StatusCancelled, run.Status)
+	require.Equal(h.t, engine.StatusCancelled, run.Status)
 	require.Empty(h.t, run.Failure.RollbackFailures)
 	require.Equal(h.t, 2, run.RollbackGeneration)
 	var steps []string
@@ -238,7 +237,7 @@ func TestRetriggerFanOutMapThroughTheController(t *testing.T) {
 	failed := []int{0, 11, 19}
 	rtFailing(c, failed...)
 	def := rbfOwner("rt_ctl", c.element("rt_ctl_elem"), true, 5, nil)
-	owner := "rt-ctl-" + reactor.NewRunID()
+	owner := "rt-ctl-" + engine.NewRunID()
 	mapID := mapcore.MapID(owner, "each")
 	res := h.runFanOut(ctx, def, owner, rtItems(n))
 	requireRollbackFailures(t, res, failed...)
@@ -255,7 +254,7 @@ func TestRetriggerFanOutMapThroughTheController(t *testing.T) {
 	requireBoom(t, res)
 	requireSecondGeneration(t, ctx, h, c, mapID, n, failed, true)
 	_, err = ctl.Request(ctx, owner, worker.ActionRollback)
-	require.ErrorIs(t, err, reactor.ErrNothingToRetry)
+	require.ErrorIs(t, err, engine.ErrNothingToRetry)
 }
 
 // An inline map retries its failed elements in the process re-triggering
@@ -269,9 +268,9 @@ func TestRetriggerInlineMapRetriesItsFailedElements(t *testing.T) {
 	failed := []int{2, 9}
 	rtFailing(c, failed...)
 	def := rbfOwner("rt_inline", c.element("rt_inline_elem"), false, 5, nil)
-	owner := "rt-inline-" + reactor.NewRunID()
+	owner := "rt-inline-" + engine.NewRunID()
 	mapID := mapcore.MapID(owner, "each")
-	res, err := h.engine.Run(ctx, def, map[string]any{"items": rtItems(n)}, reactor.WithRunID(owner))
+	res, err := h.engine.Run(ctx, def, map[string]any{"items": rtItems(n)}, engine.WithRunID(owner))
 	require.NoError(t, err)
 	requireRollbackFailures(t, res, failed...)
 
@@ -300,12 +299,12 @@ func TestRetriggerFanOutMapThirdGeneration(t *testing.T) {
 		return nil
 	})
 	def := rbfOwner("rt_third", c.element("rt_third_elem"), true, 3, nil)
-	owner := "rt-third-" + reactor.NewRunID()
+	owner := "rt-third-" + engine.NewRunID()
 	mapID := mapcore.MapID(owner, "each")
 	res := h.runFanOut(ctx, def, owner, rtItems(n))
 	requireRollbackFailures(t, res, 4, 7)
 	finished := h.done(owner)
-	_, err := h.engine.RetryRollback(ctx, owner, reactor.FromGeneration(1))
+	_, err := h.engine.RetryRollback(ctx, owner, engine.FromGeneration(1))
 	require.NoError(t, err)
 	eoAwait(t, ctx, finished, "generation 2")
 	res, err = h.engine.Wait(ctx, owner)
@@ -319,7 +318,7 @@ func TestRetriggerFanOutMapThirdGeneration(t *testing.T) {
 	h.rec.awaitOK(t, ctx, again.TaskID())
 	require.Equal(t, [3]int{1, 2, 1}, c.undos(4))
 	finished = h.done(owner)
-	_, err = h.engine.RetryRollback(ctx, owner, reactor.FromGeneration(2))
+	_, err = h.engine.RetryRollback(ctx, owner, engine.FromGeneration(2))
 	require.NoError(t, err)
 	eoAwait(t, ctx, finished, "generation 3")
 	res, err = h.engine.Wait(ctx, owner)

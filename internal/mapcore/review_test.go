@@ -12,18 +12,17 @@ import (
 	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/maptask"
-	"github.com/goreactor/goreactor/reactor"
 )
 
 // undoRecorder builds an element reactor whose step records its undos.
-func undoRecorder(f *fixture, name string, run func(ctx context.Context, n int) error) *reactor.Definition {
+func undoRecorder(f *fixture, name string, run func(ctx context.Context, n int) error) *engine.Definition {
 	type in struct {
 		N int `json:"n"`
 	}
-	return reactor.MustDefine(name,
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("work", reactor.StepConfig[in, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+	return engine.MustDefine(name,
+		engine.Input[int]("item", engine.Required()),
+		engine.Step("work", engine.StepConfig[in, int]{
+			Args: engine.Bindings{"n": engine.FromInput("item")},
 			Run: func(ctx context.Context, x in) (int, error) {
 				if run != nil {
 					if err := run(ctx, x.N); err != nil {
@@ -39,11 +38,11 @@ func undoRecorder(f *fixture, name string, run func(ctx context.Context, n int) 
 				return nil
 			},
 		}),
-		reactor.Step("halt_some", reactor.StepConfig[in, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")}, After: []string{"work"},
+		engine.Step("halt_some", engine.StepConfig[in, int]{
+			Args: engine.Bindings{"n": engine.FromInput("item")}, After: []string{"work"},
 			Run: func(_ context.Context, x in) (int, error) {
 				if x.N == 1 {
-					return 0, reactor.Halt("item 1 stops here")
+					return 0, engine.Halt("item 1 stops here")
 				}
 				return x.N, nil
 			},
@@ -72,19 +71,19 @@ func TestCancelDuringFanOutInComposedChild(t *testing.T) {
 		completed.Store(n, true)
 		return nil
 	})
-	child := reactor.MustDefine("cc-child",
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.Const(items(6)), FanOut: true, BatchSize: 2, Partial: true}))
-	def := reactor.MustDefine("cc-root", reactor.Compose("child", child, reactor.ComposeConfig{}))
+	child := engine.MustDefine("cc-child",
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.Const(items(6)), FanOut: true, BatchSize: 2, Partial: true}))
+	def := engine.MustDefine("cc-root", engine.Compose("child", child, engine.ComposeConfig{}))
 	ctx := ctxT(t)
-	res, err := f.engine.Run(ctx, def, nil, reactor.WithRunID("cc-1"), reactor.NoWait())
+	res, err := f.engine.Run(ctx, def, nil, engine.WithRunID("cc-1"), engine.NoWait())
 	require.NoError(t, err)
-	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 	first.Wait()
 	require.NoError(t, f.engine.Cancel(ctx, "cc-1"))
 	close(gate)
 	res, err = f.engine.Wait(ctx, "cc-1")
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCancelled, res.Status, "%v", res.Err())
+	require.Equal(t, engine.StatusCancelled, res.Status, "%v", res.Err())
 	var want []int
 	completed.Range(func(k, _ any) bool { want = append(want, k.(int)); return true })
 	f.mu.Lock()
@@ -98,13 +97,13 @@ func TestHaltedElementIsUndone(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t, false)
 	elem := undoRecorder(f, "halted-el", nil)
-	def := reactor.MustDefine("halted-map",
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.Const(items(3)), Partial: true}),
-		reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{After: []string{"each"},
-			Run: func(context.Context, reactor.Args) (int, error) { return 0, errors.New("after") }}))
+	def := engine.MustDefine("halted-map",
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.Const(items(3)), Partial: true}),
+		engine.Step("boom", engine.StepConfig[engine.Args, int]{After: []string{"each"},
+			Run: func(context.Context, engine.Args) (int, error) { return 0, errors.New("after") }}))
 	res, err := f.engine.Run(ctxT(t), def, nil)
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, engine.StatusFailed, res.Status)
 	require.Equal(t, []int{2, 1, 0}, f.undone)
 }
 
@@ -116,16 +115,16 @@ func TestElementCompletedBeforeMapFailedIsUndone(t *testing.T) {
 	f := newFixture(t, false) // no worker: this test delivers by hand
 	elem := undoRecorder(f, "zombie-el", func(_ context.Context, n int) error {
 		if n == 1 {
-			return reactor.Permanent(errors.New("item 1 fails"))
+			return engine.Permanent(errors.New("item 1 fails"))
 		}
 		return nil
 	})
-	def := reactor.MustDefine("zombie-map",
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.Const(items(4)), FanOut: true}))
+	def := engine.MustDefine("zombie-map",
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.Const(items(4)), FanOut: true}))
 	ctx := ctxT(t)
-	res, err := f.engine.Run(ctx, def, nil, reactor.WithRunID("zombie-1"), reactor.NoWait())
+	res, err := f.engine.Run(ctx, def, nil, engine.WithRunID("zombie-1"), engine.NoWait())
 	require.NoError(t, err)
-	require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+	require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 	mapID := mapcore.MapID("zombie-1", "each")
 	// Element 2's first delivery: runs to completion, then "dies" before
 	// its settle.
@@ -138,13 +137,13 @@ func TestElementCompletedBeforeMapFailedIsUndone(t *testing.T) {
 	// serves here), then run the rollback inline through the jobs.
 	res, err = engine.Process(f.engine, ctx, "zombie-1")
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusRollingBack, res.Status)
+	require.Equal(t, engine.StatusRollingBack, res.Status)
 	for p := range 4 {
 		require.NoError(t, mapcore.ProcessRollback(ctx, f.engine, maptask.RollbackTask{MapID: mapID, Gen: 1, Pos: p, Index: 3 - p}))
 	}
 	res, err = engine.Process(f.engine, ctx, "zombie-1")
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, engine.StatusFailed, res.Status)
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	require.ElementsMatch(t, []int{0, 2}, f.undone, "element 2 completed in its first delivery and is undone; 3 never ran")
@@ -163,10 +162,10 @@ func mustEncode(t *testing.T, v any) codec.Raw {
 func TestTransientErrorDuringRollbackStartIsRetried(t *testing.T) {
 	f := newFixture(t, true)
 	elem := undoRecorder(f, "transient-el", nil)
-	def := reactor.MustDefine("transient-map",
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.Const([]int{0, 2, 3}), FanOut: true}),
-		reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{After: []string{"each"},
-			Run: func(context.Context, reactor.Args) (int, error) { return 0, reactor.Permanent(errors.New("after")) }}))
+	def := engine.MustDefine("transient-map",
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.Const([]int{0, 2, 3}), FanOut: true}),
+		engine.Step("boom", engine.StepConfig[engine.Args, int]{After: []string{"each"},
+			Run: func(context.Context, engine.Args) (int, error) { return 0, engine.Permanent(errors.New("after")) }}))
 	mapID := mapcore.MapID("transient-1", "each")
 	var once sync.Once
 	mapcore.SetFailpoints(mapcore.Failpoints{RbBeforeEnqueue: func(id string, _ int) error {
@@ -178,11 +177,11 @@ func TestTransientErrorDuringRollbackStartIsRetried(t *testing.T) {
 	}})
 	t.Cleanup(func() { mapcore.SetFailpoints(mapcore.Failpoints{}) })
 	ctx := ctxT(t)
-	_, err := f.engine.Run(ctx, def, nil, reactor.WithRunID("transient-1"))
+	_, err := f.engine.Run(ctx, def, nil, engine.WithRunID("transient-1"))
 	require.NoError(t, err)
 	res, err := f.engine.Wait(ctx, "transient-1")
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, engine.StatusFailed, res.Status)
 	require.Empty(t, res.Failure.RollbackFailures, "a transient error is not a rollback failure")
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
-	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -35,22 +35,22 @@ func TestScaleFanOut10k(t *testing.T) {
 	type sizes struct{ dispatched, finished int }
 	run := func(n int) (sizes, time.Duration) {
 		t.Helper()
-		def := h.owner(fmt.Sprintf("scale-%d", n), reactor.Const(eoSeq(n*100_000, n)), 0)
-		owner := fmt.Sprintf("scale-%d-%s", n, reactor.NewRunID())
+		def := h.owner(fmt.Sprintf("scale-%d", n), engine.Const(eoSeq(n*100_000, n)), 0)
+		owner := fmt.Sprintf("scale-%d-%s", n, engine.NewRunID())
 		mapID := mapcore.MapID(owner, "each")
 		finished := h.done(owner)
 		start := time.Now()
-		res, err := h.engine.Run(ctx, def, nil, reactor.WithRunID(owner), reactor.NoWait())
+		res, err := h.engine.Run(ctx, def, nil, engine.WithRunID(owner), engine.NoWait())
 		require.NoError(t, err)
-		require.Equal(t, reactor.OutcomeDispatched, res.Outcome())
+		require.Equal(t, engine.OutcomeDispatched, res.Outcome())
 		var sz sizes
 		sz.dispatched = h.stateSize(ctx, owner)
 		eoAwait(t, ctx, finished, fmt.Sprintf("the %d-element map's owner", n))
 		took := time.Since(start)
 		res, err = h.engine.Wait(ctx, owner)
 		require.NoError(t, err)
-		require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
-		sum, err := reactor.ValueOf[int](res)
+		require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
+		sum, err := engine.ValueOf[int](res)
 		require.NoError(t, err)
 		require.Equal(t, 2*(n*n*100_000+n*(n-1)/2), sum, "the owner read every element's value")
 		sz.finished = h.stateSize(ctx, owner)

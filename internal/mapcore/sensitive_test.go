@@ -9,7 +9,6 @@ import (
 
 	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
-	"github.com/goreactor/goreactor/reactor"
 )
 
 // The element runs of a sensitive owner are sensitive runs (their inputs
@@ -22,34 +21,34 @@ func TestSensitiveRunsAndElements(t *testing.T) {
 			t.Parallel()
 			f := newFixture(t, fan)
 			ctx := ctxT(t)
-			element := func(name string, opts ...reactor.InputOption) *reactor.Definition {
-				return reactor.MustDefine(name, reactor.Input[int]("item", append(opts, reactor.Required())...),
-					reactor.Step("touch", reactor.StepConfig[reactor.Args, int]{
-						Run: func(context.Context, reactor.Args) (int, error) { return 1, nil },
+			element := func(name string, opts ...engine.InputOption) *engine.Definition {
+				return engine.MustDefine(name, engine.Input[int]("item", append(opts, engine.Required())...),
+					engine.Step("touch", engine.StepConfig[engine.Args, int]{
+						Run: func(context.Context, engine.Args) (int, error) { return 1, nil },
 					}))
 			}
-			owner := func(name string, elem *reactor.Definition, opts ...reactor.InputOption) *reactor.Definition {
-				return reactor.MustDefine(name, reactor.Input[[]int]("items", append(opts, reactor.Required())...),
-					mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: fan}))
+			owner := func(name string, elem *engine.Definition, opts ...engine.InputOption) *engine.Definition {
+				return engine.MustDefine(name, engine.Input[[]int]("items", append(opts, engine.Required())...),
+					mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.FromInput("items"), FanOut: fan}))
 			}
 			for _, c := range []struct {
 				name  string
-				owner *reactor.Definition
+				owner *engine.Definition
 			}{
 				// The owner's input is sensitive; the element declares nothing.
-				{"owner", owner(fmt.Sprint("sens-owner-", fan), element(fmt.Sprint("sens-owner-el-", fan)), reactor.Sensitive())},
+				{"owner", owner(fmt.Sprint("sens-owner-", fan), element(fmt.Sprint("sens-owner-el-", fan)), engine.Sensitive())},
 				// The element's input is sensitive: so is the owner, whose
 				// input carries the values.
-				{"element", owner(fmt.Sprint("sens-elem-", fan), element(fmt.Sprint("sens-elem-el-", fan), reactor.Sensitive()))},
+				{"element", owner(fmt.Sprint("sens-elem-", fan), element(fmt.Sprint("sens-elem-el-", fan), engine.Sensitive()))},
 			} {
 				runID := fmt.Sprint("sens-", c.name, "-", fan)
-				res, err := f.engine.Run(ctx, c.owner, map[string]any{"items": items(3)}, reactor.WithRunID(runID))
+				res, err := f.engine.Run(ctx, c.owner, map[string]any{"items": items(3)}, engine.WithRunID(runID))
 				require.NoError(t, err)
 				if fan {
 					res, err = f.engine.Wait(ctx, runID)
 					require.NoError(t, err)
 				}
-				require.Equal(t, reactor.StatusCompleted, res.Status, "%v", res.Failure)
+				require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Failure)
 				run, err := f.engine.Get(ctx, runID)
 				require.NoError(t, err)
 				require.True(t, run.Sensitive, c.name)
@@ -63,7 +62,7 @@ func TestSensitiveRunsAndElements(t *testing.T) {
 			plainEl := element(fmt.Sprint("plain-el-", fan))
 			plain := owner(fmt.Sprint("plain-owner-", fan), plainEl)
 			runID := fmt.Sprint("plain-", fan)
-			_, err := f.engine.Run(ctx, plain, map[string]any{"items": items(1)}, reactor.WithRunID(runID))
+			_, err := f.engine.Run(ctx, plain, map[string]any{"items": items(1)}, engine.WithRunID(runID))
 			require.NoError(t, err)
 			if fan {
 				_, err = f.engine.Wait(ctx, runID)

@@ -8,8 +8,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
-	"github.com/goreactor/goreactor/reactor"
 )
 
 // UndoSteps can name a fan-out map step of a completed run: the map rolls
@@ -24,28 +24,28 @@ func TestUndoStepsOfAFanOutMap(t *testing.T) {
 	defer cancel()
 	elem := f.element("tg-el")
 	var keptUndone int
-	owner := reactor.MustDefine("tg-owner",
-		reactor.Input[[]int]("items", reactor.Required()),
-		reactor.Step("hold", reactor.StepConfig[reactor.Args, string]{
-			Run:  func(context.Context, reactor.Args) (string, error) { return "held", nil },
-			Undo: func(context.Context, reactor.Args, string) error { keptUndone++; return nil },
+	owner := engine.MustDefine("tg-owner",
+		engine.Input[[]int]("items", engine.Required()),
+		engine.Step("hold", engine.StepConfig[engine.Args, string]{
+			Run:  func(context.Context, engine.Args) (string, error) { return "held", nil },
+			Undo: func(context.Context, engine.Args, string) error { keptUndone++; return nil },
 		}),
-		mapcore.Map("each", mapcore.Config{Element: elem, Items: reactor.FromInput("items"), FanOut: true, BatchSize: 3,
+		mapcore.Map("each", mapcore.Config{Element: elem, Items: engine.FromInput("items"), FanOut: true, BatchSize: 3,
 			After: []string{"hold"}}),
 	)
 	require.NoError(t, f.engine.Register(owner, elem))
-	res, err := f.engine.Run(ctx, owner, map[string]any{"items": items(10)}, reactor.WithRunID("tg"))
+	res, err := f.engine.Run(ctx, owner, map[string]any{"items": items(10)}, engine.WithRunID("tg"))
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCompleted, res.Status)
+	require.Equal(t, engine.StatusCompleted, res.Status)
 
 	out, err := f.engine.UndoSteps(ctx, "tg", []string{"each"})
 	require.NoError(t, err)
 	final := out.Result
-	if final.Status == reactor.StatusRollingBack {
+	if final.Status == engine.StatusRollingBack {
 		final, err = f.engine.Wait(ctx, "tg")
 		require.NoError(t, err)
 	}
-	require.Equal(t, reactor.StatusCompleted, final.Status, "back to the status it had")
+	require.Equal(t, engine.StatusCompleted, final.Status, "back to the status it had")
 	f.mu.Lock()
 	undone := slices.Clone(f.undone)
 	f.mu.Unlock()
@@ -61,16 +61,16 @@ func TestUndoStepsOfAFanOutMap(t *testing.T) {
 	require.Equal(t, 1, rep.Generation)
 	require.Len(t, rep.Entries, 1)
 	require.Equal(t, "each", rep.Entries[0].Step)
-	require.Equal(t, reactor.RollbackCompensated, rep.Entries[0].Status)
+	require.Equal(t, engine.RollbackCompensated, rep.Entries[0].Status)
 
 	again, err := f.engine.UndoSteps(ctx, "tg", []string{"each"})
 	require.NoError(t, err)
-	require.Equal(t, []reactor.UnresolvedStep{{Step: "each", Reason: reactor.ReasonAlreadyCompensated}}, again.Unresolved)
+	require.Equal(t, []engine.UnresolvedStep{{Step: "each", Reason: engine.ReasonAlreadyCompensated}}, again.Unresolved)
 
 	// The rest goes with a whole undo, in the next generation.
 	und, err := f.engine.Undo(ctx, "tg")
 	require.NoError(t, err)
-	require.Equal(t, reactor.StatusCancelled, und.Status)
+	require.Equal(t, engine.StatusCancelled, und.Status)
 	require.Equal(t, 1, keptUndone)
 	rep, err = f.engine.RollbackReport(ctx, "tg")
 	require.NoError(t, err)

@@ -11,7 +11,6 @@ import (
 
 	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/mapcore"
-	"github.com/goreactor/goreactor/reactor"
 )
 
 // A map's elements judge their undo windows by the time the owner's
@@ -30,10 +29,10 @@ func TestElementUndoWindowsAreJudgedAtTheOwnersRollbackStart(t *testing.T) {
 			type in struct {
 				N int `json:"n"`
 			}
-			el := reactor.MustDefine("win-el", reactor.UndoWindow(time.Hour),
-				reactor.Input[int]("item", reactor.Required()),
-				reactor.Step("do", reactor.StepConfig[in, int]{
-					Args: reactor.Bindings{"n": reactor.FromInput("item")},
+			el := engine.MustDefine("win-el", engine.UndoWindow(time.Hour),
+				engine.Input[int]("item", engine.Required()),
+				engine.Step("do", engine.StepConfig[in, int]{
+					Args: engine.Bindings{"n": engine.FromInput("item")},
 					Run:  func(_ context.Context, in in) (int, error) { return in.N, nil },
 					Undo: func(_ context.Context, in in, _ int) error {
 						f.mu.Lock()
@@ -44,22 +43,22 @@ func TestElementUndoWindowsAreJudgedAtTheOwnersRollbackStart(t *testing.T) {
 						return nil
 					},
 				}))
-			owner := reactor.MustDefine("win-owner",
-				reactor.Input[[]int]("items", reactor.Required()),
-				mapcore.Map("each", mapcore.Config{Element: el, Items: reactor.FromInput("items"), FanOut: fanOut, BatchSize: 2}))
+			owner := engine.MustDefine("win-owner",
+				engine.Input[[]int]("items", engine.Required()),
+				mapcore.Map("each", mapcore.Config{Element: el, Items: engine.FromInput("items"), FanOut: fanOut, BatchSize: 2}))
 			require.NoError(t, f.engine.Register(owner, el))
 			for _, id := range []string{"inside", "after"} {
-				_, err := f.engine.Run(ctx, owner, map[string]any{"items": items(5)}, reactor.WithRunID(id))
+				_, err := f.engine.Run(ctx, owner, map[string]any{"items": items(5)}, engine.WithRunID(id))
 				require.NoError(t, err)
 			}
 
 			res, err := f.engine.Undo(ctx, "inside")
 			require.NoError(t, err)
-			if res.Status == reactor.StatusRollingBack {
+			if res.Status == engine.StatusRollingBack {
 				res, err = f.engine.Wait(ctx, "inside")
 				require.NoError(t, err)
 			}
-			require.Equal(t, reactor.StatusCancelled, res.Status)
+			require.Equal(t, engine.StatusCancelled, res.Status)
 			f.mu.Lock()
 			undone := slices.Clone(f.undone)
 			f.undone = nil
@@ -71,17 +70,17 @@ func TestElementUndoWindowsAreJudgedAtTheOwnersRollbackStart(t *testing.T) {
 			// every element's window closed.
 			res, err = f.engine.Undo(ctx, "after")
 			require.NoError(t, err)
-			if res.Status == reactor.StatusRollingBack {
+			if res.Status == engine.StatusRollingBack {
 				res, err = f.engine.Wait(ctx, "after")
 				require.NoError(t, err)
 			}
-			require.Equal(t, reactor.StatusCancelled, res.Status)
+			require.Equal(t, engine.StatusCancelled, res.Status)
 			f.mu.Lock()
 			require.Empty(t, f.undone, "past their windows: none undone")
 			f.mu.Unlock()
 			rep, err := f.engine.RollbackReport(ctx, mapcore.MapID("after", "each")+".3")
 			require.NoError(t, err)
-			require.Equal(t, reactor.RollbackOutOfWindow, rep.Entries[0].Status)
+			require.Equal(t, engine.RollbackOutOfWindow, rep.Entries[0].Status)
 			// The owner lists them: "roll back everything" never quietly
 			// means less than it says.
 			rep, err = f.engine.RollbackReport(ctx, "after")
