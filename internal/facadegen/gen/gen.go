@@ -236,7 +236,10 @@ func (g *generator) gen(d *ast.GenDecl) error {
 			}
 			tparams, targs := "", ""
 			if s.TypeParams != nil {
-				tparams = fieldList(g, s.TypeParams)
+				var err error
+				if tparams, err = g.typeParams(s.TypeParams); err != nil {
+					return err
+				}
 				targs = "[" + strings.Join(fieldNames(s.TypeParams), ", ") + "]"
 			}
 			g.manual(s)
@@ -270,17 +273,21 @@ func (g *generator) gen(d *ast.GenDecl) error {
 	return nil
 }
 
-func fieldList(g *generator, fl *ast.FieldList) string {
+// typeParams prints a type parameter list, "[In, Out any]".
+func (g *generator) typeParams(fl *ast.FieldList) (string, error) {
 	var parts []string
 	for _, f := range fl.List {
-		t, _ := g.expr(f.Type)
+		t, err := g.expr(f.Type)
+		if err != nil {
+			return "", err
+		}
 		var names []string
 		for _, n := range f.Names {
 			names = append(names, n.Name)
 		}
 		parts = append(parts, strings.Join(names, ", ")+" "+t)
 	}
-	return "[" + strings.Join(parts, ", ") + "]"
+	return "[" + strings.Join(parts, ", ") + "]", nil
 }
 
 func fieldNames(fl *ast.FieldList) []string {
@@ -299,7 +306,10 @@ func (g *generator) fn(d *ast.FuncDecl) error {
 	ft := d.Type
 	tparams, targs := "", ""
 	if ft.TypeParams != nil {
-		tparams = fieldList(g, ft.TypeParams)
+		var err error
+		if tparams, err = g.typeParams(ft.TypeParams); err != nil {
+			return err
+		}
 		targs = "[" + strings.Join(fieldNames(ft.TypeParams), ", ") + "]"
 	}
 	var params, args []string
