@@ -1,8 +1,12 @@
 package sweeper
 
-// LeaseSeenKey exposes the key of the sweeper's observation of a task's
-// lease, so that tests can seed an observation made earlier.
-var LeaseSeenKey = leaseSeenKey
+// IdleSeenKey exposes the key of the sweeper's observation of the lease of
+// a task whose map position's element nobody holds (IdleTaskFate), so that
+// tests can seed an observation made earlier.
+var IdleSeenKey = idleSeenKey
+
+// IdleAfter is how long such a task must stay so before it is dead.
+const IdleAfter = idleAfter
 
 // SetBeforeRemove makes s call f between its read of an active-index entry
 // and the entry's conditional removal: the window a racing writer uses.

@@ -41,8 +41,8 @@ func TestHardeningLeaseMissingIsNotDead(t *testing.T) {
 // A lease is judged by the Redis server's clock alone, never by comparing
 // its score (the worker's clock) with the sweeper's: an expiry long past by
 // the sweeper's clock, seen for the first time, is not dead; an expiry in
-// the future by the sweeper's clock that has not changed for 20 s of server
-// time is.
+// the future by the sweeper's clock that has not changed, the element held
+// by nobody, for two seconds of server time is.
 func TestHardeningLeaseJudgedByServerTime(t *testing.T) {
 	t.Parallel()
 	m := newMapEnv(t, nil)
@@ -54,10 +54,11 @@ func TestHardeningLeaseJudgedByServerTime(t *testing.T) {
 	behind := time.Now().Add(-time.Minute)
 	m.activate(elTask(mapID, 2), behind)
 	// 3: fresh by the sweeper's clock, but a pass saw this same expiry
-	// 20 s ago of server time: nobody extended it since.
+	// two seconds ago of server time: nobody extended it or took its
+	// element since.
 	ahead := time.Now().Add(30 * time.Second)
 	m.activate(elTask(mapID, 3), ahead)
-	m.seenLease(elTask(mapID, 3), ahead, 20*time.Second)
+	m.seenLease(elTask(mapID, 3), ahead, 2*sweeper.IdleAfter)
 
 	m.waitMapStale(mapID)
 	require.Equal(t, sweeper.MapReport{Examined: 1, Elements: 1, Fresh: 1}, m.sweep())
@@ -70,13 +71,13 @@ func TestHardeningLeaseJudgedByServerTime(t *testing.T) {
 	// The pass recorded 2's lease as first seen now, by the server's clock.
 	srv, err := m.rdb.Time(m.ctx).Result()
 	require.NoError(t, err)
-	seen, err := m.rdb.HGetAll(m.ctx, sweeper.LeaseSeenKey(m.prefix, m.queue, elTask(mapID, 2))).Result()
+	seen, err := m.rdb.HGetAll(m.ctx, sweeper.IdleSeenKey(m.prefix, m.queue, elTask(mapID, 2))).Result()
 	require.NoError(t, err)
 	require.Equal(t, strconv.FormatInt(behind.Unix(), 10), seen["s"])
 	at, err := strconv.ParseInt(seen["at"], 10, 64)
 	require.NoError(t, err)
 	require.InDelta(t, srv.UnixMilli(), at, float64(10*time.Second/time.Millisecond))
-	require.Positive(t, m.rdb.PTTL(m.ctx, sweeper.LeaseSeenKey(m.prefix, m.queue, elTask(mapID, 2))).Val(), "the observation expires")
+	require.Positive(t, m.rdb.PTTL(m.ctx, sweeper.IdleSeenKey(m.prefix, m.queue, elTask(mapID, 2))).Val(), "the observation expires")
 }
 
 // A run is stale by the server time of its last state write (the state

@@ -344,14 +344,15 @@ func (m *mapEnv) activate(id string, lease time.Time) *asynq.TaskInfo {
 	return info
 }
 
-// seenLease seeds the sweeper's observation of active task id's lease: a
-// pass saw it expire at lease, ago of the Redis server's time, as a pass
-// records it (the expiry in Unix seconds, the server time in ms).
+// seenLease seeds the sweeper's observation of active task id's lease,
+// with its map position's element held by nobody: a pass saw it expire at
+// lease, ago of the Redis server's time, as a pass records it (the expiry
+// in Unix seconds, the server time in ms).
 func (m *mapEnv) seenLease(id string, lease time.Time, ago time.Duration) {
 	m.t.Helper()
 	srv, err := m.rdb.Time(m.ctx).Result()
 	require.NoError(m.t, err)
-	key := sweeper.LeaseSeenKey(m.prefix, m.queue, id)
+	key := sweeper.IdleSeenKey(m.prefix, m.queue, id)
 	require.NoError(m.t, m.rdb.HSet(m.ctx, key, "s", strconv.FormatInt(lease.Unix(), 10), "at", srv.Add(-ago).UnixMilli()).Err())
 	require.NoError(m.t, m.rdb.PExpire(m.ctx, key, time.Minute).Err())
 }

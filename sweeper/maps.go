@@ -55,6 +55,10 @@ type MapReport struct {
 	Fresh, Deleted int
 	// Removed counts maps taken off the index (adopted, or never started).
 	Removed int
+	// Soonest, when positive, is how soon after the pass a map it kept
+	// asked to be examined again, sooner than StaleAfter (an element lock
+	// about to lapse, a task that needs a second look).
+	Soonest time.Duration
 }
 
 func (r *MapReport) add(rec maptask.Recovery) {
@@ -139,6 +143,24 @@ func (s *MapSweeper) ownerGone(ctx context.Context, mapID string) (gone bool, ow
 	return true, owners, nil
 }
 
+// nextLook is the score that makes a map kept in the index due again at
+// the right time (an entry is due StaleAfter after its score): a map that
+// settled recently is due StaleAfter after that settle, not after this
+// pass, so that one whose workers died just after a settle waits no longer
+// than one that stalled long ago; a map whose pass asked to be looked at
+// sooner (a verdict that needs a second look, an element lock that is
+// about to lapse) is due then; any other, StaleAfter from now.
+func (s *MapSweeper) nextLook(rec maptask.Recovery, now time.Time) time.Time {
+	at := now
+	if rec.Live && rec.Touched > 0 {
+		at = time.UnixMilli(rec.Touched)
+	}
+	if rec.LookAgain > 0 && rec.LookAgain < s.cfg.StaleAfter {
+		at = now.Add(rec.LookAgain - s.cfg.StaleAfter)
+	}
+	return at
+}
+
 // Sweep runs one pass over a page of the map index: entries not examined
 // for StaleAfter, oldest first. Every entry it keeps is touched, so the
 // next pass reaches the entries behind it. An error on one map is logged
@@ -161,7 +183,7 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("sweeper: read map index: %w", err)
 	}
-	opt := maptask.SweepOptions{Tasks: s.tasks, StaleBefore: cutoff}
+	opt := maptask.SweepOptions{Tasks: s.tasks, StaleBefore: cutoff, IdleAfter: idleAfter}
 	var errs []error
 	for _, z := range entries {
 		if err := ctx.Err(); err != nil {
@@ -199,7 +221,10 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 				}
 			}
 		default:
-			if terr := s.rdb.ZAddXX(ctx, s.keys.Maps(), redis.Z{Score: float64(now.Add(time.Since(read)).UnixMilli()), Member: id}).Err(); err == nil {
+			if d := rec.LookAgain; d > 0 && d < s.cfg.StaleAfter && (rep.Soonest == 0 || d < rep.Soonest) {
+				rep.Soonest = d
+			}
+			if terr := s.rdb.ZAddXX(ctx, s.keys.Maps(), redis.Z{Score: float64(s.nextLook(rec, now.Add(time.Since(read))).UnixMilli()), Member: id}).Err(); err == nil {
 				err = terr
 			}
 		}

@@ -196,12 +196,13 @@ func TestMapSweepRecoversEachSeededFault(t *testing.T) {
 			return ctx.Err()
 		})
 		// The lease ran out a second ago, and an earlier pass saw it with
-		// that expiry 20 s ago of the server's time: the sweeper calls the
-		// worker dead (15 s without an extension), while asynq's own
-		// recovery waits 30 s past the expiry and stays out of this test.
+		// that expiry, the element held by nobody, two seconds ago of the
+		// server's time: the sweeper calls the worker dead (a running
+		// delivery holds its element's lock), while asynq's own recovery
+		// waits 30 s past the expiry and stays out of this test.
 		lease := time.Now().Add(-time.Second)
 		dead := m.activate(elTask(mapID, 3), lease)
-		m.seenLease(elTask(mapID, 3), lease, 20*time.Second)
+		m.seenLease(elTask(mapID, 3), lease, 2*sweeper.IdleAfter)
 		err := m.handler.ProcessTask(m.ctx, asynq.NewTask(dead.Type, dead.Payload))
 		var snooze *worker.SnoozeError
 		require.ErrorAs(t, err, &snooze)

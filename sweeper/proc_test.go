@@ -37,7 +37,9 @@ type workerSpec struct {
 	// set names what the process registers and how its engine is set up:
 	// "steps" is killDefinition (TestKilledWorkerRunIsFinishedByTheSweeper),
 	// "rbmap" is rbkOwner with its terminal-event hook
-	// (TestRbKillWorkerMidMapRollback).
+	// (TestRbKillWorkerMidMapRollback); "recovery" and "recovery-slow" are
+	// recOwner and recSlowOwner under worker.Run with its defaults
+	// (recovery_test.go).
 	set string
 	// concurrency is the worker's; 0 is the worker's default.
 	concurrency int
@@ -88,6 +90,16 @@ func TestWorkerProcess(t *testing.T) {
 			}
 			return serveUntilKilled(e, rdb, queue, concurrency, cfg.Logger)
 		}(); err != nil {
+			t.Fatal(err)
+		}
+		return
+	case "recovery", "recovery-slow":
+		k := recKeys{prefix}
+		def := recOwner(rdb, k)
+		if set == "recovery-slow" {
+			def = recSlowOwner(rdb, k)
+		}
+		if err := serveMain(def); err != nil {
 			t.Fatal(err)
 		}
 		return

@@ -229,20 +229,37 @@ func (s *Sweeper) Totals() Totals {
 
 // Run sweeps every Interval until ctx ends. A failed pass is logged and the
 // loop goes on; Run returns nil when ctx ends.
+//
+// A pass that leaves a map due again sooner than Interval (a dead holder's
+// element lock about to lapse, an idle task that needs its second look)
+// is followed by an extra pass then, so that recovering a map takes what
+// the verdict needs and not a whole Interval more.
 func (s *Sweeper) Run(ctx context.Context) error {
 	t := time.NewTicker(s.cfg.Interval)
 	defer t.Stop()
+	early := time.NewTimer(time.Hour)
+	early.Stop()
+	defer early.Stop()
 	for {
-		if _, err := s.Once(ctx); err != nil && ctx.Err() == nil {
+		rep, err := s.Once(ctx)
+		if err != nil && ctx.Err() == nil {
 			s.cfg.Logger.Warn("sweep pass had errors", "event", "reactor.sweep.error", "error", err.Error())
+		}
+		early.Stop()
+		if d := rep.Maps.Soonest; d > 0 && d < s.cfg.Interval {
+			early.Reset(max(d, minEarlyPass))
 		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
+		case <-early.C:
 		}
 	}
 }
+
+// minEarlyPass bounds how soon after a pass Run's extra pass comes.
+const minEarlyPass = 50 * time.Millisecond
 
 // endPass ends a pass's span with what the pass did.
 func endPass(span trace.Span, rep Report, err error) {

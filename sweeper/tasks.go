@@ -19,6 +19,11 @@ import (
 // missed heartbeats (asynq v0.26 extends a lease every 5 s).
 const deadAfter = 15 * time.Second
 
+// idleAfter is how long of the Redis server's time an active task of a map
+// position whose element nobody holds must stay so, its lease unchanged,
+// before the sweeper calls it dead (maptask.TaskInspector.IdleTaskFate).
+const idleAfter = time.Second
+
 // leaseSeenTTL is how long the sweeper keeps its observation of a lease
 // after it last looked. A map examined less often than this (StaleAfter
 // above it) never gets a dead verdict from the sweeper; asynq's own
@@ -65,39 +70,62 @@ func leaseSeenKey(prefix, queue, id string) string {
 // (the entry is written with the task's move to active, and asynq's
 // recoverer, which owns the lease set, deals with the odd case).
 func (q *queueTasks) TaskFate(ctx context.Context, id string) (maptask.TaskFate, error) {
+	fate, _, err := q.fate(ctx, id, leaseSeenKey(q.prefix, q.queue, id), deadAfter)
+	return fate, err
+}
+
+// IdleTaskFate implements maptask.TaskInspector: TaskFate with idleAfter
+// for deadAfter, for the task of an open map position whose element lock
+// nobody holds. Its observations are kept apart from TaskFate's, so that
+// an earlier look at the task while its element was held does not count.
+// When a look at an active task was not yet enough for a verdict, it
+// returns how soon the next one can be.
+func (q *queueTasks) IdleTaskFate(ctx context.Context, id string) (maptask.TaskFate, time.Duration, error) {
+	return q.fate(ctx, id, idleSeenKey(q.prefix, q.queue, id), idleAfter)
+}
+
+// idleSeenKey is the sweeper's observation of task id while its element
+// was idle (IdleTaskFate).
+func idleSeenKey(prefix, queue, id string) string {
+	return prefix + ":{sweeper}:idle:" + queue + ":" + id
+}
+
+// fate is TaskFate over the observation at seen: an active task is dead
+// once its lease has gone unchanged for after.
+func (q *queueTasks) fate(ctx context.Context, id, seen string, after time.Duration) (maptask.TaskFate, time.Duration, error) {
 	info, err := q.insp.GetTaskInfo(q.queue, id)
 	switch {
 	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
-		return maptask.TaskMissing, nil
+		return maptask.TaskMissing, 0, nil
 	case err != nil:
-		return 0, fmt.Errorf("sweeper: inspect task %s: %w", id, err)
+		return 0, 0, fmt.Errorf("sweeper: inspect task %s: %w", id, err)
 	}
 	switch info.State {
 	case asynq.TaskStateArchived:
-		return maptask.TaskArchived, nil
+		return maptask.TaskArchived, 0, nil
 	case asynq.TaskStateCompleted:
-		return maptask.TaskCompleted, nil
+		return maptask.TaskCompleted, 0, nil
 	case asynq.TaskStateActive:
 		// The lease set is asynq's: asynq:{<queue>}:lease, scored by the
 		// lease's expiry in Unix seconds of the worker's clock.
 		exp, err := q.rdb.ZScore(ctx, "asynq:{"+q.queue+"}:lease", id).Result()
 		if errors.Is(err, redis.Nil) {
-			return maptask.TaskLive, nil // unknown, which is not dead
+			return maptask.TaskLive, 0, nil // unknown, which is not dead
 		}
 		if err != nil {
-			return 0, fmt.Errorf("sweeper: read the lease of task %s: %w", id, err)
+			return 0, 0, fmt.Errorf("sweeper: read the lease of task %s: %w", id, err)
 		}
-		dead, err := leaseSeenScript.Run(ctx, q.rdb, []string{leaseSeenKey(q.prefix, q.queue, id)},
-			strconv.FormatFloat(exp, 'f', -1, 64), deadAfter.Milliseconds(), leaseSeenTTL.Milliseconds()).Int()
+		wait, err := leaseSeenScript.Run(ctx, q.rdb, []string{seen},
+			strconv.FormatFloat(exp, 'f', -1, 64), after.Milliseconds(), leaseSeenTTL.Milliseconds()).Int64()
 		if err != nil {
-			return 0, fmt.Errorf("sweeper: observe the lease of task %s: %w", id, err)
+			return 0, 0, fmt.Errorf("sweeper: observe the lease of task %s: %w", id, err)
 		}
-		if dead == 1 {
-			return maptask.TaskDead, nil
+		if wait == 0 {
+			return maptask.TaskDead, 0, nil
 		}
-		return maptask.TaskLive, nil
+		return maptask.TaskLive, time.Duration(wait) * time.Millisecond, nil
 	}
-	return maptask.TaskLive, nil // pending, scheduled, retry, aggregating
+	return maptask.TaskLive, 0, nil // pending, scheduled, retry, aggregating
 }
 
 // DeleteTask implements maptask.TaskInspector.

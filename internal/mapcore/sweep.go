@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/attribute"
@@ -149,6 +150,7 @@ type mapSweep struct {
 
 func (sw *mapSweep) forward(ctx context.Context) (maptask.Recovery, error) {
 	md := sw.v.md
+	sw.rec.Touched = sw.v.touched
 	if sw.v.touched > sw.opt.StaleBefore {
 		sw.rec.Live = true
 		return sw.rec, nil
@@ -201,6 +203,7 @@ func (sw *mapSweep) forward(ctx context.Context) (maptask.Recovery, error) {
 func (sw *mapSweep) rollback(ctx context.Context) (maptask.Recovery, error) {
 	rb, md := sw.v.rb, sw.v.md
 	gen := rb.Gen
+	sw.rec.Touched = sw.v.rbTouched
 	if sw.v.rbTouched > sw.opt.StaleBefore {
 		sw.rec.Live = true
 		return sw.rec, nil
@@ -298,54 +301,8 @@ func (sw *mapSweep) outstanding(ctx context.Context, results, metaKey string, fr
 		if len(open) > 0 && lwm < 0 {
 			lwm = open[0]
 		}
-		if len(open) == 0 {
-			continue
-		}
-		// The element lock says a worker is on it right now.
-		locks := make([]*redis.IntCmd, len(open))
-		if _, err := sw.ms.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
-			for j, p := range open {
-				el, _ := ids(p)
-				locks[j] = pl.Exists(ctx, sw.ms.keys.ElemLock(el))
-			}
-			return nil
-		}); err != nil {
-			return fmt.Errorf("mapstep: read element locks of %s: %w", sw.mapID, err)
-		}
-		for j, p := range open {
-			if budget == 0 {
-				break
-			}
-			if locks[j].Val() == 1 {
-				continue
-			}
-			_, id := ids(p)
-			fate, err := sw.opt.Tasks.TaskFate(ctx, id)
-			if err != nil {
-				return err
-			}
-			fresh := ""
-			switch fate {
-			case maptask.TaskLive:
-				continue
-			case maptask.TaskDead:
-				var skip bool
-				if fresh, skip, err = sw.redelivery(ctx, id); err != nil {
-					return err
-				}
-				if skip {
-					continue
-				}
-			case maptask.TaskArchived, maptask.TaskCompleted:
-				if err := sw.opt.Tasks.DeleteTask(ctx, id); err != nil {
-					return err
-				}
-				sw.rec.Deleted++
-			}
-			if err := enqueue(ctx, p, fresh); err != nil {
-				return err
-			}
-			budget--
+		if budget, err = sw.redeliver(ctx, open, budget, ids, enqueue); err != nil {
+			return err
 		}
 	}
 	if lwm < 0 {
@@ -359,19 +316,120 @@ func (sw *mapSweep) outstanding(ctx context.Context, results, metaKey string, fr
 	return nil
 }
 
+// lookAgain asks for the map to be examined again within d.
+func (sw *mapSweep) lookAgain(d time.Duration) {
+	if d > 0 && (sw.rec.LookAgain == 0 || d < sw.rec.LookAgain) {
+		sw.rec.LookAgain = d
+	}
+}
+
+// redeliver enqueues again, at most budget of them, the positions of open
+// (claimed, no outcome) whose element no delivery holds and whose task will
+// not run; it returns the budget left. An element lock says a delivery is
+// on it right now; the map is looked at again when the lock would lapse,
+// so that a dead holder's position is redelivered as soon as it can be.
+func (sw *mapSweep) redeliver(ctx context.Context, open []int, budget int,
+	ids func(p int) (elementID, taskID string), enqueue func(ctx context.Context, p int, fresh string) error) (int, error) {
+	if len(open) == 0 || budget == 0 {
+		return budget, nil
+	}
+	locks := make([]*redis.DurationCmd, len(open))
+	if _, err := sw.ms.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
+		for j, p := range open {
+			el, _ := ids(p)
+			locks[j] = pl.PTTL(ctx, sw.ms.keys.ElemLock(el))
+		}
+		return nil
+	}); err != nil {
+		return budget, fmt.Errorf("mapstep: read element locks of %s: %w", sw.mapID, err)
+	}
+	for j, p := range open {
+		if budget == 0 {
+			break
+		}
+		_, id := ids(p)
+		// PTTL: -2 no lock; -1 a lock without expiry (not goreactor's).
+		if ttl := locks[j].Val(); ttl != -2*time.Nanosecond {
+			if err := sw.held(ctx, id, ttl); err != nil {
+				return budget, err
+			}
+			continue
+		}
+		fate, err := sw.idleFate(ctx, id)
+		if err != nil {
+			return budget, err
+		}
+		fresh := ""
+		switch fate {
+		case maptask.TaskLive:
+			continue
+		case maptask.TaskDead:
+			var skip bool
+			if fresh, skip, err = sw.redelivery(ctx, id, sw.idleFate); err != nil {
+				return budget, err
+			}
+			if skip {
+				continue
+			}
+		case maptask.TaskArchived, maptask.TaskCompleted:
+			if err := sw.opt.Tasks.DeleteTask(ctx, id); err != nil {
+				return budget, err
+			}
+			sw.rec.Deleted++
+		}
+		if err := enqueue(ctx, p, fresh); err != nil {
+			return budget, err
+		}
+		budget--
+	}
+	return budget, nil
+}
+
+// held deals with a position whose element lock has ttl to live: its task
+// is left alone, and the map is looked at again when the lock is about to
+// lapse, then once it has. A live holder extends its lock every third of
+// its expiry, so a lock about to lapse is one whose holder stopped (or a
+// short one): the look then starts the idle observation of its task, and
+// the look after the lapse finds it dead at once instead of a second
+// later.
+func (sw *mapSweep) held(ctx context.Context, id string, ttl time.Duration) error {
+	if ttl <= 0 {
+		return nil
+	}
+	if ttl > sw.opt.IdleAfter+lapseMargin {
+		sw.lookAgain(ttl - sw.opt.IdleAfter)
+		return nil
+	}
+	_, again, err := sw.opt.Tasks.IdleTaskFate(ctx, id) // an observation; no verdict while held
+	sw.lookAgain(max(again, ttl+lapseMargin))
+	return err
+}
+
+// idleFate is the IdleTaskFate of task id, noting when to look again.
+func (sw *mapSweep) idleFate(ctx context.Context, id string) (maptask.TaskFate, error) {
+	fate, again, err := sw.opt.Tasks.IdleTaskFate(ctx, id)
+	sw.lookAgain(again)
+	return fate, err
+}
+
+// lapseMargin is how long after an element lock's expiry the map is looked
+// at again: the lock has lapsed by then on the Redis server's clock too.
+const lapseMargin = 100 * time.Millisecond
+
 // maxRedeliveries bounds the fresh ids one dead task gets. Should every
 // redelivery die active too, the sweeper leaves the position to asynq's own
 // recoverer, which re-queues dead tasks once their lease runs out.
 const maxRedeliveries = 3
 
 // redelivery picks the fresh id suffix for task id, which died active: the
-// first of r1, r2, ... that no task holds. The ids are deterministic, so a
-// later pass finds a redelivery still queued (skip) instead of adding
-// another.
-func (sw *mapSweep) redelivery(ctx context.Context, id string) (suffix string, skip bool, err error) {
+// first of r1, r2, ... that no task holds, each judged by fateOf. The ids
+// are deterministic, so a later pass finds a redelivery still queued
+// (skip) instead of adding another.
+func (sw *mapSweep) redelivery(ctx context.Context, id string,
+	fateOf func(ctx context.Context, id string) (maptask.TaskFate, error)) (suffix string, skip bool, err error) {
 	for n := 1; n <= maxRedeliveries; n++ {
 		suffix = "r" + strconv.Itoa(n)
-		fate, err := sw.opt.Tasks.TaskFate(ctx, id+":"+suffix)
+		fate, err := fateOf(ctx, id+":"+suffix)
 		if err != nil {
 			return "", false, err
 		}
@@ -440,7 +498,7 @@ func (sw *mapSweep) resumeOwner(ctx context.Context, id string) error {
 		sw.rec.Done = true
 		return nil
 	case maptask.TaskDead:
-		fresh, skip, err := sw.redelivery(ctx, id)
+		fresh, skip, err := sw.redelivery(ctx, id, sw.opt.Tasks.TaskFate)
 		if err != nil || skip {
 			return err
 		}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/engine"
@@ -134,6 +135,19 @@ func (f TaskFate) String() string {
 // sweeper implements it with asynq's Inspector.
 type TaskInspector interface {
 	TaskFate(ctx context.Context, id string) (TaskFate, error)
+	// IdleTaskFate is TaskFate for the task of a map position that has no
+	// outcome and whose element lock nobody holds (the caller checked): an
+	// active task is dead once two looks a second apart of Redis server
+	// time find it so, its lease unchanged, instead of after three missed
+	// lease extensions. A delivery that is running holds the lock from its
+	// first round trip to its settle, which releases it in the same script,
+	// so an active delivery that holds no lock for that long has stopped:
+	// its worker died and the lock lapsed. Should a live delivery be slower
+	// than that to take the lock, the redelivery is a duplicate, which the
+	// element lock serializes and the settle's first-writer-wins absorbs.
+	// When a look at an active task was not yet enough for a verdict, again
+	// says how soon the next one can be.
+	IdleTaskFate(ctx context.Context, id string) (fate TaskFate, again time.Duration, err error)
 	// DeleteTask deletes an archived or completed task so its id can be
 	// enqueued again.
 	DeleteTask(ctx context.Context, id string) error
@@ -147,6 +161,9 @@ type SweepOptions struct {
 	// settled a position after it is making progress and is left alone.
 	// Zero examines every map.
 	StaleBefore int64
+	// IdleAfter is the window of Tasks.IdleTaskFate: a map whose element
+	// lock is about to lapse, within it, is looked at again then.
+	IdleAfter time.Duration
 }
 
 // Recovery is what RecoverMap did to one map.
@@ -164,6 +181,14 @@ type Recovery struct {
 	Deleted int
 	// Live is set when the map made progress recently and was not examined.
 	Live bool
+	// Touched is the Redis server time (ms) of the map's last settle (of
+	// its current rollback, when it has one).
+	Touched int64
+	// LookAgain, when positive, is how soon the map should be examined
+	// again, sooner than the sweeper's StaleAfter: a verdict needs a second
+	// look (IdleTaskFate), or an element lock the pass found held lapses
+	// then, with no settle since the map went stale.
+	LookAgain time.Duration
 	// Missing is set when the map has no keys: its owner indexed it and has
 	// not created it yet (or died first: the run sweeper revives the owner,
 	// which creates it), or the map expired. The sweeper drops the entry
