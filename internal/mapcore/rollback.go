@@ -863,14 +863,6 @@ func dispatchRollback(ctx context.Context, e *engine.Engine, ms mapStore, md met
 	})
 }
 
-func dispatchRollbackTask(ctx context.Context, e *engine.Engine, t maptask.RollbackTask) error {
-	q, ok := maptask.Adapt(engine.EnqueuerOf(e))
-	if !ok {
-		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
-	}
-	return q.EnqueueRollback(ctx, t)
-}
-
 func resumeOwnerRollback(ctx context.Context, e *engine.Engine, owner, reactorName, mapID string, gen int) error {
 	return engine.EnqueuerOf(e).Enqueue(ctx, engine.Wake{
 		ID:    rbResumeID(owner, mapID, gen),

@@ -133,10 +133,14 @@ func recoverMap(ctx context.Context, e *engine.Engine, mapID string, opt maptask
 		attribute.String("reactor.sweeper.recovery", "map"))
 	defer span.End()
 	sw := &mapSweep{e: e, ms: ms, mapID: mapID, opt: opt, v: v, rec: maptask.Recovery{Owner: v.md.Owner}}
-	if v.rb.exists {
-		return sw.rollback(ctx)
+	if !v.rb.exists {
+		return sw.sweep(ctx, sw.forwardPass())
 	}
-	return sw.forward(ctx)
+	ps, err := sw.rollbackPass(ctx)
+	if err != nil {
+		return sw.rec, err
+	}
+	return sw.sweep(ctx, ps)
 }
 
 type mapSweep struct {
@@ -148,147 +152,182 @@ type mapSweep struct {
 	rec   maptask.Recovery
 }
 
-func (sw *mapSweep) forward(ctx context.Context) (maptask.Recovery, error) {
-	md := sw.v.md
-	sw.rec.Touched = sw.v.touched
-	if sw.v.touched > sw.opt.StaleBefore {
+// sweepPass is what the one recovery algorithm (mapSweep.sweep) needs of
+// the pass it sweeps: the map's forward pass, or its current rollback
+// generation. The two differ only in their keys, in which element a
+// position names, in the task a position is, and in what a settled pass
+// still owes its owner.
+type sweepPass struct {
+	touched int64 // server time (ms) of the pass's last settle
+	settled bool  // every position has an outcome
+	// claimable: every claimed position settled, yet positions remain
+	// unclaimed (the trigger's claim is missing); claim.lua with claimKeys
+	// from offset claims exactly the next batch.
+	claimable bool
+	claimKeys []string
+	offset    int
+	// results and meta are the outcomes hash and the meta hash (whose
+	// "swept" field records the settled prefix, from lwm); positions
+	// [lwm, claimed) are swept, at most batch a pass.
+	results, meta       string
+	lwm, claimed, batch int
+	// element and task name position p's element run and task id.
+	element func(p int) string
+	task    func(p int) string
+	// redeliver enqueues position p again (under fresh, when its task
+	// died active); dispatch enqueues a batch the sweeper claimed.
+	redeliver func(ctx context.Context, p int, fresh string) error
+	dispatch  func(ctx context.Context, from, to int) error
+	// whenSettled is what a settled pass still owes: the owner's resume.
+	whenSettled func(ctx context.Context) error
+}
+
+// sweep recovers the lost work of pass ps (see the package comment).
+func (sw *mapSweep) sweep(ctx context.Context, ps sweepPass) (maptask.Recovery, error) {
+	sw.rec.Touched = ps.touched
+	if ps.touched > sw.opt.StaleBefore {
 		sw.rec.Live = true
 		return sw.rec, nil
 	}
-	if md.settled() {
-		if !sw.v.signalled {
-			// Settled without a signal: the owner stopped the map itself
-			// (Cancel/Undo mid-map) and goes on without a resume.
-			return sw.rec, nil
-		}
-		return sw.rec, sw.resumeOwner(ctx, fwdResumeID(md.Owner, sw.mapID))
+	if ps.settled {
+		return sw.rec, ps.whenSettled(ctx)
 	}
-	budget := md.BatchSize
-	if !md.Failed && md.Settled >= md.Offset && md.Offset < md.Total {
-		res, err := claimScript.Run(ctx, sw.ms.rdb, []string{sw.ms.keys.MapMeta(sw.mapID), sw.ms.keys.MapOffset(sw.mapID), sw.ms.keys.MapFailed(sw.mapID)}, md.Offset).Int64Slice()
+	if ps.claimable {
+		res, err := claimScript.Run(ctx, sw.ms.rdb, ps.claimKeys, ps.offset).Int64Slice()
 		if err != nil {
-			return sw.rec, fmt.Errorf("mapstep: claim the next batch of %s: %w", sw.mapID, err)
+			return sw.rec, fmt.Errorf("mapstep: claim the next batch of %s (%s): %w", sw.mapID, ps.meta, err)
 		}
 		if res[0] >= 0 {
 			sw.rec.Claims++
-			from, to := int(res[0]), int(res[1])
+			return sw.rec, ps.dispatch(ctx, int(res[0]), int(res[1])) // the claimed batch is the pass's budget
+		}
+	}
+	return sw.rec, sw.outstanding(ctx, ps)
+}
+
+// forwardPass is the map's forward pass as sweep sees it.
+func (sw *mapSweep) forwardPass() sweepPass {
+	md, k, id := sw.v.md, sw.ms.keys, sw.mapID
+	return sweepPass{
+		touched: sw.v.touched, settled: md.settled(),
+		claimable: !md.Failed && md.Settled >= md.Offset && md.Offset < md.Total,
+		claimKeys: []string{k.MapMeta(id), k.MapOffset(id), k.MapFailed(id)}, offset: md.Offset,
+		results: k.MapResults(id), meta: k.MapMeta(id),
+		lwm: sw.v.lwm, claimed: min(md.Offset, md.Total), batch: md.BatchSize,
+		element: func(p int) string { return ElementID(id, p) },
+		task:    func(p int) string { return maptask.ElementTask{MapID: id, Index: p}.TaskID() },
+		redeliver: func(ctx context.Context, p int, fresh string) error {
+			return sw.enqueueElements(ctx, []maptask.ElementTask{{MapID: id, Index: p, Redelivery: fresh}})
+		},
+		dispatch: func(ctx context.Context, from, to int) error {
 			var items []codec.Raw
 			if !md.Paged {
-				if items, err = sw.ms.sourceRange(ctx, sw.mapID, from, to); err != nil {
-					return sw.rec, err
+				var err error
+				if items, err = sw.ms.sourceRange(ctx, id, from, to); err != nil {
+					return err
 				}
 			}
+			ts := make([]maptask.ElementTask, 0, to-from+1)
 			for i := from; i <= to; i++ {
-				t := maptask.ElementTask{MapID: sw.mapID, Index: i}
+				t := maptask.ElementTask{MapID: id, Index: i}
 				if items != nil {
 					t.Input = items[i-from]
 				}
-				if err := sw.enqueueElement(ctx, t); err != nil {
-					return sw.rec, err
-				}
+				ts = append(ts, t)
 			}
-			return sw.rec, nil // the claimed batch is the pass's budget
-		}
-	}
-	err := sw.outstanding(ctx, sw.ms.keys.MapResults(sw.mapID), sw.ms.keys.MapMeta(sw.mapID), sw.v.lwm, min(md.Offset, md.Total), budget,
-		func(p int) (string, string) {
-			return ElementID(sw.mapID, p), maptask.ElementTask{MapID: sw.mapID, Index: p}.TaskID()
+			return sw.enqueueElements(ctx, ts)
 		},
-		func(ctx context.Context, p int, fresh string) error {
-			return sw.enqueueElement(ctx, maptask.ElementTask{MapID: sw.mapID, Index: p, Redelivery: fresh})
-		})
-	return sw.rec, err
+		whenSettled: func(ctx context.Context) error {
+			if !sw.v.signalled {
+				// Settled without a signal: the owner stopped the map
+				// itself (Cancel/Undo mid-map) and goes on without a resume.
+				return nil
+			}
+			return sw.resumeOwner(ctx, fwdResumeID(md.Owner, id))
+		},
+	}
 }
 
-func (sw *mapSweep) rollback(ctx context.Context) (maptask.Recovery, error) {
-	rb, md := sw.v.rb, sw.v.md
+// rollbackPass is the map's current rollback generation as sweep sees it.
+func (sw *mapSweep) rollbackPass(ctx context.Context) (sweepPass, error) {
+	rb, k, id := sw.v.rb, sw.ms.keys, sw.mapID
 	gen := rb.Gen
-	sw.rec.Touched = sw.v.rbTouched
-	if sw.v.rbTouched > sw.opt.StaleBefore {
-		sw.rec.Live = true
-		return sw.rec, nil
-	}
-	if rb.settled() {
-		switch {
-		case sw.v.handedOff && sw.v.rbSignal:
-			return sw.rec, sw.resumeOwner(ctx, rbResumeID(md.Owner, sw.mapID, gen))
-		case sw.v.handedOff:
-			// Cannot happen through the handshake scripts (whichever of the
-			// two runs second sees both halves), but the sweeper completes
-			// the job's half rather than leave the owner waiting.
-			ok, err := sw.ms.rdb.SetNX(ctx, sw.ms.keys.MapRbSignalled(sw.mapID, gen), "1", 0).Result()
-			if err != nil {
-				return sw.rec, fmt.Errorf("mapstep: claim the rollback signal of %s: %w", sw.mapID, err)
-			}
-			if !ok {
-				return sw.rec, nil // claimed meanwhile: its claimer resumes
-			}
-			return sw.rec, sw.resumeOwner(ctx, rbResumeID(md.Owner, sw.mapID, gen))
-		}
-		// Not handed off: the owner has not saved its hand-off yet, or died
-		// before; the run sweeper wakes it and it adopts the rollback.
-		return sw.rec, nil
-	}
 	// The element of each claimed position (a re-triggered generation's
 	// come from its work list, at most its claimed length).
 	index := func(p int) int { return rb.Total - 1 - p }
-	if rb.Work && rb.Offset > 0 {
-		idx, err := sw.ms.indexes(ctx, sw.mapID, rb, 0, min(rb.Offset, rb.Total)-1)
+	// (Not read for a pass sweep leaves alone: live, or settled.)
+	if rb.Work && rb.Offset > 0 && !rb.settled() && sw.v.rbTouched <= sw.opt.StaleBefore {
+		idx, err := sw.ms.indexes(ctx, id, rb, 0, min(rb.Offset, rb.Total)-1)
 		if err != nil {
-			return sw.rec, err
+			return sweepPass{}, err
 		}
 		index = func(p int) int { return idx[p] }
 	}
-	enqueue := func(ctx context.Context, p int, fresh string) error {
-		err := dispatchRollbackTask(ctx, sw.e, maptask.RollbackTask{MapID: sw.mapID, Gen: gen, Pos: p, Index: index(p), Redelivery: fresh})
-		if err == nil {
-			sw.rec.Rollbacks++
-		}
-		return err
-	}
-	if rb.Settled >= rb.Offset && rb.Offset < rb.Total {
-		res, err := claimScript.Run(ctx, sw.ms.rdb, []string{sw.ms.keys.MapRbMeta(sw.mapID, gen), sw.ms.keys.MapRbOffset(sw.mapID, gen)}, rb.Offset).Int64Slice()
-		if err != nil {
-			return sw.rec, fmt.Errorf("mapstep: claim the next rollback batch of %s: %w", sw.mapID, err)
-		}
-		if res[0] >= 0 {
-			sw.rec.Claims++
-			from, to := int(res[0]), int(res[1])
-			idx, err := sw.ms.indexes(ctx, sw.mapID, rb, from, to)
+	return sweepPass{
+		touched: sw.v.rbTouched, settled: rb.settled(),
+		claimable: rb.Settled >= rb.Offset && rb.Offset < rb.Total,
+		claimKeys: []string{k.MapRbMeta(id, gen), k.MapRbOffset(id, gen)}, offset: rb.Offset,
+		results: k.MapRbResults(id, gen), meta: k.MapRbMeta(id, gen),
+		lwm: sw.v.rbLwm, claimed: min(rb.Offset, rb.Total), batch: rb.BatchSize,
+		element: func(p int) string { return ElementID(id, index(p)) },
+		task:    func(p int) string { return maptask.RollbackTask{MapID: id, Gen: gen, Pos: p}.TaskID() },
+		redeliver: func(ctx context.Context, p int, fresh string) error {
+			return sw.enqueueRollbacks(ctx, []maptask.RollbackTask{{MapID: id, Gen: gen, Pos: p, Index: index(p), Redelivery: fresh}})
+		},
+		dispatch: func(ctx context.Context, from, to int) error {
+			idx, err := sw.ms.indexes(ctx, id, rb, from, to)
 			if err != nil {
-				return sw.rec, err
+				return err
 			}
+			ts := make([]maptask.RollbackTask, 0, to-from+1)
 			for p := from; p <= to; p++ {
-				if err := dispatchRollbackTask(ctx, sw.e, maptask.RollbackTask{MapID: sw.mapID, Gen: gen, Pos: p, Index: idx[p-from]}); err != nil {
-					return sw.rec, err
-				}
-				sw.rec.Rollbacks++
+				ts = append(ts, maptask.RollbackTask{MapID: id, Gen: gen, Pos: p, Index: idx[p-from]})
 			}
-			return sw.rec, nil
-		}
-	}
-	err := sw.outstanding(ctx, sw.ms.keys.MapRbResults(sw.mapID, gen), sw.ms.keys.MapRbMeta(sw.mapID, gen), sw.v.rbLwm, min(rb.Offset, rb.Total), rb.BatchSize,
-		func(p int) (string, string) {
-			return ElementID(sw.mapID, index(p)), maptask.RollbackTask{MapID: sw.mapID, Gen: gen, Pos: p}.TaskID()
-		}, enqueue)
-	return sw.rec, err
+			return sw.enqueueRollbacks(ctx, ts)
+		},
+		whenSettled: func(ctx context.Context) error { return sw.rollbackSettled(ctx, gen) },
+	}, nil
 }
 
-// outstanding re-enqueues claimed positions in [from, to) that have no
-// outcome, whose element is not locked and whose task will not run, at most
-// budget of them. It records in metaKey's "swept" field the first position
+// rollbackSettled resumes the owner of a settled rollback generation, once
+// both halves of the handshake are there.
+func (sw *mapSweep) rollbackSettled(ctx context.Context, gen int) error {
+	owner := sw.v.md.Owner
+	switch {
+	case sw.v.handedOff && sw.v.rbSignal:
+		return sw.resumeOwner(ctx, rbResumeID(owner, sw.mapID, gen))
+	case sw.v.handedOff:
+		// Cannot happen through the handshake scripts (whichever of the
+		// two runs second sees both halves), but the sweeper completes
+		// the job's half rather than leave the owner waiting.
+		ok, err := sw.ms.rdb.SetNX(ctx, sw.ms.keys.MapRbSignalled(sw.mapID, gen), "1", 0).Result()
+		if err != nil {
+			return fmt.Errorf("mapstep: claim the rollback signal of %s: %w", sw.mapID, err)
+		}
+		if !ok {
+			return nil // claimed meanwhile: its claimer resumes
+		}
+		return sw.resumeOwner(ctx, rbResumeID(owner, sw.mapID, gen))
+	}
+	// Not handed off: the owner has not saved its hand-off yet, or died
+	// before; the run sweeper wakes it and it adopts the rollback.
+	return nil
+}
+
+// outstanding re-enqueues claimed positions of ps that have no outcome,
+// whose element is not locked and whose task will not run, at most a batch
+// of them. It records in the meta's "swept" field the first position
 // without an outcome, so the next pass skips the settled prefix.
-func (sw *mapSweep) outstanding(ctx context.Context, results, metaKey string, from, to, budget int,
-	ids func(p int) (elementID, taskID string), enqueue func(ctx context.Context, p int, fresh string) error) error {
+func (sw *mapSweep) outstanding(ctx context.Context, ps sweepPass) error {
 	const chunk = 500
-	lwm := -1
-	for lo := from; lo < to && budget > 0; lo += chunk {
-		hi := min(lo+chunk, to)
+	lwm, budget := -1, ps.batch
+	for lo := ps.lwm; lo < ps.claimed && budget > 0; lo += chunk {
+		hi := min(lo+chunk, ps.claimed)
 		fields := make([]string, 0, hi-lo)
 		for p := lo; p < hi; p++ {
 			fields = append(fields, strconv.Itoa(p))
 		}
-		vals, err := sw.ms.rdb.HMGet(ctx, results, fields...).Result()
+		vals, err := sw.ms.rdb.HMGet(ctx, ps.results, fields...).Result()
 		if err != nil {
 			return fmt.Errorf("mapstep: read outcomes of %s: %w", sw.mapID, err)
 		}
@@ -301,15 +340,15 @@ func (sw *mapSweep) outstanding(ctx context.Context, results, metaKey string, fr
 		if len(open) > 0 && lwm < 0 {
 			lwm = open[0]
 		}
-		if budget, err = sw.redeliver(ctx, open, budget, ids, enqueue); err != nil {
+		if budget, err = sw.redeliver(ctx, ps, open, budget); err != nil {
 			return err
 		}
 	}
 	if lwm < 0 {
-		lwm = to
+		lwm = ps.claimed
 	}
-	if lwm > from {
-		if err := sw.ms.rdb.HSet(ctx, metaKey, "swept", lwm).Err(); err != nil {
+	if lwm > ps.lwm {
+		if err := sw.ms.rdb.HSet(ctx, ps.meta, "swept", lwm).Err(); err != nil {
 			return fmt.Errorf("mapstep: record the sweep of %s: %w", sw.mapID, err)
 		}
 	}
@@ -328,16 +367,14 @@ func (sw *mapSweep) lookAgain(d time.Duration) {
 // not run; it returns the budget left. An element lock says a delivery is
 // on it right now; the map is looked at again when the lock would lapse,
 // so that a dead holder's position is redelivered as soon as it can be.
-func (sw *mapSweep) redeliver(ctx context.Context, open []int, budget int,
-	ids func(p int) (elementID, taskID string), enqueue func(ctx context.Context, p int, fresh string) error) (int, error) {
+func (sw *mapSweep) redeliver(ctx context.Context, ps sweepPass, open []int, budget int) (int, error) {
 	if len(open) == 0 || budget == 0 {
 		return budget, nil
 	}
 	locks := make([]*redis.DurationCmd, len(open))
 	if _, err := sw.ms.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
 		for j, p := range open {
-			el, _ := ids(p)
-			locks[j] = pl.PTTL(ctx, sw.ms.keys.ElemLock(el))
+			locks[j] = pl.PTTL(ctx, sw.ms.keys.ElemLock(ps.element(p)))
 		}
 		return nil
 	}); err != nil {
@@ -347,7 +384,7 @@ func (sw *mapSweep) redeliver(ctx context.Context, open []int, budget int,
 		if budget == 0 {
 			break
 		}
-		_, id := ids(p)
+		id := ps.task(p)
 		// PTTL: -2 no lock; -1 a lock without expiry (not goreactor's).
 		if ttl := locks[j].Val(); ttl != -2*time.Nanosecond {
 			if err := sw.held(ctx, id, ttl); err != nil {
@@ -377,7 +414,7 @@ func (sw *mapSweep) redeliver(ctx context.Context, open []int, budget int,
 			}
 			sw.rec.Deleted++
 		}
-		if err := enqueue(ctx, p, fresh); err != nil {
+		if err := ps.redeliver(ctx, p, fresh); err != nil {
 			return budget, err
 		}
 		budget--
@@ -452,15 +489,29 @@ func (sw *mapSweep) redelivery(ctx context.Context, id string,
 	return "", true, nil
 }
 
-func (sw *mapSweep) enqueueElement(ctx context.Context, t maptask.ElementTask) error {
+// enqueueElements enqueues element tasks ts, and counts them.
+func (sw *mapSweep) enqueueElements(ctx context.Context, ts []maptask.ElementTask) error {
 	q, ok := maptask.Adapt(engine.EnqueuerOf(sw.e))
 	if !ok {
 		return errors.New("mapstep: the engine's Enqueuer cannot enqueue element tasks (use worker.Client)")
 	}
-	if err := q.EnqueueElement(ctx, t); err != nil {
+	if err := maptask.EnqueueElements(ctx, q, ts); err != nil {
 		return err
 	}
-	sw.rec.Elements++
+	sw.rec.Elements += len(ts)
+	return nil
+}
+
+// enqueueRollbacks enqueues rollback jobs ts, and counts them.
+func (sw *mapSweep) enqueueRollbacks(ctx context.Context, ts []maptask.RollbackTask) error {
+	q, ok := maptask.Adapt(engine.EnqueuerOf(sw.e))
+	if !ok {
+		return errors.New("mapstep: the engine's Enqueuer cannot enqueue rollback jobs (use worker.Client)")
+	}
+	if err := maptask.EnqueueRollbacks(ctx, q, ts); err != nil {
+		return err
+	}
+	sw.rec.Rollbacks += len(ts)
 	return nil
 }
 
