@@ -125,11 +125,17 @@ type SnoozeError struct {
 	// Definition is set when the task waits for a worker that has its
 	// run's definition, not for a lock.
 	Definition bool
+	// Cluster, when set, is the Redis Cluster error the task waits out
+	// (a slot moving, a failover); RunID is then the task's id.
+	Cluster error
 }
 
 func (e *SnoozeError) Error() string {
 	if e.Definition {
 		return fmt.Sprintf("worker: %s started under a definition this worker does not have; snoozing for a worker that has it", e.RunID)
+	}
+	if e.Cluster != nil {
+		return fmt.Sprintf("worker: task %s met redis cluster moving a slot or failing over (%v); snoozing", e.RunID, e.Cluster)
 	}
 	return fmt.Sprintf("worker: run %s is locked by another process; snoozing", e.RunID)
 }
@@ -188,10 +194,10 @@ func New(eng *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker {
 	}
 	cfg = cfg.WithDefaults()
 	w := &Worker{cfg: cfg, engine: eng, log: cfg.Logger, mux: asynq.NewServeMux(), invalid: invalid}
-	w.mux.HandleFunc(TypeRun, w.observe("run", w.handleRun))
-	w.mux.HandleFunc(TypeElement, w.observe("element", w.handleElement))
-	w.mux.HandleFunc(TypeRollback, w.observe("rollback", w.handleRollback))
-	w.mux.HandleFunc(TypeControl, w.observe("control", w.handleControl))
+	w.mux.HandleFunc(TypeRun, w.observe("run", w.transient(w.handleRun)))
+	w.mux.HandleFunc(TypeElement, w.observe("element", w.transient(w.handleElement)))
+	w.mux.HandleFunc(TypeRollback, w.observe("rollback", w.transient(w.handleRollback)))
+	w.mux.HandleFunc(TypeControl, w.observe("control", w.transient(w.handleControl)))
 	w.srv = asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:              cfg.Concurrency,
 		Queues:                   cfg.Queues,
@@ -249,6 +255,46 @@ func (w *Worker) Stop(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// transientSnooze is the base delay of a task whose handler met Redis
+// Cluster moving a slot or failing over (see clusterTransient).
+const transientSnooze = 100 * time.Millisecond
+
+// transient wraps a handler so that an error that only says "not now" from
+// Redis Cluster becomes a short jittered snooze: never asynq's exponential
+// backoff for infrastructure trouble, never spending the task's retries.
+// The run's or element's state is checkpointed (every write is fenced and
+// resend-safe), so the next delivery goes on from where this one stopped.
+func (w *Worker) transient(h func(context.Context, *asynq.Task) error) func(context.Context, *asynq.Task) error {
+	return func(ctx context.Context, t *asynq.Task) error {
+		err := h(ctx, t)
+		var snooze *SnoozeError
+		if err == nil || errors.As(err, &snooze) || !clusterTransient(err) {
+			return err
+		}
+		id, _ := asynq.GetTaskID(ctx)
+		w.log.Debug("redis cluster is moving a slot or failing over; snoozing the task", "event", "worker.task.cluster_transient",
+			"task", id, "type", t.Type(), "error", err)
+		return &SnoozeError{RunID: id, Base: transientSnooze, Cluster: err}
+	}
+}
+
+// clusterTransient reports whether err is Redis Cluster saying "not now"
+// once go-redis's own redirects and retries ran out: a slot being moved
+// (TRYAGAIN for a script whose keys are split between the two nodes, MOVED,
+// ASK) or a failover in progress (CLUSTERDOWN, MASTERDOWN, READONLY from a
+// demoted master, LOADING from a restarted one).
+func clusterTransient(err error) bool {
+	if redis.IsTryAgainError(err) || redis.IsClusterDownError(err) || redis.IsMasterDownError(err) ||
+		redis.IsReadOnlyError(err) || redis.IsLoadingError(err) {
+		return true
+	}
+	if _, ok := redis.IsMovedError(err); ok {
+		return true
+	}
+	_, ok := redis.IsAskError(err)
+	return ok
 }
 
 // observe wraps a handler to tell Config.Metrics each delivery's outcome.
