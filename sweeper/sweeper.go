@@ -177,9 +177,15 @@ func (s *Sweeper) Once(ctx context.Context) (Report, error) {
 	rep.Duration = time.Since(began)
 	err = errors.Join(errs...)
 	endPass(span, rep, err)
-	s.count(rep, err)
+	// A pass cut short because the caller stopped (shutdown) is not a
+	// failed pass: it is not counted or reported as one.
+	failed := err
+	if ctx.Err() != nil {
+		failed = nil
+	}
+	s.count(rep, failed)
 	if s.cfg.Metrics != nil {
-		s.cfg.Metrics.ObservePass(rep, err)
+		s.cfg.Metrics.ObservePass(rep, failed)
 	}
 	t := s.Totals()
 	s.cfg.Logger.Info("sweep", "event", "reactor.sweep.pass", "duration_ms", rep.Duration.Milliseconds(),
