@@ -669,7 +669,13 @@ var ErrElementStopped = engine.ErrElementStopped
 //
 //	type Config struct {
 //		// Client is the Redis client (a *redis.Client or *redis.ClusterClient).
-//		// Required.
+//		// Required. On Redis Cluster, give the ClusterClient a MaxRedirects of
+//		// at least MinClusterRedirects: while a slot moves between masters,
+//		// Redis refuses a script whose keys are split between the two nodes
+//		// (TRYAGAIN) and go-redis retries it MaxRedirects times, backing off up
+//		// to MaxRetryBackoff (512 ms) each, so 16 ride out several seconds of a
+//		// half-moved slot where go-redis's default, 3, gives up within 0.1 s.
+//		// NewEngine logs a warning for a ClusterClient with fewer.
 //		Client redis.UniversalClient
 //		// Prefix starts every key. Default: GOREACTOR_PREFIX, else
 //		// "goreactor" (the prefix the binaries read too).
@@ -940,6 +946,11 @@ type Config = engine.Config
 //	    nil otherwise. A worker that has the definition may have taken the run
 //	    over since: read the run's status beside it.
 type Engine = engine.Engine
+
+// MinClusterRedirects is the least ClusterOptions.MaxRedirects that lets
+// goreactor's writes ride out a Redis Cluster slot migration (see
+// Config.Client).
+const MinClusterRedirects = engine.MinClusterRedirects
 
 // NewEngine returns an Engine. It loads its Lua scripts, so an unreachable
 // Redis fails here.

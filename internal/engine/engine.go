@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,7 +26,13 @@ import (
 // Config configures an Engine.
 type Config struct {
 	// Client is the Redis client (a *redis.Client or *redis.ClusterClient).
-	// Required.
+	// Required. On Redis Cluster, give the ClusterClient a MaxRedirects of
+	// at least MinClusterRedirects: while a slot moves between masters,
+	// Redis refuses a script whose keys are split between the two nodes
+	// (TRYAGAIN) and go-redis retries it MaxRedirects times, backing off up
+	// to MaxRetryBackoff (512 ms) each, so 16 ride out several seconds of a
+	// half-moved slot where go-redis's default, 3, gives up within 0.1 s.
+	// NewEngine logs a warning for a ClusterClient with fewer.
 	Client redis.UniversalClient
 	// Prefix starts every key. Default: GOREACTOR_PREFIX, else
 	// "goreactor" (the prefix the binaries read too).
@@ -129,6 +136,11 @@ type Engine struct {
 	clockSkew atomic.Int64
 }
 
+// MinClusterRedirects is the least ClusterOptions.MaxRedirects that lets
+// goreactor's writes ride out a Redis Cluster slot migration (see
+// Config.Client).
+const MinClusterRedirects = 16
+
 // NewEngine returns an Engine. It loads its Lua scripts, so an unreachable
 // Redis fails here.
 func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
@@ -142,6 +154,11 @@ func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
 	}
 	if err := lock.LoadScripts(ctx, cfg.Client); err != nil {
 		return nil, err
+	}
+	if cc, ok := cfg.Client.(*redis.ClusterClient); ok && cc.Options().MaxRedirects < MinClusterRedirects {
+		cfg.Logger.Warn("the Redis Cluster client gives up on a refused command after few retries; a slot migration will fail "+
+			"runs' writes and redo their steps: set ClusterOptions.MaxRedirects to at least "+strconv.Itoa(MinClusterRedirects),
+			"event", "reactor.engine.cluster_redirects", "max_redirects", cc.Options().MaxRedirects)
 	}
 	return &Engine{
 		cfg:      cfg,

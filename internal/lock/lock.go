@@ -189,23 +189,48 @@ func (l *Lease) Keep(parent context.Context) context.Context {
 	if l.until.IsZero() {
 		l.until = l.adopted
 	}
-	// The first extension is due a third of the expiry from now, or when
-	// the validity ends if that comes first (a lease kept long after it was
-	// acquired): the beat then finds the lock expired.
-	l.beat = time.AfterFunc(min(l.expiry/3, time.Until(l.until)), l.extend)
 	l.unwatch = context.AfterFunc(parent, l.parentEnded)
+	if left := time.Until(l.until); left >= l.expiry/3 {
+		// The first extension is due a third of the expiry from now.
+		l.beat = time.AfterFunc(l.expiry/3, l.extend)
+		return context.WithValue(ctx, leaseKey{}, l)
+	}
+	// Less than a beat of validity left before the holder has done
+	// anything: the acquisition's reply was slow (go-redis retried it
+	// through a Redis Cluster slot migration, a stalled connection), and
+	// the validity counts from the first send. The lock may well still be
+	// held: extend it now, before the caller's code runs, rather than let
+	// that code start on a lease about to be declared lost. An extension
+	// proves the key still holds this lease's token, so nobody else can
+	// have held the lock since it was taken.
+	l.beat = time.AfterFunc(time.Hour, l.extend)
+	l.beat.Stop()
+	l.mu.Unlock()
+	l.beatOnce(true)
+	l.mu.Lock()
 	return context.WithValue(ctx, leaseKey{}, l)
 }
 
 type leaseKey struct{}
 
 // extend is the heartbeat's beat: one extension, then the next beat armed.
-func (l *Lease) extend() {
+func (l *Lease) extend() { l.beatOnce(false) }
+
+// beatOnce extends the lock once and arms the next beat. Past the
+// validity the lease is lost without trying, unless first: Keep's
+// extension of a lease nothing has run under yet, which may try late.
+func (l *Lease) beatOnce(first bool) {
 	interval := l.expiry / 3
 	l.mu.Lock()
 	if l.ended {
 		l.mu.Unlock()
 		return
+	}
+	late := first && !time.Now().Before(l.until)
+	if late {
+		// Watched from now for one interval, the extension's own bound;
+		// only a successful extension makes the lease valid (below).
+		l.until = time.Now().Add(interval)
 	}
 	if !time.Now().Before(l.until) {
 		// Not extended in time (the process stalled, or failed extensions
@@ -246,7 +271,7 @@ func (l *Lease) extend() {
 	case ok:
 		l.until = l.m.Until()
 		l.expired.Stop() // the next beat comes well before the new validity ends
-	case errors.As(err, &taken) || !time.Now().Before(l.until):
+	case late, errors.As(err, &taken) || !time.Now().Before(l.until):
 		l.loseLocked()
 		return
 	}

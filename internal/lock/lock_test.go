@@ -709,3 +709,41 @@ func TestAdoptedLeaseIsKeptAndReleased(t *testing.T) {
 	require.Equal(t, int64(0), rel.Val())
 	require.Equal(t, "other", f.rdb.Get(f.ctx, f.key).Val())
 }
+
+// A lock taken by its caller's script whose reply came back late (go-redis
+// retried the script through a cluster slot migration: the validity counts
+// from the first send, which is already past) is extended by Keep before
+// the caller's code runs, when the key still holds its token; when it does
+// not, the returned context is already cancelled as lost. Either way the
+// caller never runs code on a lease about to be declared lost.
+func TestAdoptedLateReplyIsExtendedBeforeKeepReturns(t *testing.T) {
+	t.Parallel()
+	const expiry = 300 * time.Millisecond
+	f := newFixture(t, expiry)
+	token := lock.NewToken()
+	sent := time.Now().Add(-2 * expiry) // the first send, long before the reply
+	require.NoError(t, f.rdb.SetNX(f.ctx, f.key, token, expiry).Err())
+	t.Cleanup(func() { f.rdb.Del(context.Background(), f.key) })
+	lease := f.locker.Adopt(f.key, token, sent)
+	ctx := lease.Keep(f.ctx)
+	require.NoError(t, ctx.Err(), "the lease was extended, not lost")
+	pttl := f.rdb.PTTL(f.ctx, f.key).Val()
+	require.Greater(t, pttl, expiry/2, "extended by Keep itself")
+	// And it stays kept: past two expiries, the heartbeat extended it.
+	select {
+	case <-ctx.Done():
+		t.Fatalf("adopted lease lost: %v", context.Cause(ctx))
+	case <-time.After(2 * expiry):
+	}
+	require.Equal(t, token, f.rdb.Get(f.ctx, f.key).Val())
+	lease.Stop()
+
+	// Taken over meanwhile: lost before Keep returns.
+	require.NoError(t, f.rdb.Set(f.ctx, f.key, "other", time.Minute).Err())
+	late := f.locker.Adopt(f.key, token, sent)
+	lctx := late.Keep(f.ctx)
+	require.ErrorIs(t, context.Cause(lctx), lock.ErrLost)
+	require.True(t, lock.Lost(lctx))
+	late.Stop()
+	require.Equal(t, "other", f.rdb.Get(f.ctx, f.key).Val())
+}

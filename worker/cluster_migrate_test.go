@@ -1,0 +1,266 @@
+package worker_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/internal/redistest"
+	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/worker"
+)
+
+// migrateItems is the size of the map TestClusterSlotMigrationMidMap moves.
+const migrateItems = 300
+
+// A fan-out map whose slot is migrated to another master while it runs
+// forward and while it rolls back finishes correctly: every element run
+// once and undone once, the owner failed cleanly, in about the time it
+// takes at rest. While the slot moves, Redis refuses the scripts whose
+// keys are split between the two nodes (TRYAGAIN) until they are not; the
+// client retries them (MaxRedirects), and a lock whose taking was retried
+// that long is extended before its holder runs anything (the lock
+// package), so nothing is done twice.
+func TestClusterSlotMigrationMidMap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	t.Parallel()
+	addrs := redistest.StartCluster(t)
+	// go-redis retries a refused command (TRYAGAIN, CLUSTERDOWN) itself,
+	// MaxRedirects times with a backoff of up to 512 ms: 16 ride out a few
+	// seconds of a half-moved slot (its default, 3, under 100 ms).
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs, MaxRedirects: reactor.MinClusterRedirects})
+	t.Cleanup(func() { _ = cc.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
+	counts := prefix + ":counts" // its own slot, which does not move
+
+	items := make([]int, migrateItems)
+	for i := range items {
+		items[i] = i
+	}
+	count := func(ctx context.Context, what string, n int) error {
+		id, _ := asynq.GetTaskID(ctx)
+		cc.RPush(context.WithoutCancel(ctx), counts+":log", fmt.Sprintf("%s:%d %s %s", what, n, id, time.Now().Format("15:04:05.000")))
+		return cc.HIncrBy(context.WithoutCancel(ctx), counts, what+":"+strconv.Itoa(n), 1).Err()
+	}
+	elem := reactor.MustDefine("migrate_el",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("a", reactor.StepConfig[migrateIn, int]{
+			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+			Run: func(ctx context.Context, in migrateIn) (int, error) {
+				time.Sleep(2 * time.Millisecond) // the element's work
+				return in.N, count(ctx, "ran", in.N)
+			},
+			Undo: func(ctx context.Context, in migrateIn, _ int) error {
+				time.Sleep(2 * time.Millisecond)
+				return count(ctx, "undone", in.N)
+			},
+		}))
+	owner := reactor.MustDefine("migrate_owner",
+		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.Const(items), FanOut: true, BatchSize: 20}),
+		reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"each"},
+			Run:   func(context.Context, reactor.Args) (int, error) { return 0, reactor.Permanent(errors.New("boom")) },
+		}))
+
+	client := worker.NewClient(cc, queue)
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: cc, Prefix: prefix, Enqueuer: client, Logger: logger,
+		LockExpiry: 2 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, eng.Register(owner, elem))
+	w := worker.New(eng, cc, worker.Config{Queues: map[string]int{queue: 1}, Concurrency: 8, Logger: logger})
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, l := range strings.Split(logs.String(), "\n") {
+				if l != "" && !strings.Contains(l, "event=reactor.step") {
+					t.Log(l)
+				}
+			}
+		}
+	})
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+
+	// The same map on a cluster at rest, for the comparison.
+	began := time.Now()
+	_, err = eng.Enqueue(ctx, owner, nil, reactor.WithRunID("migrate-0"))
+	require.NoError(t, err)
+	res, err := eng.Wait(ctx, "migrate-0")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	atRest := time.Since(began)
+	require.NoError(t, cc.Del(ctx, counts).Err())
+	require.NoError(t, cc.Del(ctx, counts+":log").Err())
+
+	const runID = "migrate-1"
+	mapID := mapstep.MapID(runID, "each")
+	slot := int(cc.ClusterKeySlot(ctx, prefix+":{map:"+mapID+"}:meta").Val())
+	moved := make(chan int, 2)
+	var wg sync.WaitGroup
+	migrateWhen := func(what string, ready func() bool) {
+		wg.Go(func() {
+			for !ready() {
+				if ctx.Err() != nil {
+					return
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+			moved <- migrateSlot(t, ctx, addrs, slot)
+		})
+	}
+	progress := func() (fwd, rb int) {
+		all := cc.HGetAll(ctx, counts).Val()
+		for k := range all {
+			if strings.HasPrefix(k, "ran:") {
+				fwd++
+			} else {
+				rb++
+			}
+		}
+		return fwd, rb
+	}
+	// Once while the map runs forward, once while it rolls back.
+	migrateWhen("forward", func() bool { f, _ := progress(); return f >= migrateItems/4 })
+	began = time.Now()
+	_, err = eng.Enqueue(ctx, owner, nil, reactor.WithRunID(runID))
+	require.NoError(t, err)
+	wg.Wait()
+	migrateWhen("rollback", func() bool { _, r := progress(); return r >= migrateItems/4 })
+
+	res, err = eng.Wait(ctx, runID)
+	require.NoError(t, err)
+	took := time.Since(began)
+	wg.Wait()
+	close(moved)
+	var keysMoved []int
+	for n := range moved {
+		keysMoved = append(keysMoved, n)
+	}
+	require.Len(t, keysMoved, 2, "the slot moved twice")
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, "boom", res.Failure.Step)
+	require.Empty(t, res.Failure.RollbackFailures)
+	all := cc.HGetAll(ctx, counts).Val()
+	for i := range migrateItems {
+		if all["ran:"+strconv.Itoa(i)] != "1" || all["undone:"+strconv.Itoa(i)] != "1" {
+			for _, l := range cc.LRange(ctx, counts+":log", 0, -1).Val() {
+				if strings.Contains(l, ":"+strconv.Itoa(i)+" ") {
+					t.Log(l)
+				}
+			}
+		}
+		require.Equal(t, "1", all["ran:"+strconv.Itoa(i)], "element %d ran once", i)
+		require.Equal(t, "1", all["undone:"+strconv.Itoa(i)], "element %d undone once", i)
+	}
+	t.Logf("%d elements forward and back: %s at rest, %s with slot %d moved twice (%v keys each time)",
+		migrateItems, atRest.Round(time.Millisecond), took.Round(time.Millisecond), slot, keysMoved)
+
+	// An engine on a ClusterClient with go-redis's default MaxRedirects
+	// says what to set.
+	var warned syncBuffer
+	plain := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = plain.Close() })
+	_, err = reactor.NewEngine(ctx, reactor.Config{Client: plain, Prefix: prefix, Enqueuer: client,
+		Logger: slog.New(slog.NewTextHandler(&warned, nil))})
+	require.NoError(t, err)
+	require.Contains(t, warned.String(), "event=reactor.engine.cluster_redirects")
+	require.Contains(t, warned.String(), "MaxRedirects to at least "+strconv.Itoa(reactor.MinClusterRedirects))
+	require.NotContains(t, logs.String(), "cluster_redirects", "none for the client with enough")
+}
+
+// syncBuffer is a bytes.Buffer safe for a logger's concurrent writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+type migrateIn struct {
+	N int `json:"n"`
+}
+
+// migrateSlot moves slot from the master that serves it to the next one,
+// the way redis-cli --cluster reshard does (SETSLOT IMPORTING/MIGRATING,
+// MIGRATE a few keys at a time, SETSLOT NODE everywhere), slowly enough
+// that scripts meet the slot half moved. It returns the keys it moved.
+func migrateSlot(t *testing.T, ctx context.Context, addrs []string, slot int) int {
+	t.Helper()
+	nodes := make([]*redis.Client, len(addrs))
+	ids := make([]string, len(addrs))
+	src := -1
+	for i, a := range addrs {
+		nodes[i] = redis.NewClient(&redis.Options{Addr: a})
+		defer nodes[i].Close()
+		ids[i] = nodes[i].Do(ctx, "CLUSTER", "MYID").Val().(string)
+	}
+	for i, n := range nodes {
+		// A master that serves the slot answers COUNTKEYSINSLOT for it
+		// without a redirect; which one does is in CLUSTER SLOTS.
+		slots, err := n.ClusterSlots(ctx).Result()
+		require.NoError(t, err)
+		for _, r := range slots {
+			if int(r.Start) <= slot && slot <= int(r.End) && r.Nodes[0].ID == ids[i] {
+				src = i
+			}
+		}
+	}
+	require.GreaterOrEqual(t, src, 0, "no master serves slot %d", slot)
+	dst := (src + 1) % len(nodes)
+	host, port, _ := strings.Cut(addrs[dst], ":")
+	require.NoError(t, nodes[dst].Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[src]).Err())
+	require.NoError(t, nodes[src].Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[dst]).Err())
+	moved := 0
+	for {
+		ks, err := nodes[src].ClusterGetKeysInSlot(ctx, slot, 5).Result()
+		require.NoError(t, err)
+		if len(ks) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+		for _, k := range ks {
+			args = append(args, k)
+		}
+		if err := nodes[src].Do(ctx, args...).Err(); err != nil && !strings.Contains(err.Error(), "NOKEY") {
+			require.NoError(t, err)
+		}
+		moved += len(ks)
+		time.Sleep(20 * time.Millisecond) // a slot moving, not one that jumps
+	}
+	for _, n := range []*redis.Client{nodes[dst], nodes[src]} {
+		require.NoError(t, n.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[dst]).Err())
+	}
+	for i, n := range nodes {
+		if i != src && i != dst {
+			require.NoError(t, n.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[dst]).Err())
+		}
+	}
+	return moved
+}
