@@ -7,10 +7,10 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
-	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
