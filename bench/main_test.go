@@ -103,7 +103,7 @@ func requireNoKeys(t *testing.T, out map[string]any) {
 }
 
 // requireNoKeysAt is requireNoKeys on the Redis rdb.
-func requireNoKeysAt(t *testing.T, rdb *redis.Client, out map[string]any) {
+func requireNoKeysAt(t *testing.T, rdb redis.UniversalClient, out map[string]any) {
 	t.Helper()
 	ctx := context.Background()
 	prefix, queue := out["key_prefix"].(string), out["queue"].(string)

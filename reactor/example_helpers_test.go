@@ -10,7 +10,7 @@ import (
 // deleteExampleData deletes what an example stored: every key under
 // prefix and, for a queue, asynq's keys of it and its entry in asynq's list
 // of queues. It is the examples' cleanup, not part of what they show.
-func deleteExampleData(rdb *redis.Client, prefix, queue string) {
+func deleteExampleData(rdb redis.UniversalClient, prefix, queue string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	patterns := []string{prefix + ":*"}

@@ -123,7 +123,7 @@ func (p *workerProcess) pid() string { return strconv.Itoa(p.cmd.Process.Pid) }
 // forgetServer removes what a killed asynq server left in asynq's server
 // registry (its server and workers entries), which only expiry would
 // remove otherwise.
-func forgetServer(t *testing.T, rdb *redis.Client, pid string) {
+func forgetServer(t *testing.T, rdb redis.UniversalClient, pid string) {
 	t.Helper()
 	ctx := context.Background()
 	for _, set := range []string{"asynq:servers", "asynq:workers"} {

@@ -139,7 +139,7 @@ func mmIndent(s string) string {
 }
 
 type mmEnv struct {
-	rdb           *redis.Client
+	rdb           redis.UniversalClient
 	prefix, queue string
 	mode          string
 }
@@ -617,7 +617,7 @@ type mmDivergence struct {
 
 type mmHist struct {
 	ctx    context.Context
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	eng    *engine.Engine
 	prefix string
 	spec   *mmSpec

@@ -21,12 +21,12 @@ import (
 func Prefix(t testing.TB) string {
 	t.Helper()
 	prefix := "grt:" + sanitize(t.Name()) + ":" + randomHex()
-	opts, err := resolve()
+	tg, err := resolve()
 	if err != nil {
 		t.Fatal(err)
 	}
 	handedOut.addPrefix(prefix, false)
-	track(t, opts, func(tn *testNames) { tn.prefixes = append(tn.prefixes, prefix) })
+	track(t, tg, func(tn *testNames) { tn.prefixes = append(tn.prefixes, prefix) })
 	return prefix
 }
 
@@ -59,12 +59,12 @@ func ExamplePrefix() string {
 func Queue(t testing.TB) string {
 	t.Helper()
 	queue := "q-" + sanitize(t.Name()) + "-" + randomHex()
-	opts, err := resolve()
+	tg, err := resolve()
 	if err != nil {
 		t.Fatal(err)
 	}
 	handedOut.addQueue(queue)
-	track(t, opts, func(tn *testNames) { tn.queues = append(tn.queues, queue) })
+	track(t, tg, func(tn *testNames) { tn.queues = append(tn.queues, queue) })
 	return queue
 }
 
@@ -96,7 +96,7 @@ var (
 // track records a name for t's cleanup, registering the cleanup at t's
 // first name. (A benchmark's cleanups run after each of its runs: the next
 // run registers again.)
-func track(t testing.TB, opts *redis.Options, add func(*testNames)) {
+func track(t testing.TB, tg *target, add func(*testNames)) {
 	trackedMu.Lock()
 	tn, ok := tracked[t]
 	if !ok {
@@ -114,41 +114,34 @@ func track(t testing.TB, opts *redis.Options, add func(*testNames)) {
 		trackedMu.Lock()
 		delete(tracked, t)
 		trackedMu.Unlock()
-		if err := deleteTest(opts, pattern, tn); err != nil {
+		if err := deleteTest(tg, pattern, tn); err != nil {
 			t.Errorf("redistest: deleting the keys and queues of %s (%v): %v", t.Name(), slices.Concat(tn.prefixes, tn.queues), err)
 		}
 	})
 }
 
-// deleteTest deletes the keys matching pattern that tn owns, then tn's
-// queues' members of asynq:queues, on a client of its own under a fresh
-// timeout (the test's context is already cancelled when cleanups run).
-func deleteTest(opts *redis.Options, pattern string, tn *testNames) error {
+// deleteTest deletes the keys matching pattern that tn owns, on every
+// master of a cluster, then tn's queues' members of asynq:queues, on a client
+// of its own under a fresh timeout (the test's context is already cancelled
+// when cleanups run).
+func deleteTest(tg *target, pattern string, tn *testNames) error {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupLimit)
 	defer cancel()
-	c := redis.NewClient(opts)
+	c := tg.client()
 	defer c.Close()
 
-	var cursor uint64
-	for {
-		batch, next, err := c.Scan(ctx, cursor, pattern, 1000).Result()
-		if err != nil {
-			return err
+	keys, err := ScanKeys(ctx, c, pattern)
+	if err != nil {
+		return err
+	}
+	mine := keys[:0]
+	for _, k := range keys {
+		if tn.owns(k) {
+			mine = append(mine, k)
 		}
-		mine := batch[:0]
-		for _, k := range batch {
-			if tn.owns(k) {
-				mine = append(mine, k)
-			}
-		}
-		if len(mine) > 0 {
-			if err := c.Unlink(ctx, mine...).Err(); err != nil {
-				return err
-			}
-		}
-		if cursor = next; cursor == 0 {
-			break
-		}
+	}
+	if err := Unlink(ctx, c, mine...); err != nil {
+		return err
 	}
 	for _, q := range tn.queues {
 		members, err := scanAll(ctx, c.SScan, "asynq:queues", q+"*")
@@ -278,23 +271,23 @@ func CheckLeftovers() error {
 	if none {
 		return nil
 	}
-	opts, err := resolve()
+	tg, err := resolve()
 	if err != nil {
 		return err
 	}
 	for _, p := range examples {
-		if err := deleteMatching(opts, p+"*"); err != nil {
+		if err := deleteMatching(tg, p+"*"); err != nil {
 			return fmt.Errorf("redistest: deleting the keys of example prefix %s: %w", p, err)
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupLimit)
 	defer cancel()
-	c := redis.NewClient(opts)
+	c := tg.client()
 	defer c.Close()
 
 	var left []string
 	for _, pattern := range []string{"grt:*", "asynq:{q-*", "q-*"} {
-		keys, err := scanAll(ctx, scanKeys(c), "", pattern)
+		keys, err := ScanKeys(ctx, c, pattern)
 		if err != nil {
 			return fmt.Errorf("redistest: leftover check: %w", err)
 		}
@@ -336,18 +329,18 @@ func CheckLeftovers() error {
 		total, strings.Join(left, "\n\t"), more)
 }
 
-// deleteMatching UNLINKs every key matching pattern, on a client of its own
-// under a fresh timeout.
-func deleteMatching(opts *redis.Options, pattern string) error {
+// deleteMatching UNLINKs every key matching pattern, on every master of a
+// cluster, on a client of its own under a fresh timeout.
+func deleteMatching(tg *target, pattern string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), cleanupLimit)
 	defer cancel()
-	c := redis.NewClient(opts)
+	c := tg.client()
 	defer c.Close()
-	keys, err := scanAll(ctx, scanKeys(c), "", pattern)
-	if err != nil || len(keys) == 0 {
+	keys, err := ScanKeys(ctx, c, pattern)
+	if err != nil {
 		return err
 	}
-	return c.Unlink(ctx, keys...).Err()
+	return Unlink(ctx, c, keys...)
 }
 
 // sanitize keeps letters, digits, '_' and '-' (so the result is safe in key

@@ -26,7 +26,7 @@ import (
 // fixture is a Store on the shared Redis under a prefix of the test's own.
 type fixture struct {
 	ctx context.Context
-	rdb *redis.Client
+	rdb redis.UniversalClient
 	st  *store.Store
 	k   keys.Keys
 }
