@@ -311,3 +311,52 @@ func TestClientKind(t *testing.T) {
 		require.IsType(t, &redis.Client{}, c)
 	}
 }
+
+// A cluster with replicas: every master has its replica attached; a killed
+// master's replica is promoted and serves what the master had acknowledged
+// to a WAIT.
+func TestClusterWithReplicasFailsOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a six-node Redis Cluster and fails a master over")
+	}
+	ctx := context.Background()
+	cl := redistest.NewCluster(t, redistest.ClusterConfig{Replicas: 1, NodeTimeout: time.Second})
+	require.Len(t, cl.Addrs, 6)
+	require.Len(t, cl.Masters(), 3)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
+	t.Cleanup(func() { _ = c.Close() })
+
+	for _, m := range cl.Masters() {
+		replicas := cl.ReplicasOf(m)
+		require.Len(t, replicas, 1, "replicas of %s", m)
+		info, err := redisInfo(ctx, replicas[0])
+		require.NoError(t, err)
+		require.Contains(t, info, "role:slave")
+		require.Contains(t, info, "master_port:"+m[strings.LastIndexByte(m, ':')+1:])
+		require.Contains(t, info, "master_link_status:up")
+	}
+
+	const key = "{failover}:k"
+	require.NoError(t, c.Set(ctx, key, "v", 0).Err())
+	master, err := c.MasterForKey(ctx, key)
+	require.NoError(t, err)
+	require.NoError(t, master.Do(ctx, "WAIT", 1, 5000).Err())
+	addr := master.Options().Addr
+	replica := cl.ReplicasOf(addr)[0]
+	require.NoError(t, cl.Kill(addr))
+	require.NoError(t, cl.Ready(30*time.Second))
+	info, err := redisInfo(ctx, replica)
+	require.NoError(t, err)
+	require.Contains(t, info, "role:master", "the killed master's replica, promoted")
+	c.ReloadState(ctx)
+	require.Eventually(t, func() bool {
+		got, err := c.Get(ctx, key).Result()
+		return err == nil && got == "v"
+	}, 10*time.Second, 20*time.Millisecond, "the key, read from the promoted replica")
+}
+
+func redisInfo(ctx context.Context, addr string) (string, error) {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	return c.Info(ctx, "replication").Result()
+}

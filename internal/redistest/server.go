@@ -119,6 +119,7 @@ func startRedis(dir string, port int, args ...string) (*process, error) {
 		"--dir", dir,
 	}, args...)
 	cmd := exec.Command("redis-server", argv...)
+	dieWithParent(cmd)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
