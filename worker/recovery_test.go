@@ -32,10 +32,14 @@ const runWorkerMain = "GOREACTOR_TEST_RUN_WORKER_MAIN"
 func recoveryDefinition() *reactor.Definition {
 	var (
 		once sync.Once
-		rdb  *redis.Client
+		rdb  redis.UniversalClient
 	)
-	client := func() *redis.Client {
+	client := func() redis.UniversalClient {
 		once.Do(func() {
+			if redistest.ClusterAddrs() != nil {
+				rdb = redistest.NewClient() // the test's cluster: GOREACTOR_TEST_CLUSTER is inherited
+				return
+			}
 			opts, err := redis.ParseURL(os.Getenv("REDIS_URL"))
 			if err != nil {
 				panic(err)
