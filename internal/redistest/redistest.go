@@ -114,6 +114,10 @@ func ClusterAddrs() []string {
 // Client returns a new client for the shared Redis, closed in t.Cleanup: a
 // *redis.ClusterClient when the tests share a cluster (GOREACTOR_TEST_CLUSTER),
 // else a *redis.Client. It fails the test if no Redis can be found or started.
+//
+// The client carries a ScriptCheck: a script call through it whose keys
+// span several hash slots fails the test in the same cleanup, on one node
+// as on a cluster (which would refuse it).
 func Client(t testing.TB) redis.UniversalClient {
 	t.Helper()
 	tg, err := resolve()
@@ -121,7 +125,16 @@ func Client(t testing.TB) redis.UniversalClient {
 		t.Fatal(err)
 	}
 	c := tg.client()
-	t.Cleanup(func() { _ = c.Close() })
+	check := NewScriptCheck()
+	c.AddHook(check)
+	t.Cleanup(func() {
+		// Tests take their client before they start workers, so this
+		// runs after those stopped and counts their last calls.
+		if err := check.Err(); err != nil {
+			t.Error(err)
+		}
+		_ = c.Close()
+	})
 	return c
 }
 
@@ -171,7 +184,7 @@ func discover() (*target, error) {
 	if list := os.Getenv(EnvCluster); list != "" {
 		seeds := parseSeeds(list)
 		if len(seeds) == 0 {
-			return nil, fmt.Errorf("redistest: %s=%q names no address; want host:port,host:port,...", EnvCluster, list)
+			return nil, fmt.Errorf("redistest: %s=%q names no address; want comma-separated host:port addresses", EnvCluster, list)
 		}
 		// One seed must answer as a healthy cluster node: a typo or a
 		// cluster that died fails here, not as a MOVED in every test.
