@@ -17,11 +17,13 @@ test-leftovers:
 	.ci/test-leftovers
 
 # The suites that store runs, maps, rollbacks, sweeps, guarded undos and the dashboard's reads,
-# on a Redis Cluster of 3 masters with a replica each: started on free ports in a temporary
-# directory for the run and killed after it, whatever the outcome
-# (internal/redistest/cmd/testcluster, which names it to the tests in GOREACTOR_TEST_CLUSTER).
+# and the public facade's (reactor, reactortest, mapstep, metrics, examples), on a Redis Cluster
+# of 3 masters with a replica each: started on free ports in a temporary directory for the run
+# and killed after it, whatever the outcome (internal/redistest/cmd/testcluster, which names it
+# to the tests in GOREACTOR_TEST_CLUSTER). About 3.5 minutes on 2 cores.
 CLUSTER_PKGS ?= ./internal/redistest/ ./internal/store/ ./internal/lock/ ./internal/engine/ \
-	./internal/mapcore/ ./sweeper/ ./worker/ ./dashboard/
+	./internal/mapcore/ ./sweeper/ ./worker/ ./dashboard/ \
+	./reactor/ ./reactortest/ ./mapstep/ ./metrics/ ./examples/
 CLUSTER_FLAGS ?=
 test-cluster:
 	$(GO) run ./internal/redistest/cmd/testcluster -masters 3 -replicas 1 -- \
