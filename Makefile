@@ -20,7 +20,7 @@ test-leftovers:
 # and the public facade's (reactor, reactortest, mapstep, metrics, examples), on a Redis Cluster
 # of 3 masters with a replica each: started on free ports in a temporary directory for the run
 # and killed after it, whatever the outcome (internal/redistest/cmd/testcluster, which names it
-# to the tests in GOREACTOR_TEST_CLUSTER). About 3.5 minutes on 2 cores.
+# to the tests in GOREACTOR_TEST_CLUSTER). 3 to 5 minutes on 2 cores.
 CLUSTER_PKGS ?= ./internal/redistest/ ./internal/store/ ./internal/lock/ ./internal/engine/ \
 	./internal/mapcore/ ./sweeper/ ./worker/ ./dashboard/ \
 	./reactor/ ./reactortest/ ./mapstep/ ./metrics/ ./examples/
