@@ -1,6 +1,6 @@
 GO ?= go
 
-.PHONY: test test-race test-short test-leftovers lint bench ci soak bench-cli bench-dashboard bench-ab
+.PHONY: test test-race test-short test-leftovers test-cluster lint bench ci soak bench-cli bench-dashboard bench-ab
 
 # Same command as the README.
 test:
@@ -15,6 +15,19 @@ test-short:
 # The suite against a redis-server of its own, failing if it leaves a key there.
 test-leftovers:
 	.ci/test-leftovers
+
+# The suites that store runs, maps, rollbacks, sweeps, guarded undos and the dashboard's reads,
+# and the public facade's (reactor, reactortest, mapstep, metrics, examples), on a Redis Cluster
+# of 3 masters with a replica each: started on free ports in a temporary directory for the run
+# and killed after it, whatever the outcome (internal/redistest/cmd/testcluster, which names it
+# to the tests in GOREACTOR_TEST_CLUSTER). 3 to 5 minutes on 2 cores.
+CLUSTER_PKGS ?= ./internal/redistest/ ./internal/store/ ./internal/lock/ ./internal/engine/ \
+	./internal/mapcore/ ./sweeper/ ./worker/ ./dashboard/ \
+	./reactor/ ./reactortest/ ./mapstep/ ./metrics/ ./examples/
+CLUSTER_FLAGS ?=
+test-cluster:
+	$(GO) run ./internal/redistest/cmd/testcluster -masters 3 -replicas 1 -- \
+		$(GO) test -race -count=1 -timeout 12m $(CLUSTER_FLAGS) $(CLUSTER_PKGS)
 
 lint:
 	@files="$$(git ls-files -z '*.go' | xargs -0 -r gofmt -l)"; \

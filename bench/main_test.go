@@ -103,13 +103,13 @@ func requireNoKeys(t *testing.T, out map[string]any) {
 }
 
 // requireNoKeysAt is requireNoKeys on the Redis rdb.
-func requireNoKeysAt(t *testing.T, rdb *redis.Client, out map[string]any) {
+func requireNoKeysAt(t *testing.T, rdb redis.UniversalClient, out map[string]any) {
 	t.Helper()
 	ctx := context.Background()
 	prefix, queue := out["key_prefix"].(string), out["queue"].(string)
 	require.NotEmpty(t, prefix)
 	for _, pattern := range []string{prefix + ":*", "asynq:{" + queue + "*"} {
-		keys, err := rdb.Keys(ctx, pattern).Result()
+		keys, err := redistest.ScanKeys(ctx, rdb, pattern) // every master of a cluster
 		require.NoError(t, err)
 		require.Empty(t, keys, "keys left behind matching %s", pattern)
 	}

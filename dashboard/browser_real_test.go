@@ -237,7 +237,7 @@ func TestBrowserUndoSelectedSteps(t *testing.T) {
 // started, a worker) on a queue of the test's own.
 type realStack struct {
 	t      *testing.T
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	prefix string
 	queue  string
 	engine *reactor.Engine

@@ -18,7 +18,7 @@ import (
 // run's back and fails. The rollback writes nothing: book/fix2 needs a
 // person, book/fix1 is blocked by it.
 type GuardFixture struct {
-	RDB *redis.Client
+	RDB redis.UniversalClient
 	Key string
 	Def *reactor.Definition
 }
@@ -33,13 +33,13 @@ const (
 )
 
 // NewGuardFixture defines reactor name (and its child name+"-book") on key.
-func NewGuardFixture(rdb *redis.Client, name, key string) *GuardFixture {
+func NewGuardFixture(rdb redis.UniversalClient, name, key string) *GuardFixture {
 	return NewGuardFixtureWith(rdb, name, key)
 }
 
 // NewGuardFixtureWith is NewGuardFixture with more parts in the parent
 // (inputs, say).
-func NewGuardFixtureWith(rdb *redis.Client, name, key string, parts ...reactor.Part) *GuardFixture {
+func NewGuardFixtureWith(rdb redis.UniversalClient, name, key string, parts ...reactor.Part) *GuardFixture {
 	f := &GuardFixture{RDB: rdb, Key: key}
 	g := reactor.Guarded(reactor.GuardConfig[string]{
 		Probe: func(ctx context.Context, k string) (string, error) { return f.Get(ctx), nil },
@@ -112,7 +112,7 @@ func (f *GuardFixture) RunInputs(ctx context.Context, engine *reactor.Engine, id
 // TierDefs is a fan-out map whose elements set an account's tier to gold
 // with a guarded step; somebody else changes account 1 before the owner
 // fails, so element 1's undo conflicts. Keys are under prefix.
-func TierDefs(rdb *redis.Client, prefix string) (owner, element *reactor.Definition, key func(int) string) {
+func TierDefs(rdb redis.UniversalClient, prefix string) (owner, element *reactor.Definition, key func(int) string) {
 	key = func(n int) string { return fmt.Sprintf("%s:acct:%d:tier", prefix, n) }
 	get := func(ctx context.Context, k string) (string, error) {
 		v, err := rdb.Get(ctx, k).Result()

@@ -28,7 +28,7 @@ var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 // HTTP server, on the shared Redis under a prefix of its own.
 type env struct {
 	t      testing.TB
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	prefix string
 	queue  string
 	ctl    string // the dashboard's control queue

@@ -16,7 +16,7 @@ import (
 
 // exampleRedis is the Redis the examples use: yours would be
 // redis.NewClient(&redis.Options{Addr: "localhost:6379"}).
-func exampleRedis() *redis.Client { return redis.NewClient(redistest.Options()) }
+func exampleRedis() redis.UniversalClient { return redistest.NewClient() }
 
 type SquareIn struct {
 	N int `json:"n"`

@@ -5,12 +5,14 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/redistest"
 )
 
 // deleteExampleData deletes what an example stored: every key under
 // prefix and, for a queue, asynq's keys of it and its entry in asynq's list
 // of queues. It is the examples' cleanup, not part of what they show.
-func deleteExampleData(rdb *redis.Client, prefix, queue string) {
+func deleteExampleData(rdb redis.UniversalClient, prefix, queue string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	patterns := []string{prefix + ":*"}
@@ -19,9 +21,8 @@ func deleteExampleData(rdb *redis.Client, prefix, queue string) {
 		_ = rdb.SRem(ctx, "asynq:queues", queue).Err()
 	}
 	for _, p := range patterns {
-		iter := rdb.Scan(ctx, 0, p, 500).Iterator()
-		for iter.Next(ctx) {
-			_ = rdb.Unlink(ctx, iter.Val()).Err()
+		if keys, err := redistest.ScanKeys(ctx, rdb, p); err == nil { // every master of a cluster
+			_ = redistest.Unlink(ctx, rdb, keys...)
 		}
 	}
 }

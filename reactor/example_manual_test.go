@@ -9,8 +9,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
@@ -60,7 +58,7 @@ var Checkout = reactor.MustDefine("checkout",
 // ValueOf reads what it returned.
 func Example() {
 	ctx := context.Background()
-	rdb := redis.NewClient(redistest.Options()) // your Redis
+	rdb := redistest.NewClient() // your Redis
 	defer rdb.Close()
 	prefix := "example:" + reactor.NewRunID()
 	defer deleteExampleData(rdb, prefix, "") // what the example stored
@@ -87,7 +85,7 @@ func Example() {
 // enqueues a run and waits for its end. Here both share one process.
 func Example_workers() {
 	ctx := context.Background()
-	rdb := redis.NewClient(redistest.Options()) // your Redis
+	rdb := redistest.NewClient() // your Redis
 	defer rdb.Close()
 	prefix, queue := "example:"+reactor.NewRunID(), "example-"+reactor.NewRunID()
 	defer deleteExampleData(rdb, prefix, queue) // what the example stored
@@ -137,7 +135,7 @@ func Example_workers() {
 // What a rollback did, entry by entry, and what it adds up to.
 func ExampleEngine_RollbackReport() {
 	ctx := context.Background()
-	rdb := redis.NewClient(redistest.Options()) // your Redis
+	rdb := redistest.NewClient() // your Redis
 	defer rdb.Close()
 	prefix := "example:" + reactor.NewRunID()
 	defer deleteExampleData(rdb, prefix, "") // what the example stored
@@ -171,7 +169,7 @@ func ExampleEngine_RollbackReport() {
 // refused before the run is stored.
 func ExampleEngine_Run_inputsFromJSON() {
 	ctx := context.Background()
-	rdb := redis.NewClient(redistest.Options()) // your Redis
+	rdb := redistest.NewClient() // your Redis
 	defer rdb.Close()
 	prefix := "example:" + reactor.NewRunID()
 	defer deleteExampleData(rdb, prefix, "") // what the example stored

@@ -8,15 +8,13 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/reactor"
 )
 
 func ExampleEngine_RetryRollback() {
 	ctx := context.Background()
-	rdb := redis.NewClient(redistest.Options())
+	rdb := redistest.NewClient()
 	defer rdb.Close()
 	engine, err := reactor.NewEngine(ctx, reactor.Config{
 		Client: rdb, Prefix: redistest.ExamplePrefix(), Retention: time.Minute,

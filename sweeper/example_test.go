@@ -6,8 +6,6 @@ import (
 	"io"
 	"log/slog"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
@@ -18,7 +16,7 @@ import (
 // an engine with the workers' prefix and queue, and no reactor definitions.
 func ExampleSweeper_Once() {
 	ctx := context.Background()
-	rdb := redis.NewClient(redistest.Options()) // yours: redis.NewClient(&redis.Options{Addr: "localhost:6379"})
+	rdb := redistest.NewClient() // yours: redis.NewClient(&redis.Options{Addr: "localhost:6379"})
 	defer rdb.Close()
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	engine, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: redistest.ExamplePrefix(),

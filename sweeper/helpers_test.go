@@ -27,7 +27,7 @@ var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 // under a prefix and a queue of its own.
 type env struct {
 	t       *testing.T
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 	prefix  string
 	queue   string
 	client  *worker.Client

@@ -61,7 +61,7 @@ type mapEnv struct {
 }
 
 // newMapEnv builds a mapEnv on rdb, or on the shared Redis when rdb is nil.
-func newMapEnv(t *testing.T, rdb *redis.Client) *mapEnv {
+func newMapEnv(t *testing.T, rdb redis.UniversalClient) *mapEnv {
 	t.Helper()
 	if rdb == nil {
 		rdb = redistest.Client(t)

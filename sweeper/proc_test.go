@@ -56,11 +56,15 @@ func TestWorkerProcess(t *testing.T) {
 	if set == "" {
 		return
 	}
-	opts := &redis.Options{Addr: os.Getenv(envRedisAddr)}
-	if os.Getenv("REDIS_URL") != "" {
-		opts = redistest.Options() // with its DB and credentials
+	var rdb redis.UniversalClient
+	switch {
+	case redistest.ClusterAddrs() != nil, os.Getenv("REDIS_URL") != "":
+		// The parent's cluster (GOREACTOR_TEST_CLUSTER is inherited), or
+		// REDIS_URL with its DB and credentials.
+		rdb = redistest.NewClient()
+	default:
+		rdb = redis.NewClient(&redis.Options{Addr: os.Getenv(envRedisAddr)})
 	}
-	rdb := redis.NewClient(opts)
 	defer rdb.Close()
 	prefix, queue := os.Getenv(envPrefix), os.Getenv(envQueue)
 	concurrency, err := strconv.Atoi(os.Getenv(envConcurrency))

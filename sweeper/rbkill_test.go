@@ -49,17 +49,18 @@ const (
 )
 
 // rbkKeys are the Redis keys the element steps and the owner hook record
-// into, under the test's prefix.
+// into, under the test's prefix. undos and undoLog share a hash tag: an
+// undo writes both in one MULTI, which a cluster runs only within a slot.
 type rbkKeys struct{ prefix string }
 
 // runs: hash "<i>:<step>" -> number of forward executions.
 func (k rbkKeys) runs() string { return k.prefix + ":runs" }
 
 // undos: hash "<i>:<step>" -> number of undo executions.
-func (k rbkKeys) undos() string { return k.prefix + ":undos" }
+func (k rbkKeys) undos() string { return k.prefix + ":{undo}:undos" }
 
 // undoLog: list of "<i>:<step>:<pid>", one per undo execution, in order.
-func (k rbkKeys) undoLog() string { return k.prefix + ":undo_log" }
+func (k rbkKeys) undoLog() string { return k.prefix + ":{undo}:undo_log" }
 
 // ownerFinal: hash event kind -> number of terminal events of the owner.
 func (k rbkKeys) ownerFinal() string { return k.prefix + ":owner_final" }

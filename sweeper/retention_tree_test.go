@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/reactortest"
@@ -70,9 +71,9 @@ func retentionDefs(gate func(ctx context.Context, item int) error) (fan, inline 
 func runKeys(t *testing.T, rdb redis.UniversalClient, prefix, id string) []string {
 	t.Helper()
 	var out []string
-	iter := rdb.Scan(context.Background(), 0, prefix+":*", 1000).Iterator()
-	for iter.Next(context.Background()) {
-		k := iter.Val()
+	keys, err := redistest.ScanKeys(context.Background(), rdb, prefix+":*") // every master of a cluster
+	require.NoError(t, err)
+	for _, k := range keys {
 		if strings.Contains(k, ":idx:") {
 			continue
 		}
@@ -80,7 +81,6 @@ func runKeys(t *testing.T, rdb redis.UniversalClient, prefix, id string) []strin
 			out = append(out, k)
 		}
 	}
-	require.NoError(t, iter.Err())
 	return out
 }
 

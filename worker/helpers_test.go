@@ -29,7 +29,7 @@ var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
 // by one fixture share the prefix, as the processes of one deployment do.
 type fixture struct {
 	t         *testing.T
-	rdb       *redis.Client
+	rdb       redis.UniversalClient
 	prefix    string
 	queue     string
 	client    *worker.Client

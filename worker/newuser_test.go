@@ -30,10 +30,14 @@ func orderDefinition() *reactor.Definition {
 	}
 	var (
 		once sync.Once
-		rdb  *redis.Client
+		rdb  redis.UniversalClient
 	)
-	client := func() *redis.Client {
+	client := func() redis.UniversalClient {
 		once.Do(func() {
+			if redistest.ClusterAddrs() != nil {
+				rdb = redistest.NewClient() // the test's cluster: GOREACTOR_TEST_CLUSTER is inherited
+				return
+			}
 			opts, err := redis.ParseURL(os.Getenv("REDIS_URL"))
 			if err != nil {
 				panic(err)

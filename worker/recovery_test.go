@@ -32,10 +32,14 @@ const runWorkerMain = "GOREACTOR_TEST_RUN_WORKER_MAIN"
 func recoveryDefinition() *reactor.Definition {
 	var (
 		once sync.Once
-		rdb  *redis.Client
+		rdb  redis.UniversalClient
 	)
-	client := func() *redis.Client {
+	client := func() redis.UniversalClient {
 		once.Do(func() {
+			if redistest.ClusterAddrs() != nil {
+				rdb = redistest.NewClient() // the test's cluster: GOREACTOR_TEST_CLUSTER is inherited
+				return
+			}
 			opts, err := redis.ParseURL(os.Getenv("REDIS_URL"))
 			if err != nil {
 				panic(err)
@@ -123,7 +127,7 @@ func (p *workerProcess) pid() string { return strconv.Itoa(p.cmd.Process.Pid) }
 // forgetServer removes what a killed asynq server left in asynq's server
 // registry (its server and workers entries), which only expiry would
 // remove otherwise.
-func forgetServer(t *testing.T, rdb *redis.Client, pid string) {
+func forgetServer(t *testing.T, rdb redis.UniversalClient, pid string) {
 	t.Helper()
 	ctx := context.Background()
 	for _, set := range []string{"asynq:servers", "asynq:workers"} {

@@ -17,7 +17,7 @@ import (
 // kvStore is the outside system guarded steps change: plain Redis strings,
 // with counters of the guard's calls.
 type kvStore struct {
-	rdb              *redis.Client
+	rdb              redis.UniversalClient
 	probes, restores atomic.Int32
 	// probeFail makes the next probes fail transiently.
 	probeFail atomic.Int32
@@ -29,7 +29,7 @@ var casScript = redis.NewScript(`if redis.call('GET', KEYS[1]) == ARGV[1] then r
 
 // casRestore is a Restore of a store that compares and writes atomically:
 // key goes back to before only if it still holds after.
-func casRestore(ctx context.Context, rdb *redis.Client, key, before, after string) (engine.RestoreResult, error) {
+func casRestore(ctx context.Context, rdb redis.UniversalClient, key, before, after string) (engine.RestoreResult, error) {
 	ok, err := casScript.Run(ctx, rdb, []string{key}, after, before).Int()
 	if err != nil {
 		return "", err

@@ -19,7 +19,7 @@ import (
 
 type env struct {
 	t      *testing.T
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	prefix string
 	engine *engine.Engine
 	trail  *trail

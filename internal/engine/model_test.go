@@ -121,7 +121,7 @@ func parseFeatures(s string) map[string]bool {
 
 // runHistories runs n histories on a few goroutines and reports each kind
 // of divergence once, with the shortest history that shows it.
-func runHistories(t *testing.T, rdb *redis.Client, prefix, features string, feats map[string]bool, n int) {
+func runHistories(t *testing.T, rdb redis.UniversalClient, prefix, features string, feats map[string]bool, n int) {
 	type found struct {
 		count int
 		best  divergence
@@ -631,7 +631,7 @@ type divergence struct {
 
 type hist struct {
 	ctx    context.Context
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	eng    *engine.Engine
 	prefix string
 	m      *model
@@ -824,7 +824,7 @@ func (m *model) leaf(h *hist, st *mStep, path string, ord *int, child bool) {
 	m.entries = append(m.entries, e)
 }
 
-func runHistory(rdb *redis.Client, basePrefix string, feats map[string]bool, seed int64) (out []divergence) {
+func runHistory(rdb redis.UniversalClient, basePrefix string, feats map[string]bool, seed int64) (out []divergence) {
 	r := rand.New(rand.NewPCG(uint64(seed), 0x21))
 	spec := genSpec(r, feats)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

@@ -25,7 +25,7 @@ func formatted(t *testing.T, v any) string {
 
 // hashGuard guards a record kept as a Redis hash: Probe reads it whole,
 // Restore writes before back whole.
-func hashGuard(rdb *redis.Client) *engine.Guard {
+func hashGuard(rdb redis.UniversalClient) *engine.Guard {
 	return engine.Guarded(engine.GuardConfig[map[string]string]{
 		Probe: func(ctx context.Context, key string) (map[string]string, error) {
 			return rdb.HGetAll(ctx, key).Result()

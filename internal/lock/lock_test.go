@@ -22,7 +22,7 @@ import (
 // fixture is a Locker on the shared Redis and a lock key of the test's own.
 type fixture struct {
 	ctx    context.Context
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	locker *lock.Locker
 	key    string
 }

@@ -27,7 +27,7 @@ import (
 // drainFixture is one test's engine, queue, drainer and element bookkeeping.
 type drainFixture struct {
 	t      *testing.T
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	keys   keys.Keys
 	queue  string
 	client *worker.Client

@@ -139,7 +139,7 @@ func mmIndent(s string) string {
 }
 
 type mmEnv struct {
-	rdb           *redis.Client
+	rdb           redis.UniversalClient
 	prefix, queue string
 	mode          string
 }
@@ -617,7 +617,7 @@ type mmDivergence struct {
 
 type mmHist struct {
 	ctx    context.Context
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	eng    *engine.Engine
 	prefix string
 	spec   *mmSpec
@@ -999,13 +999,10 @@ func (env *mmEnv) runHistory(seed int64) (out []mmDivergence) {
 func (env *mmEnv) dropQueue(queue string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	iter := env.rdb.Scan(ctx, 0, "asynq:{"+queue+"}:*", 500).Iterator()
-	var ks []string
-	for iter.Next(ctx) {
-		ks = append(ks, iter.Val())
-	}
-	if len(ks) > 0 {
-		env.rdb.Unlink(ctx, ks...)
+	// Best effort, as before: redistest's cleanup of the test's queues
+	// deletes what is left.
+	if ks, err := redistest.ScanKeys(ctx, env.rdb, "asynq:{"+queue+"}:*"); err == nil {
+		_ = redistest.Unlink(ctx, env.rdb, ks...)
 	}
 	env.rdb.SRem(ctx, "asynq:queues", queue)
 }

@@ -162,7 +162,7 @@ type rbfOptions struct {
 type rbfHarness struct {
 	t       testing.TB
 	engine  *engine.Engine
-	rdb     *redis.Client
+	rdb     redis.UniversalClient
 	client  *worker.Client
 	queue   string
 	keys    keys.Keys

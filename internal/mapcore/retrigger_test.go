@@ -16,6 +16,7 @@ import (
 	"github.com/goreactor/goreactor/internal/inspect"
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -212,9 +213,9 @@ func (h *rbfHarness) requireElementRetried(ctx context.Context, mapID string, i 
 func rtRunKeys(t *testing.T, h *rbfHarness, id string) []string {
 	t.Helper()
 	var out []string
-	iter := h.rdb.Scan(context.Background(), 0, h.keys.Prefix()+":*", 1000).Iterator()
-	for iter.Next(context.Background()) {
-		k := iter.Val()
+	keys, err := redistest.ScanKeys(context.Background(), h.rdb, h.keys.Prefix()+":*") // every master of a cluster
+	require.NoError(t, err)
+	for _, k := range keys {
 		if strings.Contains(k, ":idx:") {
 			continue
 		}
@@ -222,7 +223,6 @@ func rtRunKeys(t *testing.T, h *rbfHarness, id string) []string {
 			out = append(out, k)
 		}
 	}
-	require.NoError(t, iter.Err())
 	return out
 }
 

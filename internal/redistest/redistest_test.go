@@ -3,6 +3,7 @@ package redistest_test
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strings"
 	"testing"
@@ -47,7 +48,7 @@ func TestPrefixCleanupDeletesKeys(t *testing.T) {
 			}
 		}
 	})
-	keys, err := c.Keys(ctx, prefix+"*").Result()
+	keys, err := redistest.ScanKeys(ctx, c, prefix+"*")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -149,9 +150,8 @@ func TestCleanupRunsAfterLaterCleanups(t *testing.T) {
 		})
 		second, q = redistest.Prefix(t), redistest.Queue(t)
 	})
-	n, err := c.Exists(ctx, first+":last", second+":last", "asynq:{"+q+"}:processed").Result()
-	require.NoError(t, err)
-	require.Zero(t, n, "keys written by a cleanup registered after the first name")
+	require.Zero(t, exists(t, c, first+":last", second+":last", "asynq:{"+q+"}:processed"),
+		"keys written by a cleanup registered after the first name")
 }
 
 // CheckLeftovers reports what was written under a test's prefix or queue
@@ -193,9 +193,22 @@ func TestCheckLeftovers(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, n, "an example prefix's keys deleted")
 
-	require.NoError(t, c.Del(ctx, append(late, expiring)...).Err())
+	require.NoError(t, redistest.Unlink(ctx, c, append(late, expiring)...))
 	require.NoError(t, c.SRem(ctx, "asynq:queues", q).Err())
 	require.NoError(t, redistest.CheckLeftovers(), "once they are deleted")
+}
+
+// exists counts the keys that exist, one EXISTS each: on a cluster, keys of
+// several slots cannot share a command.
+func exists(t *testing.T, c redis.UniversalClient, keys ...string) int64 {
+	t.Helper()
+	var n int64
+	for _, k := range keys {
+		one, err := c.Exists(context.Background(), k).Result()
+		require.NoError(t, err)
+		n += one
+	}
+	return n
 }
 
 func TestStartServerRestartKeepsAOFData(t *testing.T) {
@@ -255,4 +268,95 @@ func TestStartCluster(t *testing.T) {
 	if len(masters) < 2 {
 		t.Fatalf("keys landed on %d master(s), want several", len(masters))
 	}
+
+	// ScanKeys sees every master's keys; Unlink deletes keys of many slots
+	// (one UNLINK each would be refused: CROSSSLOT).
+	found, err := redistest.ScanKeys(ctx, c, "{?}:k")
+	require.NoError(t, err)
+	require.ElementsMatch(t, keys, found)
+	require.Error(t, c.Unlink(ctx, keys...).Err(), "a multi-slot UNLINK, refused")
+	require.NoError(t, redistest.Unlink(ctx, c, keys...))
+	found, err = redistest.ScanKeys(ctx, c, "{?}:k")
+	require.NoError(t, err)
+	require.Empty(t, found)
+}
+
+// Slot agrees with the server's CLUSTER KEYSLOT, hash tags included.
+func TestSlotMatchesClusterKeyslot(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-node Redis Cluster")
+	}
+	ctx := context.Background()
+	node := redis.NewClient(&redis.Options{Addr: redistest.StartCluster(t)[0]})
+	t.Cleanup(func() { _ = node.Close() })
+	keys := []string{"", "foo", "123456789", "{user1000}.following", "{user1000}.followers",
+		"foo{}{bar}", "foo{{bar}}zap", "foo{bar}{zap}", "{", "}", "{}", "}{x}", "a{b", "grt:T:1234abcd:{run:r1}:ctx"}
+	for range 200 {
+		keys = append(keys, fmt.Sprintf("grt:T:%08x:{map:%x}:el:%d:ctx", rand.Uint32(), rand.Uint64(), rand.IntN(10000)))
+	}
+	for _, k := range keys {
+		want, err := node.ClusterKeySlot(ctx, k).Result()
+		require.NoError(t, err)
+		require.Equal(t, int(want), redistest.Slot(k), "slot of %q", k)
+	}
+	require.Equal(t, 12739, redistest.Slot("123456789"), "CRC16/XMODEM check value 0x31C3")
+}
+
+// Client hands out a cluster client when the tests share a cluster.
+func TestClientKind(t *testing.T) {
+	c := redistest.Client(t)
+	if redistest.ClusterAddrs() != nil {
+		require.IsType(t, &redis.ClusterClient{}, c)
+	} else {
+		require.IsType(t, &redis.Client{}, c)
+	}
+}
+
+// A cluster with replicas: every master has its replica attached; a killed
+// master's replica is promoted and serves what the master had acknowledged
+// to a WAIT.
+func TestClusterWithReplicasFailsOver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a six-node Redis Cluster and fails a master over")
+	}
+	ctx := context.Background()
+	cl := redistest.NewCluster(t, redistest.ClusterConfig{Replicas: 1, NodeTimeout: time.Second})
+	require.Len(t, cl.Addrs, 6)
+	require.Len(t, cl.Masters(), 3)
+	c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs})
+	t.Cleanup(func() { _ = c.Close() })
+
+	for _, m := range cl.Masters() {
+		replicas := cl.ReplicasOf(m)
+		require.Len(t, replicas, 1, "replicas of %s", m)
+		info, err := redisInfo(ctx, replicas[0])
+		require.NoError(t, err)
+		require.Contains(t, info, "role:slave")
+		require.Contains(t, info, "master_port:"+m[strings.LastIndexByte(m, ':')+1:])
+		require.Contains(t, info, "master_link_status:up")
+	}
+
+	const key = "{failover}:k"
+	require.NoError(t, c.Set(ctx, key, "v", 0).Err())
+	master, err := c.MasterForKey(ctx, key)
+	require.NoError(t, err)
+	require.NoError(t, master.Do(ctx, "WAIT", 1, 5000).Err())
+	addr := master.Options().Addr
+	replica := cl.ReplicasOf(addr)[0]
+	require.NoError(t, cl.Kill(addr))
+	require.NoError(t, cl.Ready(30*time.Second))
+	info, err := redisInfo(ctx, replica)
+	require.NoError(t, err)
+	require.Contains(t, info, "role:master", "the killed master's replica, promoted")
+	c.ReloadState(ctx)
+	require.Eventually(t, func() bool {
+		got, err := c.Get(ctx, key).Result()
+		return err == nil && got == "v"
+	}, 10*time.Second, 20*time.Millisecond, "the key, read from the promoted replica")
+}
+
+func redisInfo(ctx context.Context, addr string) (string, error) {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	return c.Info(ctx, "replication").Result()
 }

@@ -26,6 +26,41 @@ func subscribed(t *testing.T, rdb redis.UniversalClient, channel string) *redis.
 	return ps
 }
 
+// shardNumSub returns channel's number of shard subscribers (PUBSUB
+// SHARDNUMSUB), asked of the master serving its slot on a cluster: another
+// node counts none.
+func shardNumSub(t *testing.T, rdb redis.UniversalClient, channel string) int64 {
+	t.Helper()
+	var node interface {
+		Do(ctx context.Context, args ...any) *redis.Cmd
+	} = rdb
+	if cc, ok := rdb.(*redis.ClusterClient); ok {
+		m, err := cc.MasterForKey(t.Context(), channel)
+		require.NoError(t, err)
+		node = m
+	}
+	n, err := node.Do(t.Context(), "PUBSUB", "SHARDNUMSUB", channel).Slice()
+	require.NoError(t, err)
+	require.Len(t, n, 2)
+	return n[1].(int64)
+}
+
+// mastersOf returns how many masters serve channels: 1 on one node.
+func mastersOf(t *testing.T, rdb redis.UniversalClient, channels ...string) int {
+	t.Helper()
+	cc, ok := rdb.(*redis.ClusterClient)
+	if !ok {
+		return 1
+	}
+	addrs := map[string]bool{}
+	for _, ch := range channels {
+		m, err := cc.MasterForKey(t.Context(), ch)
+		require.NoError(t, err)
+		addrs[m.Options().Addr] = true
+	}
+	return len(addrs)
+}
+
 // requireFired waits for one notification of w, a few seconds at most.
 func requireFired(t *testing.T, w *store.Watch, what string) {
 	t.Helper()
@@ -59,9 +94,7 @@ func TestTerminalWritePublishes(t *testing.T) {
 	f.create(t, elem, "tok", data1)
 	_, err = f.st.Write(f.ctx, elem, "tok", 1, data2, store.WriteOptions{Retention: time.Hour, Release: true})
 	require.NoError(t, err)
-	n, err := f.rdb.Do(f.ctx, "PUBSUB", "SHARDNUMSUB", f.k.ElemState("m~s.0")).Slice()
-	require.NoError(t, err)
-	require.Equal(t, int64(0), n[1])
+	require.Zero(t, shardNumSub(t, f.rdb, f.k.ElemState("m~s.0")))
 }
 
 func TestWatcherSharesOneConnection(t *testing.T) {
@@ -69,15 +102,19 @@ func TestWatcherSharesOneConnection(t *testing.T) {
 	f := newFixture(t)
 	w := f.st.Watcher()
 	ctx := f.ctx
-	var watches []*store.Watch
+	var (
+		watches  []*store.Watch
+		channels []string
+	)
 	for i := range 20 {
 		ch := f.k.RunDone(fmt.Sprintf("run-%d", i%10)) // two waiters per channel
 		wt, err := w.Watch(ctx, ch)
 		require.NoError(t, err)
 		requireFired(t, wt, "subscription confirmed") // the waiter reads after this
-		watches = append(watches, wt)
+		watches, channels = append(watches, wt), append(channels, ch)
 	}
-	require.Equal(t, 1, w.Connections())
+	// One connection, or on a cluster one per master serving the channels.
+	require.Equal(t, mastersOf(t, f.rdb, channels...), w.Connections())
 
 	require.NoError(t, f.rdb.SPublish(ctx, f.k.RunDone("run-3"), "9").Err())
 	requireFired(t, watches[3], "first waiter of run-3")
@@ -90,13 +127,10 @@ func TestWatcherSharesOneConnection(t *testing.T) {
 
 	watches[3].Close()
 	watches[3].Close() // idempotent
-	n, err := f.rdb.Do(ctx, "PUBSUB", "SHARDNUMSUB", f.k.RunDone("run-3")).Slice()
-	require.NoError(t, err)
-	require.Equal(t, int64(1), n[1], "run-3 keeps its other waiter")
+	require.Equal(t, int64(1), shardNumSub(t, f.rdb, f.k.RunDone("run-3")), "run-3 keeps its other waiter")
 	watches[13].Close()
 	require.Eventually(t, func() bool {
-		n, err := f.rdb.Do(ctx, "PUBSUB", "SHARDNUMSUB", f.k.RunDone("run-3")).Slice()
-		return err == nil && n[1] == int64(0)
+		return shardNumSub(t, f.rdb, f.k.RunDone("run-3")) == 0
 	}, 5*time.Second, 10*time.Millisecond, "the last waiter's Close unsubscribes")
 	for _, wt := range watches {
 		wt.Close()
