@@ -183,7 +183,7 @@ func (s *MapSweeper) Sweep(ctx context.Context) (MapReport, error) {
 	if err != nil {
 		return rep, fmt.Errorf("sweeper: read map index: %w", err)
 	}
-	opt := maptask.SweepOptions{Tasks: s.tasks, StaleBefore: cutoff, IdleAfter: idleAfter}
+	opt := maptask.SweepOptions{Tasks: s.tasks, StaleBefore: cutoff, StaleAfter: s.cfg.StaleAfter, IdleAfter: idleAfter}
 	var errs []error
 	for _, z := range entries {
 		if err := ctx.Err(); err != nil {

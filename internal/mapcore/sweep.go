@@ -14,6 +14,7 @@ import (
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/internal/tracing"
 )
 
@@ -117,6 +118,15 @@ func recoverMap(ctx context.Context, e *engine.Engine, mapID string, opt maptask
 		return maptask.Recovery{}, errors.New("mapstep: recoverMap needs maptask.SweepOptions.Tasks")
 	}
 	ms := storeOf(e)
+	if _, cluster := ms.rdb.(*redis.ClusterClient); cluster && opt.StaleAfter > 0 && opt.StaleBefore > 0 {
+		// The settles stamp the map with its own node's clock: age it by
+		// that clock, not by the node the sweeper read TIME from.
+		now, err := store.ServerTimeAt(ctx, ms.rdb, ms.keys.MapMeta(mapID))
+		if err != nil {
+			return maptask.Recovery{}, fmt.Errorf("mapstep: read the clock of map %s: %w", mapID, err)
+		}
+		opt.StaleBefore = now - opt.StaleAfter.Milliseconds()
+	}
 	v, err := ms.readSweep(ctx, mapID)
 	if err != nil {
 		return maptask.Recovery{}, err

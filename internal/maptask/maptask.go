@@ -161,6 +161,11 @@ type SweepOptions struct {
 	// settled a position after it is making progress and is left alone.
 	// Zero examines every map.
 	StaleBefore int64
+	// StaleAfter, when set on a Redis Cluster, makes RecoverMap judge a
+	// map's staleness by the clock of the node that holds it, which
+	// stamped its settles, as now less StaleAfter, instead of by
+	// StaleBefore (read on another node, whose clock may differ).
+	StaleAfter time.Duration
 	// IdleAfter is the window of Tasks.IdleTaskFate: a map whose element
 	// lock is about to lapse, within it, is looked at again then.
 	IdleAfter time.Duration

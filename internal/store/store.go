@@ -409,7 +409,13 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 // holds t (on a cluster each node has its own clock: a run's readings all
 // come from its own slot's node, like the times its writes record).
 func (s *Store) ServerTime(ctx context.Context, t Target) (int64, error) {
-	ms, err := timeScript.Run(ctx, s.rdb, []string{t.State}).Int64()
+	return ServerTimeAt(ctx, s.rdb, t.State)
+}
+
+// ServerTimeAt reads the Redis server's clock, in Unix ms, on the node
+// that holds key.
+func ServerTimeAt(ctx context.Context, rdb redis.Scripter, key string) (int64, error) {
+	ms, err := timeScript.Run(ctx, rdb, []string{key}).Int64()
 	if err != nil {
 		return 0, fmt.Errorf("store: server time: %w", err)
 	}
