@@ -21,7 +21,7 @@ func TestParseSettingsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.redisURL != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.firstQueue != "goreactor" ||
+	if cfg.redis.String() != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.firstQueue != "goreactor" ||
 		!maps.Equal(cfg.queues, map[string]int{"goreactor": 1}) || cfg.concurrency != 10 ||
 		cfg.lockExpiry != 3*time.Second || cfg.shutdownTimeout != 10*time.Second ||
 		cfg.logLevel != slog.LevelInfo || cfg.sweepInterval != time.Second || cfg.staleAfter != 2*time.Second {
@@ -53,7 +53,7 @@ func TestParseSettingsEnvThenFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.redisURL != "redis://r:6379/2" || cfg.prefix != "shop" || cfg.firstQueue != "critical" ||
+	if cfg.redis.String() != "redis://r:6379/2" || cfg.prefix != "shop" || cfg.firstQueue != "critical" ||
 		!maps.Equal(cfg.queues, map[string]int{"critical": 6, "goreactor": 3, "low": 1}) || cfg.concurrency != 4 ||
 		cfg.lockExpiry != 20*time.Second || cfg.shutdownTimeout != 30*time.Second ||
 		cfg.logLevel != slog.LevelDebug || cfg.sweepInterval != time.Minute || cfg.staleAfter != 30*time.Second {
@@ -63,7 +63,7 @@ func TestParseSettingsEnvThenFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.redisURL != "redis://x:1/0" || cfg.firstQueue != "q" || len(cfg.queues) != 1 || cfg.concurrency != 2 ||
+	if cfg.redis.String() != "redis://x:1/0" || cfg.firstQueue != "q" || len(cfg.queues) != 1 || cfg.concurrency != 2 ||
 		cfg.logLevel != slog.LevelWarn || cfg.sweepInterval != 0 || cfg.prefix != "shop" {
 		t.Errorf("flags over env: %+v", cfg)
 	}

@@ -40,7 +40,7 @@ func TestParseConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.redisURL != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.queue != "goreactor" || cfg.once ||
+	if cfg.redis.String() != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.queue != "goreactor" || cfg.once ||
 		cfg.interval != 10*time.Second || cfg.staleAfter != 10*time.Second || cfg.runPage != 200 || cfg.mapPage != 100 ||
 		cfg.leaderTTL != 30*time.Second || cfg.metricsAddr != "" || cfg.trimPage != 100 || cfg.retention != 7*24*time.Hour {
 		t.Fatalf("defaults: %+v", cfg)
