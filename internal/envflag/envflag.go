@@ -80,9 +80,9 @@ func Connection(fs *flag.FlagSet, env *Env, target *redisurl.Target, prefix *str
 // is the URL when neither does.
 func Redis(fs *flag.FlagSet, env *Env, target *redisurl.Target, defURL string) {
 	*target = redisurl.FromEnv(env.get, defURL)
-	fs.Var(named{&target.URL, &target.URLFrom, redisurl.URLFlag}, redisurl.URLFlag[1:],
+	fs.Var(named{&target.URL, &target.URLFrom, redisurl.URLFlag, redisurl.Redact}, redisurl.URLFlag[1:],
 		"one Redis, by `URL`: redis://[user:password@]host:port/db, rediss:// for TLS; env "+redisurl.URLVar)
-	fs.Var(named{&target.Cluster, &target.ClusterFrom, redisurl.ClusterFlag}, redisurl.ClusterFlag[1:],
+	fs.Var(named{&target.Cluster, &target.ClusterFrom, redisurl.ClusterFlag, redisurl.RedactList}, redisurl.ClusterFlag[1:],
 		"a Redis Cluster, by its `seeds`: host:port,... or redis://[user:password@]host:port,... (the user, password and TLS of every node); "+
 			"not with -redis or REDIS_URL; env "+redisurl.ClusterVar)
 }
@@ -92,13 +92,16 @@ func Redis(fs *flag.FlagSet, env *Env, target *redisurl.Target, defURL string) {
 type named struct {
 	val, from *string
 	name      string
+	redact    func(string) string
 }
 
+// String is the value with its passwords redacted: -h shows it as the
+// default when it comes from the environment.
 func (n named) String() string {
-	if n.val == nil { // the zero value flag.PrintDefaults makes
+	if n.val == nil || *n.val == "" { // nil: the zero value flag.PrintDefaults makes
 		return ""
 	}
-	return *n.val
+	return n.redact(*n.val)
 }
 
 func (n named) Set(s string) error {
