@@ -42,7 +42,8 @@ func TestParseConfig(t *testing.T) {
 	require.Equal(t, "p", cfg.prefix)
 	require.Equal(t, "redis://r:1/2", cfg.redis.String())
 
-	for _, args := range [][]string{{"-queue", "a:x"}, {"-queue", " , "}, {"-queues", "*,a"}, {"-addr", "nohost"}, {"-log-level", "loud"}, {"-prefix", ""}, {"extra"}, {"-nope"}} {
+	for _, args := range [][]string{{"-queue", "a:x"}, {"-queue", " , "}, {"-queues", "*,a"}, {"-addr", "nohost"}, {"-log-level", "loud"}, {"-prefix", ""}, {"extra"}, {"-nope"},
+		{"-redis", "redis://r:1/0", "-redis-cluster", "a:1"}, {"-redis-cluster", "redis://a:1/2"}, {"-redis", "r:1"}} {
 		_, err := parseConfig(args, env(nil), io.Discard)
 		require.Error(t, err, "%q", args)
 	}

@@ -64,7 +64,7 @@ func TestParseConfig(t *testing.T) {
 	if cfg, err = parseConfig([]string{"-queue", "billing"}, envOf(map[string]string{"GOREACTOR_QUEUE": "critical"}), io.Discard); err != nil || cfg.queue != "billing" {
 		t.Fatalf("-queue over GOREACTOR_QUEUE: queue %q, err %v", cfg.queue, err)
 	}
-	for _, bad := range [][]string{{"-queue", "a:x"}, {"-queue", " , "}, {"-interval", "0s"}, {"-stale-after", "-1s"}, {"-map-page", "0"}, {"-trim-page", "0"}, {"-retention", "0s"}, {"-leader-ttl", "10ms"}, {"-prefix", ""}, {"extra"}} {
+	for _, bad := range [][]string{{"-queue", "a:x"}, {"-queue", " , "}, {"-interval", "0s"}, {"-stale-after", "-1s"}, {"-map-page", "0"}, {"-trim-page", "0"}, {"-retention", "0s"}, {"-leader-ttl", "10ms"}, {"-prefix", ""}, {"extra"}, {"-redis-cluster", "redis://a:1/2"}, {"-redis", "r:1"}} {
 		if _, err := parseConfig(bad, envOf(nil), io.Discard); err == nil {
 			t.Errorf("%q: accepted", bad)
 		}
