@@ -37,12 +37,13 @@ func TestMain(m *testing.M) {
 
 // command returns the worker binary (this test binary running main) with
 // args and an environment of env alone, apart from what a process needs
-// (the developer's REDIS_URL and GOREACTOR_* do not reach it).
+// (the developer's REDIS_URL, REDIS_CLUSTER_ADDRS and GOREACTOR_* do not
+// reach it).
 func command(t *testing.T, args []string, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.CommandContext(t.Context(), os.Args[0], args...)
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "REDIS_URL=") && !strings.HasPrefix(kv, "GOREACTOR_") {
+		if !strings.HasPrefix(kv, "REDIS_URL=") && !strings.HasPrefix(kv, "REDIS_CLUSTER_ADDRS=") && !strings.HasPrefix(kv, "GOREACTOR_") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
