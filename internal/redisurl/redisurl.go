@@ -118,7 +118,7 @@ func parseCluster(list string) (*redis.ClusterOptions, error) {
 		}
 	}
 	if len(seeds) == 0 {
-		return nil, errors.New("no seed node; want host:port,... or redis://[user:password@]host:port,...")
+		return nil, errors.New("no seed node; want host:port or redis://[user:password@]host:port seeds, comma-separated")
 	}
 	urls := strings.Contains(seeds[0], "://")
 	for _, s := range seeds[1:] {
