@@ -11,6 +11,7 @@ package redisurl
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -194,7 +195,6 @@ type Pool struct {
 	MinIdle     int    // connections kept open
 	Name        string // CLIENT SETNAME of every connection
 	DialTimeout time.Duration
-	MaxRetries  int // -1: none
 }
 
 // NewClient returns a client of e, not yet connected: a *redis.Client for
@@ -202,23 +202,14 @@ type Pool struct {
 func (e *Endpoint) NewClient(p Pool) redis.UniversalClient {
 	if e.cluster != nil {
 		o := *e.cluster
-		o.PoolSize, o.MinIdleConns, o.ClientName = or(p.Size, o.PoolSize), or(p.MinIdle, o.MinIdleConns), or(p.Name, o.ClientName)
-		o.DialTimeout, o.MaxRetries = or(p.DialTimeout, o.DialTimeout), or(p.MaxRetries, o.MaxRetries)
+		o.PoolSize, o.MinIdleConns = cmp.Or(p.Size, o.PoolSize), cmp.Or(p.MinIdle, o.MinIdleConns)
+		o.ClientName, o.DialTimeout = cmp.Or(p.Name, o.ClientName), cmp.Or(p.DialTimeout, o.DialTimeout)
 		return redis.NewClusterClient(&o)
 	}
 	o := *e.single
-	o.PoolSize, o.MinIdleConns, o.ClientName = or(p.Size, o.PoolSize), or(p.MinIdle, o.MinIdleConns), or(p.Name, o.ClientName)
-	o.DialTimeout, o.MaxRetries = or(p.DialTimeout, o.DialTimeout), or(p.MaxRetries, o.MaxRetries)
+	o.PoolSize, o.MinIdleConns = cmp.Or(p.Size, o.PoolSize), cmp.Or(p.MinIdle, o.MinIdleConns)
+	o.ClientName, o.DialTimeout = cmp.Or(p.Name, o.ClientName), cmp.Or(p.DialTimeout, o.DialTimeout)
 	return redis.NewClient(&o)
-}
-
-// or is v, or def when v is the zero value.
-func or[T comparable](v, def T) T {
-	var zero T
-	if v == zero {
-		return def
-	}
-	return v
 }
 
 // Dial parses t and connects to it: see Endpoint.Dial.
@@ -248,10 +239,11 @@ func (e *Endpoint) Dial(ctx context.Context, timeout time.Duration) (redis.Unive
 	pctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	var err error
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		err = e.checkCluster(pctx, cc, timeout)
-	} else {
-		err = e.checkSingle(pctx, c.(*redis.Client), timeout)
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		err = e.checkCluster(pctx, c, timeout)
+	case *redis.Client:
+		err = e.checkSingle(pctx, c, timeout)
 	}
 	if err != nil {
 		_ = c.Close()
