@@ -32,7 +32,7 @@ var noopPayload = make([]byte, 64)
 // bareAsynq enqueues n tasks one by one on queue, and returns the time from
 // the first enqueue until the queue has no pending or active task (polled
 // on poll). The queue's servers must already run.
-func bareAsynq(ctx context.Context, enq, poll *redis.Client, queue string, n int) (time.Duration, error) {
+func bareAsynq(ctx context.Context, enq, poll redis.UniversalClient, queue string, n int) (time.Duration, error) {
 	client := asynq.NewClientFromRedisClient(enq)
 	id := shortID()
 	start := time.Now()
@@ -115,7 +115,7 @@ func (t totals) sub(o totals) totals {
 // completion and failure scripts increment atomically with removing the
 // task from the active list. (The Inspector reads the same keys, but fails
 // for a queue nothing was enqueued on yet.)
-func asynqTotals(ctx context.Context, rdb *redis.Client, queue string) (totals, error) {
+func asynqTotals(ctx context.Context, rdb redis.UniversalClient, queue string) (totals, error) {
 	var p, f *redis.StringCmd
 	_, err := rdb.Pipelined(ctx, func(pipe redis.Pipeliner) error {
 		p, f = pipe.Get(ctx, "asynq:{"+queue+"}:processed"), pipe.Get(ctx, "asynq:{"+queue+"}:failed")

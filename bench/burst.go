@@ -155,7 +155,7 @@ func burstsKey(prefix string) string { return prefix + ":bench:bursts" }
 
 // publish writes this process's figures to Redis in one HSET (a worker
 // subprocess does it when it stops).
-func (c *burstCounter) publish(ctx context.Context, rdb *redis.Client, prefix string) error {
+func (c *burstCounter) publish(ctx context.Context, rdb redis.UniversalClient, prefix string) error {
 	all := c.all()
 	if len(all) == 0 {
 		return nil

@@ -34,8 +34,9 @@
 // performance target, once the whole report is printed; -no-fail reports
 // missed targets without failing.
 //
-// Redis: -redis, else REDIS_URL, else 127.0.0.1:6379 if it answers, else an
-// embedded miniredis (whose figures say little; GOREACTOR_EMBEDDED=1 forces
+// Redis: -redis or REDIS_URL (one Redis), or -redis-cluster or
+// REDIS_CLUSTER_ADDRS (a Redis Cluster's seeds, as worker.Main reads them),
+// else 127.0.0.1:6379 if it answers, else an embedded miniredis (whose figures say little; GOREACTOR_EMBEDDED=1 forces
 // it, as for cmd/demo). Keys live under a fresh
 // prefix (goreactor-bench:<id>) and queue (goreactor-bench-<id>), deleted
 // at exit; nothing else is touched. With -procs N the workers are N
@@ -64,6 +65,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/envflag"
+	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/internal/version"
 )
 
@@ -105,7 +108,7 @@ type config struct {
 	undoLatency time.Duration
 	workLatency time.Duration // each element's forward work in the forward comparison with bare asynq
 	rounds      int           // zero-latency throughput rounds, goreactor and bare asynq alternated
-	redisURL    string
+	redis       redisurl.Target
 	json        bool
 	plot        string
 	sweep       bool
@@ -136,7 +139,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&cfg.workLatency, "work-latency", 10*time.Millisecond,
 		"work done by each element's forward step in the forward comparison with bare asynq (the rollback runs' forward steps do none)")
 	fs.IntVar(&cfg.rounds, "rounds", 5, "rounds of the zero-latency throughput, each goreactor then bare asynq, reported as median and min/max")
-	fs.StringVar(&cfg.redisURL, "redis", "", "Redis URL (default: REDIS_URL, then 127.0.0.1:6379 if it answers, then an embedded Redis)")
+	// Neither named: 127.0.0.1:6379 if it answers, then an embedded Redis.
+	envflag.Redis(fs, envflag.New(os.Getenv), &cfg.redis, "")
 	fs.BoolVar(&cfg.json, "json", false, "print one JSON object instead of the table (and no progress)")
 	fs.StringVar(&cfg.plot, "plot", "", "with -sweep: write the speedup chart to this SVG file")
 	fs.BoolVar(&cfg.sweep, "sweep", false, "repeat the fan-out rollback over workers 1, 2, 5, 10, 20, 50 and report speedup against the ideal")
@@ -223,9 +227,9 @@ type targeted interface{ missed() []string }
 type bench struct {
 	cfg   config
 	tgt   *target
-	admin *redis.Client // checks, sampling, INFO, cleanup
-	owner *redis.Client // the owner engine's
-	host  *host         // the owner engine: runs start here
+	admin redis.UniversalClient // checks, sampling, INFO, cleanup
+	owner redis.UniversalClient // the owner engine's
+	host  *host                 // the owner engine: runs start here
 	// prefix and queue are where runs keep their keys and tasks; a
 	// measurement on fresh keys (onFreshKeys) switches them for its length.
 	prefix string
@@ -260,7 +264,7 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 		}
 		defer stop()
 	}
-	tgt, err := pick(ctx, cfg.redisURL)
+	tgt, err := pick(ctx, cfg.redis)
 	if err != nil {
 		return err
 	}
@@ -271,13 +275,9 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 		bar: newBar(stderr, !cfg.json), stderr: stderr, bursts: newBurstCounter(),
 		log: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))}
 	pool := 2*cfg.workers + 8
-	if b.admin, err = tgt.client(8); err != nil {
-		return err
-	}
+	b.admin = tgt.client(8)
 	defer b.admin.Close()
-	if b.owner, err = tgt.client(pool); err != nil {
-		return err
-	}
+	b.owner = tgt.client(pool)
 	defer b.owner.Close()
 	if !tgt.embedded {
 		defer func() {
@@ -347,7 +347,7 @@ type printer interface{ print(io.Writer) }
 // spec is a worker pool serving this run's reactors (or bare tasks) on the
 // main queue.
 func (b *bench) spec(kind string, batches []int) poolSpec {
-	return poolSpec{Kind: kind, URL: b.tgt.url, Prefix: b.prefix, Queue: b.queue, Concurrency: b.cfg.workers,
+	return poolSpec{Kind: kind, Redis: b.tgt.redis, Prefix: b.prefix, Queue: b.queue, Concurrency: b.cfg.workers,
 		Batches: batches, DoubleUndo: b.cfg.doubleUndo, FakeBurst: b.cfg.fakeBurst, ProfileDir: b.cfg.cpuProfile, Warm: b.tgt.warm}
 }
 

@@ -19,6 +19,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/goreactor/goreactor/internal/redistest"
+	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/internal/version"
 )
 
@@ -78,7 +79,7 @@ func tiny(t *testing.T) config {
 		undoLatency:  time.Millisecond,
 		workLatency:  2 * time.Millisecond,
 		rounds:       2,
-		redisURL:     fmt.Sprintf("redis://%s/%d", opts.Addr, opts.DB),
+		redis:        redisurl.Target{URL: fmt.Sprintf("redis://%s/%d", opts.Addr, opts.DB), URLFrom: redisurl.URLFlag},
 		json:         true,
 		sweepWorkers: []int{1, 2},
 		doubleUndo:   -1,
@@ -128,7 +129,7 @@ func TestDefaultRunJSON(t *testing.T) {
 			// tests, running at the same time on a shared server, would
 			// add to (a negative slope once, under load).
 			srv := redistest.StartServer(t)
-			cfg.redisURL = "redis://" + srv.Addr + "/0"
+			cfg.redis = redisurl.Target{URL: "redis://" + srv.Addr + "/0", URLFrom: redisurl.URLFlag}
 			out, stderr, err := runJSON(t, ctx, cfg)
 			require.NoError(t, err, stderr)
 			require.Equal(t, true, out["ok"], "check failures: %v", out["check_failures"])
@@ -461,11 +462,15 @@ func TestHardeningRedisURLNotAnswering(t *testing.T) {
 	require.NoError(t, err)
 	url := "redis://" + ln.Addr().String() + "/0"
 	require.NoError(t, ln.Close())
-	_, err = pick(t.Context(), url)
+	cfg, err := parseFlags([]string{"-redis", url}, &bytes.Buffer{})
+	require.NoError(t, err)
+	_, err = pick(t.Context(), cfg.redis)
 	require.ErrorContains(t, err, url)
 	require.ErrorContains(t, err, "-redis")
 	t.Setenv("REDIS_URL", url)
-	_, err = pick(t.Context(), "")
+	cfg, err = parseFlags(nil, &bytes.Buffer{})
+	require.NoError(t, err)
+	_, err = pick(t.Context(), cfg.redis)
 	require.ErrorContains(t, err, url)
 	require.ErrorContains(t, err, "REDIS_URL")
 }

@@ -192,7 +192,7 @@ func (b *bench) check(ctx context.Context, label string, run *reactor.Run, mapID
 
 // undoCounts reads the undo count of every element 0..n-1 from the counts
 // hash, 1,000 fields at a time.
-func undoCounts(ctx context.Context, rdb *redis.Client, key string, n int) ([]int, error) {
+func undoCounts(ctx context.Context, rdb redis.UniversalClient, key string, n int) ([]int, error) {
 	out := make([]int, n)
 	var cursor uint64
 	for {
@@ -221,7 +221,7 @@ func head(xs []int) []int { return xs[:min(len(xs), 5)] }
 // sampler watches, while a run is measured, the bench's queue (how many
 // tasks wait, to check back pressure) and this process's heap.
 type sampler struct {
-	rdb             *redis.Client
+	rdb             redis.UniversalClient
 	pending, active string
 	queue           bool
 	heapEvery       time.Duration
@@ -239,7 +239,7 @@ type heapSample struct {
 	inuse uint64
 }
 
-func newSampler(rdb *redis.Client, queue string, watchQueue bool, heapEvery time.Duration) *sampler {
+func newSampler(rdb redis.UniversalClient, queue string, watchQueue bool, heapEvery time.Duration) *sampler {
 	if heapEvery <= 0 {
 		heapEvery = heapDefault
 	}
@@ -328,7 +328,7 @@ func (s *sampler) results(since time.Time) (heap uint64, maxPending, maxQueued i
 }
 
 // queueDrained waits until queue has no pending or active task.
-func queueDrained(ctx context.Context, rdb *redis.Client, queue string) error {
+func queueDrained(ctx context.Context, rdb redis.UniversalClient, queue string) error {
 	pending, active := "asynq:{"+queue+"}:pending", "asynq:{"+queue+"}:active"
 	for {
 		var p, a *redis.IntCmd

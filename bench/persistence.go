@@ -2,14 +2,18 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/goreactor/goreactor/internal/redisnode"
 )
 
 // Redis persistence during a measurement. A background save (RDB) or an
@@ -77,12 +81,64 @@ func parsePersistence(info string) (persistInfo, error) {
 	return p, nil
 }
 
-func readPersistence(ctx context.Context, rdb *redis.Client) (persistInfo, error) {
-	info, err := rdb.Info(ctx, "persistence").Result()
+// readPersistence reads INFO persistence, of every master of a cluster
+// taken as one (mergePersistence).
+func readPersistence(ctx context.Context, rdb redis.UniversalClient) (persistInfo, error) {
+	var (
+		mu  sync.Mutex
+		all []persistInfo
+	)
+	err := redisnode.EachMaster(ctx, rdb, func(ctx context.Context, node *redis.Client) error {
+		info, err := node.Info(ctx, "persistence").Result()
+		if err != nil {
+			return err
+		}
+		p, err := parsePersistence(info)
+		if err != nil {
+			return fmt.Errorf("%s: %w", node.Options().Addr, err)
+		}
+		mu.Lock()
+		all = append(all, p)
+		mu.Unlock()
+		return nil
+	})
 	if err != nil {
 		return persistInfo{}, err
 	}
-	return parsePersistence(info)
+	return mergePersistence(all), nil
+}
+
+// mergePersistence is the persistence of several nodes as one: counts and
+// sizes summed (unknown when a node does not report them), in progress
+// when one node is, the latest save, the first status that is not "ok".
+func mergePersistence(all []persistInfo) persistInfo {
+	sum := func(a, b int64) int64 {
+		if a < 0 || b < 0 {
+			return -1
+		}
+		return a + b
+	}
+	worse := func(a, b string) string {
+		if a != "ok" && a != "" {
+			return a
+		}
+		return cmp.Or(b, a)
+	}
+	m := all[0]
+	for _, p := range all[1:] {
+		m.rdbChanges += p.rdbChanges
+		m.rdbBgsave = m.rdbBgsave || p.rdbBgsave
+		m.rdbLastSaveTime = max(m.rdbLastSaveTime, p.rdbLastSaveTime)
+		m.rdbSaves = sum(m.rdbSaves, p.rdbSaves)
+		m.rdbLastBgsaveStatus = worse(m.rdbLastBgsaveStatus, p.rdbLastBgsaveStatus)
+		m.aofEnabled = m.aofEnabled || p.aofEnabled
+		m.aofRewrite = m.aofRewrite || p.aofRewrite
+		m.aofRewrites = sum(m.aofRewrites, p.aofRewrites)
+		m.aofSize = sum(m.aofSize, p.aofSize)
+		m.aofLastRewrite = worse(m.aofLastRewrite, p.aofLastRewrite)
+		m.aofLastWrite = worse(m.aofLastWrite, p.aofLastWrite)
+	}
+	return m
 }
 
 // persistActivity is what Redis persistence did during one measured run.
@@ -153,7 +209,7 @@ const persistEvery = 100 * time.Millisecond
 // the returned function is called, which reads it once more and returns
 // what happened in between, or nil when this Redis does not report its
 // persistence (the embedded miniredis).
-func watchPersistence(rdb *redis.Client) (stop func() *persistActivity) {
+func watchPersistence(rdb redis.UniversalClient) (stop func() *persistActivity) {
 	read := func() (persistInfo, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		defer cancel()
@@ -204,19 +260,30 @@ func watchPersistence(rdb *redis.Client) (stop func() *persistActivity) {
 	}
 }
 
-// usedMemory is the Redis server's used_memory (INFO memory), or nil when
-// it does not report it.
-func usedMemory(ctx context.Context, rdb *redis.Client) *int64 {
-	info, err := rdb.Info(ctx, "memory").Result()
-	if err != nil {
-		return nil
-	}
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
-			if n, err := strconv.ParseInt(v, 10, 64); err == nil {
-				return &n
+// usedMemory is the Redis server's used_memory (INFO memory), summed over
+// every master of a cluster, or nil when one does not report it.
+func usedMemory(ctx context.Context, rdb redis.UniversalClient) *int64 {
+	var total, nodes, reported atomic.Int64
+	err := redisnode.EachMaster(ctx, rdb, func(ctx context.Context, node *redis.Client) error {
+		nodes.Add(1)
+		info, err := node.Info(ctx, "memory").Result()
+		if err != nil {
+			return err
+		}
+		for line := range strings.SplitSeq(info, "\n") {
+			if v, ok := strings.CutPrefix(strings.TrimSpace(line), "used_memory:"); ok {
+				if n, err := strconv.ParseInt(v, 10, 64); err == nil {
+					total.Add(n)
+					reported.Add(1)
+				}
+				break
 			}
 		}
+		return nil
+	})
+	if err != nil || reported.Load() != nodes.Load() {
+		return nil
 	}
-	return nil
+	n := total.Load()
+	return &n
 }

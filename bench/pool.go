@@ -22,6 +22,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
+	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -48,14 +49,14 @@ const (
 
 // poolSpec is what a worker process serves.
 type poolSpec struct {
-	Kind        string `json:"kind"`
-	URL         string `json:"url"`
-	Prefix      string `json:"prefix"`
-	Queue       string `json:"queue"`
-	Concurrency int    `json:"concurrency"`
-	Batches     []int  `json:"batches"`
-	DoubleUndo  int    `json:"double_undo"`
-	FakeBurst   int    `json:"fake_burst,omitempty"`
+	Kind        string          `json:"kind"`
+	Redis       redisurl.Target `json:"redis"`
+	Prefix      string          `json:"prefix"`
+	Queue       string          `json:"queue"`
+	Concurrency int             `json:"concurrency"`
+	Batches     []int           `json:"batches"`
+	DoubleUndo  int             `json:"double_undo"`
+	FakeBurst   int             `json:"fake_burst,omitempty"`
 	// Latency is how long a bare asynq task's handler sleeps (kindBare
 	// only; 0: a no-op handler).
 	Latency time.Duration `json:"latency,omitempty"`
@@ -131,10 +132,7 @@ func (l *localServer) stop() error { return l.stopFn() }
 // in cnt.
 func startLocal(ctx context.Context, spec poolSpec, tgt *target, stderr io.Writer, cnt *burstCounter) (*localServer, error) {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	rdb, err := tgt.client(2*spec.Concurrency + 4)
-	if err != nil {
-		return nil, err
-	}
+	rdb := tgt.client(2*spec.Concurrency + 4)
 	switch spec.Kind {
 	case kindBare:
 		cfg := serverConfig(spec.Queue, spec.Concurrency)
@@ -179,26 +177,22 @@ type host struct {
 	inline  *reactor.Definition
 	fanOut  map[int]*reactor.Definition
 	enqueue *worker.Client
-	books   *redis.Client
+	books   redis.UniversalClient
 	tracer  *sdktrace.TracerProvider // with poolSpec.Traced
 }
 
 // newHost builds an engine on engineRdb whose Enqueuer (asynq's client)
 // uses asynqRdb and counts every map task in cnt; books, when nil, is a
 // new client of its own.
-func newHost(ctx context.Context, spec poolSpec, engineRdb, asynqRdb *redis.Client, books *redis.Client, cnt *burstCounter) (*host, error) {
+func newHost(ctx context.Context, spec poolSpec, engineRdb, asynqRdb, books redis.UniversalClient, cnt *burstCounter) (*host, error) {
 	ownBooks := books == nil
 	if ownBooks {
-		opts, err := redis.ParseURL(spec.URL)
+		tgt, err := newTarget(spec.Redis, "")
 		if err != nil {
 			return nil, err
 		}
-		opts.ClientName = clientName
-		opts.PoolSize = max(spec.Concurrency+4, 10)
-		if spec.Warm {
-			opts.MinIdleConns = opts.PoolSize
-		}
-		books = redis.NewClient(opts)
+		tgt.warm = spec.Warm
+		books = tgt.client(spec.Concurrency + 4)
 	}
 	w := &world{rdb: books, doubleUndo: spec.DoubleUndo, fakeBurst: spec.FakeBurst, bursts: cnt}
 	inline, fanOut, err := w.definitions(spec.Batches)
@@ -382,7 +376,12 @@ func workerMain(specJSON string, stdin io.Reader, stdout, stderr io.Writer) int 
 		}
 		defer stop()
 	}
-	tgt := &target{url: spec.URL, warm: spec.Warm}
+	tgt, err := newTarget(spec.Redis, "")
+	if err != nil {
+		fmt.Fprintf(stderr, "bench worker: %v\n", err)
+		return 1
+	}
+	tgt.warm = spec.Warm
 	cnt := newBurstCounter()
 	srv, err := startLocal(ctx, spec, tgt, stderr, cnt)
 	if err != nil {
@@ -398,11 +397,7 @@ func workerMain(specJSON string, stdin io.Reader, stdout, stderr io.Writer) int 
 	if spec.Kind == kindReactor {
 		// Every handler has returned: hand the per-action counts to the
 		// parent, in one command.
-		rdb, err := tgt.client(1)
-		if err != nil {
-			fmt.Fprintf(stderr, "bench worker: %v\n", err)
-			return 1
-		}
+		rdb := tgt.client(1)
 		defer rdb.Close()
 		pctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
 		defer cancel()

@@ -38,7 +38,7 @@ var errBoom = errors.New("bench: the step after the map fails, so that every ele
 // the engine's and asynq's clients so that its commands are never counted
 // as goreactor's.
 type world struct {
-	rdb *redis.Client
+	rdb redis.UniversalClient
 	// onFail, when set, is called by the failing step before it fails
 	// (in-process runs only: the round-trip phase snapshots its counters
 	// there, between the forward pass and the rollback).

@@ -13,6 +13,7 @@ import (
 	"github.com/hibiken/asynq"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/redisnode"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -80,12 +81,25 @@ type rtResult struct {
 	OtherClients int
 }
 
-// commandCalls sums the calls of INFO commandstats, except INFO's own.
-func commandCalls(ctx context.Context, rdb *redis.Client) (int64, error) {
-	info, err := rdb.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return 0, err
-	}
+// commandCalls sums the calls of INFO commandstats, except INFO's own,
+// over every master of a cluster.
+func commandCalls(ctx context.Context, rdb redis.UniversalClient) (int64, error) {
+	var total atomic.Int64
+	err := redisnode.EachMaster(ctx, rdb, func(ctx context.Context, node *redis.Client) error {
+		info, err := node.Info(ctx, "commandstats").Result()
+		if err != nil {
+			return err
+		}
+		n, err := parseCommandCalls(info)
+		total.Add(n)
+		return err
+	})
+	return total.Load(), err
+}
+
+// parseCommandCalls sums the calls in the text of INFO commandstats,
+// except INFO's own.
+func parseCommandCalls(info string) (int64, error) {
 	var total int64
 	found := false
 	sc := bufio.NewScanner(strings.NewReader(info))
@@ -127,18 +141,21 @@ func (b *bench) roundTrips(ctx context.Context) (rtResult, error) {
 
 	pool := b.cfg.workers*2 + 4
 	var engineT, asynqT, booksT, pollT tally
-	clients := make([]*redis.Client, 0, 5)
+	clients := make([]redis.UniversalClient, 0, 5)
 	defer func() {
 		for _, c := range clients {
 			_ = c.Close()
 		}
 	}()
-	newClient := func(t *tally) (*redis.Client, error) {
-		c, err := b.tgt.client(pool)
-		if err != nil {
-			return nil, err
+	newClient := func(t *tally) (redis.UniversalClient, error) {
+		c := b.tgt.client(pool)
+		if cc, ok := c.(*redis.ClusterClient); ok {
+			// On each node: a cluster client's pipeline is one round
+			// trip per node it splits over.
+			cc.OnNewNode(func(node *redis.Client) { node.AddHook(t) })
+		} else {
+			c.AddHook(t)
 		}
-		c.AddHook(t)
 		clients = append(clients, c)
 		return c, nil
 	}

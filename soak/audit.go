@@ -17,6 +17,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/internal/redisnode"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/sweeper"
@@ -344,9 +345,8 @@ func isOwnerResume(w reactor.Wake) bool {
 // check and this one; the resume then finds the run locked or moved on.
 func (q *sweepEnqueuer) redundantResume(ctx context.Context, w reactor.Wake) bool {
 	taskKey := "asynq:{" + queue + "}:t:"
-	iter := q.rdb.Scan(ctx, 0, taskKey+"resume:"+w.RunID+":sweep:*", 1000).Iterator()
-	for iter.Next(ctx) {
-		id := strings.TrimPrefix(iter.Val(), taskKey)
+	for _, key := range q.scan(ctx, taskKey+"resume:"+w.RunID+":sweep:*") {
+		id := strings.TrimPrefix(key, taskKey)
 		state, ok := q.stillQueued(ctx, id, func() bool { return true })
 		if !ok {
 			continue
@@ -406,13 +406,28 @@ func (q *sweepEnqueuer) lockFree(ctx context.Context, lockKey, what, taskPrefix 
 func (q *sweepEnqueuer) taskStates(ctx context.Context, prefix string) string {
 	taskKey := "asynq:{" + queue + "}:t:"
 	var out []string
-	iter := q.rdb.Scan(ctx, 0, taskKey+prefix+"*", 1000).Iterator()
-	for iter.Next(ctx) {
-		st, _ := q.rdb.HGet(ctx, iter.Val(), "state").Result()
-		out = append(out, strings.TrimPrefix(iter.Val(), taskKey)+"="+st)
+	for _, key := range q.scan(ctx, taskKey+prefix+"*") {
+		st, _ := q.rdb.HGet(ctx, key, "state").Result()
+		out = append(out, strings.TrimPrefix(key, taskKey)+"="+st)
 	}
 	slices.Sort(out)
 	return strings.Join(out, " ")
+}
+
+// scan returns the keys matching pattern, on every master of a cluster; a
+// scan that fails is noted and returns what it found.
+func (q *sweepEnqueuer) scan(ctx context.Context, pattern string) []string {
+	var keys []string
+	err := redisnode.Scan(ctx, q.rdb, pattern, func(batch []string) error {
+		keys = append(keys, batch...)
+		return nil
+	})
+	if err != nil {
+		q.mu.Lock()
+		q.notes = append(q.notes, fmt.Sprintf("scan %s: %v", pattern, err))
+		q.mu.Unlock()
+	}
+	return keys
 }
 
 // spent flags a redelivery under a fresh id of a task (or of an earlier

@@ -167,7 +167,7 @@ type soak struct {
 	dir   string
 
 	redis  *redisServer
-	rdb    *redis.Client
+	rdb    redis.UniversalClient
 	rec    *recorder
 	engine *reactor.Engine
 	defs   map[string]*reactor.Definition

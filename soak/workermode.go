@@ -32,8 +32,11 @@ const (
 const claimDelay = 400 * time.Millisecond
 
 // newClient returns a Redis client carrying the claim audit (with delay),
-// and a recorder for process pid on it.
-func newClient(addr string, pid int, delay time.Duration) (*redis.Client, *recorder) {
+// and a recorder for process pid on it. The soak starts a Redis of its own
+// (one node, which it restarts), so it needs no -redis or -redis-cluster;
+// the rest of the soak holds a redis.UniversalClient and scans through
+// redisnode, as it would on a cluster.
+func newClient(addr string, pid int, delay time.Duration) (redis.UniversalClient, *recorder) {
 	rdb := redis.NewClient(&redis.Options{Addr: addr, DialTimeout: time.Second})
 	r := newRecorder(rdb, pid)
 	rdb.AddHook(claimAudit{rdb: rdb, rec: r, delay: delay})

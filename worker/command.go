@@ -15,8 +15,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/envflag"
 	"github.com/goreactor/goreactor/internal/metricshttp"
@@ -39,7 +37,8 @@ import (
 // It reads its settings from the command line, each flag falling back to an
 // environment variable and then to its default:
 //
-//	-redis             REDIS_URL                   redis://localhost:6379/0
+//	-redis             REDIS_URL                   redis://localhost:6379/0 (one Redis)
+//	-redis-cluster     REDIS_CLUSTER_ADDRS         "" (a Redis Cluster's seeds: host:port,... or redis://...,...)
 //	-prefix            GOREACTOR_PREFIX            goreactor (your engines' Config.Prefix)
 //	-queue             GOREACTOR_QUEUE             goreactor (comma-separated name[:priority])
 //	-concurrency       GOREACTOR_CONCURRENCY       10
@@ -58,6 +57,12 @@ import (
 // (reactor.Config.Prefix, NewClient's queue) reads, so a client process and
 // its workers started in one environment agree without further settings
 // (docs/configuration.md).
+//
+// -redis-cluster names a Redis Cluster instead of one Redis: seed nodes as
+// host:port,... or as redis:// (rediss://) URLs, whose user, password and
+// TLS are every node's and whose db, if any, is 0. Naming a URL (-redis or
+// REDIS_URL) as well is a usage error: which of the two wins would be a
+// guess. At startup every master must answer with cluster_state:ok.
 //
 // The queues are read in one place for both sides of the worker: it serves
 // every queue listed, and its engine's Enqueuer (a Client: hand-offs,
@@ -85,9 +90,11 @@ import (
 // running ones, whose runs stay checkpointed and are delivered again if cut
 // short; a second signal during that wait kills the process.
 //
-// Exit status: 0 after a graceful stop (or -h, -version), 2 for a malformed flag or
-// environment variable, 1 for anything else, such as a Redis that does not
-// answer at startup (the message names the URL, password redacted).
+// Exit status: 0 after a graceful stop (or -h, -version), 2 for a
+// malformed flag or environment variable (a URL and cluster seeds both
+// named included), 1 for anything else, such as a Redis that does not
+// answer at startup (the message names the URL, password redacted) or a
+// cluster whose state is not ok.
 //
 // Use Run instead to embed the worker in a program of your own or to set
 // engine options (hooks, middleware, retention) that have no flag.
@@ -239,7 +246,7 @@ const pingTimeout = 5 * time.Second
 
 // settings are a worker process's parsed flags and environment.
 type settings struct {
-	redisURL        string
+	redis           *redisurl.Endpoint
 	prefix          string
 	queues          map[string]int
 	firstQueue      string
@@ -261,6 +268,7 @@ var errVersion = errors.New("worker: -version")
 func parseSettings(args []string, getenv func(string) string, stderr io.Writer) (settings, error) {
 	var (
 		cfg         settings
+		target      redisurl.Target
 		queues      string
 		level       string
 		showVersion bool
@@ -269,7 +277,7 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 
 	fs := flag.NewFlagSet("worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	envflag.Connection(fs, env, &cfg.redisURL, &cfg.prefix)
+	envflag.Connection(fs, env, &target, &cfg.prefix)
 	envflag.Queue(fs, env, &queues, "served by this process, the first is where it enqueues")
 	fs.IntVar(&cfg.concurrency, "concurrency", env.Int("GOREACTOR_CONCURRENCY", 10),
 		"tasks processed at once; env GOREACTOR_CONCURRENCY")
@@ -303,6 +311,9 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 	}
 
 	var err error
+	if cfg.redis, err = target.Parse(); err != nil {
+		return usage(err)
+	}
 	if cfg.queues, cfg.firstQueue, err = envconfig.ParseQueues(queues); err != nil {
 		return usage(fmt.Errorf("-queue: %w", err))
 	}
@@ -328,7 +339,7 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 
 // serve runs the worker (and the sweeper) until ctx ends, then shuts down.
 func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) error {
-	rdb, ropts, err := redisurl.Dial(ctx, cfg.redisURL, "-redis/REDIS_URL", pingTimeout)
+	rdb, err := cfg.redis.Dial(ctx, pingTimeout)
 	if err != nil {
 		return fmt.Errorf("worker: %w", err)
 	}
@@ -348,9 +359,9 @@ func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) er
 	}
 	if opts.Engine != nil {
 		opts.Engine(&ecfg)
-		if ecfg.Client != redis.UniversalClient(rdb) || ecfg.Prefix != cfg.prefix || ecfg.Enqueuer != reactor.Enqueuer(client) {
+		if ecfg.Client != rdb || ecfg.Prefix != cfg.prefix || ecfg.Enqueuer != reactor.Enqueuer(client) {
 			return errors.New("worker: Options.Engine changed the engine's Client, Prefix or Enqueuer: " +
-				"those come from -redis, -prefix and -queue (and their environment variables); set them there")
+				"those come from -redis (or -redis-cluster), -prefix and -queue (and their environment variables); set them there")
 		}
 	}
 	var m *metrics.Metrics
@@ -393,7 +404,7 @@ func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) er
 	}
 	sort.Strings(names)
 	log.Info("worker started", "event", "worker.started",
-		"redis", ropts.Addr, "db", ropts.DB, "prefix", cfg.prefix, "queues", strings.Join(names, ","),
+		"redis", cfg.redis.Addr(), "db", cfg.redis.DB(), "cluster", cfg.redis.IsCluster(), "prefix", cfg.prefix, "queues", strings.Join(names, ","),
 		"enqueue_queue", cfg.firstQueue, "concurrency", cfg.concurrency, "lock_expiry", cfg.lockExpiry.String(),
 		"sweep_interval", cfg.sweepInterval.String(), "stale_after", cfg.staleAfter.String(), "reactors", engine.Names())
 

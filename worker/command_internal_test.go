@@ -21,7 +21,7 @@ func TestParseSettingsDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.redisURL != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.firstQueue != "goreactor" ||
+	if cfg.redis.String() != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.firstQueue != "goreactor" ||
 		!maps.Equal(cfg.queues, map[string]int{"goreactor": 1}) || cfg.concurrency != 10 ||
 		cfg.lockExpiry != 3*time.Second || cfg.shutdownTimeout != 10*time.Second ||
 		cfg.logLevel != slog.LevelInfo || cfg.sweepInterval != time.Second || cfg.staleAfter != 2*time.Second {
@@ -53,7 +53,7 @@ func TestParseSettingsEnvThenFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.redisURL != "redis://r:6379/2" || cfg.prefix != "shop" || cfg.firstQueue != "critical" ||
+	if cfg.redis.String() != "redis://r:6379/2" || cfg.prefix != "shop" || cfg.firstQueue != "critical" ||
 		!maps.Equal(cfg.queues, map[string]int{"critical": 6, "goreactor": 3, "low": 1}) || cfg.concurrency != 4 ||
 		cfg.lockExpiry != 20*time.Second || cfg.shutdownTimeout != 30*time.Second ||
 		cfg.logLevel != slog.LevelDebug || cfg.sweepInterval != time.Minute || cfg.staleAfter != 30*time.Second {
@@ -63,9 +63,24 @@ func TestParseSettingsEnvThenFlags(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.redisURL != "redis://x:1/0" || cfg.firstQueue != "q" || len(cfg.queues) != 1 || cfg.concurrency != 2 ||
+	if cfg.redis.String() != "redis://x:1/0" || cfg.firstQueue != "q" || len(cfg.queues) != 1 || cfg.concurrency != 2 ||
 		cfg.logLevel != slog.LevelWarn || cfg.sweepInterval != 0 || cfg.prefix != "shop" {
 		t.Errorf("flags over env: %+v", cfg)
+	}
+	// Cluster seeds stand in for the default URL, from the environment or
+	// the command line.
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+	}{
+		{env: map[string]string{"REDIS_CLUSTER_ADDRS": "a:7000, b:7001"}},
+		{args: []string{"-redis-cluster", "a:7000,b:7001"}},
+		{args: []string{"-redis", "", "-redis-cluster", "a:7000,b:7001"}, env: map[string]string{"REDIS_URL": "redis://r:1/0"}},
+	} {
+		cfg, err := parseSettings(tc.args, envOf(tc.env), io.Discard)
+		if err != nil || !cfg.redis.IsCluster() || cfg.redis.Addr() != "a:7000,b:7001" {
+			t.Errorf("%v %v: cluster %v at %q, err %v", tc.args, tc.env, err == nil && cfg.redis.IsCluster(), cfg.redis, err)
+		}
 	}
 }
 
@@ -91,10 +106,17 @@ func TestParseSettingsRejects(t *testing.T) {
 		{args: []string{"extra"}, want: "unexpected"},
 		{env: map[string]string{"GOREACTOR_SWEEP_INTERVAL": "often"}, want: "GOREACTOR_SWEEP_INTERVAL"},
 		{env: map[string]string{"GOREACTOR_CONCURRENCY": "many"}, want: "GOREACTOR_CONCURRENCY"},
+		{args: []string{"-redis", "localhost:6379"}, want: "-redis localhost:6379"},
+		{env: map[string]string{"REDIS_URL": "redis://:pw@r:1/0", "REDIS_CLUSTER_ADDRS": "a:1,b:2"}, want: "ambiguous"},
+		{args: []string{"-redis-cluster", "a:1"}, env: map[string]string{"REDIS_URL": "redis://r:1/0"}, want: "ambiguous"},
+		{args: []string{"-redis", "redis://r:1/0", "-redis-cluster", "a:1"}, want: "ambiguous"},
+		{env: map[string]string{"REDIS_CLUSTER_ADDRS": "redis://a:1/3"}, want: "only db 0"},
+		{args: []string{"-redis-cluster", "a:1,redis://b:2"}, want: "mixes URLs"},
 	} {
 		_, err := parseSettings(tc.args, envOf(tc.env), io.Discard)
 		var usage *UsageError
-		if !errors.As(err, &usage) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "-h") {
+		if !errors.As(err, &usage) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "-h") ||
+			strings.Contains(err.Error(), ":pw@") {
 			t.Errorf("%v %v: error %v, want a *UsageError mentioning %q and -h", tc.args, tc.env, err, tc.want)
 		}
 	}
@@ -102,7 +124,7 @@ func TestParseSettingsRejects(t *testing.T) {
 	if _, err := parseSettings([]string{"-h"}, envOf(nil), &out); !errors.Is(err, flag.ErrHelp) {
 		t.Errorf("-h: error %v, want flag.ErrHelp", err)
 	}
-	for _, name := range []string{"-redis", "-prefix", "-queue", "-concurrency", "-lock-expiry", "-shutdown-timeout", "-log-level", "-sweep-interval", "-stale-after", "REDIS_URL"} {
+	for _, name := range []string{"-redis", "-redis-cluster", "-prefix", "-queue", "-concurrency", "-lock-expiry", "-shutdown-timeout", "-log-level", "-sweep-interval", "-stale-after", "REDIS_URL", "REDIS_CLUSTER_ADDRS"} {
 		if !strings.Contains(out.String(), name) {
 			t.Errorf("-h does not mention %s:\n%s", name, out.String())
 		}

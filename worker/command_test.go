@@ -20,12 +20,29 @@ import (
 	"github.com/goreactor/goreactor/worker"
 )
 
-// redisURL is the URL of the tests' shared Redis.
-func redisURL() string {
-	if url := os.Getenv("REDIS_URL"); url != "" {
-		return url
+// redisArgs name the tests' shared Redis to Run: -redis-cluster and its
+// seeds when the tests share a cluster (GOREACTOR_TEST_CLUSTER), else
+// -redis and its URL.
+func redisArgs() []string {
+	if seeds := redistest.ClusterAddrs(); seeds != nil {
+		return []string{"-redis-cluster", strings.Join(seeds, ",")}
 	}
-	return "redis://" + redistest.Addr() + "/0"
+	if url := os.Getenv("REDIS_URL"); url != "" {
+		return []string{"-redis", url}
+	}
+	return []string{"-redis", "redis://" + redistest.Addr() + "/0"}
+}
+
+// redisEnv is redisArgs as the environment variable of a worker process:
+// REDIS_CLUSTER_ADDRS or REDIS_URL.
+func redisEnv() string {
+	if seeds := redistest.ClusterAddrs(); seeds != nil {
+		return "REDIS_CLUSTER_ADDRS=" + strings.Join(seeds, ",")
+	}
+	if url := os.Getenv("REDIS_URL"); url != "" {
+		return "REDIS_URL=" + url
+	}
+	return "REDIS_URL=redis://" + redistest.Addr() + "/0"
 }
 
 // noEnv is an empty environment, so the developer's GOREACTOR_* variables
@@ -54,7 +71,7 @@ func TestRunServesASagaEndToEnd(t *testing.T) {
 	go func() {
 		ran <- worker.Run(ctx, worker.Options{
 			Definitions: []*reactor.Definition{def},
-			Args:        []string{"-redis", redisURL(), "-prefix", prefix, "-queue", queue + ":2", "-sweep-interval", "50ms", "-shutdown-timeout", "5s"},
+			Args:        append(redisArgs(), "-prefix", prefix, "-queue", queue+":2", "-sweep-interval", "50ms", "-shutdown-timeout", "5s"),
 			Getenv:      noEnv,
 			Stderr:      logs,
 			Engine:      func(c *reactor.Config) { c.Hooks = append(c.Hooks, events.hook("worker")) },
@@ -140,7 +157,7 @@ func TestRunRefuses(t *testing.T) {
 	require.False(t, errors.As(err, &usage), "a Redis that does not answer is not a usage error")
 
 	err = run(worker.Options{
-		Args:   []string{"-redis", redisURL(), "-prefix", redistest.Prefix(t), "-queue", redistest.Queue(t)},
+		Args:   append(redisArgs(), "-prefix", redistest.Prefix(t), "-queue", redistest.Queue(t)),
 		Engine: func(c *reactor.Config) { c.Prefix = "elsewhere" },
 	})
 	require.ErrorContains(t, err, "Options.Engine changed")

@@ -59,8 +59,8 @@ func TestMetricsServedByARunWorker(t *testing.T) {
 	go func() {
 		ran <- worker.Run(ctx, worker.Options{
 			Definitions: []*reactor.Definition{owner, element},
-			Args: []string{"-redis", redisURL(), "-prefix", prefix, "-queue", queue, "-metrics-addr", "127.0.0.1:0",
-				"-sweep-interval", "20ms", "-shutdown-timeout", "5s"},
+			Args: append(redisArgs(), "-prefix", prefix, "-queue", queue, "-metrics-addr", "127.0.0.1:0",
+				"-sweep-interval", "20ms", "-shutdown-timeout", "5s"),
 			Getenv: noEnv,
 			Stderr: logs,
 		})

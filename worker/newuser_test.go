@@ -73,7 +73,7 @@ func TestNewUserOnACustomPrefixAndQueue(t *testing.T) {
 
 	// The worker process: worker.Main with its defaults and that
 	// environment.
-	w := startWorkerProcess(t, "REDIS_URL="+redisURL(), "GOREACTOR_PREFIX="+prefix, "GOREACTOR_QUEUE="+queue)
+	w := startWorkerProcess(t, redisEnv(), "GOREACTOR_PREFIX="+prefix, "GOREACTOR_QUEUE="+queue)
 
 	// The client process's code names neither.
 	api, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Logger: discard, Enqueuer: worker.NewClient(rdb, "")})

@@ -105,7 +105,10 @@ func startWorkerProcess(t *testing.T, env ...string) *workerProcess {
 	t.Helper()
 	cmd := exec.Command(os.Args[0])
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "REDIS_URL=") && !strings.HasPrefix(kv, "GOREACTOR_") {
+		// GOREACTOR_TEST_CLUSTER is the tests', not a setting of Main: the
+		// steps of the process use it to reach the cluster.
+		if !strings.HasPrefix(kv, "REDIS_URL=") && !strings.HasPrefix(kv, "REDIS_CLUSTER_ADDRS=") &&
+			(!strings.HasPrefix(kv, "GOREACTOR_") || strings.HasPrefix(kv, redistest.EnvCluster+"=")) {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
@@ -154,7 +157,7 @@ func TestKilledWorkersRunIsRecoveredByDefault(t *testing.T) {
 	t.Parallel()
 	rdb := redistest.Client(t)
 	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
-	env := []string{"REDIS_URL=" + redisURL(), "GOREACTOR_PREFIX=" + prefix, "GOREACTOR_QUEUE=" + queue}
+	env := []string{redisEnv(), "GOREACTOR_PREFIX=" + prefix, "GOREACTOR_QUEUE=" + queue}
 	ctx := ctxTimeout(t)
 	api, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: prefix, Logger: discard,
 		Enqueuer: worker.NewClient(rdb, queue)})

@@ -8,14 +8,15 @@
 //
 // Every flag falls back to an environment variable, then to its default:
 //
-//	-addr       GOREACTOR_DASHBOARD_ADDR  127.0.0.1:8080 (loopback: put a proxy in front to expose it)
-//	-redis      REDIS_URL                 redis://localhost:6379/0
-//	-prefix     GOREACTOR_PREFIX          goreactor
-//	-queue      GOREACTOR_QUEUE           goreactor (the workers' queue list, name[:priority],...)
-//	-queues     GOREACTOR_QUEUES          "" (the queues /api/stats reports: the -queue list; "*" for
-//	                                          every asynq queue in the Redis)
-//	-log-level  GOREACTOR_LOG_LEVEL       info
-//	-version                              print "goreactor <version>" and exit
+//	-addr           GOREACTOR_DASHBOARD_ADDR  127.0.0.1:8080 (loopback: put a proxy in front to expose it)
+//	-redis          REDIS_URL                 redis://localhost:6379/0 (one Redis)
+//	-redis-cluster  REDIS_CLUSTER_ADDRS       "" (a Redis Cluster's seeds; not with -redis: see worker.Main)
+//	-prefix         GOREACTOR_PREFIX          goreactor
+//	-queue          GOREACTOR_QUEUE           goreactor (the workers' queue list, name[:priority],...)
+//	-queues         GOREACTOR_QUEUES          "" (the queues /api/stats reports: the -queue list; "*" for
+//	                                              every asynq queue in the Redis)
+//	-log-level      GOREACTOR_LOG_LEVEL       info
+//	-version                                  print "goreactor <version>" and exit
 //
 // -prefix and -queue are the one configuration every goreactor binary and
 // library default reads (docs/configuration.md): the dashboard started in
@@ -37,7 +38,9 @@
 //
 // SIGTERM or SIGINT stops accepting connections and lets the requests in
 // progress finish (up to 10 s). Exit status: 0, 1 when Redis does not answer
-// at startup or the address cannot be listened on, 2 for a bad command line.
+// at startup (or a cluster's state is not ok) or the address cannot be
+// listened on, 2 for a bad command line (a URL and cluster seeds both
+// named included).
 package main
 
 import (
@@ -74,11 +77,11 @@ const (
 )
 
 type config struct {
-	addr     string
-	redisURL string
-	prefix   string
-	queues   []string // what /api/stats reports
-	control  string   // the first of -queue: actions on runs without a queue
+	addr    string
+	redis   *redisurl.Endpoint
+	prefix  string
+	queues  []string // what /api/stats reports
+	control string   // the first of -queue: actions on runs without a queue
 	// deprecated names the deprecated settings used, for a warning.
 	deprecated []string
 	token      string
@@ -89,6 +92,7 @@ type config struct {
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	var (
 		cfg                          config
+		target                       redisurl.Target
 		level, queues, queue, legacy string
 	)
 	env := envflag.New(getenv)
@@ -96,7 +100,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.SetOutput(stderr)
 	fs.StringVar(&cfg.addr, "addr", env.String("GOREACTOR_DASHBOARD_ADDR", "127.0.0.1:8080"),
 		"host:port to serve on (loopback by default); env GOREACTOR_DASHBOARD_ADDR")
-	envflag.Connection(fs, env, &cfg.redisURL, &cfg.prefix)
+	envflag.Connection(fs, env, &target, &cfg.prefix)
 	envflag.Queue(fs, env, &queue, "the workers'; actions on runs that recorded no queue go to the first")
 	fs.StringVar(&queues, "queues", env.String("GOREACTOR_QUEUES", ""),
 		"comma-separated asynq queues /api/stats reports; empty: the -queue list; \"*\": every queue in the Redis; env GOREACTOR_QUEUES")
@@ -118,6 +122,10 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	if err := cfg.logLevel.UnmarshalText([]byte(level)); err != nil {
 		return cfg, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
+	}
+	var err error
+	if cfg.redis, err = target.Parse(); err != nil {
+		return cfg, err
 	}
 	// The deprecated -control-queue and GOREACTOR_CONTROL_QUEUE count only
 	// where -queue and GOREACTOR_QUEUE are not set.
@@ -193,7 +201,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 // serve serves the dashboard until ctx ends, then shuts the server down
 // gracefully. ready, if set, receives the address listened on.
 func serve(ctx context.Context, cfg config, log *slog.Logger, ready chan<- string) error {
-	rdb, opts, err := redisurl.Dial(ctx, cfg.redisURL, "-redis/REDIS_URL", pingTimeout)
+	rdb, err := cfg.redis.Dial(ctx, pingTimeout)
 	if err != nil {
 		return err
 	}
@@ -209,7 +217,8 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, ready chan<- strin
 	}
 	srv := &http.Server{Handler: h, ReadHeaderTimeout: 5 * time.Second, ReadTimeout: 30 * time.Second,
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute}
-	log.Info("dashboard started", "event", "dashboard.started", "addr", ln.Addr().String(), "redis", opts.Addr, "db", opts.DB,
+	log.Info("dashboard started", "event", "dashboard.started", "addr", ln.Addr().String(), "redis", cfg.redis.Addr(), "db", cfg.redis.DB(),
+		"cluster", cfg.redis.IsCluster(),
 		"prefix", cfg.prefix, "queue", cfg.control, "stats_queues", strings.Join(cfg.queues, ","), "actions", cfg.token != "")
 	if cfg.token == "" {
 		log.Info("dashboard actions are disabled: set GOREACTOR_DASHBOARD_TOKEN to enable undo, cancel and retry", "event", "dashboard.actions_disabled")

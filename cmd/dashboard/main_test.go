@@ -26,7 +26,7 @@ func TestParseConfig(t *testing.T) {
 	cfg, err := parseConfig(nil, env(nil), io.Discard)
 	require.NoError(t, err)
 	require.Equal(t, "127.0.0.1:8080", cfg.addr, "loopback by default")
-	require.Equal(t, "redis://localhost:6379/0", cfg.redisURL)
+	require.Equal(t, "redis://localhost:6379/0", cfg.redis.String())
 	require.Equal(t, "goreactor", cfg.prefix)
 	require.Empty(t, cfg.token)
 	require.Equal(t, "goreactor", cfg.control)
@@ -40,9 +40,10 @@ func TestParseConfig(t *testing.T) {
 	require.Equal(t, []string{"a", "b"}, cfg.queues)
 	require.Equal(t, "tok", cfg.token)
 	require.Equal(t, "p", cfg.prefix)
-	require.Equal(t, "redis://r:1/2", cfg.redisURL)
+	require.Equal(t, "redis://r:1/2", cfg.redis.String())
 
-	for _, args := range [][]string{{"-queue", "a:x"}, {"-queue", " , "}, {"-queues", "*,a"}, {"-addr", "nohost"}, {"-log-level", "loud"}, {"-prefix", ""}, {"extra"}, {"-nope"}} {
+	for _, args := range [][]string{{"-queue", "a:x"}, {"-queue", " , "}, {"-queues", "*,a"}, {"-addr", "nohost"}, {"-log-level", "loud"}, {"-prefix", ""}, {"extra"}, {"-nope"},
+		{"-redis", "redis://r:1/0", "-redis-cluster", "a:1"}, {"-redis-cluster", "redis://a:1/2"}, {"-redis", "r:1"}} {
 		_, err := parseConfig(args, env(nil), io.Discard)
 		require.Error(t, err, "%q", args)
 	}

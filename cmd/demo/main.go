@@ -5,8 +5,10 @@
 //	go run ./cmd/demo
 //	go run ./cmd/demo -version   # prints "goreactor <version>"
 //
-// It uses the Redis named by REDIS_URL, and fails if that does not answer;
-// with REDIS_URL unset, one on 127.0.0.1:6379, else an embedded in-process
+// It uses the Redis named by -redis or REDIS_URL, or the Redis Cluster
+// whose seeds -redis-cluster or REDIS_CLUSTER_ADDRS lists (host:port,...
+// or redis://...,...; see worker.Main), and fails if that does not answer;
+// with neither set, one on 127.0.0.1:6379, else an embedded in-process
 // Redis (miniredis), and says which. GOREACTOR_EMBEDDED=1 forces the
 // embedded one. Its keys and queue
 // carry a random suffix, and are deleted from a real Redis at exit. It exits
@@ -33,6 +35,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/examples"
+	"github.com/goreactor/goreactor/internal/envflag"
+	"github.com/goreactor/goreactor/internal/redisnode"
 	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/internal/version"
 	"github.com/goreactor/goreactor/mapstep"
@@ -45,10 +49,13 @@ func main() {
 }
 
 // mainStatus is main up to its exit status: 0, 1 when the demo failed, 2
-// for a bad command line. Its only flag is -version.
+// for a bad command line. Its flags are -redis, -redis-cluster and
+// -version.
 func mainStatus(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	var target redisurl.Target
+	envflag.Redis(fs, envflag.New(os.Getenv), &target, "")
 	showVersion := fs.Bool("version", false, "print goreactor's version and exit")
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
 		return 0
@@ -63,7 +70,7 @@ func mainStatus(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stdout, version.Line())
 		return 0
 	}
-	if err := run(); err != nil {
+	if err := run(target); err != nil {
 		fmt.Fprintf(stderr, "\ndemo FAILED: %v\n", err)
 		return 1
 	}
@@ -82,7 +89,8 @@ const (
 	localAddr    = "127.0.0.1:6379"
 )
 
-func run() error {
+// run is the demo on the Redis target names (when it names one).
+func run(target redisurl.Target) (err error) {
 	began := time.Now()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
@@ -100,7 +108,7 @@ func run() error {
 	})
 	slog.SetDefault(logger)
 
-	conn, err := connect(ctx)
+	conn, err := connect(ctx, target)
 	if err != nil {
 		return err
 	}
@@ -110,7 +118,11 @@ func run() error {
 	id := reactor.NewRunID()[:8]
 	prefix, queue := "goreactor-demo:"+id, "goreactor-demo-"+id
 	if !conn.embedded {
-		defer cleanup(rdb, prefix, queue)
+		defer func() {
+			if cerr := cleanup(rdb, prefix, queue); cerr != nil {
+				err = errors.Join(err, fmt.Errorf("delete the demo's keys (prefix %s, queue %s): %w", prefix, queue, cerr))
+			}
+		}()
 	}
 
 	fmt.Println("goreactor demo")
@@ -414,29 +426,33 @@ func printRollbacks(ctx context.Context, engine *reactor.Engine, id string, want
 
 // conn is the Redis the demo uses.
 type conn struct {
-	rdb      *redis.Client
+	rdb      redis.UniversalClient
 	desc     string
 	embedded bool
 	close    func()
 }
 
-// connect picks the Redis: the one REDIS_URL names, which must answer
-// (an explicit Redis that does not is an error, never a reason to run
-// somewhere else); with REDIS_URL unset, 127.0.0.1:6379 if it answers within
-// 300 ms, else an embedded miniredis. GOREACTOR_EMBEDDED=1 goes straight to
-// the embedded one.
-func connect(ctx context.Context) (*conn, error) {
+// connect picks the Redis: the one target names (a URL or a cluster's
+// seeds), which must answer (an explicit Redis that does not is an error,
+// never a reason to run somewhere else); with none named, 127.0.0.1:6379
+// if it answers within 300 ms, else an embedded miniredis.
+// GOREACTOR_EMBEDDED=1 goes straight to the embedded one.
+func connect(ctx context.Context, target redisurl.Target) (*conn, error) {
 	if forced, _ := strconv.ParseBool(os.Getenv("GOREACTOR_EMBEDDED")); forced {
 		return embedded("GOREACTOR_EMBEDDED=1")
 	}
 	// Probes that fail are expected here; keep go-redis from logging them.
 	redis.SetLogger(quietLogger{})
-	if u := os.Getenv("REDIS_URL"); u != "" {
-		c, opts, err := redisurl.Dial(ctx, u, "REDIS_URL", urlTimeout)
+	if target.Named() {
+		c, e, err := redisurl.Dial(ctx, target, urlTimeout)
 		if err != nil {
-			return nil, fmt.Errorf("%w (unset REDIS_URL to use 127.0.0.1:6379 or an embedded Redis)", err)
+			return nil, fmt.Errorf("%w (name no Redis to use 127.0.0.1:6379 or an embedded one)", err)
 		}
-		return &conn{rdb: c, desc: "REDIS_URL (" + opts.Addr + ")", close: func() { _ = c.Close() }}, nil
+		from, what := target.URLFrom, ""
+		if e.IsCluster() {
+			from, what = target.ClusterFrom, "Redis Cluster, seeds "
+		}
+		return &conn{rdb: c, desc: fmt.Sprintf("%s (%s%s)", from, what, e.Addr()), close: func() { _ = c.Close() }}, nil
 	}
 	if c, err := dial(ctx, &redis.Options{Addr: localAddr}, localTimeout); err == nil {
 		return &conn{rdb: c, desc: "using the local Redis at " + localAddr, close: func() { _ = c.Close() }}, nil
@@ -498,22 +514,15 @@ func embedded(why string) (*conn, error) {
 	}, nil
 }
 
-// cleanup deletes the demo's keys from a real Redis: its runs and indexes,
-// and its asynq queue.
-func cleanup(rdb *redis.Client, prefix, queue string) {
+// cleanup deletes the demo's keys from a real Redis, on every master of a
+// cluster: its runs and indexes, and its asynq queue.
+func cleanup(rdb redis.UniversalClient, prefix, queue string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	for _, pattern := range []string{prefix + ":*", "asynq:{" + queue + "}:*"} {
-		iter := rdb.Scan(ctx, 0, pattern, 500).Iterator()
-		var batch []string
-		for iter.Next(ctx) {
-			batch = append(batch, iter.Val())
-		}
-		if len(batch) > 0 {
-			_ = rdb.Unlink(ctx, batch...).Err()
-		}
+	if _, err := redisnode.Unlink(ctx, rdb, prefix+":*", "asynq:{"+queue+"}:*"); err != nil {
+		return err
 	}
-	_ = rdb.SRem(ctx, "asynq:queues", queue).Err()
+	return rdb.SRem(ctx, "asynq:queues", queue).Err()
 }
 
 // countingHandler counts the records it handles.

@@ -11,6 +11,7 @@ import (
 
 	"go.uber.org/goleak"
 
+	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/internal/version"
 )
 
@@ -29,7 +30,7 @@ func TestMain(m *testing.M) {
 // CI also runs it against a real Redis.
 func TestDemoEmbedded(t *testing.T) {
 	t.Setenv("GOREACTOR_EMBEDDED", "1")
-	if err := run(); err != nil {
+	if err := run(redisurl.Target{}); err != nil {
 		t.Fatal(err)
 	}
 }

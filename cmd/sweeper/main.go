@@ -8,7 +8,8 @@
 //
 // Every flag falls back to an environment variable, then to its default:
 //
-//	-redis         REDIS_URL                   redis://localhost:6379/0
+//	-redis         REDIS_URL                   redis://localhost:6379/0 (one Redis)
+//	-redis-cluster REDIS_CLUSTER_ADDRS         "" (a Redis Cluster's seeds; not with -redis: see worker.Main)
 //	-prefix        GOREACTOR_PREFIX            goreactor
 //	-queue         GOREACTOR_QUEUE             goreactor (the workers' queue list; the first is swept)
 //	-interval      GOREACTOR_SWEEP_INTERVAL    10s
@@ -40,8 +41,9 @@
 // or SIGINT lets the pass in progress finish and exits; a second signal
 // cuts it short (every recovery step is idempotent, so that is safe too).
 //
-// Exit status: 0, or 1 when Redis does not answer at startup or a -once pass
-// had errors, or 2 for a bad command line.
+// Exit status: 0, or 1 when Redis does not answer at startup (or a
+// cluster's state is not ok) or a -once pass had errors, or 2 for a bad
+// command line (a URL and cluster seeds both named included).
 package main
 
 import (
@@ -75,7 +77,7 @@ func main() {
 const pingTimeout = 5 * time.Second
 
 type config struct {
-	redisURL    string
+	redis       *redisurl.Endpoint
 	prefix      string
 	queue       string
 	once        bool
@@ -94,13 +96,14 @@ type config struct {
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
 	var (
 		cfg           config
+		target        redisurl.Target
 		level, queues string
 	)
 	env := envflag.New(getenv)
 
 	fs := flag.NewFlagSet("sweeper", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	envflag.Connection(fs, env, &cfg.redisURL, &cfg.prefix)
+	envflag.Connection(fs, env, &target, &cfg.prefix)
 	envflag.Queue(fs, env, &queues, "the workers' queues; the sweeper inspects and enqueues on the first")
 	fs.BoolVar(&cfg.once, "once", false, "run one pass and exit (for a cron job)")
 	fs.DurationVar(&cfg.interval, "interval", env.Duration("GOREACTOR_SWEEP_INTERVAL", 10*time.Second),
@@ -135,6 +138,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		return cfg, fmt.Errorf("-log-level %q: want debug, info, warn or error", level)
 	}
 	var err error
+	if cfg.redis, err = target.Parse(); err != nil {
+		return cfg, err
+	}
 	if _, cfg.queue, err = envconfig.ParseQueues(queues); err != nil {
 		return cfg, fmt.Errorf("-queue: %w", err)
 	}
@@ -202,7 +208,7 @@ func run(args []string, getenv func(string) string, stdout, stderr io.Writer) in
 }
 
 func serve(loop, pass context.Context, cfg config, log *slog.Logger) error {
-	rdb, opts, err := redisurl.Dial(pass, cfg.redisURL, "-redis/REDIS_URL", pingTimeout)
+	rdb, err := cfg.redis.Dial(pass, pingTimeout)
 	if err != nil {
 		return err
 	}
@@ -223,7 +229,8 @@ func serve(loop, pass context.Context, cfg config, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	log.Info("sweeper started", "event", "sweeper.started", "redis", opts.Addr, "db", opts.DB, "prefix", cfg.prefix,
+	log.Info("sweeper started", "event", "sweeper.started", "redis", cfg.redis.Addr(), "db", cfg.redis.DB(),
+		"cluster", cfg.redis.IsCluster(), "prefix", cfg.prefix,
 		"queue", cfg.queue, "once", cfg.once, "interval", cfg.interval.String(), "stale_after", cfg.staleAfter.String(),
 		"retention", cfg.retention.String())
 

@@ -40,7 +40,7 @@ func TestParseConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cfg.redisURL != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.queue != "goreactor" || cfg.once ||
+	if cfg.redis.String() != "redis://localhost:6379/0" || cfg.prefix != "goreactor" || cfg.queue != "goreactor" || cfg.once ||
 		cfg.interval != 10*time.Second || cfg.staleAfter != 10*time.Second || cfg.runPage != 200 || cfg.mapPage != 100 ||
 		cfg.leaderTTL != 30*time.Second || cfg.metricsAddr != "" || cfg.trimPage != 100 || cfg.retention != 7*24*time.Hour {
 		t.Fatalf("defaults: %+v", cfg)
@@ -64,7 +64,7 @@ func TestParseConfig(t *testing.T) {
 	if cfg, err = parseConfig([]string{"-queue", "billing"}, envOf(map[string]string{"GOREACTOR_QUEUE": "critical"}), io.Discard); err != nil || cfg.queue != "billing" {
 		t.Fatalf("-queue over GOREACTOR_QUEUE: queue %q, err %v", cfg.queue, err)
 	}
-	for _, bad := range [][]string{{"-queue", "a:x"}, {"-queue", " , "}, {"-interval", "0s"}, {"-stale-after", "-1s"}, {"-map-page", "0"}, {"-trim-page", "0"}, {"-retention", "0s"}, {"-leader-ttl", "10ms"}, {"-prefix", ""}, {"extra"}} {
+	for _, bad := range [][]string{{"-queue", "a:x"}, {"-queue", " , "}, {"-interval", "0s"}, {"-stale-after", "-1s"}, {"-map-page", "0"}, {"-trim-page", "0"}, {"-retention", "0s"}, {"-leader-ttl", "10ms"}, {"-prefix", ""}, {"extra"}, {"-redis-cluster", "redis://a:1/2"}, {"-redis", "r:1"}} {
 		if _, err := parseConfig(bad, envOf(nil), io.Discard); err == nil {
 			t.Errorf("%q: accepted", bad)
 		}

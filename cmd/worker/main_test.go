@@ -37,12 +37,13 @@ func TestMain(m *testing.M) {
 
 // command returns the worker binary (this test binary running main) with
 // args and an environment of env alone, apart from what a process needs
-// (the developer's REDIS_URL and GOREACTOR_* do not reach it).
+// (the developer's REDIS_URL, REDIS_CLUSTER_ADDRS and GOREACTOR_* do not
+// reach it).
 func command(t *testing.T, args []string, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.CommandContext(t.Context(), os.Args[0], args...)
 	for _, kv := range os.Environ() {
-		if !strings.HasPrefix(kv, "REDIS_URL=") && !strings.HasPrefix(kv, "GOREACTOR_") {
+		if !strings.HasPrefix(kv, "REDIS_URL=") && !strings.HasPrefix(kv, "REDIS_CLUSTER_ADDRS=") && !strings.HasPrefix(kv, "GOREACTOR_") {
 			cmd.Env = append(cmd.Env, kv)
 		}
 	}
@@ -79,7 +80,8 @@ func redisURL() string {
 func TestExitStatus(t *testing.T) {
 	t.Parallel()
 	code, out := exitCode(t, command(t, []string{"-h"}))
-	if code != 0 || !strings.Contains(out, "-sweep-interval") || !strings.Contains(out, "GOREACTOR_QUEUE") {
+	if code != 0 || !strings.Contains(out, "-sweep-interval") || !strings.Contains(out, "GOREACTOR_QUEUE") ||
+		!strings.Contains(out, "-redis-cluster") || !strings.Contains(out, "REDIS_CLUSTER_ADDRS") {
 		t.Errorf("-h: exit %d, output:\n%s", code, out)
 	}
 	// -version: its line alone, whatever the environment holds, no Redis.
@@ -95,6 +97,8 @@ func TestExitStatus(t *testing.T) {
 		{args: []string{"-concurrency", "0"}, want: "-concurrency 0: must be at least 1"},
 		{args: []string{"-queue", "a:x"}, want: "priority"},
 		{env: []string{"GOREACTOR_LOCK_EXPIRY=long"}, want: `GOREACTOR_LOCK_EXPIRY="long": not a duration`},
+		{args: []string{"-redis-cluster", "127.0.0.1:1"}, env: []string{"REDIS_URL=redis://:pw@127.0.0.1:1/0"},
+			want: "REDIS_URL redis://:xxxxx@127.0.0.1:1/0 and -redis-cluster 127.0.0.1:1 are both set: which one wins is ambiguous"},
 	} {
 		if code, out := exitCode(t, command(t, tc.args, tc.env...)); code != 2 || !strings.Contains(out, tc.want) {
 			t.Errorf("%v %v: exit %d, want 2 and %q; output:\n%s", tc.args, tc.env, code, tc.want, out)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/redisurl"
 )
 
 // Env reads defaults from an environment (os.Getenv, or a map in tests).
@@ -63,14 +64,52 @@ func (e *Env) Duration(name string, def time.Duration) time.Duration {
 // Err returns the malformed values met so far, joined, or nil.
 func (e *Env) Err() error { return errors.Join(e.errs...) }
 
-// Connection declares the flags every goreactor binary shares, -redis and
-// -prefix, each defaulting to its environment variable (REDIS_URL,
-// GOREACTOR_PREFIX) and then to the local Redis and the default prefix.
-func Connection(fs *flag.FlagSet, env *Env, redisURL, prefix *string) {
-	fs.StringVar(redisURL, "redis", env.String("REDIS_URL", "redis://localhost:6379/0"),
-		"Redis URL (redis://[user:password@]host:port/db, rediss:// for TLS); env REDIS_URL")
+// Connection declares the flags every goreactor binary shares: Redis's
+// (see Redis) and -prefix, defaulting to GOREACTOR_PREFIX and then to the
+// default prefix.
+func Connection(fs *flag.FlagSet, env *Env, target *redisurl.Target, prefix *string) {
+	Redis(fs, env, target, redisurl.DefaultURL)
 	fs.StringVar(prefix, "prefix", env.String(envconfig.PrefixVar, keys.DefaultPrefix),
 		"key prefix, the same as your engines' Config.Prefix; env "+envconfig.PrefixVar)
+}
+
+// Redis declares -redis and -redis-cluster, each defaulting to its
+// environment variable (REDIS_URL, REDIS_CLUSTER_ADDRS). target records
+// which of them named it, so that Target.Parse can refuse both; defURL
+// (redisurl.DefaultURL, or "" for a binary that looks for a Redis itself)
+// is the URL when neither does.
+func Redis(fs *flag.FlagSet, env *Env, target *redisurl.Target, defURL string) {
+	*target = redisurl.FromEnv(env.get, defURL)
+	fs.Var(named{&target.URL, &target.URLFrom, redisurl.URLFlag, redisurl.Redact}, redisurl.URLFlag[1:],
+		"one Redis, by `URL`: redis://[user:password@]host:port/db, rediss:// for TLS; env "+redisurl.URLVar)
+	fs.Var(named{&target.Cluster, &target.ClusterFrom, redisurl.ClusterFlag, redisurl.RedactList}, redisurl.ClusterFlag[1:],
+		"a Redis Cluster, by its `seeds`: host:port,... or redis://[user:password@]host:port,... (the user, password and TLS of every node); "+
+			"not with -redis or REDIS_URL; env "+redisurl.ClusterVar)
+}
+
+// named is a string flag that records, when it is set, the flag's name in
+// from: a value given on the command line wins over the environment's.
+type named struct {
+	val, from *string
+	name      string
+	redact    func(string) string
+}
+
+// String is the value with its passwords redacted: -h shows it as the
+// default when it comes from the environment.
+func (n named) String() string {
+	if n.val == nil || *n.val == "" { // nil: the zero value flag.PrintDefaults makes
+		return ""
+	}
+	return n.redact(*n.val)
+}
+
+func (n named) Set(s string) error {
+	*n.val, *n.from = s, n.name
+	if s == "" { // an empty flag, like an empty variable, names nothing
+		*n.from = ""
+	}
+	return nil
 }
 
 // Queue declares -queue, the queue list every goreactor binary reads

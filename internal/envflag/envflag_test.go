@@ -1,9 +1,12 @@
 package envflag
 
 import (
+	"flag"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/goreactor/goreactor/internal/redisurl"
 )
 
 func TestDefaultsValuesAndErrors(t *testing.T) {
@@ -33,5 +36,41 @@ func TestDefaultsValuesAndErrors(t *testing.T) {
 	err := e.Err()
 	if err == nil || !strings.Contains(err.Error(), `BADN="seven"`) || !strings.Contains(err.Error(), `BADD="soon"`) {
 		t.Fatalf("errors name both variables: %v", err)
+	}
+}
+
+// -redis and -redis-cluster default to their variables and record who
+// named the Redis; -h shows the defaults with their passwords redacted.
+func TestRedis(t *testing.T) {
+	env := map[string]string{"REDIS_URL": "redis://:pw@r:1/0", "REDIS_CLUSTER_ADDRS": "redis://:pw@a:1"}
+	var target redisurl.Target
+	fs := flag.NewFlagSet("t", flag.ContinueOnError)
+	var usage strings.Builder
+	fs.SetOutput(&usage)
+	Redis(fs, New(func(k string) string { return env[k] }), &target, redisurl.DefaultURL)
+	if target != (redisurl.Target{URL: "redis://:pw@r:1/0", URLFrom: "REDIS_URL", Cluster: "redis://:pw@a:1", ClusterFrom: "REDIS_CLUSTER_ADDRS"}) {
+		t.Fatalf("from env: %+v", target)
+	}
+	fs.PrintDefaults()
+	if strings.Contains(usage.String(), ":pw@") || !strings.Contains(usage.String(), "redis://:xxxxx@r:1/0") {
+		t.Errorf("-h shows a password, or no default:\n%s", usage.String())
+	}
+	if err := fs.Parse([]string{"-redis", ""}); err != nil {
+		t.Fatal(err)
+	}
+	if target.URLFrom != "" || !target.Named() { // the cluster still names one
+		t.Errorf("-redis \"\" still names a URL: %+v", target)
+	}
+
+	fs = flag.NewFlagSet("t", flag.ContinueOnError)
+	Redis(fs, New(func(k string) string { return env[k] }), &target, "")
+	if err := fs.Parse([]string{"-redis", "redis://x:2/0", "-redis-cluster", "b:2"}); err != nil {
+		t.Fatal(err)
+	}
+	if target != (redisurl.Target{URL: "redis://x:2/0", URLFrom: "-redis", Cluster: "b:2", ClusterFrom: "-redis-cluster"}) {
+		t.Errorf("flags over env: %+v", target)
+	}
+	if _, err := target.Parse(); err == nil || !strings.Contains(err.Error(), "ambiguous") {
+		t.Errorf("both named: %v", err)
 	}
 }

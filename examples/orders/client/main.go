@@ -3,12 +3,12 @@
 //
 //	client -item book -qty 2
 //
-// It reads REDIS_URL, GOREACTOR_PREFIX and GOREACTOR_QUEUE (one queue
-// name) as the worker does, with the same defaults.
+// It reads REDIS_URL (or REDIS_CLUSTER_ADDRS, a Redis Cluster's seeds),
+// GOREACTOR_PREFIX and GOREACTOR_QUEUE (one queue name) as the worker
+// does, with the same defaults.
 package main
 
 import (
-	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -17,9 +17,8 @@ import (
 	"os"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/goreactor/goreactor/examples/orders"
+	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -34,11 +33,13 @@ func main() {
 }
 
 func run(ctx context.Context, out io.Writer, item string, qty int) error {
-	opt, err := redis.ParseURL(cmp.Or(os.Getenv("REDIS_URL"), "redis://localhost:6379/0"))
+	// Any redis.UniversalClient will do (redis.NewClient, or
+	// redis.NewClusterClient for a Redis Cluster); this one is made from the
+	// variables the worker reads, the way worker.Main makes its own.
+	rdb, _, err := redisurl.Dial(ctx, redisurl.FromEnv(os.Getenv, redisurl.DefaultURL), 5*time.Second)
 	if err != nil {
 		return err
 	}
-	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 	queue := worker.NewClient(rdb, os.Getenv("GOREACTOR_QUEUE")) // "": queue goreactor
 	defer queue.Close()

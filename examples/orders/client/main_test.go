@@ -6,6 +6,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"testing"
 
@@ -24,7 +25,12 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // worker program's one definition served by worker.Run (what worker.Main
 // runs, without the process around it), and the client's run.
 func TestFirstService(t *testing.T) {
-	t.Setenv("REDIS_URL", cmp.Or(os.Getenv("REDIS_URL"), "redis://"+redistest.Addr()))
+	if seeds := redistest.ClusterAddrs(); seeds != nil { // the tests share a cluster
+		t.Setenv("REDIS_URL", "")
+		t.Setenv("REDIS_CLUSTER_ADDRS", strings.Join(seeds, ","))
+	} else {
+		t.Setenv("REDIS_URL", cmp.Or(os.Getenv("REDIS_URL"), "redis://"+redistest.Addr()))
+	}
 	t.Setenv("GOREACTOR_PREFIX", redistest.Prefix(t))
 	t.Setenv("GOREACTOR_QUEUE", redistest.Queue(t))
 	// The steps log through slog's default logger, as worker.Main makes it.
