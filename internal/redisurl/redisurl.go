@@ -23,6 +23,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/redisnode"
 )
 
@@ -204,6 +205,9 @@ func (e *Endpoint) NewClient(p Pool) redis.UniversalClient {
 		o := *e.cluster
 		o.PoolSize, o.MinIdleConns = cmp.Or(p.Size, o.PoolSize), cmp.Or(p.MinIdle, o.MinIdleConns)
 		o.ClientName, o.DialTimeout = cmp.Or(p.Name, o.ClientName), cmp.Or(p.DialTimeout, o.DialTimeout)
+		// Enough retries of a refused command (TRYAGAIN while a slot
+		// moves) to ride out a migration: see reactor.Config.Client.
+		o.MaxRedirects = max(o.MaxRedirects, engine.MinClusterRedirects)
 		return redis.NewClusterClient(&o)
 	}
 	o := *e.single

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/redistest"
 )
 
@@ -143,6 +144,8 @@ func TestCluster(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		require.True(t, e.IsCluster())
 		require.IsType(t, &redis.ClusterClient{}, c)
+		require.GreaterOrEqual(t, c.(*redis.ClusterClient).Options().MaxRedirects, engine.MinClusterRedirects,
+			"enough retries to ride out a slot migration")
 		return c
 	}
 	t.Run("host:port seeds", func(t *testing.T) {
