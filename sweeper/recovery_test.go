@@ -166,9 +166,13 @@ func (w *readyWriter) Write(b []byte) (int, error) {
 // def, on the parent's Redis, prefix and queue, every other setting at its
 // default, until the parent goes away.
 func serveMain(def *reactor.Definition) error {
-	url := os.Getenv("REDIS_URL")
-	if url == "" {
-		url = "redis://" + os.Getenv(envRedisAddr) + "/0"
+	// The parent's Redis: its cluster under make test-cluster, else its node.
+	redisArgs := []string{"-redis", "redis://" + os.Getenv(envRedisAddr) + "/0"}
+	if url := os.Getenv("REDIS_URL"); url != "" {
+		redisArgs[1] = url
+	}
+	if seeds := redistest.ClusterAddrs(); len(seeds) > 0 {
+		redisArgs = []string{"-redis-cluster", strings.Join(seeds, ",")}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -178,8 +182,8 @@ func serveMain(def *reactor.Definition) error {
 	}()
 	return worker.Run(ctx, worker.Options{
 		Definitions: []*reactor.Definition{def},
-		Args: []string{"-redis", url, "-prefix", os.Getenv(envPrefix), "-queue", os.Getenv(envQueue),
-			"-concurrency", os.Getenv(envConcurrency)},
+		Args: append(redisArgs, "-prefix", os.Getenv(envPrefix), "-queue", os.Getenv(envQueue),
+			"-concurrency", os.Getenv(envConcurrency)),
 		Getenv: func(string) string { return "" },
 		Stderr: io.MultiWriter(os.Stderr, &readyWriter{path: filepath.Join(os.Getenv(envMarkerDir), "ready")}),
 	})
