@@ -1,0 +1,218 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/internal/redistest"
+	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/worker"
+)
+
+const (
+	// failoverItems is the size of the map TestClusterFailoverMidRollback
+	// rolls back.
+	failoverItems = 300
+	// failoverBatch is that map's batch size.
+	failoverBatch = 20
+	// failoverRedone bounds how many elements may be undone twice: see
+	// TestClusterFailoverMidRollback.
+	failoverRedone = 2 * failoverBatch
+)
+
+// The master that serves a fan-out map's slot is killed while the map
+// rolls back; its replica is promoted and the run finishes: the owner
+// failed cleanly, every element undone, none left applied.
+//
+// Replication is asynchronous, so what the killed master acknowledged in
+// its last moments (an element's undo checkpoint, a settle of the map)
+// may be missing on the replica that takes over: the element is then
+// undone again. That is the promise without replica acknowledgements:
+// an undo runs at least once, and more than once only for the elements
+// whose checkpoints were in flight when the master died. Those are the
+// undos of the batches being worked on, at most a batch per worker slot
+// in the worst case, but in practice the replica is behind by a few
+// milliseconds of writes: failoverRedone (twice the batch size) leaves
+// room for a loaded CI machine without letting a lost map (every element
+// undone again) pass.
+func TestClusterFailoverMidRollback(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster with replicas and fails a master over")
+	}
+	t.Parallel()
+	cl := redistest.NewCluster(t, redistest.ClusterConfig{Replicas: 1, NodeTimeout: time.Second})
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cl.Addrs, MaxRedirects: reactor.MinClusterRedirects})
+	t.Cleanup(func() { _ = cc.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
+	masterOf := func(key string) string {
+		t.Helper()
+		m, err := cc.MasterForKey(ctx, key)
+		require.NoError(t, err)
+		return m.Options().Addr
+	}
+
+	// The failover is the map's: its master (the map's meta, its elements'
+	// states and locks, all under its hash tag) is killed, while the run,
+	// the task queue and the test's own counts live on the others. The
+	// run id is chosen so.
+	queueMaster := masterOf("asynq:{" + queue + "}:pending")
+	var runID, mapID, victim string
+	for i := 0; victim == ""; i++ {
+		runID = "failover-" + strconv.Itoa(i)
+		mapID = mapstep.MapID(runID, "each")
+		m := masterOf(prefix + ":{map:" + mapID + "}:meta")
+		if m != queueMaster && m != masterOf(prefix+":{run:"+runID+"}:ctx") {
+			victim = m
+		}
+	}
+	var counts string
+	for i := 0; counts == ""; i++ {
+		if k := prefix + ":{counts" + strconv.Itoa(i) + "}"; masterOf(k) != victim {
+			counts = k
+		}
+	}
+	require.Len(t, cl.ReplicasOf(victim), 1)
+	replica := cl.ReplicasOf(victim)[0]
+
+	items := make([]int, failoverItems)
+	for i := range items {
+		items[i] = i
+	}
+	count := func(ctx context.Context, what string, n int) error {
+		return cc.HIncrBy(context.WithoutCancel(ctx), counts, what+":"+strconv.Itoa(n), 1).Err()
+	}
+	elem := reactor.MustDefine("failover_el",
+		reactor.Input[int]("item", reactor.Required()),
+		reactor.Step("a", reactor.StepConfig[migrateIn, int]{
+			Args: reactor.Bindings{"n": reactor.FromInput("item")},
+			Run: func(ctx context.Context, in migrateIn) (int, error) {
+				time.Sleep(2 * time.Millisecond) // the element's work
+				return in.N, count(ctx, "ran", in.N)
+			},
+			Undo: func(ctx context.Context, in migrateIn, _ int) error {
+				time.Sleep(2 * time.Millisecond)
+				return count(ctx, "undone", in.N)
+			},
+		}))
+	owner := reactor.MustDefine("failover_owner",
+		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.Const(items), FanOut: true, BatchSize: failoverBatch}),
+		reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{
+			After: []string{"each"},
+			Run:   func(context.Context, reactor.Args) (int, error) { return 0, reactor.Permanent(errors.New("boom")) },
+		}))
+
+	client := worker.NewClient(cc, queue)
+	var logs syncBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: cc, Prefix: prefix, Enqueuer: client, Logger: logger,
+		LockExpiry: 2 * time.Second})
+	require.NoError(t, err)
+	require.NoError(t, eng.Register(owner, elem))
+	w := worker.New(eng, cc, worker.Config{Queues: map[string]int{queue: 1}, Concurrency: 8, Logger: logger})
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, l := range strings.Split(logs.String(), "\n") {
+				if l != "" && !strings.Contains(l, "event=reactor.step") {
+					t.Log(l)
+				}
+			}
+		}
+	})
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+
+	undone := func() int {
+		n := 0
+		for k := range cc.HGetAll(ctx, counts).Val() {
+			if strings.HasPrefix(k, "undone:") {
+				n++
+			}
+		}
+		return n
+	}
+	began := time.Now()
+	_, err = eng.Enqueue(ctx, owner, nil, reactor.WithRunID(runID))
+	require.NoError(t, err)
+	type failover struct {
+		killed   time.Time
+		promoted time.Duration
+		err      error
+	}
+	done := make(chan failover, 1)
+	go func() {
+		for undone() < failoverItems/4 {
+			if ctx.Err() != nil {
+				done <- failover{err: ctx.Err()}
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		f := failover{killed: time.Now()}
+		if f.err = cl.Kill(victim); f.err != nil {
+			done <- f
+			return
+		}
+		// Ready waits for the replica: its link to the dead master is down
+		// until it is promoted.
+		f.err = cl.Ready(30 * time.Second)
+		f.promoted = time.Since(f.killed)
+		// The client would find the new master on its own (its state is
+		// reloaded on a failing node, every 10 s at the latest); this only
+		// spares the test the wait.
+		cc.ReloadState(ctx)
+		done <- f
+	}()
+
+	res, err := eng.Wait(ctx, runID)
+	require.NoError(t, err)
+	finished := time.Now()
+	f := <-done
+	require.NoError(t, f.err)
+	require.False(t, f.killed.IsZero(), "the master was killed")
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, "boom", res.Failure.Step)
+	require.Empty(t, res.Failure.RollbackFailures)
+	info, err := redisInfo(ctx, replica)
+	require.NoError(t, err)
+	require.Contains(t, info, "role:master", "the killed master's replica, promoted")
+
+	all := cc.HGetAll(ctx, counts).Val()
+	ranTwice, redone := 0, 0
+	for i := range failoverItems {
+		ran, _ := strconv.Atoi(all["ran:"+strconv.Itoa(i)])
+		und, _ := strconv.Atoi(all["undone:"+strconv.Itoa(i)])
+		require.GreaterOrEqual(t, ran, 1, "element %d ran", i)
+		require.GreaterOrEqual(t, und, 1, "element %d undone, not left applied", i)
+		if ran > 1 {
+			ranTwice++
+		}
+		if und > 1 {
+			redone++
+		}
+	}
+	// A run step is not lost: the failover happens after the map went
+	// forward, on checkpoints the replica had long received.
+	require.Zero(t, ranTwice, "elements run twice")
+	require.LessOrEqual(t, redone, failoverRedone, "elements undone more than once")
+	t.Logf("%d elements: killed %s (map %s) at %d undone, %s in; replica %s promoted %s later; finished %s after the kill; %d elements undone twice (bound %d)",
+		failoverItems, victim, mapID, failoverItems/4, f.killed.Sub(began).Round(time.Millisecond), replica,
+		f.promoted.Round(time.Millisecond), finished.Sub(f.killed).Round(time.Millisecond), redone, failoverRedone)
+}
+
+// redisInfo returns INFO replication of the node at addr.
+func redisInfo(ctx context.Context, addr string) (string, error) {
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	defer c.Close()
+	return c.Info(ctx, "replication").Result()
+}
