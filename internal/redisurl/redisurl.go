@@ -198,6 +198,13 @@ type Pool struct {
 	DialTimeout time.Duration
 }
 
+// ClusterStateReload is the longest a cluster client of NewClient keeps a
+// slot map before it asks the cluster again (ClusterStateReloadInterval):
+// about how long a failover leaves it sending a dead master's slots to the
+// dead master. A reload is one CLUSTER SLOTS, and only a client with
+// traffic makes it.
+const ClusterStateReload = 2 * time.Second
+
 // NewClient returns a client of e, not yet connected: a *redis.Client for
 // one node, a *redis.ClusterClient for a cluster.
 func (e *Endpoint) NewClient(p Pool) redis.UniversalClient {
@@ -208,6 +215,15 @@ func (e *Endpoint) NewClient(p Pool) redis.UniversalClient {
 		// Enough retries of a refused command (TRYAGAIN while a slot
 		// moves) to ride out a migration: see reactor.Config.Client.
 		o.MaxRedirects = max(o.MaxRedirects, engine.MinClusterRedirects)
+		// go-redis reloads its slot map on MOVED, ASK and READONLY, not on
+		// a refused connection: after a failover, a client whose last
+		// reload came before the promotion goes on sending a dead master's
+		// slots to the dead master until its periodic reload, 60 s by
+		// default in go-redis v9.23. A failover stalled the maps on those
+		// slots for a minute (worker's TestClusterFailoverMidRollback).
+		if o.ClusterStateReloadInterval == 0 || o.ClusterStateReloadInterval > ClusterStateReload {
+			o.ClusterStateReloadInterval = ClusterStateReload
+		}
 		return redis.NewClusterClient(&o)
 	}
 	o := *e.single

@@ -146,6 +146,8 @@ func TestCluster(t *testing.T) {
 		require.IsType(t, &redis.ClusterClient{}, c)
 		require.GreaterOrEqual(t, c.(*redis.ClusterClient).Options().MaxRedirects, engine.MinClusterRedirects,
 			"enough retries to ride out a slot migration")
+		require.LessOrEqual(t, c.(*redis.ClusterClient).Options().ClusterStateReloadInterval, ClusterStateReload,
+			"a slot map fresh enough to leave a failed-over master soon")
 		return c
 	}
 	t.Run("host:port seeds", func(t *testing.T) {
