@@ -3,8 +3,6 @@ package worker_test
 import (
 	"bytes"
 	"context"
-	"errors"
-	"log/slog"
 	"runtime"
 	"strconv"
 	"strings"
@@ -18,7 +16,6 @@ import (
 	"github.com/goreactor/goreactor/internal/redisurl"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
-	"github.com/goreactor/goreactor/worker"
 )
 
 const (
@@ -95,52 +92,10 @@ func TestClusterFailoverMidRollback(t *testing.T) {
 	require.Len(t, cl.ReplicasOf(victim), 1)
 	replica := cl.ReplicasOf(victim)[0]
 
-	items := make([]int, failoverItems)
-	for i := range items {
-		items[i] = i
-	}
 	count := func(ctx context.Context, what string, n int) error {
 		return cc.HIncrBy(context.WithoutCancel(ctx), counts, what+":"+strconv.Itoa(n), 1).Err()
 	}
-	elem := reactor.MustDefine("failover_el",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("a", reactor.StepConfig[migrateIn, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
-			Run: func(ctx context.Context, in migrateIn) (int, error) {
-				time.Sleep(2 * time.Millisecond) // the element's work
-				return in.N, count(ctx, "ran", in.N)
-			},
-			Undo: func(ctx context.Context, in migrateIn, _ int) error {
-				time.Sleep(2 * time.Millisecond)
-				return count(ctx, "undone", in.N)
-			},
-		}))
-	owner := reactor.MustDefine("failover_owner",
-		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.Const(items), FanOut: true, BatchSize: failoverBatch}),
-		reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{
-			After: []string{"each"},
-			Run:   func(context.Context, reactor.Args) (int, error) { return 0, reactor.Permanent(errors.New("boom")) },
-		}))
-
-	client := worker.NewClient(cc, queue)
-	var logs syncBuffer
-	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: cc, Prefix: prefix, Enqueuer: client, Logger: logger,
-		LockExpiry: 2 * time.Second})
-	require.NoError(t, err)
-	require.NoError(t, eng.Register(owner, elem))
-	w := worker.New(eng, cc, worker.Config{Queues: map[string]int{queue: 1}, Concurrency: 8, Logger: logger})
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, l := range strings.Split(logs.String(), "\n") {
-				if l != "" && !strings.Contains(l, "event=reactor.step") {
-					t.Log(l)
-				}
-			}
-		}
-	})
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	eng, owner, _, _ := startCountedMap(t, ctx, cc, "failover", prefix, queue, failoverItems, failoverBatch, count)
 
 	undone := func() int {
 		n := 0

@@ -3,7 +3,6 @@ package worker_test
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -19,7 +18,6 @@ import (
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
-	"github.com/goreactor/goreactor/worker"
 )
 
 // migrateItems is the size of the map TestClusterSlotMigrationMidMap moves.
@@ -49,58 +47,16 @@ func TestClusterSlotMigrationMidMap(t *testing.T) {
 	prefix, queue := redistest.Prefix(t), redistest.Queue(t)
 	counts := prefix + ":counts" // its own slot, which does not move
 
-	items := make([]int, migrateItems)
-	for i := range items {
-		items[i] = i
-	}
 	count := func(ctx context.Context, what string, n int) error {
 		id, _ := asynq.GetTaskID(ctx)
 		cc.RPush(context.WithoutCancel(ctx), counts+":log", fmt.Sprintf("%s:%d %s %s", what, n, id, time.Now().Format("15:04:05.000")))
 		return cc.HIncrBy(context.WithoutCancel(ctx), counts, what+":"+strconv.Itoa(n), 1).Err()
 	}
-	elem := reactor.MustDefine("migrate_el",
-		reactor.Input[int]("item", reactor.Required()),
-		reactor.Step("a", reactor.StepConfig[migrateIn, int]{
-			Args: reactor.Bindings{"n": reactor.FromInput("item")},
-			Run: func(ctx context.Context, in migrateIn) (int, error) {
-				time.Sleep(2 * time.Millisecond) // the element's work
-				return in.N, count(ctx, "ran", in.N)
-			},
-			Undo: func(ctx context.Context, in migrateIn, _ int) error {
-				time.Sleep(2 * time.Millisecond)
-				return count(ctx, "undone", in.N)
-			},
-		}))
-	owner := reactor.MustDefine("migrate_owner",
-		mapstep.Map("each", mapstep.Config{Element: elem, Items: reactor.Const(items), FanOut: true, BatchSize: 20}),
-		reactor.Step("boom", reactor.StepConfig[reactor.Args, int]{
-			After: []string{"each"},
-			Run:   func(context.Context, reactor.Args) (int, error) { return 0, reactor.Permanent(errors.New("boom")) },
-		}))
-
-	client := worker.NewClient(cc, queue)
-	var logs syncBuffer
-	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: cc, Prefix: prefix, Enqueuer: client, Logger: logger,
-		LockExpiry: 2 * time.Second})
-	require.NoError(t, err)
-	require.NoError(t, eng.Register(owner, elem))
-	w := worker.New(eng, cc, worker.Config{Queues: map[string]int{queue: 1}, Concurrency: 8, Logger: logger})
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, l := range strings.Split(logs.String(), "\n") {
-				if l != "" && !strings.Contains(l, "event=reactor.step") {
-					t.Log(l)
-				}
-			}
-		}
-	})
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	eng, owner, client, logs := startCountedMap(t, ctx, cc, "migrate", prefix, queue, migrateItems, 20, count)
 
 	// The same map on a cluster at rest, for the comparison.
 	began := time.Now()
-	_, err = eng.Enqueue(ctx, owner, nil, reactor.WithRunID("migrate-0"))
+	_, err := eng.Enqueue(ctx, owner, nil, reactor.WithRunID("migrate-0"))
 	require.NoError(t, err)
 	res, err := eng.Wait(ctx, "migrate-0")
 	require.NoError(t, err)
