@@ -22,6 +22,7 @@ import (
 	"github.com/goreactor/goreactor/internal/mapcore"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/payload"
+	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 )
@@ -281,21 +282,9 @@ func (w *Worker) transient(h func(context.Context, *asynq.Task) error) func(cont
 }
 
 // clusterTransient reports whether err is Redis Cluster saying "not now"
-// once go-redis's own redirects and retries ran out: a slot being moved
-// (TRYAGAIN for a script whose keys are split between the two nodes, MOVED,
-// ASK) or a failover in progress (CLUSTERDOWN, MASTERDOWN, READONLY from a
-// demoted master, LOADING from a restarted one).
-func clusterTransient(err error) bool {
-	if redis.IsTryAgainError(err) || redis.IsClusterDownError(err) || redis.IsMasterDownError(err) ||
-		redis.IsReadOnlyError(err) || redis.IsLoadingError(err) {
-		return true
-	}
-	if _, ok := redis.IsMovedError(err); ok {
-		return true
-	}
-	_, ok := redis.IsAskError(err)
-	return ok
-}
+// once go-redis's own redirects and retries, and the store's riding out of
+// a refused write, ran out (store.ClusterTransient).
+func clusterTransient(err error) bool { return store.ClusterTransient(err) }
 
 // observe wraps a handler to tell Config.Metrics each delivery's outcome.
 func (w *Worker) observe(task string, h func(context.Context, *asynq.Task) error) func(context.Context, *asynq.Task) error {

@@ -639,10 +639,11 @@ func TestCancelRequestOutlivesLongStep(t *testing.T) {
 		t.Fatalf("the run ended before step b began: %+v, %v", o.res, o.err)
 	}
 	require.NoError(t, env.engine.Cancel(ctx, "long-1"))
-	// Nor any expiry at all: the request lasts until the run's terminal
-	// write deletes it.
-	require.Equal(t, time.Duration(-1), env.rdb.PTTL(ctx, env.prefix+":{run:long-1}:cancel").Val(),
-		"the cancel request has an expiry")
+	// Nor any expiry at all: the request is a field of the live run's
+	// state, which lasts until the run's terminal write deletes it.
+	require.True(t, env.rdb.HExists(ctx, env.prefix+":{run:long-1}:ctx", "cx").Val(), "the cancel request is stored")
+	require.Equal(t, time.Duration(-1), env.rdb.PTTL(ctx, env.prefix+":{run:long-1}:ctx").Val(),
+		"the live run's state has an expiry")
 	o := <-done
 	require.NoError(t, o.err)
 	require.Equal(t, engine.StatusCancelled, o.res.Status)
@@ -700,9 +701,9 @@ func TestCancelDuringTheLastStep(t *testing.T) {
 	run, err := env.engine.Get(ctx, "cancel-last-1")
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusCancelled, run.Status)
-	n, err := env.rdb.Exists(ctx, env.prefix+":{run:cancel-last-1}:cancel").Result()
+	stored, err := env.rdb.HExists(ctx, env.prefix+":{run:cancel-last-1}:ctx", "cx").Result()
 	require.NoError(t, err)
-	require.Zero(t, n, "the request is consumed by the cancelled run's terminal write")
+	require.False(t, stored, "the request is consumed by the cancelled run's terminal write")
 }
 
 // A start under an id another reactor's run holds is refused and leaves

@@ -552,7 +552,16 @@ func (e *Engine) resume(ctx context.Context, id string, inWorker bool) (*Result,
 	if err != nil {
 		return nil, err
 	}
-	st, version, err := e.load(ctx, id)
+	// The state and any cancel request come in one read: a cancel
+	// requested while nobody held the run (queued, handed off) is honoured
+	// before any step runs.
+	snap, err := e.store.Load(ctx, target)
+	var st *runState
+	if errors.Is(err, store.ErrNotFound) {
+		err = fmt.Errorf("%w: %s", ErrNotFound, id)
+	} else if err == nil {
+		st, err = decodeState(snap.Data)
+	}
 	if err == nil && st.Status.Terminal() {
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return st.result(), nil
@@ -565,13 +574,8 @@ func (e *Engine) resume(ctx context.Context, id string, inWorker bool) (*Result,
 		_ = lease.Release(context.WithoutCancel(ctx))
 		return nil, err
 	}
-	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: version, indexed: st.Status, inWorker: inWorker}
-	// A cancel requested while nobody held the run (queued, handed off)
-	// is honoured before any step runs.
-	if x.cancel, err = e.store.CancelRequested(ctx, target); err != nil {
-		_ = lease.Release(context.WithoutCancel(ctx))
-		return nil, err
-	}
+	x := &execution{e: e, def: def, st: st, target: target, lease: lease, version: snap.Version, indexed: st.Status,
+		inWorker: inWorker, cancel: snap.Cancel}
 	return x.execute(ctx, EventRunResumed)
 }
 
@@ -773,7 +777,7 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 	if errors.Is(err, lock.ErrHeld) {
 		// Kept until the run's terminal write deletes it: a long step or a
 		// hand-off must not outlive the request.
-		err := e.store.RequestCancel(ctx, target, 0)
+		err := e.store.RequestCancel(ctx, target)
 		if errors.Is(err, store.ErrAlreadyDone) {
 			// It finished meanwhile.
 			if st, _, lerr := e.load(ctx, id); lerr == nil {

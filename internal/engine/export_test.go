@@ -16,5 +16,5 @@ func SetServerClockSkew(e *Engine, d time.Duration) { e.clockSkew.Store(d.Millis
 // StoreCancelRequest stores a cancel request for run id as Cancel does when
 // it finds the run's lock held.
 func StoreCancelRequest(e *Engine, id string) error {
-	return e.store.RequestCancel(context.Background(), e.store.RunTarget(id), 0)
+	return e.store.RequestCancel(context.Background(), e.store.RunTarget(id))
 }

@@ -141,7 +141,7 @@ func TestUndoStepsIsNotTurnedIntoAnUndoByACancelRequest(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, engine.StatusCompleted, out.Result.Status)
 	require.Equal(t, []string{"undo:d"}, undos(tr))
-	n, err := env.rdb.Exists(ctx, env.prefix+":{run:racing}:cancel").Result()
+	stored, err := env.rdb.HExists(ctx, env.prefix+":{run:racing}:ctx", "cx").Result()
 	require.NoError(t, err)
-	require.Zero(t, n, "the terminal write dropped the request")
+	require.False(t, stored, "the terminal write dropped the request")
 }

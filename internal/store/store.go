@@ -57,7 +57,12 @@ func (e *VersionConflictError) Error() string {
 // Target names the keys of one state record: a run or a map element run.
 // All its keys must share a hash tag.
 type Target struct {
-	State, Lock, Cancel string
+	State, Lock string
+	// Cancel is the key earlier versions of goreactor kept a cancel request
+	// in (a request is now the state's field cx): RequestCancel sets it too,
+	// for an hour, so that such a process executing the run during a rolling
+	// deploy sees the request.
+	Cancel string
 	// Audit is the record's audit stream, appended to by the fenced write
 	// (WriteOptions.Audit).
 	Audit string
@@ -73,6 +78,9 @@ type Target struct {
 type Snapshot struct {
 	Data    []byte
 	Version int64
+	// Cancel is whether a cancel request is stored (RequestCancel): read
+	// by Load with the state, in the same command.
+	Cancel bool
 }
 
 // Store reads and writes run state. It is safe for concurrent use.
@@ -140,7 +148,11 @@ const mapAuditCap = 1 << 40
 // Create stores data as version 1 unless a state exists. It returns the
 // existing snapshot and created=false when one does.
 func (s *Store) Create(ctx context.Context, t Target, token string, data []byte) (Snapshot, bool, error) {
-	res, err := createScript.Run(ctx, s.rdb, []string{t.State, t.Lock}, token, data).Slice()
+	var res []any
+	err := rideOut(ctx, func() (err error) {
+		res, err = createScript.Run(ctx, s.rdb, []string{t.State, t.Lock}, token, data).Slice()
+		return err
+	})
 	if err != nil {
 		return Snapshot{}, false, fmt.Errorf("store: create: %w", err)
 	}
@@ -186,8 +198,11 @@ func (s *Store) CreateNew(ctx context.Context, t Target, token string, lockTTL t
 		if _, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error { index(p); return nil }); err != nil {
 			return Snapshot{}, false, fmt.Errorf("store: index run: %w", err)
 		}
-		var err error
-		if res, err = createScript.Run(ctx, s.rdb, keys, token, data, ttl).Slice(); err != nil {
+		err := rideOut(ctx, func() (err error) {
+			res, err = createScript.Run(ctx, s.rdb, keys, token, data, ttl).Slice()
+			return err
+		})
+		if err != nil {
 			return Snapshot{}, false, fmt.Errorf("store: create: %w", err)
 		}
 	}
@@ -222,7 +237,18 @@ func AppendAudit(args []any, audit [][]string) ([]any, error) {
 
 // script runs sc through the shared pipelines (batch.go), by hash; a
 // server that lost its script cache gets it by source.
-func (s *Store) script(ctx context.Context, sc *redis.Script, keys []string, args ...any) ([]any, error) {
+//
+// A write refused while Redis Cluster moves its slot or fails over is sent
+// again until the transition is over (rideOut).
+func (s *Store) script(ctx context.Context, sc *redis.Script, keys []string, args ...any) (res []any, err error) {
+	err = rideOut(ctx, func() error {
+		res, err = s.scriptOnce(ctx, sc, keys, args...)
+		return err
+	})
+	return res, err
+}
+
+func (s *Store) scriptOnce(ctx context.Context, sc *redis.Script, keys []string, args ...any) ([]any, error) {
 	var c *redis.Cmd
 	cmds, err := s.batch.do(ctx, func(p redis.Pipeliner) { c = sc.EvalSha(ctx, p, keys, args...) })
 	if err != nil {
@@ -279,7 +305,7 @@ func createResult(res []any, data []byte) (Snapshot, bool, error) {
 
 // Load reads the state of t. It returns ErrNotFound when there is none.
 func (s *Store) Load(ctx context.Context, t Target) (Snapshot, error) {
-	vals, err := s.rdb.HMGet(ctx, t.State, "v", "d").Result()
+	vals, err := s.rdb.HMGet(ctx, t.State, "v", "d", "cx").Result()
 	if err != nil {
 		return Snapshot{}, fmt.Errorf("store: load: %w", err)
 	}
@@ -290,7 +316,7 @@ func (s *Store) Load(ctx context.Context, t Target) (Snapshot, error) {
 	if _, err := fmt.Sscan(vals[0].(string), &v); err != nil {
 		return Snapshot{}, fmt.Errorf("store: load: bad version %q", vals[0])
 	}
-	return Snapshot{Data: []byte(vals[1].(string)), Version: v}, nil
+	return Snapshot{Data: []byte(vals[1].(string)), Version: v, Cancel: vals[2] != nil}, nil
 }
 
 // LoadMany reads the states of ts in one pipelined round trip. A target
@@ -385,7 +411,13 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 	if err != nil {
 		return WriteResult{}, err
 	}
-	res, err := s.script(ctx, writeScript, []string{t.State, t.Lock, t.Cancel, t.Audit}, args...)
+	keys := []string{t.State, t.Lock}
+	if len(o.Audit) > 0 || retention != 0 {
+		// Only a write that appends to the audit stream or expires it names
+		// the stream, which does not exist until a first entry (write.lua).
+		keys = append(keys, t.Audit)
+	}
+	res, err := s.script(ctx, writeScript, keys, args...)
 	if err != nil {
 		return WriteResult{}, fmt.Errorf("store: write: %w", err)
 	}
@@ -423,12 +455,11 @@ func ServerTimeAt(ctx context.Context, rdb redis.Scripter, key string) (int64, e
 }
 
 // RequestCancel asks the process executing run t to cancel it at its next
-// checkpoint. With ttl 0 the request lasts until the run's terminal write
-// deletes it.
+// checkpoint: the request lasts until the run's terminal write deletes it.
 // A run that is already finished (or gone) gets no request: it could never be
 // deleted by a terminal write, and it reports ErrAlreadyDone.
-func (s *Store) RequestCancel(ctx context.Context, t Target, ttl time.Duration) error {
-	n, err := cancelScript.Run(ctx, s.rdb, []string{t.State, t.Cancel}, ttl.Milliseconds()).Int()
+func (s *Store) RequestCancel(ctx context.Context, t Target) error {
+	n, err := cancelScript.Run(ctx, s.rdb, []string{t.State, t.Cancel}).Int()
 	if err != nil {
 		return fmt.Errorf("store: request cancel: %w", err)
 	}
@@ -442,8 +473,9 @@ func (s *Store) RequestCancel(ctx context.Context, t Target, ttl time.Duration) 
 // vanished) before the request could be stored.
 var ErrAlreadyDone = errors.New("store: run already finished")
 
-// CancelRequested reports whether a cancel was requested for t.
+// CancelRequested reports whether a cancel was requested for t (the
+// state's field cx, cancel.lua).
 func (s *Store) CancelRequested(ctx context.Context, t Target) (bool, error) {
-	n, err := s.rdb.Exists(ctx, t.Cancel).Result()
-	return n == 1, err
+	n, err := s.rdb.HExists(ctx, t.State, "cx").Result()
+	return n, err
 }

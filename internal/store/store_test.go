@@ -74,11 +74,17 @@ func (f fixture) requireStored(t *testing.T, target store.Target, data []byte, v
 		require.Contains(t, []string{"0", "1"}, fin, "fin says whether the last write was terminal")
 		delete(got, "fin")
 	}
+	cancel := false
+	if cx, ok := got["cx"]; ok {
+		require.Equal(t, "1", cx, "cx is a cancel request")
+		cancel = true
+		delete(got, "cx")
+	}
 	require.Equal(t, map[string]string{"d": string(data), "v": strconv.FormatInt(version, 10)}, got,
 		"raw state hash %s", target.State)
 	snap, err := f.st.Load(f.ctx, target)
 	require.NoError(t, err)
-	require.Equal(t, store.Snapshot{Data: data, Version: version}, snap)
+	require.Equal(t, store.Snapshot{Data: data, Version: version, Cancel: cancel}, snap, "Load reports the request")
 }
 
 func (f fixture) pttl(t *testing.T, key string) time.Duration {
@@ -86,6 +92,15 @@ func (f fixture) pttl(t *testing.T, key string) time.Duration {
 	d, err := f.rdb.PTTL(f.ctx, key).Result()
 	require.NoError(t, err)
 	return d
+}
+
+// cancelStored reports whether a cancel request is stored for target: the
+// field cx of its state.
+func (f fixture) cancelStored(t *testing.T, target store.Target) bool {
+	t.Helper()
+	ok, err := f.rdb.HExists(f.ctx, target.State, "cx").Result()
+	require.NoError(t, err)
+	return ok
 }
 
 func (f fixture) exists(t *testing.T, key string) bool {
@@ -186,7 +201,7 @@ func TestWriteWithoutLockIsRejected(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			target := f.st.RunTarget(fmt.Sprintf("r%d", i))
 			f.create(t, target, "tok-a", data1)
-			require.NoError(t, f.st.RequestCancel(f.ctx, target, time.Minute))
+			require.NoError(t, f.st.RequestCancel(f.ctx, target))
 			if tc.lock == "" {
 				require.NoError(t, f.rdb.Del(f.ctx, target.Lock).Err())
 			} else {
@@ -203,7 +218,7 @@ func TestWriteWithoutLockIsRejected(t *testing.T) {
 
 			f.requireStored(t, target, data1, 1)
 			require.Equal(t, noTTL, f.pttl(t, target.State), "a rejected terminal write must not set a TTL")
-			require.True(t, f.exists(t, target.Cancel), "a rejected terminal write must not drop the cancel request")
+			require.True(t, f.cancelStored(t, target), "a rejected terminal write must not drop the cancel request")
 			if tc.lock == "" {
 				require.False(t, f.exists(t, target.Lock))
 			} else {
@@ -365,7 +380,7 @@ func TestTerminalWrite(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			target := f.st.RunTarget(fmt.Sprintf("r%d", i))
 			f.create(t, target, "tok-a", data1)
-			require.NoError(t, f.st.RequestCancel(f.ctx, target, time.Minute))
+			require.NoError(t, f.st.RequestCancel(f.ctx, target))
 
 			// An ordinary write first: it must not set a TTL or touch the lock.
 			res, err := f.st.Write(f.ctx, target, "tok-a", 1, data2, store.WriteOptions{})
@@ -388,7 +403,7 @@ func TestTerminalWrite(t *testing.T) {
 			} else {
 				require.Equal(t, noTTL, ttl)
 			}
-			require.Equal(t, !terminal, f.exists(t, target.Cancel), "cancel key")
+			require.Equal(t, !terminal, f.cancelStored(t, target), "cancel request")
 			require.Equal(t, !tc.o.Release, f.exists(t, target.Lock), "lock key")
 
 			if terminal && !tc.o.Release {
@@ -433,10 +448,13 @@ func TestRequestCancel(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, store.WriteResult{Version: 2, CancelRequested: false}, noAt(res))
 
-	require.NoError(t, f.st.RequestCancel(f.ctx, target, 30*time.Second))
+	require.NoError(t, f.st.RequestCancel(f.ctx, target))
+	require.True(t, f.cancelStored(t, target))
+	// The key earlier versions read, for a rolling deploy: it expires on
+	// its own, since only those versions delete it.
 	ttl := f.pttl(t, target.Cancel)
-	require.Greater(t, ttl, time.Duration(0))
-	require.LessOrEqual(t, ttl, 30*time.Second)
+	require.Greater(t, ttl, 59*time.Minute)
+	require.LessOrEqual(t, ttl, time.Hour)
 
 	res, err = f.st.Write(f.ctx, target, "tok-a", 2, data3, store.WriteOptions{})
 	require.NoError(t, err)
@@ -451,7 +469,7 @@ func TestRequestCancel(t *testing.T) {
 	// A rejected write does not report (or consume) the request.
 	_, err = f.st.Write(f.ctx, target, "tok-x", 3, data1, store.WriteOptions{})
 	require.ErrorIs(t, err, store.ErrLockNotHeld)
-	require.True(t, f.exists(t, target.Cancel))
+	require.True(t, f.cancelStored(t, target))
 }
 
 func TestLoadMissingRun(t *testing.T) {
@@ -479,13 +497,15 @@ func TestHardeningCancelOfAFinishedRunStoresNothing(t *testing.T) {
 	f.create(t, target, "tok", []byte("one"))
 	_, err := f.st.Write(f.ctx, target, "tok", 1, []byte("two"), store.WriteOptions{Retention: time.Minute, Release: true})
 	require.NoError(t, err)
-	require.ErrorIs(t, f.st.RequestCancel(f.ctx, target, 0), store.ErrAlreadyDone)
-	require.ErrorIs(t, f.st.RequestCancel(f.ctx, f.st.RunTarget("gone"), 0), store.ErrAlreadyDone)
+	require.ErrorIs(t, f.st.RequestCancel(f.ctx, target), store.ErrAlreadyDone)
+	require.ErrorIs(t, f.st.RequestCancel(f.ctx, f.st.RunTarget("gone")), store.ErrAlreadyDone)
 	for _, key := range []string{target.Cancel, f.st.RunTarget("gone").Cancel} { // two slots: one EXISTS each
 		n, err := f.rdb.Exists(f.ctx, key).Result()
 		require.NoError(t, err)
 		require.Zero(t, n, "no cancel key for a finished or missing run: %s", key)
 	}
+	require.False(t, f.cancelStored(t, target), "no request on a finished run")
+	require.False(t, f.exists(t, f.st.RunTarget("gone").State), "nor a state for a missing one")
 }
 
 // A finished run kept for a person (KeepForever: terminal, no expiry) takes
@@ -495,18 +515,18 @@ func TestCancelOfAKeptForeverRunStoresNothing(t *testing.T) {
 	f := newFixture(t)
 	target := f.st.RunTarget("kept")
 	f.create(t, target, "tok", []byte("one"))
-	require.NoError(t, f.st.RequestCancel(f.ctx, target, time.Minute))
+	require.NoError(t, f.st.RequestCancel(f.ctx, target))
 	res, err := f.st.Write(f.ctx, target, "tok", 1, []byte("two"), store.WriteOptions{KeepForever: true})
 	require.NoError(t, err)
 	require.False(t, res.CancelRequested, "a terminal write drops the request")
 	require.Equal(t, noTTL, f.pttl(t, target.State), "kept forever")
-	require.False(t, f.exists(t, target.Cancel))
-	require.ErrorIs(t, f.st.RequestCancel(f.ctx, target, 0), store.ErrAlreadyDone)
-	require.False(t, f.exists(t, target.Cancel))
+	require.False(t, f.cancelStored(t, target))
+	require.ErrorIs(t, f.st.RequestCancel(f.ctx, target), store.ErrAlreadyDone)
+	require.False(t, f.cancelStored(t, target))
 
 	_, err = f.st.Write(f.ctx, target, "tok", 2, []byte("three"), store.WriteOptions{})
 	require.NoError(t, err)
-	require.NoError(t, f.st.RequestCancel(f.ctx, target, 0), "live again")
+	require.NoError(t, f.st.RequestCancel(f.ctx, target), "live again")
 }
 
 // zscore returns id's score in the sorted set at key and whether it is there.
@@ -774,7 +794,7 @@ func TestCluster(t *testing.T) {
 		require.True(t, created)
 		require.Equal(t, int64(1), snap.Version)
 
-		require.NoError(t, st.RequestCancel(ctx, target, time.Minute))
+		require.NoError(t, st.RequestCancel(ctx, target))
 		res, err := st.Write(ctx, target, lease.Token(), 1, data2, store.WriteOptions{})
 		require.NoError(t, err)
 		require.Equal(t, store.WriteResult{Version: 2, CancelRequested: true}, noAt(res))
@@ -796,9 +816,10 @@ func TestCluster(t *testing.T) {
 		snap, err = st.Load(ctx, target)
 		require.NoError(t, err)
 		require.Equal(t, store.Snapshot{Data: data3, Version: 3}, snap)
-		n, err := cc.Exists(ctx, target.Lock, target.Cancel).Result()
+		n, err := cc.Exists(ctx, target.Lock).Result()
 		require.NoError(t, err)
 		require.Zero(t, n)
+		require.False(t, cc.HExists(ctx, target.State, "cx").Val(), "the terminal write dropped the request")
 		ttl, err := cc.PTTL(ctx, target.State).Result()
 		require.NoError(t, err)
 		require.Greater(t, ttl, time.Duration(0))

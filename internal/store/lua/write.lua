@@ -1,10 +1,15 @@
 -- write.lua: the fenced write of a run's state. Every state write goes through
 -- here: it lands only if the caller still holds the lock (token) and read the
 -- version that is stored now, so a stale writer can never overwrite a run.
--- KEYS[1] run state hash  P:{run:<id>}:ctx
+-- KEYS[1] run state hash  P:{run:<id>}:ctx  (a cancel request is its field cx)
 -- KEYS[2] run lock        P:{run:<id>}:lock
--- KEYS[3] cancel request  P:{run:<id>}:cancel
--- KEYS[4] audit stream    P:{run:<id>}:audit (an element run's: P:{elem:<id>}:audit)
+-- KEYS[3] audit stream    P:{run:<id>}:audit (an element run's: its map's stream),
+--         passed only by a write that appends to it or is terminal (it
+--         expires the stream): every other write names only keys that
+--         exist while the run is held, so that Redis Cluster refuses it
+--         only while those two keys are split between the nodes of a slot
+--         being moved, not for the whole move (a normally absent key is
+--         never present on either side)
 -- ARGV[1] lock token of the caller
 -- ARGV[2] version the caller read
 -- ARGV[3] encoded state
@@ -39,9 +44,14 @@
 -- A write whose reply was lost and that the client sends again finds its own
 -- nonce stored and succeeds again without writing, instead of reporting the
 -- lock it released (terminal write) or the version it bumped as lost.
-local last = redis.call('HMGET', KEYS[1], 'n', 'v')
+local last = redis.call('HMGET', KEYS[1], 'n', 'v', 'cx')
+-- requested: 1 while a cancel request is stored (cancel.lua), else 0
+local requested = 0
+if last[3] then
+  requested = 1
+end
 if last[1] == ARGV[6] then
-  return {tonumber(last[2]), redis.call('EXISTS', KEYS[3])}
+  return {tonumber(last[2]), requested}
 end
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then
   return {-1}
@@ -53,7 +63,7 @@ end
 -- cancelled: nil while unknown, else whether a cancel request is stored
 local cancelled = nil
 if ARGV[8] == '1' then
-  if redis.call('EXISTS', KEYS[3]) == 1 then
+  if requested == 1 then
     return {-3}
   end
   cancelled = 0
@@ -77,10 +87,9 @@ if ttl ~= 0 then
   else
     redis.call('PERSIST', KEYS[1])
   end
-  -- a finished run has no cancel to act on (one checked absent above
-  -- needs no DEL)
-  if cancelled == nil then
-    redis.call('DEL', KEYS[3])
+  -- a finished run has no cancel to act on
+  if requested == 1 then
+    redis.call('HDEL', KEYS[1], 'cx')
   end
   cancelled = 0
 else
@@ -94,7 +103,7 @@ if n > 0 then
   local i = 11
   for _ = 1, n do
     local m = tonumber(ARGV[i])
-    local args = {'XADD', KEYS[4], 'MAXLEN', '~', ARGV[9], '*'}
+    local args = {'XADD', KEYS[3], 'MAXLEN', '~', ARGV[9], '*'}
     for j = i + 1, i + 2 * m do
       args[#args + 1] = ARGV[j]
     end
@@ -105,9 +114,9 @@ if n > 0 then
   end
 end
 if ttl > 0 then
-  redis.call('PEXPIRE', KEYS[4], ttl)
+  redis.call('PEXPIRE', KEYS[3], ttl)
 elseif ttl < 0 or n > 0 then
-  redis.call('PERSIST', KEYS[4])
+  redis.call('PERSIST', KEYS[3])
 end
 if ARGV[5] == '1' then
   redis.call('DEL', KEYS[2])
@@ -118,6 +127,6 @@ if ttl ~= 0 and ARGV[7] ~= nil and ARGV[7] ~= '' then
   redis.pcall('SPUBLISH', ARGV[7], nextv)
 end
 if cancelled == nil then
-  cancelled = redis.call('EXISTS', KEYS[3])
+  cancelled = requested
 end
 return {nextv, cancelled, at}
