@@ -219,12 +219,12 @@ type trimIndex struct {
 }
 
 // dropName removes reactor name from idx:reactors once every index of it is
-// empty. A start writes the reactor's entries before the name (one
-// pipeline), so the re-read after the removal sees an entry written before
-// the removal, and a name written after it is there anyway: the name goes
-// back when the re-read finds an entry. (On Redis Cluster a pipeline's
-// commands to different nodes are not ordered; the worst case there is a
-// name missing until the reactor's next start adds it again.)
+// empty. A start writes the reactor's entries before the name (at the end
+// of one pipeline on one Redis; on a cluster, whose pipelines are not
+// ordered across nodes, once the entries' reply is in: store.QueueIndexStart),
+// so the re-read after the removal sees an entry written before the
+// removal, and a name written after it is there anyway: the name goes back
+// when the re-read finds an entry.
 func (t *IndexTrimmer) dropName(ctx context.Context, name string) error {
 	empty := func() (bool, error) {
 		keys := []string{t.keys.Reactor(name)}

@@ -484,7 +484,7 @@ func (e *Engine) startNew(ctx context.Context, def *Definition, id string, input
 		return nil, err
 	}
 	token, sent := lock.NewToken(), time.Now()
-	_, created, err := e.store.CreateNew(ctx, target, token, e.locks.Expiry(), data, func(p redis.Pipeliner) {
+	_, created, err := e.store.CreateNew(ctx, target, token, e.locks.Expiry(), data, def.name, func(p redis.Pipeliner) {
 		e.store.QueueIndexStart(ctx, p, id, def.name, string(StatusRunning), now)
 	})
 	if errors.Is(err, store.ErrLockNotHeld) {

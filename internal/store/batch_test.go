@@ -147,7 +147,7 @@ func TestCreateNewTakesTheLock(t *testing.T) {
 	target := f.st.RunTarget("fresh")
 	t.Cleanup(func() { f.rdb.Del(context.Background(), target.State, target.Lock, f.k.Active()) })
 	indexed := false
-	snap, created, err := f.st.CreateNew(f.ctx, target, "tok", 5*time.Second, []byte("d1"), func(p redis.Pipeliner) {
+	snap, created, err := f.st.CreateNew(f.ctx, target, "tok", 5*time.Second, []byte("d1"), "", func(p redis.Pipeliner) {
 		indexed = true
 		p.ZAdd(f.ctx, f.k.Active(), redis.Z{Score: 1, Member: "fresh"})
 	})
@@ -161,12 +161,12 @@ func TestCreateNewTakesTheLock(t *testing.T) {
 	require.Equal(t, float64(1), f.rdb.ZScore(f.ctx, f.k.Active(), "fresh").Val())
 
 	// Someone else's lock: refused, the state untouched.
-	_, _, err = f.st.CreateNew(f.ctx, target, "other", 5*time.Second, []byte("d2"), func(redis.Pipeliner) {})
+	_, _, err = f.st.CreateNew(f.ctx, target, "other", 5*time.Second, []byte("d2"), "", func(redis.Pipeliner) {})
 	require.ErrorIs(t, err, store.ErrLockNotHeld)
 	require.Equal(t, "tok", f.rdb.Get(f.ctx, target.Lock).Val())
 	// A stored state with a free lock: the existing snapshot, not created.
 	require.NoError(t, f.rdb.Del(f.ctx, target.Lock).Err())
-	snap, created, err = f.st.CreateNew(f.ctx, target, "third", 5*time.Second, []byte("d3"), func(redis.Pipeliner) {})
+	snap, created, err = f.st.CreateNew(f.ctx, target, "third", 5*time.Second, []byte("d3"), "", func(redis.Pipeliner) {})
 	require.NoError(t, err)
 	require.False(t, created)
 	require.Equal(t, store.Snapshot{Data: []byte("d1"), Version: 1}, snap)

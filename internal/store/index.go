@@ -41,6 +41,11 @@ func (s *Store) IndexStart(ctx context.Context, id, reactorName, status string, 
 		active = s.QueueIndexStart(ctx, p, id, reactorName, status, now)
 		return nil
 	})
+	if err == nil && !s.ordered && reactorName != "" {
+		// After the entries' reply (QueueIndexStart): one more round trip,
+		// on a cluster only.
+		err = s.rdb.SAdd(ctx, s.keys.Reactors(), reactorName).Err()
+	}
 	if err != nil {
 		return false, fmt.Errorf("store: index run: %w", err)
 	}
@@ -50,6 +55,12 @@ func (s *Store) IndexStart(ctx context.Context, id, reactorName, status string, 
 // QueueIndexStart queues IndexStart's commands on pipeline p, for a caller
 // that indexes many runs in one round trip (a seeding tool, a benchmark). It
 // returns the active index's ZADD, whose value is 1 when the entry is new.
+//
+// The reactor's name goes in idx:reactors after its entries, and the index
+// trimmer relies on that order (sweeper/trim.go). A pipeline runs in order
+// on one Redis only (Ordered): on a cluster its commands to different nodes
+// race, so QueueIndexStart leaves the name out there, and the caller adds it
+// (QueueReactorName) on a pipeline sent once p's reply is in.
 func (s *Store) QueueIndexStart(ctx context.Context, p redis.Pipeliner, id, reactorName, status string, now time.Time) *redis.IntCmd {
 	ms := float64(now.UnixMilli())
 	active := p.ZAdd(ctx, s.keys.Active(), redis.Z{Score: ms, Member: id})
@@ -62,9 +73,20 @@ func (s *Store) QueueIndexStart(ctx context.Context, p redis.Pipeliner, id, reac
 		// After the reactor's entries: the trimmer drops a name only when
 		// its indexes are empty, and re-reads them after the removal
 		// (sweeper/trim.go).
-		p.SAdd(ctx, s.keys.Reactors(), reactorName)
+		if s.ordered {
+			p.SAdd(ctx, s.keys.Reactors(), reactorName)
+		}
 	}
 	return active
+}
+
+// QueueReactorName queues the addition of reactorName to idx:reactors, for
+// a caller of QueueIndexStart on a client that is not Ordered, once that
+// pipeline's reply is in. An empty name queues nothing.
+func (s *Store) QueueReactorName(ctx context.Context, p redis.Pipeliner, reactorName string) {
+	if reactorName != "" {
+		p.SAdd(ctx, s.keys.Reactors(), reactorName)
+	}
 }
 
 // TakeBackStart undoes IndexStart's speculative entries for a start that

@@ -951,3 +951,58 @@ func noAt(r store.WriteResult) store.WriteResult {
 	r.At = 0
 	return r
 }
+
+// A start writes its reactor's name in idx:reactors only after the
+// reactor's index entries, the order the index trimmer's removal of an
+// empty name relies on (sweeper/trim.go). One pipeline keeps that order on
+// one Redis; on a cluster, whose client sends a pipeline's commands to
+// several nodes at once, the name goes in a later round trip.
+func TestReactorNameGoesAfterItsEntries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a Redis Cluster")
+	}
+	t.Parallel()
+	ctx := t.Context()
+	addrs := redistest.StartCluster(t)
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: addrs})
+	t.Cleanup(func() { _ = cc.Close() })
+	one := redis.NewClient(&redis.Options{Addr: redistest.StartServer(t).Addr})
+	t.Cleanup(func() { _ = one.Close() })
+	for _, tc := range []struct {
+		name string
+		rdb  redis.UniversalClient
+	}{{"one Redis", one}, {"a cluster", cc}} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := keys.New("names")
+			st, err := store.New(ctx, tc.rdb, k)
+			require.NoError(t, err)
+			now := time.UnixMilli(1_700_000_000_000)
+			cmds, err := tc.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+				st.QueueIndexStart(ctx, p, "r1", "shop", "running", now)
+				return nil
+			})
+			require.NoError(t, err)
+			var names []string
+			for _, c := range cmds {
+				names = append(names, c.Name())
+			}
+			if st.Ordered() {
+				require.Equal(t, "sadd", names[len(names)-1], "the name last, in the entries' pipeline: %v", names)
+			} else {
+				require.NotContains(t, names, "sadd", "no name in the entries' pipeline")
+			}
+			// IndexStart and CreateNew add it after the entries.
+			_, err = st.IndexStart(ctx, "r2", "shop", "running", now)
+			require.NoError(t, err)
+			require.True(t, tc.rdb.SIsMember(ctx, k.Reactors(), "shop").Val())
+			require.NoError(t, tc.rdb.SRem(ctx, k.Reactors(), "shop").Err())
+			target := st.RunTarget("r3")
+			_, created, err := st.CreateNew(ctx, target, "tok", time.Minute, data1, "shop", func(p redis.Pipeliner) {
+				st.QueueIndexStart(ctx, p, "r3", "shop", "running", now)
+			})
+			require.NoError(t, err)
+			require.True(t, created)
+			require.True(t, tc.rdb.SIsMember(ctx, k.Reactors(), "shop").Val())
+		})
+	}
+}
