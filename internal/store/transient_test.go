@@ -35,14 +35,19 @@ func TestWriteRidesOutARefusal(t *testing.T) {
 	k := keys.New("ride")
 	ms, err := store.New(ctx, mc, k)
 	require.NoError(t, err)
-	target := ms.RunTarget("r1")
-	require.NoError(t, mc.Set(ctx, target.Lock, "tok", time.Hour).Err())
-	_, created, err := ms.Create(ctx, target, "tok", []byte("one"))
-	require.NoError(t, err)
-	require.True(t, created)
-	require.Eventually(t, func() bool {
-		return rc.Exists(ctx, target.State, target.Lock).Val() == 2
-	}, 10*time.Second, 5*time.Millisecond, "the replica has the run")
+	// The write that gives up goes to a run of its own: a caller that stops
+	// waiting does not take back a write already queued, which may still
+	// land once the node takes writes again.
+	target, gaveUp := ms.RunTarget("r1"), ms.RunTarget("r0")
+	for _, tg := range []store.Target{target, gaveUp} {
+		require.NoError(t, mc.Set(ctx, tg.Lock, "tok", time.Hour).Err())
+		_, created, err := ms.Create(ctx, tg, "tok", []byte("one"))
+		require.NoError(t, err)
+		require.True(t, created)
+		require.Eventually(t, func() bool {
+			return rc.Exists(ctx, tg.State, tg.Lock).Val() == 2
+		}, 10*time.Second, 5*time.Millisecond, "the replica has the run")
+	}
 
 	rs, err := store.New(ctx, rc, k)
 	require.NoError(t, err)
@@ -50,7 +55,7 @@ func TestWriteRidesOutARefusal(t *testing.T) {
 	refusedBefore := readOnlyRefusals(t, rc)
 	short, cancel := context.WithTimeout(ctx, 200*time.Millisecond)
 	defer cancel()
-	_, err = rs.Write(short, target, "tok", 1, []byte("two"), store.WriteOptions{})
+	_, err = rs.Write(short, gaveUp, "tok", 1, []byte("two"), store.WriteOptions{})
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	require.Greater(t, readOnlyRefusals(t, rc), refusedBefore+1, "refused, sent again, refused")
 
