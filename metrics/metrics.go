@@ -75,6 +75,7 @@ type Metrics struct {
 	undoDuration       *prometheus.HistogramVec
 	batches            *prometheus.CounterVec
 	lockLost           prometheus.Counter
+	replicaAcksShort   prometheus.Counter
 
 	runTasks     *prometheus.CounterVec
 	elementTasks *prometheus.CounterVec
@@ -130,6 +131,8 @@ func New(opts Options) *Metrics {
 	m.collectors = append(m.collectors, m.undoDuration)
 	m.batches = counter("map_batches_claimed_total",
 		"Batches claimed by fan-out maps (kind forward: element tasks; rollback: element rollback jobs), by owner reactor.", "reactor", "kind")
+	m.replicaAcksShort = counter0("replica_acks_short_total",
+		"Progress writes that fewer replicas than Config.ReplicaAcks acknowledged within ReplicaAckTimeout: a failover now may lose them.")
 	m.lockLost = counter0("lock_lost_total", "Executions (runs and element runs) that lost their run lock mid-way.")
 
 	m.runTasks = counter("run_tasks_total", "Run tasks handled by workers, by outcome (done, snoozed, dropped, error).", "outcome")
@@ -213,6 +216,8 @@ func (m *Metrics) OnEvent(_ context.Context, e reactor.Event) {
 		}
 	case reactor.EventRunLockLost:
 		m.lockLost.Inc()
+	case reactor.EventReplicaAcksShort:
+		m.replicaAcksShort.Inc()
 	case reactor.EventStepStarted:
 		m.stepAttempts.WithLabelValues(e.Reactor, e.Step).Inc()
 	case reactor.EventStepRetrying:

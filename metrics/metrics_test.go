@@ -88,6 +88,7 @@ func TestEventsCounted(t *testing.T) {
 		{Kind: reactor.EventMapBatchClaimed, Reactor: "order", Step: "each"},
 		{Kind: reactor.EventMapBatchClaimed, Reactor: "order", Step: "each"},
 		{Kind: reactor.EventMapRollbackBatchClaimed, Reactor: "order", Step: "each"},
+		{Kind: reactor.EventReplicaAcksShort},
 	} {
 		m.OnEvent(ctx, e)
 	}
@@ -103,6 +104,7 @@ func TestEventsCounted(t *testing.T) {
 		{"goreactor_runs_finished_total", map[string]string{"reactor": "child"}, -1},
 		{"goreactor_map_elements_finished_total", map[string]string{"reactor": "el", "status": "completed"}, 1},
 		{"goreactor_lock_lost_total", nil, 1},
+		{"goreactor_replica_acks_short_total", nil, 1},
 		{"goreactor_step_attempts_total", map[string]string{"reactor": "order", "step": "charge"}, 2},
 		{"goreactor_step_retries_total", map[string]string{"reactor": "order", "step": "charge"}, 1},
 		{"goreactor_step_duration_seconds", map[string]string{"step": "charge", "outcome": "failed"}, 1},

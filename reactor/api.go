@@ -717,6 +717,21 @@ var ErrElementStopped = engine.ErrElementStopped
 //		// (otel.GetTracerProvider), a no-op until otel.SetTracerProvider is
 //		// called. No exporter is set up here: the provider brings its own.
 //		TracerProvider trace.TracerProvider
+//		// ReplicaAcks, when positive, makes every write that records a run's
+//		// progress wait until that many replicas of its Redis node have it:
+//		// a run's start and checkpoints, a map element's start and finish, a
+//		// map's and a map rollback's settles. Each is followed by WAIT on its
+//		// connection, so the step after a checkpoint runs only once the
+//		// replicas hold it, and a failover that promotes one of them keeps it
+//		// (see docs/configuration.md, "Failover"). A WAIT that times out
+//		// (ReplicaAckTimeout) leaves the write standing on its master and the
+//		// run going on, as without ReplicaAcks: it is counted
+//		// (EventReplicaAcksShort) and logged at Warn at most every 10 s. It
+//		// needs a *redis.Client or a *redis.ClusterClient. Default 0: no
+//		// waiting, replication is asynchronous.
+//		ReplicaAcks int
+//		// ReplicaAckTimeout bounds each wait of ReplicaAcks. Default 1 s.
+//		ReplicaAckTimeout time.Duration
 //	}
 //
 //	func (c Config) WithDefaults() Config
@@ -1106,15 +1121,20 @@ type EventKind = engine.EventKind
 
 // Events emitted by the executor.
 const (
-	EventRunStarted      = engine.EventRunStarted
-	EventRunResumed      = engine.EventRunResumed
-	EventRunCompleted    = engine.EventRunCompleted
-	EventRunFailed       = engine.EventRunFailed
-	EventRunHalted       = engine.EventRunHalted
-	EventRunCancelled    = engine.EventRunCancelled
-	EventRunAborted      = engine.EventRunAborted
-	EventRunLockLost     = engine.EventRunLockLost
-	EventRollbackStarted = engine.EventRollbackStarted
+	EventRunStarted   = engine.EventRunStarted
+	EventRunResumed   = engine.EventRunResumed
+	EventRunCompleted = engine.EventRunCompleted
+	EventRunFailed    = engine.EventRunFailed
+	EventRunHalted    = engine.EventRunHalted
+	EventRunCancelled = engine.EventRunCancelled
+	EventRunAborted   = engine.EventRunAborted
+	EventRunLockLost  = engine.EventRunLockLost
+	// EventReplicaAcksShort reports a write that fewer replicas than
+	// Config.ReplicaAcks acknowledged in time (Err says how many). It names
+	// no run: the wait covers every write its pipeline carried. Logged at
+	// Debug; the engine logs a Warn summing them at most every 10 s.
+	EventReplicaAcksShort = engine.EventReplicaAcksShort
+	EventRollbackStarted  = engine.EventRollbackStarted
 	// EventStepsUndone: UndoSteps finished undoing named steps of a
 	// finished run, which is back in the status it had.
 	EventStepsUndone = engine.EventStepsUndone

@@ -257,6 +257,8 @@ type settings struct {
 	sweepInterval   time.Duration
 	staleAfter      time.Duration
 	metricsAddr     string
+	replicaAcks     int
+	replicaAckWait  time.Duration
 }
 
 // errVersion is parseSettings' answer to -version.
@@ -293,6 +295,10 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 		"how long an unlocked run or map must go without progress before the sweeper recovers it; env GOREACTOR_STALE_AFTER")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env.String("GOREACTOR_METRICS_ADDR", ""),
 		"serve Prometheus metrics at http://ADDR/metrics (empty: off); env GOREACTOR_METRICS_ADDR")
+	fs.IntVar(&cfg.replicaAcks, "replica-acks", env.Int("GOREACTOR_REPLICA_ACKS", 0),
+		"replicas that must have each checkpoint and settle before a run goes on (WAIT; 0: asynchronous replication); env GOREACTOR_REPLICA_ACKS")
+	fs.DurationVar(&cfg.replicaAckWait, "replica-ack-timeout", env.Duration("GOREACTOR_REPLICA_ACK_TIMEOUT", time.Second),
+		"how long each -replica-acks wait lasts before the run goes on without them; env GOREACTOR_REPLICA_ACK_TIMEOUT")
 	fs.BoolVar(&showVersion, "version", false, "print goreactor's version and exit")
 	usage := func(err error) (settings, error) { return cfg, &UsageError{Err: err} }
 	if err := fs.Parse(args); errors.Is(err, flag.ErrHelp) {
@@ -333,6 +339,10 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 		return usage(fmt.Errorf("-stale-after %s: must be positive", cfg.staleAfter))
 	case cfg.prefix == "":
 		return usage(errors.New("-prefix: must not be empty"))
+	case cfg.replicaAcks < 0:
+		return usage(fmt.Errorf("-replica-acks %d: must be 0 (off) or positive", cfg.replicaAcks))
+	case cfg.replicaAckWait < time.Millisecond:
+		return usage(fmt.Errorf("-replica-ack-timeout %s: must be at least 1ms", cfg.replicaAckWait))
 	}
 	return cfg, nil
 }
@@ -356,6 +366,9 @@ func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) er
 		Logger:     log,
 		LockExpiry: cfg.lockExpiry,
 		Enqueuer:   client,
+
+		ReplicaAcks:       cfg.replicaAcks,
+		ReplicaAckTimeout: cfg.replicaAckWait,
 	}
 	if opts.Engine != nil {
 		opts.Engine(&ecfg)
@@ -406,7 +419,8 @@ func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) er
 	log.Info("worker started", "event", "worker.started",
 		"redis", cfg.redis.Addr(), "db", cfg.redis.DB(), "cluster", cfg.redis.IsCluster(), "prefix", cfg.prefix, "queues", strings.Join(names, ","),
 		"enqueue_queue", cfg.firstQueue, "concurrency", cfg.concurrency, "lock_expiry", cfg.lockExpiry.String(),
-		"sweep_interval", cfg.sweepInterval.String(), "stale_after", cfg.staleAfter.String(), "reactors", engine.Names())
+		"sweep_interval", cfg.sweepInterval.String(), "stale_after", cfg.staleAfter.String(), "replica_acks", cfg.replicaAcks,
+		"reactors", engine.Names())
 
 	var wg sync.WaitGroup
 	if cfg.sweepInterval > 0 {

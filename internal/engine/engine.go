@@ -74,6 +74,21 @@ type Config struct {
 	// (otel.GetTracerProvider), a no-op until otel.SetTracerProvider is
 	// called. No exporter is set up here: the provider brings its own.
 	TracerProvider trace.TracerProvider
+	// ReplicaAcks, when positive, makes every write that records a run's
+	// progress wait until that many replicas of its Redis node have it:
+	// a run's start and checkpoints, a map element's start and finish, a
+	// map's and a map rollback's settles. Each is followed by WAIT on its
+	// connection, so the step after a checkpoint runs only once the
+	// replicas hold it, and a failover that promotes one of them keeps it
+	// (see docs/configuration.md, "Failover"). A WAIT that times out
+	// (ReplicaAckTimeout) leaves the write standing on its master and the
+	// run going on, as without ReplicaAcks: it is counted
+	// (EventReplicaAcksShort) and logged at Warn at most every 10 s. It
+	// needs a *redis.Client or a *redis.ClusterClient. Default 0: no
+	// waiting, replication is asynchronous.
+	ReplicaAcks int
+	// ReplicaAckTimeout bounds each wait of ReplicaAcks. Default 1 s.
+	ReplicaAckTimeout time.Duration
 }
 
 // WithDefaults returns c with every unset field at its default.
@@ -102,6 +117,9 @@ func (c Config) WithDefaults() Config {
 	if c.MaxRollbackFailures <= 0 {
 		c.MaxRollbackFailures = 100
 	}
+	if c.ReplicaAckTimeout <= 0 {
+		c.ReplicaAckTimeout = time.Second
+	}
 	return c
 }
 
@@ -111,6 +129,13 @@ func (c Config) validate() error {
 	}
 	if c.LockExpiry < 30*time.Millisecond {
 		return fmt.Errorf("reactor: Config.LockExpiry %s is too short to be extended in time", c.LockExpiry)
+	}
+	if c.ReplicaAcks < 0 {
+		return fmt.Errorf("reactor: Config.ReplicaAcks %d is negative", c.ReplicaAcks)
+	}
+	if c.ReplicaAcks > 0 && c.ReplicaAckTimeout < time.Millisecond {
+		// WAIT takes milliseconds, and 0 would wait forever.
+		return fmt.Errorf("reactor: Config.ReplicaAckTimeout %s is under a millisecond", c.ReplicaAckTimeout)
 	}
 	return nil
 }
@@ -134,6 +159,10 @@ type Engine struct {
 	// clockSkew is added to readings of the Redis server's clock (ms):
 	// tests stand in a node whose clock is behind (export_test.go).
 	clockSkew atomic.Int64
+	// ackShort counts the replica waits that fell short since the last
+	// Warn about them, ackWarned is when that Warn was logged (Unix ns).
+	ackShort  atomic.Int64
+	ackWarned atomic.Int64
 }
 
 // MinClusterRedirects is the least ClusterOptions.MaxRedirects that lets
@@ -160,7 +189,7 @@ func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
 			"runs' writes and redo their steps: set ClusterOptions.MaxRedirects to at least "+strconv.Itoa(MinClusterRedirects),
 			"event", "reactor.engine.cluster_redirects", "max_redirects", cc.Options().MaxRedirects)
 	}
-	return &Engine{
+	e := &Engine{
 		cfg:      cfg,
 		log:      cfg.Logger,
 		store:    st,
@@ -169,7 +198,35 @@ func NewEngine(ctx context.Context, cfg Config) (*Engine, error) {
 		versions: map[string][]*Definition{},
 		now:      time.Now,
 		sleep:    sleepCtx,
-	}, nil
+	}
+	if cfg.ReplicaAcks > 0 {
+		a := &store.Acks{Replicas: cfg.ReplicaAcks, Timeout: cfg.ReplicaAckTimeout, Short: e.replicaAcksShort}
+		if err := st.SetAcks(ctx, a); err != nil {
+			return nil, fmt.Errorf("reactor: Config.ReplicaAcks: %w", err)
+		}
+	}
+	return e, nil
+}
+
+// replicaAcksShort is told of a WAIT that returned fewer replicas than
+// Config.ReplicaAcks (got), or failed (got -1, err): an event for hooks
+// and metrics each time, a Warn for operators at most every 10 s.
+func (e *Engine) replicaAcksShort(got int, err error) {
+	if err == nil {
+		err = fmt.Errorf("%d of %d replicas acknowledged a write within %s", got, e.cfg.ReplicaAcks, e.cfg.ReplicaAckTimeout)
+	} else {
+		err = fmt.Errorf("waiting for %d replicas: %w", e.cfg.ReplicaAcks, err)
+	}
+	ctx := context.Background()
+	e.emit(ctx, Event{Kind: EventReplicaAcksShort, Err: err})
+	n := e.ackShort.Add(1)
+	now, last := time.Now().UnixNano(), e.ackWarned.Load()
+	if now-last >= int64(10*time.Second) && e.ackWarned.CompareAndSwap(last, now) {
+		e.ackShort.Add(-n)
+		e.log.Warn("writes went on without the replicas Config.ReplicaAcks asks for: a failover now may lose them",
+			"event", string(EventReplicaAcksShort), "short_writes", n, "replica_acks", e.cfg.ReplicaAcks,
+			"timeout", e.cfg.ReplicaAckTimeout, "last_error", err.Error())
+	}
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

@@ -13,15 +13,20 @@ type EventKind string
 
 // Events emitted by the executor.
 const (
-	EventRunStarted      EventKind = "reactor.run.started"
-	EventRunResumed      EventKind = "reactor.run.resumed"
-	EventRunCompleted    EventKind = "reactor.run.completed"
-	EventRunFailed       EventKind = "reactor.run.failed"
-	EventRunHalted       EventKind = "reactor.run.halted"
-	EventRunCancelled    EventKind = "reactor.run.cancelled"
-	EventRunAborted      EventKind = "reactor.run.aborted"
-	EventRunLockLost     EventKind = "reactor.run.lock_lost"
-	EventRollbackStarted EventKind = "reactor.rollback.started"
+	EventRunStarted   EventKind = "reactor.run.started"
+	EventRunResumed   EventKind = "reactor.run.resumed"
+	EventRunCompleted EventKind = "reactor.run.completed"
+	EventRunFailed    EventKind = "reactor.run.failed"
+	EventRunHalted    EventKind = "reactor.run.halted"
+	EventRunCancelled EventKind = "reactor.run.cancelled"
+	EventRunAborted   EventKind = "reactor.run.aborted"
+	EventRunLockLost  EventKind = "reactor.run.lock_lost"
+	// EventReplicaAcksShort reports a write that fewer replicas than
+	// Config.ReplicaAcks acknowledged in time (Err says how many). It names
+	// no run: the wait covers every write its pipeline carried. Logged at
+	// Debug; the engine logs a Warn summing them at most every 10 s.
+	EventReplicaAcksShort EventKind = "reactor.replica_acks.short"
+	EventRollbackStarted  EventKind = "reactor.rollback.started"
 	// EventStepsUndone: UndoSteps finished undoing named steps of a
 	// finished run, which is back in the status it had.
 	EventStepsUndone EventKind = "reactor.run.steps_undone"
@@ -131,7 +136,7 @@ func (x *execution) emit(ctx context.Context, ev Event) {
 // run's events are all Debug, its panics included: its map reports the
 // failures on the owner.
 func eventLevel(ev Event) slog.Level {
-	if ev.Element {
+	if ev.Element || ev.Kind == EventReplicaAcksShort {
 		return slog.LevelDebug
 	}
 	if panicOf(ev) != nil {

@@ -7,6 +7,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/goreactor/goreactor/internal/store"
 )
 
 // The functions in this file are the engine's plumbing for goreactor's own
@@ -58,6 +60,11 @@ func Client(e *Engine) redis.UniversalClient { return e.client() }
 
 // Prefix is the engine's key prefix.
 func Prefix(e *Engine) string { return e.prefix() }
+
+// Acks is how the engine's progress writes wait for replicas
+// (Config.ReplicaAcks), nil when they do not: the map layer's settles
+// wait the same way.
+func Acks(e *Engine) *store.Acks { return e.store.Acks() }
 
 // EnqueuerOf is the engine's configured Enqueuer (nil if none).
 func EnqueuerOf(e *Engine) Enqueuer { return e.enqueuer() }

@@ -93,7 +93,7 @@ var (
 func (s mapStore) elemBegin(mapID string, md meta, index int) func(ctx context.Context, t store.Target, token string, lockTTL time.Duration, data []byte) (store.Snapshot, bool, error) {
 	return func(ctx context.Context, t store.Target, token string, lockTTL time.Duration, data []byte) (store.Snapshot, bool, error) {
 		k := s.keys
-		res, err := elemBeginScript.Run(ctx, s.rdb, []string{t.State, t.Lock, k.MapMeta(mapID), k.MapOffset(mapID), k.MapFailed(mapID)},
+		res, err := s.eval(ctx, elemBeginScript, []string{t.State, t.Lock, k.MapMeta(mapID), k.MapOffset(mapID), k.MapFailed(mapID)},
 			token, data, index, md.Inc, max(1, lockTTL.Milliseconds())).Slice()
 		if err != nil {
 			return store.Snapshot{}, false, fmt.Errorf("mapstep: create element %s[%d]: %w", mapID, index, err)
@@ -143,7 +143,7 @@ func (s mapStore) elemFinish(mapID string, md meta, index int, sr *settleResult)
 			return store.WriteResult{}, err
 		}
 		keys := []string{t.State, t.Lock, t.Audit, k.MapMeta(mapID), k.MapOffset(mapID), k.MapResults(mapID), k.MapFailed(mapID), k.MapSignalled(mapID)}
-		vals, err := elemFinishScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+		vals, err := s.eval(ctx, elemFinishScript, keys, args...).Int64Slice()
 		if err != nil {
 			return store.WriteResult{}, fmt.Errorf("mapstep: finish element %s[%d]: %w", mapID, index, err)
 		}
@@ -272,7 +272,7 @@ func (s mapStore) elemRbFinish(md meta, t maptask.RollbackTask, sr *settleResult
 		}
 		keys := []string{tg.State, tg.Lock, tg.Audit, k.MapRbMeta(t.MapID, t.Gen), k.MapRbOffset(t.MapID, t.Gen), k.MapRbResults(t.MapID, t.Gen),
 			k.MapRbHandedOff(t.MapID, t.Gen), k.MapRbSignalled(t.MapID, t.Gen)}
-		vals, err := elemFinishScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+		vals, err := s.eval(ctx, elemFinishScript, keys, args...).Int64Slice()
 		if err != nil {
 			return store.WriteResult{}, fmt.Errorf("mapstep: finish the rollback of element %s[%d]: %w", t.MapID, t.Index, err)
 		}

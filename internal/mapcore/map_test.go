@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/internal/engine"
@@ -29,12 +30,21 @@ type fixture struct {
 
 func newFixture(t *testing.T, withWorker bool) *fixture {
 	t.Helper()
-	rdb := redistest.Client(t)
+	return newFixtureOn(t, redistest.Client(t), withWorker)
+}
+
+// newFixtureOn is newFixture on rdb, the engine's Config changed by mod.
+func newFixtureOn(t *testing.T, rdb redis.UniversalClient, withWorker bool, mod ...func(*engine.Config)) *fixture {
+	t.Helper()
 	queue := redistest.Queue(t)
 	client := worker.NewClient(rdb, queue)
 	logger := slog.New(slog.NewTextHandler(io.Discard, nil))
 	prefix := redistest.Prefix(t)
-	e, err := engine.NewEngine(context.Background(), engine.Config{Client: rdb, Prefix: prefix, Enqueuer: client, Logger: logger})
+	cfg := engine.Config{Client: rdb, Prefix: prefix, Enqueuer: client, Logger: logger}
+	for _, m := range mod {
+		m(&cfg)
+	}
+	e, err := engine.NewEngine(context.Background(), cfg)
 	require.NoError(t, err)
 	f := &fixture{engine: e, queue: queue, prefix: prefix, ran: map[int]int{}}
 	if withWorker {

@@ -179,7 +179,7 @@ func (s mapStore) rbStart(ctx context.Context, mapID string, gen, total, batch i
 	if work {
 		w = "1"
 	}
-	res, err := rbStartScript.Run(ctx, s.rdb, []string{k.MapRbMeta(mapID, gen), k.MapRbOffset(mapID, gen), k.MapMeta(mapID)},
+	res, err := s.eval(ctx, rbStartScript, []string{k.MapRbMeta(mapID, gen), k.MapRbOffset(mapID, gen), k.MapMeta(mapID)},
 		total, batch, time.Now().UnixMilli(), gen, w, windowAt).Slice()
 	if err != nil {
 		return false, 0, fmt.Errorf("mapstep: start rollback of %s: %w", mapID, err)
@@ -203,7 +203,7 @@ func (s mapStore) rbSettle(ctx context.Context, mapID string, gen, pos int, o rb
 			return settleResult{}, err
 		}
 	}
-	res, err := settleScript.Run(ctx, s.rdb, s.rbKeys(mapID, gen), pos, enc, failure, "r", o.Outcome).Slice()
+	res, err := s.eval(ctx, settleScript, s.rbKeys(mapID, gen), pos, enc, failure, "r", o.Outcome).Slice()
 	if err != nil {
 		return settleResult{}, fmt.Errorf("mapstep: settle rollback %s[%d]: %w", mapID, pos, err)
 	}
@@ -212,7 +212,7 @@ func (s mapStore) rbSettle(ctx context.Context, mapID string, gen, pos int, o rb
 
 func (s mapStore) rbHandOff(ctx context.Context, mapID string, gen int) (bool, error) {
 	k := s.keys
-	n, err := rbHandOffScript.Run(ctx, s.rdb, []string{k.MapRbHandedOff(mapID, gen), k.MapRbMeta(mapID, gen),
+	n, err := s.eval(ctx, rbHandOffScript, []string{k.MapRbHandedOff(mapID, gen), k.MapRbMeta(mapID, gen),
 		k.MapRbOffset(mapID, gen), k.MapRbSignalled(mapID, gen)}).Int()
 	if err != nil {
 		return false, fmt.Errorf("mapstep: hand off rollback of %s: %w", mapID, err)

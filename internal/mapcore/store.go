@@ -51,6 +51,15 @@ var (
 type mapStore struct {
 	rdb  redis.UniversalClient
 	keys keys.Keys
+	// acks makes the writes that record an element's or a settle's
+	// outcome wait for replicas (Config.ReplicaAcks); nil for none.
+	acks *store.Acks
+}
+
+// eval runs a write script that records progress: with the engine's
+// replica acknowledgements, if it asks for them (store.Eval).
+func (s mapStore) eval(ctx context.Context, sc *redis.Script, keys []string, args ...any) *redis.Cmd {
+	return store.Eval(store.WithAcks(ctx, s.acks), s.rdb, sc, keys, args...)
 }
 
 // setHeld records what element index holds after its rollbacks, for the
@@ -68,7 +77,7 @@ func (s mapStore) held(ctx context.Context, mapID string) (engine.Held, error) {
 }
 
 func storeOf(e *engine.Engine) mapStore {
-	return mapStore{rdb: engine.Client(e), keys: keys.New(engine.Prefix(e))}
+	return mapStore{rdb: engine.Client(e), keys: keys.New(engine.Prefix(e)), acks: engine.Acks(e)}
 }
 
 // meta is a map's metadata as the element jobs read it.
@@ -151,7 +160,7 @@ func (m meta) settled() bool {
 
 // start creates the map's metadata and claims its first batch, once.
 func (s mapStore) start(ctx context.Context, mapID string, m meta) (created bool, offset int, err error) {
-	res, err := startScript.Run(ctx, s.rdb, []string{s.keys.MapMeta(mapID), s.keys.MapOffset(mapID)},
+	res, err := s.eval(ctx, startScript, []string{s.keys.MapMeta(mapID), s.keys.MapOffset(mapID)},
 		m.Total, m.BatchSize, b2s(m.Atomic), m.Owner, m.OwnerReact, m.Element, m.Step, []byte(m.With), m.Input, b2s(m.FanOut), b2s(m.Paged), m.Trace,
 		b2s(m.Sensitive), m.ElementDef, m.OwnerDef, m.Inc).Slice()
 	if err != nil {
@@ -183,7 +192,7 @@ func (s mapStore) settle(ctx context.Context, mapID string, index int, o outcome
 		}
 	}
 	k := s.keys
-	res, err := settleScript.Run(ctx, s.rdb, []string{k.MapMeta(mapID), k.MapOffset(mapID), k.MapResults(mapID), k.MapFailed(mapID), k.MapSignalled(mapID)},
+	res, err := s.eval(ctx, settleScript, []string{k.MapMeta(mapID), k.MapOffset(mapID), k.MapResults(mapID), k.MapFailed(mapID), k.MapSignalled(mapID)},
 		index, enc, failure, "f").Slice()
 	if err != nil {
 		return settleResult{}, fmt.Errorf("mapstep: settle %s[%d]: %w", mapID, index, err)

@@ -93,6 +93,14 @@ func (b *batcher) flush(batch []*batchReq) {
 	// The flush serves many callers: none's cancellation may cut the
 	// others' writes short. go-redis bounds it by its own timeouts.
 	ctx := context.Background()
+	for _, r := range batch {
+		// One request that waits for replicas (WithAcks) makes the
+		// pipeline end with WAIT: it covers every write before it.
+		if a := acksOf(r.ctx); a != nil && r.ctx.Err() == nil {
+			ctx = WithAcks(ctx, a)
+			break
+		}
+	}
 	p := b.rdb.Pipeline()
 	marks := make([]int, len(batch)+1)
 	for i, r := range batch {

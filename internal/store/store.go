@@ -94,6 +94,8 @@ type Store struct {
 	// pipeline by node and sends the parts concurrently.
 	ordered bool
 	batch   *batcher
+	// acks, when set (SetAcks), makes checkpoints wait for replicas.
+	acks *Acks
 }
 
 // New returns a Store and loads its scripts, so a broken script or an
@@ -108,6 +110,24 @@ func New(ctx context.Context, rdb redis.UniversalClient, k keys.Keys) (*Store, e
 	return &Store{rdb: rdb, keys: k, watcher: NewWatcher(rdb), ordered: ordered,
 		batch: newBatcher(rdb)}, nil
 }
+
+// SetAcks makes the writes that record a run's progress (Create,
+// CreateNew, Write) wait for a.Replicas replicas (see Acks), installing the
+// WAIT hook on the client. Call it before the Store is used.
+func (s *Store) SetAcks(ctx context.Context, a *Acks) error {
+	if a == nil || a.Replicas <= 0 {
+		s.acks = nil
+		return nil
+	}
+	if err := InstallAcks(ctx, s.rdb); err != nil {
+		return err
+	}
+	s.acks = a
+	return nil
+}
+
+// Acks returns what SetAcks set, nil for none.
+func (s *Store) Acks() *Acks { return s.acks }
 
 // Ordered reports whether the commands of one pipeline run in the order
 // they were queued: the client talks to one Redis (or one failover group),
@@ -149,9 +169,10 @@ const mapAuditCap = 1 << 40
 // Create stores data as version 1 unless a state exists. It returns the
 // existing snapshot and created=false when one does.
 func (s *Store) Create(ctx context.Context, t Target, token string, data []byte) (Snapshot, bool, error) {
+	ctx = WithAcks(ctx, s.acks)
 	var res []any
 	err := rideOut(ctx, func() (err error) {
-		res, err = createScript.Run(ctx, s.rdb, []string{t.State, t.Lock}, token, data).Slice()
+		res, err = Eval(ctx, s.rdb, createScript, []string{t.State, t.Lock}, token, data).Slice()
 		return err
 	})
 	if err != nil {
@@ -177,6 +198,7 @@ func (s *Store) Create(ctx context.Context, t Target, token string, data []byte)
 // create, once the entries' reply is in (QueueReactorName).
 func (s *Store) CreateNew(ctx context.Context, t Target, token string, lockTTL time.Duration, data []byte,
 	reactorName string, index func(p redis.Pipeliner)) (Snapshot, bool, error) {
+	ctx = WithAcks(ctx, s.acks)
 	ttl := strconv.FormatInt(max(1, lockTTL.Milliseconds()), 10)
 	keys := []string{t.State, t.Lock}
 	var res []any
@@ -192,7 +214,7 @@ func (s *Store) CreateNew(ctx context.Context, t Target, token string, lockTTL t
 		if err != nil && create != nil && create.Err() != nil && redis.HasErrorPrefix(create.Err(), "NOSCRIPT") {
 			// The server lost its script cache (a restart, SCRIPT FLUSH):
 			// the index entries landed; the create goes again by source.
-			res, err = createScript.Run(ctx, s.rdb, keys, token, data, ttl).Slice()
+			res, err = Eval(ctx, s.rdb, createScript, keys, token, data, ttl).Slice()
 		} else if err == nil {
 			res, err = create.Slice()
 		}
@@ -213,7 +235,7 @@ func (s *Store) CreateNew(ctx context.Context, t Target, token string, lockTTL t
 			})
 		}
 		err := rideOut(ctx, func() (err error) {
-			res, err = createScript.Run(ctx, s.rdb, keys, token, data, ttl).Slice()
+			res, err = Eval(ctx, s.rdb, createScript, keys, token, data, ttl).Slice()
 			return err
 		})
 		named.Wait()
@@ -276,7 +298,7 @@ func (s *Store) scriptOnce(ctx context.Context, sc *redis.Script, keys []string,
 		return nil, errBatchLost
 	}
 	if c.Err() != nil && redis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-		return sc.Run(ctx, s.rdb, keys, args...).Slice()
+		return Eval(ctx, s.rdb, sc, keys, args...).Slice()
 	}
 	return c.Slice()
 }
@@ -435,7 +457,7 @@ func (s *Store) Write(ctx context.Context, t Target, token string, version int64
 		// the stream, which does not exist until a first entry (write.lua).
 		keys = append(keys, t.Audit)
 	}
-	res, err := s.script(ctx, writeScript, keys, args...)
+	res, err := s.script(WithAcks(ctx, s.acks), writeScript, keys, args...)
 	if err != nil {
 		return WriteResult{}, fmt.Errorf("store: write: %w", err)
 	}
