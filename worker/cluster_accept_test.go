@@ -257,7 +257,8 @@ func TestClusterAcceptance10k(t *testing.T) {
 	require.LessOrEqual(t, redone, acceptRedone, "elements undone more than once")
 
 	// Where the element runs were: on A before the move, on B after it
-	// and until the kill, on B' at the end.
+	// and until the kill, on B' (promoted) at the end: three masters, one
+	// at a time.
 	keysEnd := keyCensus(ctx, []string{a, b2, c}, names, prefix, queue, mapID)
 	for _, k := range []struct{ census, node, what string }{
 		{m.keysBefore, a, "A before the move"}, {m.keysAfter, b, "B after the move"}, {f.keysAtKill, b, "B at the kill"},
@@ -265,6 +266,7 @@ func TestClusterAcceptance10k(t *testing.T) {
 		require.Positive(t, censusElements(k.census, names[k.node]), "element runs on %s", k.what)
 	}
 	require.Zero(t, censusElements(m.keysAfter, names[a]), "no element runs left on A after the move")
+	require.Positive(t, censusElements(keysEnd, names[b2]), "element runs on B' at the end")
 
 	t.Logf("%d elements, batch %d: slot %d (map %s) moved from A %s to B %s, B killed, B' %s promoted; queue on C %s",
 		acceptItems, acceptBatch, slot, mapID, a, b, b2, c)
