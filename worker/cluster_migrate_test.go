@@ -164,11 +164,23 @@ type migrateIn struct {
 	N int `json:"n"`
 }
 
-// migrateSlot moves slot (key's) from the master that serves it to the next one,
-// the way redis-cli --cluster reshard does (SETSLOT IMPORTING/MIGRATING,
-// MIGRATE a few keys at a time, SETSLOT NODE everywhere), slowly enough
-// that scripts meet the slot half moved. It returns the keys it moved.
+// migrateSlot moves slot (key's) from the master that serves it to the
+// next one, 5 keys at a time: slowly enough that scripts meet the slot half
+// moved (see moveSlot). It returns the keys it moved.
 func migrateSlot(t *testing.T, ctx context.Context, addrs []string, key string, slot int) int {
+	t.Helper()
+	moved, err := moveSlot(t, ctx, addrs, key, slot, 5)
+	require.NoError(t, err)
+	return moved
+}
+
+// moveSlot moves slot (key's) from the master of addrs (masters only) that
+// serves it to the next one in addrs, the way redis-cli --cluster reshard
+// does: SETSLOT IMPORTING/MIGRATING, MIGRATE batch keys at a time with a
+// pause between batches (a slot moving, not one that jumps), SETSLOT NODE
+// everywhere. It returns the keys it moved. It reports failures as errors,
+// not through t, so that it can run on a goroutine of its own.
+func moveSlot(t *testing.T, ctx context.Context, addrs []string, key string, slot, batch int) (int, error) {
 	t.Helper()
 	nodes := make([]*redis.Client, len(addrs))
 	ids := make([]string, len(addrs))
@@ -176,7 +188,11 @@ func migrateSlot(t *testing.T, ctx context.Context, addrs []string, key string, 
 	for i, a := range addrs {
 		nodes[i] = redis.NewClient(&redis.Options{Addr: a})
 		defer nodes[i].Close()
-		ids[i] = nodes[i].Do(ctx, "CLUSTER", "MYID").Val().(string)
+		id, err := nodes[i].Do(ctx, "CLUSTER", "MYID").Text()
+		if err != nil {
+			return 0, fmt.Errorf("CLUSTER MYID on %s: %w", a, err)
+		}
+		ids[i] = id
 	}
 	for i, n := range nodes {
 		// The master that serves the slot answers for a key of it; the
@@ -185,15 +201,23 @@ func migrateSlot(t *testing.T, ctx context.Context, addrs []string, key string, 
 			src = i
 		}
 	}
-	require.GreaterOrEqual(t, src, 0, "no master serves slot %d", slot)
+	if src < 0 {
+		return 0, fmt.Errorf("no master of %v serves slot %d", addrs, slot)
+	}
 	dst := (src + 1) % len(nodes)
 	host, port, _ := strings.Cut(addrs[dst], ":")
-	require.NoError(t, nodes[dst].Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[src]).Err())
-	require.NoError(t, nodes[src].Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[dst]).Err())
+	if err := nodes[dst].Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", ids[src]).Err(); err != nil {
+		return 0, fmt.Errorf("SETSLOT IMPORTING on %s: %w", addrs[dst], err)
+	}
+	if err := nodes[src].Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", ids[dst]).Err(); err != nil {
+		return 0, fmt.Errorf("SETSLOT MIGRATING on %s: %w", addrs[src], err)
+	}
 	moved := 0
 	for {
-		ks, err := nodes[src].ClusterGetKeysInSlot(ctx, slot, 5).Result()
-		require.NoError(t, err)
+		ks, err := nodes[src].ClusterGetKeysInSlot(ctx, slot, batch).Result()
+		if err != nil {
+			return moved, fmt.Errorf("GETKEYSINSLOT on %s: %w", addrs[src], err)
+		}
 		if len(ks) == 0 {
 			break
 		}
@@ -202,18 +226,29 @@ func migrateSlot(t *testing.T, ctx context.Context, addrs []string, key string, 
 			args = append(args, k)
 		}
 		if err := nodes[src].Do(ctx, args...).Err(); err != nil && !strings.Contains(err.Error(), "NOKEY") {
-			require.NoError(t, err)
+			return moved, fmt.Errorf("MIGRATE from %s: %w", addrs[src], err)
 		}
 		moved += len(ks)
 		time.Sleep(20 * time.Millisecond) // a slot moving, not one that jumps
 	}
-	for _, n := range []*redis.Client{nodes[dst], nodes[src]} {
-		require.NoError(t, n.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[dst]).Err())
-	}
-	for i, n := range nodes {
-		if i != src && i != dst {
-			require.NoError(t, n.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[dst]).Err())
+	// The destination first, then the source, then the others, as
+	// redis-cli does: the source stops redirecting with ASK only once the
+	// destination owns the slot.
+	for _, i := range append([]int{dst, src}, others(len(nodes), src, dst)...) {
+		if err := nodes[i].Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", ids[dst]).Err(); err != nil {
+			return moved, fmt.Errorf("SETSLOT NODE on %s: %w", addrs[i], err)
 		}
 	}
-	return moved
+	return moved, nil
+}
+
+// others returns the indexes below n other than a and b.
+func others(n, a, b int) []int {
+	var out []int
+	for i := range n {
+		if i != a && i != b {
+			out = append(out, i)
+		}
+	}
+	return out
 }
