@@ -281,7 +281,9 @@ func (sw *mapSweep) rollbackPass(ctx context.Context) (sweepPass, error) {
 		results: k.MapRbResults(id, gen), meta: k.MapRbMeta(id, gen),
 		lwm: sw.v.rbLwm, claimed: min(rb.Offset, rb.Total), batch: rb.BatchSize,
 		element: func(p int) string { return ElementID(id, index(p)) },
-		task:    func(p int) maptask.TaskRef { return maptask.RollbackTask{MapID: id, Gen: gen, Pos: p, Index: index(p)}.Ref() },
+		task: func(p int) maptask.TaskRef {
+			return maptask.RollbackTask{MapID: id, Gen: gen, Pos: p, Index: index(p)}.Ref()
+		},
 		redeliver: func(ctx context.Context, p int, fresh string) error {
 			return sw.enqueueRollbacks(ctx, []maptask.RollbackTask{{MapID: id, Gen: gen, Pos: p, Index: index(p), Redelivery: fresh}})
 		},
