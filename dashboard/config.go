@@ -4,11 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/envconfig"
+	"github.com/goreactor/goreactor/internal/maptask"
 )
 
 // Config configures New.
@@ -35,6 +37,13 @@ type Config struct {
 	// asynq queue in Client's Redis (other applications' too), warning
 	// only about ControlQueue.
 	Queues []string
+	// QueueShards is the workers' shard count of ControlQueue, the queue
+	// they enqueue on (worker.ClientConfig.Shards, cmd/dashboard's
+	// -queue-shards): /api/stats then reports ControlQueue's shard queues,
+	// "<ControlQueue>.shard0" and on, right after it (where Queues lists
+	// it), each marked served or not, and warns about those no worker
+	// serves. Default 1 (no shards); at most 64.
+	QueueShards int
 	// Gatherer is what /metrics serves. Default: metrics.NewRegistry of a
 	// metrics.New reading Client (the goreactor_runs gauge and the Go
 	// runtime; the event counters stay at zero in a dashboard process, so
@@ -59,6 +68,9 @@ func (c Config) WithDefaults() Config {
 	if len(c.Queues) == 0 {
 		c.Queues = []string{c.ControlQueue}
 	}
+	if c.QueueShards == 0 {
+		c.QueueShards = 1
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -69,6 +81,11 @@ func (c Config) validate() error {
 	if c.Client == nil {
 		return errors.New("dashboard: Config.Client is required (the Redis client of the engines whose runs it shows)")
 	}
+	if c.QueueShards != 0 {
+		if err := envconfig.CheckShards(c.QueueShards); err != nil {
+			return fmt.Errorf("dashboard: Config.QueueShards: %w", err)
+		}
+	}
 	for _, q := range c.Queues {
 		switch {
 		case q == "":
@@ -78,4 +95,27 @@ func (c Config) validate() error {
 		}
 	}
 	return nil
+}
+
+// reportedQueues is what /api/stats reports: Queues, with ControlQueue's
+// shard queues right after it. nil for every asynq queue ("*").
+func (c Config) reportedQueues() []string {
+	if slices.Equal(c.Queues, []string{allQueues}) {
+		return nil
+	}
+	var out []string
+	for _, q := range c.Queues {
+		if !slices.Contains(out, q) {
+			out = append(out, q)
+		}
+		if q != c.ControlQueue {
+			continue
+		}
+		for _, s := range maptask.ShardQueues(q, c.QueueShards) {
+			if !slices.Contains(out, s) {
+				out = append(out, s)
+			}
+		}
+	}
+	return out
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -89,7 +90,7 @@ func (h *Handler) stats(w http.ResponseWriter, r *http.Request) {
 		h.serverError(w, r, err)
 		return
 	}
-	queues, every := h.cfg.Queues, slices.Equal(h.cfg.Queues, []string{allQueues})
+	queues, every := h.cfg.reportedQueues(), slices.Equal(h.cfg.Queues, []string{allQueues})
 	if every {
 		queues = slices.Sorted(slices.Values(known))
 	}
@@ -99,7 +100,13 @@ func (h *Handler) stats(w http.ResponseWriter, r *http.Request) {
 			", where actions on runs that recorded no queue go", "they wait"))
 	}
 	for _, q := range queues {
-		if !every && q != h.cfg.ControlQueue && !served[q] {
+		switch {
+		case every, q == h.cfg.ControlQueue, served[q]:
+		case shardOfControl(q, h.cfg):
+			out.Warnings = append(out.Warnings, fmt.Sprintf("no worker serves queue %q, a shard of %q: the map element "+
+				"and rollback tasks on it wait there until a worker serving it starts (worker -queue %s -queue-shards %d, "+
+				"or GOREACTOR_QUEUE_SHARDS=%d)", q, h.cfg.ControlQueue, h.cfg.ControlQueue, h.cfg.QueueShards, h.cfg.QueueShards))
+		default:
 			out.Warnings = append(out.Warnings, notServedWarning(q, "", "its runs and the actions on them wait"))
 		}
 		if !slices.Contains(known, q) {
@@ -117,4 +124,9 @@ func (h *Handler) stats(w http.ResponseWriter, r *http.Request) {
 			OldestPendingAge: info.Latency.Milliseconds()})
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// shardOfControl reports whether q is a shard queue of cfg.ControlQueue.
+func shardOfControl(q string, cfg Config) bool {
+	return slices.Contains(maptask.ShardQueues(cfg.ControlQueue, cfg.QueueShards), q)
 }

@@ -112,7 +112,19 @@ func NewMapSweeper(cfg MapConfig) (*MapSweeper, error) {
 		cfg.Logger = slog.Default()
 	}
 	rdb := engine.Client(cfg.Engine)
-	return &MapSweeper{cfg: cfg, keys: keys.New(engine.Prefix(cfg.Engine)), rdb: rdb, tasks: newQueueTasks(rdb, cfg.Queue, engine.Prefix(cfg.Engine))}, nil
+	tasks := newQueueTasks(rdb, cfg.Queue, enqueuerShards(engine.EnqueuerOf(cfg.Engine)), engine.Prefix(cfg.Engine))
+	return &MapSweeper{cfg: cfg, keys: keys.New(engine.Prefix(cfg.Engine)), rdb: rdb, tasks: tasks}, nil
+}
+
+// enqueuerShards is the shard count of q's map tasks: a worker.Client's
+// Shards (it puts element tasks and rollback jobs on that many queues), 1
+// for an Enqueuer that does not say. The sweeper re-enqueues through q, so
+// it looks for the tasks where q puts them.
+func enqueuerShards(q any) int {
+	if s, ok := q.(interface{ Shards() int }); ok && s.Shards() > 1 {
+		return s.Shards()
+	}
+	return 1
 }
 
 // ownerGone reports whether the owner of map mapID, a map without keys, is

@@ -15,17 +15,17 @@ import (
 // unusedTasks is a TaskInspector for passes that must not look at tasks.
 type unusedTasks struct{ t *testing.T }
 
-func (u unusedTasks) TaskFate(context.Context, string) (maptask.TaskFate, error) {
+func (u unusedTasks) TaskFate(context.Context, maptask.TaskRef) (maptask.TaskFate, error) {
 	u.t.Fatal("the pass looked at a task")
 	return 0, nil
 }
 
-func (u unusedTasks) IdleTaskFate(context.Context, string) (maptask.TaskFate, time.Duration, error) {
+func (u unusedTasks) IdleTaskFate(context.Context, maptask.TaskRef) (maptask.TaskFate, time.Duration, error) {
 	u.t.Fatal("the pass looked at a task")
 	return 0, 0, nil
 }
 
-func (u unusedTasks) DeleteTask(context.Context, string) error {
+func (u unusedTasks) DeleteTask(context.Context, maptask.TaskRef) error {
 	u.t.Fatal("the pass deleted a task")
 	return nil
 }

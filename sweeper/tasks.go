@@ -36,17 +36,25 @@ var (
 	leaseSeenScript = redis.NewScript(leaseSeenSrc)
 )
 
-// queueTasks answers maptask.TaskInspector for one asynq queue.
+// queueTasks answers maptask.TaskInspector for one asynq queue and its
+// shards: an element task or a rollback job is looked up on the shard
+// queue its map id and index choose (maptask.TaskRef.Queue), the one its
+// enqueuer (a worker.Client with as many shards) put it on; an owner task
+// on the queue itself.
 type queueTasks struct {
 	rdb    redis.UniversalClient
 	insp   *asynq.Inspector
 	queue  string
+	shards int
 	prefix string
 }
 
-func newQueueTasks(rdb redis.UniversalClient, queue, prefix string) *queueTasks {
-	return &queueTasks{rdb: rdb, insp: asynq.NewInspectorFromRedisClient(rdb), queue: queue, prefix: prefix}
+func newQueueTasks(rdb redis.UniversalClient, queue string, shards int, prefix string) *queueTasks {
+	return &queueTasks{rdb: rdb, insp: asynq.NewInspectorFromRedisClient(rdb), queue: queue, shards: shards, prefix: prefix}
 }
+
+// queueOf is the queue task t is on.
+func (q *queueTasks) queueOf(t maptask.TaskRef) string { return t.Queue(q.queue, q.shards) }
 
 // leaseSeenKey is the sweeper's observation of task id's lease. It carries
 // the sweeper's hash tag: only the (single, leader-locked) sweeper reads and
@@ -69,8 +77,8 @@ func leaseSeenKey(prefix, queue, id string) string {
 // with no lease entry is not called dead: an absent reading is no evidence
 // (the entry is written with the task's move to active, and asynq's
 // recoverer, which owns the lease set, deals with the odd case).
-func (q *queueTasks) TaskFate(ctx context.Context, id string) (maptask.TaskFate, error) {
-	fate, _, err := q.fate(ctx, id, leaseSeenKey(q.prefix, q.queue, id), deadAfter)
+func (q *queueTasks) TaskFate(ctx context.Context, t maptask.TaskRef) (maptask.TaskFate, error) {
+	fate, _, err := q.fate(ctx, t, leaseSeenKey(q.prefix, q.queueOf(t), t.ID), deadAfter)
 	return fate, err
 }
 
@@ -80,8 +88,8 @@ func (q *queueTasks) TaskFate(ctx context.Context, id string) (maptask.TaskFate,
 // an earlier look at the task while its element was held does not count.
 // When a look at an active task was not yet enough for a verdict, it
 // returns how soon the next one can be.
-func (q *queueTasks) IdleTaskFate(ctx context.Context, id string) (maptask.TaskFate, time.Duration, error) {
-	return q.fate(ctx, id, idleSeenKey(q.prefix, q.queue, id), idleAfter)
+func (q *queueTasks) IdleTaskFate(ctx context.Context, t maptask.TaskRef) (maptask.TaskFate, time.Duration, error) {
+	return q.fate(ctx, t, idleSeenKey(q.prefix, q.queueOf(t), t.ID), idleAfter)
 }
 
 // idleSeenKey is the sweeper's observation of task id while its element
@@ -92,8 +100,9 @@ func idleSeenKey(prefix, queue, id string) string {
 
 // fate is TaskFate over the observation at seen: an active task is dead
 // once its lease has gone unchanged for after.
-func (q *queueTasks) fate(ctx context.Context, id, seen string, after time.Duration) (maptask.TaskFate, time.Duration, error) {
-	info, err := q.insp.GetTaskInfo(q.queue, id)
+func (q *queueTasks) fate(ctx context.Context, t maptask.TaskRef, seen string, after time.Duration) (maptask.TaskFate, time.Duration, error) {
+	id, queue := t.ID, q.queueOf(t)
+	info, err := q.insp.GetTaskInfo(queue, id)
 	switch {
 	case errors.Is(err, asynq.ErrTaskNotFound), errors.Is(err, asynq.ErrQueueNotFound):
 		return maptask.TaskMissing, 0, nil
@@ -108,7 +117,7 @@ func (q *queueTasks) fate(ctx context.Context, id, seen string, after time.Durat
 	case asynq.TaskStateActive:
 		// The lease set is asynq's: asynq:{<queue>}:lease, scored by the
 		// lease's expiry in Unix seconds of the worker's clock.
-		exp, err := q.rdb.ZScore(ctx, "asynq:{"+q.queue+"}:lease", id).Result()
+		exp, err := q.rdb.ZScore(ctx, "asynq:{"+queue+"}:lease", id).Result()
 		if errors.Is(err, redis.Nil) {
 			return maptask.TaskLive, 0, nil // unknown, which is not dead
 		}
@@ -129,10 +138,10 @@ func (q *queueTasks) fate(ctx context.Context, id, seen string, after time.Durat
 }
 
 // DeleteTask implements maptask.TaskInspector.
-func (q *queueTasks) DeleteTask(_ context.Context, id string) error {
-	err := q.insp.DeleteTask(q.queue, id)
+func (q *queueTasks) DeleteTask(_ context.Context, t maptask.TaskRef) error {
+	err := q.insp.DeleteTask(q.queueOf(t), t.ID)
 	if err != nil && !errors.Is(err, asynq.ErrTaskNotFound) {
-		return fmt.Errorf("sweeper: delete task %s: %w", id, err)
+		return fmt.Errorf("sweeper: delete task %s: %w", t.ID, err)
 	}
 	return nil
 }

@@ -36,36 +36,97 @@ type Client struct {
 	c          *asynq.Client
 	insp       *asynq.Inspector
 	queue      string
+	shards     int
 }
 
-// NewClient returns a Client enqueuing on queue. An empty queue is the
-// first queue GOREACTOR_QUEUE names, or DefaultQueue when it is unset: the
-// queue worker.Main serves in the same environment. It does not own rdb:
-// close rdb yourself after Close.
+// MaxQueueShards is the most shards ClientConfig.Shards takes.
+const MaxQueueShards = maptask.MaxShards
+
+// ClientConfig configures NewClientWithConfig.
+type ClientConfig struct {
+	// Queue is the queue the client enqueues on. Default: the first queue
+	// GOREACTOR_QUEUE names, or DefaultQueue when it is unset: the queue
+	// worker.Main serves in the same environment.
+	Queue string
+	// Shards spreads fan-out maps' element tasks and rollback jobs over
+	// this many queues, "<Queue>.shard0" to "<Queue>.shard<Shards-1>",
+	// chosen by the map id and the element's index; runs, resumes and
+	// control tasks stay on Queue. asynq keeps each queue under one hash
+	// tag, so on a Redis Cluster one queue is one master: with shards, a
+	// big map's task traffic spreads over the masters the shard queues
+	// hash to. A Worker whose engine enqueues through this client serves
+	// the shards too, at Queue's priority. Every process that runs maps
+	// (the workers, an API process running fan-out maps in-process, the
+	// sweeper) must use the same count: worker.Main's -queue-shards
+	// (GOREACTOR_QUEUE_SHARDS). Default 1 (no shards: everything on
+	// Queue); at most MaxQueueShards.
+	Shards int
+}
+
+// NewClient returns a Client enqueuing on queue, with no shards:
+// NewClientWithConfig(rdb, ClientConfig{Queue: queue}). An empty queue is
+// the first queue GOREACTOR_QUEUE names, or DefaultQueue when it is unset:
+// the queue worker.Main serves in the same environment. It does not own
+// rdb: close rdb yourself after Close.
 func NewClient(rdb redis.UniversalClient, queue string) *Client {
-	if queue == "" {
-		queue = envconfig.Queue()
-	}
-	c := &Client{c: asynq.NewClientFromRedisClient(rdb), insp: asynq.NewInspectorFromRedisClient(rdb), queue: queue}
-	c.mapSender = maptask.NewSender(mapTasks{c})
+	c, _ := NewClientWithConfig(rdb, ClientConfig{Queue: queue}) // no shards: nothing to refuse
 	return c
+}
+
+// NewClientWithConfig returns a Client configured by cfg (see ClientConfig
+// for the defaults). It refuses a Shards below 0 or above MaxQueueShards.
+// It does not own rdb: close rdb yourself after Close.
+func NewClientWithConfig(rdb redis.UniversalClient, cfg ClientConfig) (*Client, error) {
+	if cfg.Queue == "" {
+		cfg.Queue = envconfig.Queue()
+	}
+	if cfg.Shards == 0 {
+		cfg.Shards = 1
+	}
+	if err := envconfig.CheckShards(cfg.Shards); err != nil {
+		return nil, fmt.Errorf("worker: ClientConfig.Shards: %w", err)
+	}
+	c := &Client{c: asynq.NewClientFromRedisClient(rdb), insp: asynq.NewInspectorFromRedisClient(rdb),
+		queue: cfg.Queue, shards: cfg.Shards}
+	c.mapSender = maptask.NewSender(mapTasks{c})
+	return c, nil
 }
 
 // Queue returns the queue the client enqueues on.
 func (c *Client) Queue() string { return c.queue }
 
+// Shards returns the number of queues the client spreads map element
+// tasks and rollback jobs over (ClientConfig.Shards); 1: none, they go on
+// Queue.
+func (c *Client) Shards() int { return c.shards }
+
+// ShardQueues returns the queues the client puts map element tasks and
+// rollback jobs on, "<Queue>.shard<i>" in shard order; none without
+// shards.
+func (c *Client) ShardQueues() []string { return maptask.ShardQueues(c.queue, c.shards) }
+
+// mapQueue is the queue of element index of map mapID.
+func (c *Client) mapQueue(mapID string, index int) string {
+	return maptask.QueueOf(c.queue, c.shards, mapID, index)
+}
+
 // Served reports whether a live asynq server (a Worker, or a server of your
 // own with this package's handler) is polling the client's queue: asynq's
 // server registry holds a server while its heartbeat (every 5 s) keeps it
-// alive, with the queues it polls. engine.Wait asks it about a run that
-// stays pending. It lists every server (and its active workers), so call
+// alive, with the queues it polls. With shards, the client's queue is
+// served only when every shard queue is too (a map's elements would
+// otherwise wait on an unserved shard). engine.Wait asks it about a run
+// that stays pending. It lists every server (and its active workers), so call
 // it now and then, not per task. asynq's Inspector takes no context: when
 // ctx ends first, Served returns ctx's error and the lookup finishes in the
 // background.
 func (c *Client) Served(ctx context.Context) (bool, error) { return c.ServesQueue(ctx, c.queue) }
 
 // ServesQueue is Served for any queue: a run started WithQueue waits on its
-// own queue (reactor.ServingReporter).
+// own queue (reactor.ServingReporter). The client's own queue counts as
+// served when its shard queues are too; a run on another queue still runs
+// its maps' elements on the client's shards, when the engine enqueues
+// through this client, so those are required too.
 func (c *Client) ServesQueue(ctx context.Context, queue string) (bool, error) {
 	type answer struct {
 		servers []*asynq.ServerInfo
@@ -83,12 +144,26 @@ func (c *Client) ServesQueue(ctx context.Context, queue string) (bool, error) {
 		if a.err != nil {
 			return false, fmt.Errorf("worker: list asynq servers: %w", a.err)
 		}
+		served := map[string]bool{}
 		for _, s := range a.servers {
-			if s.Status == "active" && s.Queues[queue] > 0 {
-				return true, nil
+			if s.Status != "active" {
+				continue
+			}
+			for q, prio := range s.Queues {
+				if prio > 0 {
+					served[q] = true
+				}
 			}
 		}
-		return false, nil
+		if !served[queue] {
+			return false, nil
+		}
+		for _, q := range c.ShardQueues() {
+			if !served[q] {
+				return false, nil
+			}
+		}
+		return true, nil
 	}
 }
 
@@ -181,7 +256,8 @@ type mapSender = maptask.Sender
 // the embedded Sender; it is not part of the Client's API.
 type mapTasks struct{ c *Client }
 
-// EnqueueElement puts a map element task on the queue.
+// EnqueueElement puts a map element task on its queue (its shard, with
+// shards).
 func (m mapTasks) EnqueueElement(ctx context.Context, t maptask.ElementTask) error {
 	return m.c.enqueueElement(ctx, t)
 }
@@ -209,7 +285,7 @@ func (c *Client) enqueueElement(ctx context.Context, t maptask.ElementTask) erro
 		return err
 	}
 	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeElement, body),
-		asynq.TaskID(t.TaskID()), asynq.Queue(c.queue), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout))
+		asynq.TaskID(t.TaskID()), asynq.Queue(c.mapQueue(t.MapID, t.Index)), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout))
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil
 	}
@@ -225,8 +301,11 @@ func (c *Client) enqueueRollback(ctx context.Context, t maptask.RollbackTask) er
 	if err != nil {
 		return err
 	}
+	// A rollback job goes to its element's shard (by index, not position):
+	// every generation's job for an element, and the sweeper's lookup of
+	// it, names the same queue.
 	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeRollback, body),
-		asynq.TaskID(t.TaskID()), asynq.Queue(c.queue), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout))
+		asynq.TaskID(t.TaskID()), asynq.Queue(c.mapQueue(t.MapID, t.Index)), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout))
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil
 	}

@@ -41,6 +41,7 @@ import (
 //	-redis-cluster     REDIS_CLUSTER_ADDRS         "" (a Redis Cluster's seeds: host:port,... or redis://...,...)
 //	-prefix            GOREACTOR_PREFIX            goreactor (your engines' Config.Prefix)
 //	-queue             GOREACTOR_QUEUE             goreactor (comma-separated name[:priority])
+//	-queue-shards      GOREACTOR_QUEUE_SHARDS      1 (map tasks over <first queue>.shard0.., all served; see ClientConfig.Shards)
 //	-concurrency       GOREACTOR_CONCURRENCY       10
 //	-lock-expiry       GOREACTOR_LOCK_EXPIRY       3s
 //	-sweep-interval    GOREACTOR_SWEEP_INTERVAL    1s (0: no sweeper in this process)
@@ -250,6 +251,7 @@ type settings struct {
 	prefix          string
 	queues          map[string]int
 	firstQueue      string
+	shards          int
 	concurrency     int
 	lockExpiry      time.Duration
 	shutdownTimeout time.Duration
@@ -281,6 +283,7 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 	fs.SetOutput(stderr)
 	envflag.Connection(fs, env, &target, &cfg.prefix)
 	envflag.Queue(fs, env, &queues, "served by this process, the first is where it enqueues")
+	envflag.QueueShards(fs, env, &cfg.shards, "served by this process too")
 	fs.IntVar(&cfg.concurrency, "concurrency", env.Int("GOREACTOR_CONCURRENCY", 10),
 		"tasks processed at once; env GOREACTOR_CONCURRENCY")
 	fs.DurationVar(&cfg.lockExpiry, "lock-expiry", env.Duration("GOREACTOR_LOCK_EXPIRY", DefaultLockExpiry),
@@ -326,6 +329,9 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 	if err := cfg.logLevel.UnmarshalText([]byte(level)); err != nil {
 		return usage(fmt.Errorf("-log-level %q: want debug, info, warn or error", level))
 	}
+	if err := envflag.CheckQueueShards(cfg.shards); err != nil {
+		return usage(err)
+	}
 	switch {
 	case cfg.concurrency < 1:
 		return usage(fmt.Errorf("-concurrency %d: must be at least 1", cfg.concurrency))
@@ -358,7 +364,10 @@ func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) er
 	// One queue setting for both sides: the client enqueues on the first
 	// queue the worker serves (New refuses a worker that does not serve
 	// its engine's client's queue).
-	client := NewClient(rdb, cfg.firstQueue)
+	client, err := NewClientWithConfig(rdb, ClientConfig{Queue: cfg.firstQueue, Shards: cfg.shards})
+	if err != nil {
+		return err // parseSettings checked the shards
+	}
 	defer client.Close()
 	ecfg := reactor.Config{
 		Client:     rdb,
@@ -411,14 +420,15 @@ func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) er
 	if err := w.Start(ctx); err != nil {
 		return fmt.Errorf("worker: start: %w", err)
 	}
-	names := make([]string, 0, len(cfg.queues))
-	for q, p := range cfg.queues {
+	served := withShards(cfg.queues, client)
+	names := make([]string, 0, len(served))
+	for q, p := range served {
 		names = append(names, fmt.Sprintf("%s:%d", q, p))
 	}
 	sort.Strings(names)
 	log.Info("worker started", "event", "worker.started",
 		"redis", cfg.redis.Addr(), "db", cfg.redis.DB(), "cluster", cfg.redis.IsCluster(), "prefix", cfg.prefix, "queues", strings.Join(names, ","),
-		"enqueue_queue", cfg.firstQueue, "concurrency", cfg.concurrency, "lock_expiry", cfg.lockExpiry.String(),
+		"enqueue_queue", cfg.firstQueue, "queue_shards", cfg.shards, "concurrency", cfg.concurrency, "lock_expiry", cfg.lockExpiry.String(),
 		"sweep_interval", cfg.sweepInterval.String(), "stale_after", cfg.staleAfter.String(), "replica_acks", cfg.replicaAcks,
 		"reactors", engine.Names())
 

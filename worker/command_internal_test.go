@@ -130,3 +130,40 @@ func TestParseSettingsRejects(t *testing.T) {
 		}
 	}
 }
+
+// -queue-shards and GOREACTOR_QUEUE_SHARDS: 1 by default, the flag over
+// the variable, 0, negative, above 64 and non-integers refused naming the
+// setting; the worker serves the shards of its first queue.
+func TestParseSettingsQueueShards(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseSettings(nil, envOf(nil), io.Discard)
+	if err != nil || cfg.shards != 1 {
+		t.Fatalf("default: %d shards, err %v", cfg.shards, err)
+	}
+	cfg, err = parseSettings(nil, envOf(map[string]string{"GOREACTOR_QUEUE_SHARDS": "3"}), io.Discard)
+	if err != nil || cfg.shards != 3 {
+		t.Fatalf("env: %d shards, err %v", cfg.shards, err)
+	}
+	cfg, err = parseSettings([]string{"-queue-shards", "8"}, envOf(map[string]string{"GOREACTOR_QUEUE_SHARDS": "3"}), io.Discard)
+	if err != nil || cfg.shards != 8 {
+		t.Fatalf("flag over env: %d shards, err %v", cfg.shards, err)
+	}
+	for _, tc := range []struct {
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{args: []string{"-queue-shards", "0"}, want: "-queue-shards (GOREACTOR_QUEUE_SHARDS): 0 shards: must be at least 1"},
+		{args: []string{"-queue-shards", "-2"}, want: "must be at least 1"},
+		{args: []string{"-queue-shards", "65"}, want: "65 shards: at most 64"},
+		{args: []string{"-queue-shards", "x"}, want: "queue-shards"},
+		{env: map[string]string{"GOREACTOR_QUEUE_SHARDS": "many"}, want: "GOREACTOR_QUEUE_SHARDS=\"many\": not an integer"},
+		{env: map[string]string{"GOREACTOR_QUEUE_SHARDS": "0"}, want: "GOREACTOR_QUEUE_SHARDS): 0 shards"},
+	} {
+		_, err := parseSettings(tc.args, envOf(tc.env), io.Discard)
+		var usage *UsageError
+		if !errors.As(err, &usage) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v %v: error %v, want a *UsageError mentioning %q", tc.args, tc.env, err, tc.want)
+		}
+	}
+}

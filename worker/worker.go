@@ -37,7 +37,11 @@ type Config struct {
 	// include its queue (Start refuses a worker that does not): the
 	// hand-offs, map elements and sweeps of the runs this worker executes
 	// go there, and a worker that does not serve it could leave them
-	// waiting for a worker that never comes.
+	// waiting for a worker that never comes. When that Client has shards
+	// (ClientConfig.Shards), its shard queues are added at its queue's
+	// priority. Start logs one Warn (event worker.shards.unserved) when
+	// shard queues of a served queue hold tasks that no live worker
+	// polls.
 	Queues map[string]int
 	// TaskCheckInterval is how often an idle worker polls for tasks.
 	// Default 10 ms: back pressure empties queues between batches, and
@@ -174,6 +178,9 @@ type Worker struct {
 	mu      sync.Mutex
 	started bool
 	stopped bool
+	// checks is the background check of Start (warnUnservedShards).
+	checks sync.WaitGroup
+	rdb    redis.UniversalClient
 
 	// warned holds the definitions (reactor and fingerprint) this worker
 	// has warned it lacks: one Warn each per process.
@@ -192,9 +199,12 @@ func New(eng *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker {
 		} else if cfg.Queues[c.Queue()] <= 0 {
 			invalid = &QueueMismatchError{Enqueues: c.Queue(), Serves: queueNames(cfg.Queues)}
 		}
+		if invalid == nil {
+			cfg.Queues = withShards(cfg.Queues, c)
+		}
 	}
 	cfg = cfg.WithDefaults()
-	w := &Worker{cfg: cfg, engine: eng, log: cfg.Logger, mux: asynq.NewServeMux(), invalid: invalid}
+	w := &Worker{cfg: cfg, engine: eng, log: cfg.Logger, mux: asynq.NewServeMux(), invalid: invalid, rdb: rdb}
 	w.mux.HandleFunc(TypeRun, w.observe("run", w.transient(w.handleRun)))
 	w.mux.HandleFunc(TypeElement, w.observe("element", w.transient(w.handleElement)))
 	w.mux.HandleFunc(TypeRollback, w.observe("rollback", w.transient(w.handleRollback)))
@@ -233,7 +243,13 @@ func (w *Worker) Start(ctx context.Context) error {
 		return w.invalid
 	}
 	w.started = true
-	return w.srv.Start(w.mux)
+	if err := w.srv.Start(w.mux); err != nil {
+		return err
+	}
+	// In the background: asynq's Inspector takes no context, and a slow
+	// Redis must not hold up Start. Stop waits for it.
+	w.checks.Go(func() { w.warnUnservedShards(asynq.NewInspectorFromRedisClient(w.rdb)) })
+	return nil
 }
 
 // Stop stops fetching tasks, waits up to ShutdownTimeout for running tasks
@@ -249,7 +265,7 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.stopped = true
 	w.mu.Unlock()
 	done := make(chan struct{})
-	go func() { w.srv.Shutdown(); close(done) }()
+	go func() { w.srv.Shutdown(); w.checks.Wait(); close(done) }()
 	select {
 	case <-done:
 		return nil

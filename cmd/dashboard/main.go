@@ -13,6 +13,7 @@
 //	-redis-cluster  REDIS_CLUSTER_ADDRS       "" (a Redis Cluster's seeds; not with -redis: see worker.Main)
 //	-prefix         GOREACTOR_PREFIX          goreactor
 //	-queue          GOREACTOR_QUEUE           goreactor (the workers' queue list, name[:priority],...)
+//	-queue-shards   GOREACTOR_QUEUE_SHARDS    1 (the workers' shard queues of the first -queue, reported after it)
 //	-queues         GOREACTOR_QUEUES          "" (the queues /api/stats reports: the -queue list; "*" for
 //	                                              every asynq queue in the Redis)
 //	-log-level      GOREACTOR_LOG_LEVEL       info
@@ -81,6 +82,7 @@ type config struct {
 	redis   *redisurl.Endpoint
 	prefix  string
 	queues  []string // what /api/stats reports
+	shards  int      // -queue-shards: the workers' shards of control
 	control string   // the first of -queue: actions on runs without a queue
 	// deprecated names the deprecated settings used, for a warning.
 	deprecated []string
@@ -102,6 +104,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		"host:port to serve on (loopback by default); env GOREACTOR_DASHBOARD_ADDR")
 	envflag.Connection(fs, env, &target, &cfg.prefix)
 	envflag.Queue(fs, env, &queue, "the workers'; actions on runs that recorded no queue go to the first")
+	envflag.QueueShards(fs, env, &cfg.shards, "the workers'; /api/stats reports every shard queue")
 	fs.StringVar(&queues, "queues", env.String("GOREACTOR_QUEUES", ""),
 		"comma-separated asynq queues /api/stats reports; empty: the -queue list; \"*\": every queue in the Redis; env GOREACTOR_QUEUES")
 	fs.StringVar(&legacy, "control-queue", "",
@@ -159,6 +162,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 			return cfg, fmt.Errorf("-queues %q: \"*\" (every asynq queue) stands alone", queues)
 		}
 	}
+	if err := envflag.CheckQueueShards(cfg.shards); err != nil {
+		return cfg, err
+	}
 	if _, _, err := net.SplitHostPort(cfg.addr); err != nil {
 		return cfg, fmt.Errorf("-addr %q: want host:port (like 127.0.0.1:8080): %v", cfg.addr, err)
 	}
@@ -207,7 +213,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, ready chan<- strin
 	}
 	defer rdb.Close()
 	h, err := dashboard.New(dashboard.Config{Client: rdb, Prefix: cfg.prefix, Token: cfg.token, Queues: cfg.queues,
-		ControlQueue: cfg.control, Logger: log})
+		ControlQueue: cfg.control, QueueShards: cfg.shards, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -219,7 +225,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, ready chan<- strin
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute}
 	log.Info("dashboard started", "event", "dashboard.started", "addr", ln.Addr().String(), "redis", cfg.redis.Addr(), "db", cfg.redis.DB(),
 		"cluster", cfg.redis.IsCluster(),
-		"prefix", cfg.prefix, "queue", cfg.control, "stats_queues", strings.Join(cfg.queues, ","), "actions", cfg.token != "")
+		"prefix", cfg.prefix, "queue", cfg.control, "queue_shards", cfg.shards, "stats_queues", strings.Join(cfg.queues, ","), "actions", cfg.token != "")
 	if cfg.token == "" {
 		log.Info("dashboard actions are disabled: set GOREACTOR_DASHBOARD_TOKEN to enable undo, cancel and retry", "event", "dashboard.actions_disabled")
 	}

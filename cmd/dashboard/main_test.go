@@ -152,3 +152,20 @@ func TestServe(t *testing.T) {
 	stop()
 	require.NoError(t, <-done)
 }
+
+// -queue-shards (GOREACTOR_QUEUE_SHARDS) is the workers' shard count of the
+// first -queue: 1 by default, refused outside 1..64 with exit status 2.
+func TestParseConfigQueueShards(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseConfig(nil, env(nil), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 1, cfg.shards)
+	cfg, err = parseConfig([]string{"-queue-shards", "5"}, env(map[string]string{"GOREACTOR_QUEUE_SHARDS": "3"}), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 5, cfg.shards)
+	for _, bad := range []string{"0", "-1", "65"} {
+		_, err := parseConfig(nil, env(map[string]string{"GOREACTOR_QUEUE_SHARDS": bad}), io.Discard)
+		require.ErrorContains(t, err, "-queue-shards (GOREACTOR_QUEUE_SHARDS): "+bad+" shards", bad)
+	}
+	require.Equal(t, 2, run([]string{"-queue-shards", "99"}, env(nil), io.Discard, io.Discard))
+}

@@ -12,6 +12,7 @@
 //	-redis-cluster REDIS_CLUSTER_ADDRS         "" (a Redis Cluster's seeds; not with -redis: see worker.Main)
 //	-prefix        GOREACTOR_PREFIX            goreactor
 //	-queue         GOREACTOR_QUEUE             goreactor (the workers' queue list; the first is swept)
+//	-queue-shards  GOREACTOR_QUEUE_SHARDS      1 (the workers' shard queues of the first queue, all swept)
 //	-interval      GOREACTOR_SWEEP_INTERVAL    10s
 //	-stale-after   GOREACTOR_STALE_AFTER       10s
 //	-run-page      GOREACTOR_SWEEP_RUN_PAGE    200
@@ -80,6 +81,7 @@ type config struct {
 	redis       *redisurl.Endpoint
 	prefix      string
 	queue       string
+	shards      int
 	once        bool
 	interval    time.Duration
 	staleAfter  time.Duration
@@ -105,6 +107,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.SetOutput(stderr)
 	envflag.Connection(fs, env, &target, &cfg.prefix)
 	envflag.Queue(fs, env, &queues, "the workers' queues; the sweeper inspects and enqueues on the first")
+	envflag.QueueShards(fs, env, &cfg.shards, "the workers'; the sweeper looks for lost map tasks on every shard")
 	fs.BoolVar(&cfg.once, "once", false, "run one pass and exit (for a cron job)")
 	fs.DurationVar(&cfg.interval, "interval", env.Duration("GOREACTOR_SWEEP_INTERVAL", 10*time.Second),
 		"time between passes; env GOREACTOR_SWEEP_INTERVAL")
@@ -143,6 +146,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	if _, cfg.queue, err = envconfig.ParseQueues(queues); err != nil {
 		return cfg, fmt.Errorf("-queue: %w", err)
+	}
+	if err := envflag.CheckQueueShards(cfg.shards); err != nil {
+		return cfg, err
 	}
 	switch {
 	case cfg.interval <= 0:
@@ -213,8 +219,11 @@ func serve(loop, pass context.Context, cfg config, log *slog.Logger) error {
 		return err
 	}
 	defer rdb.Close()
-	engine, err := reactor.NewEngine(pass, reactor.Config{Client: rdb, Prefix: cfg.prefix, Logger: log,
-		Enqueuer: worker.NewClient(rdb, cfg.queue)})
+	client, err := worker.NewClientWithConfig(rdb, worker.ClientConfig{Queue: cfg.queue, Shards: cfg.shards})
+	if err != nil {
+		return err // parseConfig checked the shards
+	}
+	engine, err := reactor.NewEngine(pass, reactor.Config{Client: rdb, Prefix: cfg.prefix, Logger: log, Enqueuer: client})
 	if err != nil {
 		return fmt.Errorf("start engine: %w", err)
 	}
@@ -231,7 +240,7 @@ func serve(loop, pass context.Context, cfg config, log *slog.Logger) error {
 	}
 	log.Info("sweeper started", "event", "sweeper.started", "redis", cfg.redis.Addr(), "db", cfg.redis.DB(),
 		"cluster", cfg.redis.IsCluster(), "prefix", cfg.prefix,
-		"queue", cfg.queue, "once", cfg.once, "interval", cfg.interval.String(), "stale_after", cfg.staleAfter.String(),
+		"queue", cfg.queue, "queue_shards", cfg.shards, "once", cfg.once, "interval", cfg.interval.String(), "stale_after", cfg.staleAfter.String(),
 		"retention", cfg.retention.String())
 
 	if m != nil {

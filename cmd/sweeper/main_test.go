@@ -316,3 +316,25 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// -queue-shards (GOREACTOR_QUEUE_SHARDS) is the workers' shard count: 1 by
+// default, refused outside 1..64 with exit status 2.
+func TestParseConfigQueueShards(t *testing.T) {
+	cfg, err := parseConfig(nil, envOf(nil), io.Discard)
+	if err != nil || cfg.shards != 1 {
+		t.Fatalf("default: %d shards, err %v", cfg.shards, err)
+	}
+	cfg, err = parseConfig(nil, envOf(map[string]string{"GOREACTOR_QUEUE_SHARDS": "4"}), io.Discard)
+	if err != nil || cfg.shards != 4 {
+		t.Fatalf("env: %d shards, err %v", cfg.shards, err)
+	}
+	for _, bad := range []string{"0", "-1", "65", "x"} {
+		if _, err := parseConfig([]string{"-queue-shards", bad}, envOf(nil), io.Discard); err == nil ||
+			!strings.Contains(err.Error(), "queue-shards") {
+			t.Errorf("-queue-shards %s: error %v", bad, err)
+		}
+	}
+	if code := run([]string{"-queue-shards", "0"}, envOf(nil), io.Discard, io.Discard); code != 2 {
+		t.Errorf("-queue-shards 0: exit %d, want 2", code)
+	}
+}

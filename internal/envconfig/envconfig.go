@@ -27,7 +27,27 @@ const (
 	// QueueVar names the asynq queues, "name[:priority],...": the first
 	// is where goreactor's tasks are enqueued, all of them are served.
 	QueueVar = "GOREACTOR_QUEUE"
+	// ShardsVar names the number of shard queues of the first queue, over
+	// which fan-out maps' element and rollback tasks are spread
+	// (worker.ClientConfig.Shards); read by the binaries' -queue-shards.
+	ShardsVar = "GOREACTOR_QUEUE_SHARDS"
 )
+
+// MaxShards is the most shard queues a queue may have: each shard is a
+// queue every worker polls, and asynq's fetch tries the queues one by one.
+const MaxShards = 64
+
+// CheckShards refuses a shard count outside 1..MaxShards, saying what to
+// set instead.
+func CheckShards(n int) error {
+	switch {
+	case n < 1:
+		return fmt.Errorf("%d shards: must be at least 1 (1: no shards, every task on the queue itself)", n)
+	case n > MaxShards:
+		return fmt.Errorf("%d shards: at most %d (every worker polls each shard queue)", n, MaxShards)
+	}
+	return nil
+}
 
 // DefaultQueue is the asynq queue used when neither a setting nor
 // GOREACTOR_QUEUE names one.

@@ -120,3 +120,23 @@ func Queue(fs *flag.FlagSet, env *Env, queues *string, use string) {
 	fs.StringVar(queues, "queue", env.String(envconfig.QueueVar, envconfig.DefaultQueue),
 		"comma-separated asynq queues name[:priority]; "+use+"; env "+envconfig.QueueVar)
 }
+
+// QueueShards declares -queue-shards, the number of shard queues of the
+// first queue over which fan-out maps' element and rollback tasks are
+// spread (worker.ClientConfig.Shards), defaulting to GOREACTOR_QUEUE_SHARDS
+// and then to 1 (no shards). Check the value with CheckQueueShards after
+// parsing. use says what this binary does with the shards.
+func QueueShards(fs *flag.FlagSet, env *Env, shards *int, use string) {
+	fs.IntVar(shards, "queue-shards", env.Int(envconfig.ShardsVar, 1),
+		"shard queues <queue>.shard0.. of the first queue that fan-out maps' element and rollback tasks are spread over, "+
+			"1 to "+strconv.Itoa(envconfig.MaxShards)+" (1: none), the same in every process; "+use+"; env "+envconfig.ShardsVar)
+}
+
+// CheckQueueShards refuses a -queue-shards outside 1..envconfig.MaxShards,
+// naming the flag and its variable.
+func CheckQueueShards(shards int) error {
+	if err := envconfig.CheckShards(shards); err != nil {
+		return fmt.Errorf("-queue-shards (%s): %w", envconfig.ShardsVar, err)
+	}
+	return nil
+}

@@ -181,9 +181,10 @@ type sweepPass struct {
 	// [lwm, claimed) are swept, at most batch a pass.
 	results, meta       string
 	lwm, claimed, batch int
-	// element and task name position p's element run and task id.
+	// element and task name position p's element run and task (its id
+	// and its queue's shard).
 	element func(p int) string
-	task    func(p int) string
+	task    func(p int) maptask.TaskRef
 	// redeliver enqueues position p again (under fresh, when its task
 	// died active); dispatch enqueues a batch the sweeper claimed.
 	redeliver func(ctx context.Context, p int, fresh string) error
@@ -225,7 +226,7 @@ func (sw *mapSweep) forwardPass() sweepPass {
 		results: k.MapResults(id), meta: k.MapMeta(id),
 		lwm: sw.v.lwm, claimed: min(md.Offset, md.Total), batch: md.BatchSize,
 		element: func(p int) string { return ElementID(id, p) },
-		task:    func(p int) string { return maptask.ElementTask{MapID: id, Index: p}.TaskID() },
+		task:    func(p int) maptask.TaskRef { return maptask.ElementTask{MapID: id, Index: p}.Ref() },
 		redeliver: func(ctx context.Context, p int, fresh string) error {
 			return sw.enqueueElements(ctx, []maptask.ElementTask{{MapID: id, Index: p, Redelivery: fresh}})
 		},
@@ -280,7 +281,9 @@ func (sw *mapSweep) rollbackPass(ctx context.Context) (sweepPass, error) {
 		results: k.MapRbResults(id, gen), meta: k.MapRbMeta(id, gen),
 		lwm: sw.v.rbLwm, claimed: min(rb.Offset, rb.Total), batch: rb.BatchSize,
 		element: func(p int) string { return ElementID(id, index(p)) },
-		task:    func(p int) string { return maptask.RollbackTask{MapID: id, Gen: gen, Pos: p}.TaskID() },
+		task: func(p int) maptask.TaskRef {
+			return maptask.RollbackTask{MapID: id, Gen: gen, Pos: p, Index: index(p)}.Ref()
+		},
 		redeliver: func(ctx context.Context, p int, fresh string) error {
 			return sw.enqueueRollbacks(ctx, []maptask.RollbackTask{{MapID: id, Gen: gen, Pos: p, Index: index(p), Redelivery: fresh}})
 		},
@@ -439,7 +442,7 @@ func (sw *mapSweep) redeliver(ctx context.Context, ps sweepPass, open []int, bud
 // short one): the look then starts the idle observation of its task, and
 // the look after the lapse finds it dead at once instead of a second
 // later.
-func (sw *mapSweep) held(ctx context.Context, id string, ttl time.Duration) error {
+func (sw *mapSweep) held(ctx context.Context, id maptask.TaskRef, ttl time.Duration) error {
 	if ttl <= 0 {
 		return nil
 	}
@@ -453,7 +456,7 @@ func (sw *mapSweep) held(ctx context.Context, id string, ttl time.Duration) erro
 }
 
 // idleFate is the IdleTaskFate of task id, noting when to look again.
-func (sw *mapSweep) idleFate(ctx context.Context, id string) (maptask.TaskFate, error) {
+func (sw *mapSweep) idleFate(ctx context.Context, id maptask.TaskRef) (maptask.TaskFate, error) {
 	fate, again, err := sw.opt.Tasks.IdleTaskFate(ctx, id)
 	sw.lookAgain(again)
 	return fate, err
@@ -472,11 +475,11 @@ const maxRedeliveries = 3
 // first of r1, r2, ... that no task holds, each judged by fateOf. The ids
 // are deterministic, so a later pass finds a redelivery still queued
 // (skip) instead of adding another.
-func (sw *mapSweep) redelivery(ctx context.Context, id string,
-	fateOf func(ctx context.Context, id string) (maptask.TaskFate, error)) (suffix string, skip bool, err error) {
+func (sw *mapSweep) redelivery(ctx context.Context, id maptask.TaskRef,
+	fateOf func(ctx context.Context, id maptask.TaskRef) (maptask.TaskFate, error)) (suffix string, skip bool, err error) {
 	for n := 1; n <= maxRedeliveries; n++ {
 		suffix = "r" + strconv.Itoa(n)
-		fate, err := fateOf(ctx, id+":"+suffix)
+		fate, err := fateOf(ctx, id.Redelivered(suffix))
 		if err != nil {
 			return "", false, err
 		}
@@ -488,7 +491,7 @@ func (sw *mapSweep) redelivery(ctx context.Context, id string,
 		case maptask.TaskCompleted:
 			return "", true, nil // it ran; its work has settled or will
 		case maptask.TaskArchived:
-			if err := sw.opt.Tasks.DeleteTask(ctx, id+":"+suffix); err != nil {
+			if err := sw.opt.Tasks.DeleteTask(ctx, id.Redelivered(suffix)); err != nil {
 				return "", false, err
 			}
 			sw.rec.Deleted++
@@ -547,7 +550,8 @@ func (sw *mapSweep) resumeOwner(ctx context.Context, id string) error {
 	if err != nil || locked {
 		return err
 	}
-	fate, err := sw.opt.Tasks.TaskFate(ctx, id)
+	ref := maptask.OwnerRef(id)
+	fate, err := sw.opt.Tasks.TaskFate(ctx, ref)
 	if err != nil {
 		return err
 	}
@@ -559,13 +563,13 @@ func (sw *mapSweep) resumeOwner(ctx context.Context, id string) error {
 		sw.rec.Done = true
 		return nil
 	case maptask.TaskDead:
-		fresh, skip, err := sw.redelivery(ctx, id, sw.opt.Tasks.TaskFate)
+		fresh, skip, err := sw.redelivery(ctx, ref, sw.opt.Tasks.TaskFate)
 		if err != nil || skip {
 			return err
 		}
 		w.ID = id + ":" + fresh
 	case maptask.TaskArchived:
-		if err := sw.opt.Tasks.DeleteTask(ctx, id); err != nil {
+		if err := sw.opt.Tasks.DeleteTask(ctx, ref); err != nil {
 			return err
 		}
 		sw.rec.Deleted++

@@ -131,10 +131,11 @@ func (f TaskFate) String() string {
 	return "TaskFate(" + strconv.Itoa(int(f)) + ")"
 }
 
-// TaskInspector tells the map sweeper what became of a task id; package
-// sweeper implements it with asynq's Inspector.
+// TaskInspector tells the map sweeper what became of a task; package
+// sweeper implements it with asynq's Inspector. A task is named by a
+// TaskRef, which says which queue (shard) it is on.
 type TaskInspector interface {
-	TaskFate(ctx context.Context, id string) (TaskFate, error)
+	TaskFate(ctx context.Context, t TaskRef) (TaskFate, error)
 	// IdleTaskFate is TaskFate for the task of a map position that has no
 	// outcome and whose element lock nobody holds (the caller checked): an
 	// active task is dead once two looks a second apart of Redis server
@@ -147,10 +148,10 @@ type TaskInspector interface {
 	// element lock serializes and the settle's first-writer-wins absorbs.
 	// When a look at an active task was not yet enough for a verdict, again
 	// says how soon the next one can be.
-	IdleTaskFate(ctx context.Context, id string) (fate TaskFate, again time.Duration, err error)
+	IdleTaskFate(ctx context.Context, t TaskRef) (fate TaskFate, again time.Duration, err error)
 	// DeleteTask deletes an archived or completed task so its id can be
 	// enqueued again.
-	DeleteTask(ctx context.Context, id string) error
+	DeleteTask(ctx context.Context, t TaskRef) error
 }
 
 // SweepOptions configure one RecoverMap call.
