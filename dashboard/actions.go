@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 
@@ -83,8 +84,7 @@ func (h *Handler) authorized(w http.ResponseWriter, r *http.Request) bool {
 		writeError(w, http.StatusForbidden, tokenHelp)
 		return false
 	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	if !ok || subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(h.cfg.Token)) != 1 {
+	if !h.tokenHolder(r) {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="goreactor dashboard"`)
 		writeError(w, http.StatusUnauthorized, "missing or wrong bearer token: send \"Authorization: Bearer <token>\" with the dashboard's GOREACTOR_DASHBOARD_TOKEN")
 		return false
@@ -99,8 +99,18 @@ func (h *Handler) tokenHolder(r *http.Request) bool {
 	if h.cfg.Token == "" {
 		return false
 	}
-	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-	return ok && subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), []byte(h.cfg.Token)) == 1
+	got, ok := bearer(r)
+	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(h.cfg.Token)) == 1
+}
+
+// bearer is r's bearer credential. The scheme is case-insensitive (RFC
+// 9110 section 11.1): "bearer x" and "BEARER x" are "Bearer x".
+func bearer(r *http.Request) (string, bool) {
+	scheme, cred, ok := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return "", false
+	}
+	return strings.TrimSpace(cred), true
 }
 
 // request asks for action on run id and maps the outcome to an answer: its
@@ -249,6 +259,13 @@ func decodeBody(w http.ResponseWriter, r *http.Request, v any, shape string) boo
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	err := dec.Decode(v)
+	if err == nil {
+		// One value and nothing after it: `{"steps": ["a"]} garbage` is not
+		// a request someone meant.
+		if _, more := dec.Token(); more != io.EOF {
+			err = errors.New("unexpected data after the JSON value")
+		}
+	}
 	if err == nil {
 		return true
 	}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,6 +50,16 @@ type Config struct {
 	// runtime; the event counters stay at zero in a dashboard process, so
 	// scrape the workers for those).
 	Gatherer prometheus.Gatherer
+	// AllowedHosts are the host names (a request's Host, its port aside)
+	// the dashboard answers to besides IP addresses and localhost: the
+	// names it is reached by, behind a proxy or a DNS name. A request for
+	// any other host is refused (403), which defeats DNS rebinding: a web
+	// page whose name was re-pointed at the dashboard's address cannot read
+	// runs through an operator's browser, since its requests carry its own
+	// name. "*.example.com" allows the subdomains of example.com; "*" alone
+	// allows every name (the check off). /metrics is not checked. Default
+	// none (cmd/dashboard's -allowed-hosts).
+	AllowedHosts []string
 	// Logger receives a line per request that failed on the server's side.
 	// Default slog.Default().
 	Logger *slog.Logger
@@ -78,6 +89,12 @@ func (c Config) WithDefaults() Config {
 }
 
 func (c Config) validate() error {
+	for _, h := range c.AllowedHosts {
+		if h == "" || strings.ContainsAny(h, "/ :") || (strings.Contains(h, "*") && h != "*" && !strings.HasPrefix(h, "*.")) ||
+			strings.Count(h, "*") > 1 {
+			return fmt.Errorf("dashboard: Config.AllowedHosts %q: want a host name (no port), \"*.domain\" or \"*\"", h)
+		}
+	}
 	if c.Client == nil {
 		return errors.New("dashboard: Config.Client is required (the Redis client of the engines whose runs it shows)")
 	}

@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strings"
 	"time"
@@ -127,6 +129,11 @@ func (h *Handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.metrics.ServeHTTP(w, r)
 		return
 	}
+	if !h.hostAllowed(r.Host) {
+		writeError(w, http.StatusForbidden, fmt.Sprintf("host %q is not one this dashboard answers to: add it to -allowed-hosts "+
+			"(GOREACTOR_DASHBOARD_ALLOWED_HOSTS, dashboard.Config.AllowedHosts), or reach the dashboard by its IP address or localhost", r.Host))
+		return
+	}
 	if r.URL.Path != "/api" && !strings.HasPrefix(r.URL.Path, "/api/") {
 		h.ui.ServeHTTP(w, r)
 		return
@@ -170,8 +177,8 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		get(h.stats)
 	case len(seg) == 1 && seg[0] == "needs-human":
 		get(h.needsHuman)
-	case len(seg) == 2 && seg[0] == "runs" && seg[1] == "actions":
-		post(h.batchAction)
+	case len(seg) == 2 && seg[0] == "runs" && seg[1] == "actions" && r.Method == http.MethodPost:
+		h.batchAction(w, r)
 	case len(seg) == 2 && seg[0] == "runs" && seg[1] != "":
 		get(func(w http.ResponseWriter, r *http.Request) { h.runDetail(w, r, seg[1]) })
 	case len(seg) == 3 && seg[0] == "runs" && seg[2] == "rollback-status":
@@ -196,6 +203,32 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 	default:
 		writeError(w, http.StatusNotFound, "no such endpoint: "+r.URL.Path+" (see docs/dashboard-api.md)")
 	}
+}
+
+// hostAllowed reports whether host, a request's Host header, names this
+// dashboard (Config.AllowedHosts). An IP address cannot be re-pointed by
+// DNS, and localhost resolves to the machine itself.
+func (h *Handler) hostAllowed(host string) bool {
+	if name, _, err := net.SplitHostPort(host); err == nil {
+		host = name
+	}
+	host = strings.ToLower(strings.TrimSuffix(strings.Trim(host, "[]"), "."))
+	if host == "" {
+		return false
+	}
+	if _, err := netip.ParseAddr(host); err == nil || host == "localhost" || strings.HasSuffix(host, ".localhost") {
+		return true
+	}
+	for _, a := range h.cfg.AllowedHosts {
+		a = strings.ToLower(a)
+		switch {
+		case a == "*", a == host:
+			return true
+		case strings.HasPrefix(a, "*.") && strings.HasSuffix(host, a[1:]):
+			return true
+		}
+	}
+	return false
 }
 
 // allow answers 405 with an Allow header unless r's method is one of

@@ -87,6 +87,7 @@ type config struct {
 	// deprecated names the deprecated settings used, for a warning.
 	deprecated []string
 	token      string
+	hosts      []string // -allowed-hosts
 	logLevel   slog.Level
 	version    bool // -version: print the version, nothing else
 }
@@ -96,6 +97,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		cfg                          config
 		target                       redisurl.Target
 		level, queues, queue, legacy string
+		hosts                        string
 	)
 	env := envflag.New(getenv)
 	fs := flag.NewFlagSet("dashboard", flag.ContinueOnError)
@@ -109,6 +111,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		"comma-separated asynq queues /api/stats reports; empty: the -queue list; \"*\": every queue in the Redis; env GOREACTOR_QUEUES")
 	fs.StringVar(&legacy, "control-queue", "",
 		"DEPRECATED: use -queue (GOREACTOR_QUEUE); the same setting under its old name; env GOREACTOR_CONTROL_QUEUE")
+	fs.StringVar(&hosts, "allowed-hosts", env.String("GOREACTOR_DASHBOARD_ALLOWED_HOSTS", ""),
+		"comma-separated host names the dashboard answers to besides IP addresses and localhost (\"*.example.com\" for subdomains, \"*\" for any); "+
+			"other Host headers are refused, against DNS rebinding; env GOREACTOR_DASHBOARD_ALLOWED_HOSTS")
 	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"), "debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
 	fs.BoolVar(&cfg.version, "version", false, "print goreactor's version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -172,6 +177,11 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		return cfg, errors.New("-prefix: must not be empty")
 	}
 	cfg.token = getenv("GOREACTOR_DASHBOARD_TOKEN")
+	for _, h := range strings.Split(hosts, ",") {
+		if h = strings.TrimSpace(h); h != "" {
+			cfg.hosts = append(cfg.hosts, h)
+		}
+	}
 	return cfg, nil
 }
 
@@ -213,7 +223,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, ready chan<- strin
 	}
 	defer rdb.Close()
 	h, err := dashboard.New(dashboard.Config{Client: rdb, Prefix: cfg.prefix, Token: cfg.token, Queues: cfg.queues,
-		ControlQueue: cfg.control, QueueShards: cfg.shards, Logger: log})
+		ControlQueue: cfg.control, QueueShards: cfg.shards, AllowedHosts: cfg.hosts, Logger: log})
 	if err != nil {
 		return err
 	}

@@ -160,6 +160,10 @@ func collectOptions(call callKind, opts []RunOption) (runOptions, error) {
 	if err := validateRunID(o.id); err != nil {
 		return o, err
 	}
+	if o.id == "." || o.id == ".." {
+		// A URL cannot address it: /runs/.. is /, for browsers and proxies.
+		return o, fmt.Errorf("reactor: run id %q is a path's dot segment, which no URL can name (the dashboard's run page, its API)", o.id)
+	}
 	return o, nil
 }
 
