@@ -21,3 +21,11 @@ func ForgetServed(h *Handler, ttl time.Duration) {
 		h.served.ttl = ttl
 	}
 }
+
+// SetScanBudget makes a listing request examine at most n index entries
+// (scanBudget) until the test ends.
+func SetScanBudget(t interface{ Cleanup(func()) }, n int) {
+	old := scanBudget
+	scanBudget = n
+	t.Cleanup(func() { scanBudget = old })
+}

@@ -49,7 +49,17 @@ type failureSummary struct {
 type runList struct {
 	Runs       []runSummary `json:"runs"`
 	NextCursor string       `json:"next_cursor"`
+	// Partial is true when the page holds fewer runs than asked for
+	// although the listing goes on (next_cursor): the filters matched none
+	// of the scanBudget entries this request examined beyond them.
+	Partial bool `json:"partial,omitempty"`
 }
+
+// scanBudget bounds the index entries one listing request examines: a page
+// keeps reading past the entries its filters drop (an id search with a
+// status, stale entries) until it is full, the index ends, or this many
+// were examined.
+var scanBudget = 2000
 
 // stamp formats t as RFC 3339 with milliseconds, in UTC ("" for zero).
 func stamp(t time.Time) string {
@@ -188,56 +198,76 @@ func (lq listQuery) matches(r *reactor.Run) bool {
 	return r != nil && (lq.status == "" || r.Status == lq.status) && (lq.reactor == "" || r.Reactor == lq.reactor)
 }
 
-// page reads one page of an index after the cursor (one round trip), then
-// its runs (one more).
+// page reads a page of an index after the cursor (one round trip), then
+// its runs (one more), and reads on while entries its filters drop leave it
+// short (scanBudget).
 func (h *Handler) page(r *http.Request, lq listQuery) (runList, error) {
 	ctx := r.Context()
 	var c cursor
-	args := []any{lq.limit + 1, "", ""}
 	if lq.cursor != "" {
 		var err error
 		if c, err = decodeCursor(lq.cursor); err != nil {
 			return runList{}, badRequest{err}
 		}
-		args = []any{lq.limit + 1, strconv.FormatFloat(c.score, 'f', -1, 64), c.member}
-	}
-	flat, err := pageScript.Run(ctx, h.rdb, []string{h.indexFor(lq)}, args...).StringSlice()
-	if err != nil {
-		return runList{}, fmt.Errorf("read the listing index: %w", err)
-	}
-	entries := make([]cursor, 0, len(flat)/2)
-	for i := 0; i+1 < len(flat); i += 2 {
-		score, _ := strconv.ParseFloat(flat[i+1], 64)
-		e := cursor{score: score, member: flat[i]}
-		if lq.cursor != "" && (e.score > c.score || (e.score == c.score && e.member >= c.member)) {
-			continue // at or before the cursor: shown already
-		}
-		entries = append(entries, e)
 	}
 	var out runList
-	if len(entries) > lq.limit {
-		entries = entries[:lq.limit]
-		out.NextCursor = entries[len(entries)-1].encode()
-	}
-	ids := make([]string, len(entries))
-	for i, e := range entries {
-		ids[i] = e.member
-	}
-	runs, err := engine.Runs(h.engine, ctx, ids)
-	if err != nil {
-		return runList{}, err
-	}
 	now := time.Now()
-	for _, run := range runs {
-		if lq.matches(run) {
-			out.Runs = append(out.Runs, summarize(run, now))
+	for examined := 0; ; {
+		args := []any{lq.limit + 1, "", ""}
+		if c.member != "" {
+			args = []any{lq.limit + 1, strconv.FormatFloat(c.score, 'f', -1, 64), c.member}
+		}
+		flat, err := pageScript.Run(ctx, h.rdb, []string{h.indexFor(lq)}, args...).StringSlice()
+		if err != nil {
+			return runList{}, fmt.Errorf("read the listing index: %w", err)
+		}
+		entries := make([]cursor, 0, len(flat)/2)
+		for i := 0; i+1 < len(flat); i += 2 {
+			score, _ := strconv.ParseFloat(flat[i+1], 64)
+			e := cursor{score: score, member: flat[i]}
+			if c.member != "" && (e.score > c.score || (e.score == c.score && e.member >= c.member)) {
+				continue // at or before the cursor: shown already
+			}
+			entries = append(entries, e)
+		}
+		more := len(entries) > lq.limit
+		if more {
+			entries = entries[:lq.limit]
+		}
+		ids := make([]string, len(entries))
+		for i, e := range entries {
+			ids[i] = e.member
+		}
+		runs, err := engine.Runs(h.engine, ctx, ids)
+		if err != nil {
+			return runList{}, err
+		}
+		for i, run := range runs {
+			if lq.matches(run) {
+				out.Runs = append(out.Runs, summarize(run, now))
+			}
+			if len(out.Runs) == lq.limit {
+				if more || i < len(runs)-1 {
+					out.NextCursor = entries[i].encode()
+				}
+				return out, nil
+			}
+		}
+		examined += len(entries)
+		if !more {
+			return out, nil
+		}
+		c = entries[len(entries)-1]
+		if examined >= scanBudget {
+			out.NextCursor, out.Partial = c.encode(), true
+			return out, nil
 		}
 	}
-	return out, nil
 }
 
 // search finds runs by id or id prefix: the lexicographic id index, in id
-// order, with the last id seen as the cursor. An exact id that the index
+// order, with the last id examined as the cursor, reading on while the
+// filters leave the page short (scanBudget). An exact id that the index
 // does not hold (a run stored before the index existed) is found by its
 // state on the first page.
 func (h *Handler) search(r *http.Request, lq listQuery) (runList, error) {
@@ -250,27 +280,48 @@ func (h *Handler) search(r *http.Request, lq listQuery) (runList, error) {
 		}
 		lo = "(" + string(b)
 	}
-	ids, err := h.rdb.ZRangeByLex(ctx, h.keys.IDs(), &redis.ZRangeBy{Min: lo, Max: "[" + lq.q + "\xff", Count: int64(lq.limit + 1)}).Result()
-	if err != nil {
-		return runList{}, fmt.Errorf("read the id index: %w", err)
-	}
 	var out runList
-	if len(ids) > lq.limit {
-		ids = ids[:lq.limit]
-		out.NextCursor = base64.RawURLEncoding.EncodeToString([]byte(ids[len(ids)-1]))
-	}
-	if lq.cursor == "" && !slices.Contains(ids, lq.q) {
-		ids = append([]string{lq.q}, ids...)
-	}
-	runs, err := engine.Runs(h.engine, ctx, ids)
-	if err != nil {
-		return runList{}, err
-	}
 	now := time.Now()
-	for _, run := range runs {
-		if lq.matches(run) {
-			out.Runs = append(out.Runs, summarize(run, now))
+	first := lq.cursor == ""
+	for examined := 0; ; {
+		ids, err := h.rdb.ZRangeByLex(ctx, h.keys.IDs(), &redis.ZRangeBy{Min: lo, Max: "[" + lq.q + "\xff", Count: int64(lq.limit + 1)}).Result()
+		if err != nil {
+			return runList{}, fmt.Errorf("read the id index: %w", err)
+		}
+		more := len(ids) > lq.limit
+		if more {
+			ids = ids[:lq.limit]
+		}
+		// The exact id sorts first among the ids it prefixes: absent from
+		// the first batch, it is absent from the index.
+		if first && !slices.Contains(ids, lq.q) {
+			ids = append([]string{lq.q}, ids...)
+		}
+		first = false
+		runs, err := engine.Runs(h.engine, ctx, ids)
+		if err != nil {
+			return runList{}, err
+		}
+		for i, run := range runs {
+			if lq.matches(run) {
+				out.Runs = append(out.Runs, summarize(run, now))
+			}
+			if len(out.Runs) == lq.limit {
+				if more || i < len(runs)-1 {
+					out.NextCursor = base64.RawURLEncoding.EncodeToString([]byte(ids[i]))
+				}
+				return out, nil
+			}
+		}
+		examined += len(ids)
+		if !more {
+			return out, nil
+		}
+		last := ids[len(ids)-1]
+		lo = "(" + last
+		if examined >= scanBudget {
+			out.NextCursor, out.Partial = base64.RawURLEncoding.EncodeToString([]byte(last)), true
+			return out, nil
 		}
 	}
-	return out, nil
 }

@@ -243,8 +243,12 @@
         h('td', { class: 'failure-cell', title: f ? f.step + ': ' + f.message : '' },
           f ? [h('span', { class: 'fail-step' }, f.step), ' ', h('span', { class: 'fail-msg' }, f.message)] : '')));
     });
-    $('runs-empty').textContent = 'No runs match these filters.';
+    var filtered = !!(filters.status || filters.reactor || filters.q);
+    $('runs-empty').textContent = !filtered ? 'No runs yet: runs appear here once an engine starts one (see the README\u2019s first command).' :
+      nextCursor ? 'No match among the runs searched so far: \u201cSearch further\u201d reads on.' :
+      'No runs match these filters.';
     $('runs-empty').hidden = runs.length !== 0;
+    $('load-more').textContent = runs.length || !nextCursor ? 'Load more' : 'Search further';
     $('load-more').hidden = !nextCursor;
     $('runs-shown').textContent = runs.length ? runs.length + ' shown' + (nextCursor ? ', more below' : '') : '';
     renderBatch();
