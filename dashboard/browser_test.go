@@ -292,6 +292,10 @@ func runBrowserStory(t *testing.T, ctx context.Context, base string, s browserSt
 	// 5. Cancel: a confirmation naming what happens, a token prompt, a wrong
 	// token refused with 401, the right one, and the engine's 409 reason.
 	do("forget any token", chromedp.Evaluate[chromedp.Void](`sessionStorage.clear()`))
+	poll("cancel is not offered on a rolling back run, and says why on hover", `(b => b.disabled && b.title.includes(`+jsString(s.Refusal)+`))(document.querySelector('.run-actions button[data-action="cancel"]'))`)
+	// A page that read the run before it moved on still offers what it
+	// offered then: the server refuses with the engine's reason.
+	do("a page from before the rollback offers cancel", chromedp.Evaluate[chromedp.Void](`document.querySelector('.run-actions button[data-action="cancel"]').disabled = false`))
 	do("click cancel", chromedp.Click(chromedp.CSS(`.run-actions button[data-action="cancel"]`)),
 		chromedp.WaitVisible(chromedp.ID("confirm-dialog")))
 	require.Equal(t, "Cancel run "+s.RollingBack+": stop it at its next checkpoint and roll back what it completed.",
@@ -507,6 +511,9 @@ type fakeDetail struct {
 	Rollbacks []fakeAudit    `json:"rollbacks"`
 	RetryOf   string         `json:"retry_of"`
 	RetriedBy []string       `json:"retried_by"`
+	// Actions is what the real API derives from Engine.Allowed; the fake
+	// derives it from its own answers to the actions (decide).
+	Actions map[string]map[string]any `json:"actions"`
 }
 
 // fakeMap is a map's elements, one state each, from which its counters, its
@@ -779,7 +786,13 @@ func (a *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			fakeError(w, 404, "dashboard: no run "+parts[1])
 			return
 		}
-		fakeJSON(w, 200, run.fakeDetail)
+		d := run.fakeDetail
+		d.Actions = map[string]map[string]any{}
+		for _, act := range []string{"undo", "cancel", "retry", "rollback"} {
+			code, body := a.decide(run.ID, act)
+			d.Actions[act] = map[string]any{"allowed": code == 202, "reason": body["error"]}
+		}
+		fakeJSON(w, 200, d)
 	case r.Method == "GET" && len(parts) == 5 && parts[0] == "runs" && parts[2] == "maps" && parts[4] == "elements":
 		a.elements(w, r, parts[1], parts[3])
 	case r.Method == "POST" && p == "runs/actions":

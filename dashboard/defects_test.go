@@ -125,3 +125,33 @@ func TestForeignHostIsRefused(t *testing.T) {
 		require.ErrorContains(t, err, "AllowedHosts", bad)
 	}
 }
+
+// The run detail says which actions the engine would accept now, and why
+// not for the others: what the run page offers.
+func TestDetailOffersTheActionsTheEngineAccepts(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	ctx := ctxTimeout(t, 30*time.Second)
+	ok, bad := echo("offer-ok"), failing("offer-bad")
+	e.startWorker(ok, bad)
+	e.enqueueAll(ctx, ok, []string{"offer-done"}, map[string]any{"note": "n"})
+	e.enqueueAll(ctx, bad, []string{"offer-failed"}, nil)
+	type action struct {
+		Allowed bool   `json:"allowed"`
+		Reason  string `json:"reason"`
+	}
+	var d struct {
+		Actions map[string]action `json:"actions"`
+	}
+	e.get("/api/runs/offer-done", http.StatusOK, &d)
+	require.True(t, d.Actions["undo"].Allowed)
+	require.True(t, d.Actions["undo_steps"].Allowed)
+	require.False(t, d.Actions["cancel"].Allowed)
+	require.Contains(t, d.Actions["cancel"].Reason, reactor.ErrAlreadyFinished.Error())
+	require.False(t, d.Actions["retry"].Allowed)
+	require.NotEmpty(t, d.Actions["retry"].Reason)
+	e.get("/api/runs/offer-failed", http.StatusOK, &d)
+	require.True(t, d.Actions["retry"].Allowed)
+	require.False(t, d.Actions["undo"].Allowed)
+	require.Contains(t, d.Actions["undo"].Reason, reactor.ErrNotUndoable.Error())
+}

@@ -46,6 +46,9 @@ type runDetail struct {
 	RetriedBy []string       `json:"retried_by"`
 	Deadline  string         `json:"deadline,omitempty"`
 	Element   *elementOf     `json:"element,omitempty"`
+	// Actions says, for each action, whether the engine would accept it
+	// now (Engine.Allowed), and why not.
+	Actions map[string]actionView `json:"actions"`
 	// Sensitive marks a sensitive run (reactor.Run.Sensitive);
 	// InputsRedacted says its inputs' values were replaced with
 	// reactor.RedactedValue (the request did not carry the token).
@@ -193,6 +196,36 @@ func jsonable(v any) any {
 	return v
 }
 
+// actionView is whether an action is offered on a run, and if not why.
+type actionView struct {
+	Allowed bool   `json:"allowed"`
+	Reason  string `json:"reason,omitempty"`
+}
+
+// elementActions are the actions of a map element's run page: none, an
+// element being undone, retried or cancelled with its map.
+func elementActions(owner string) map[string]actionView {
+	why := "a map element is undone, retried and cancelled with its map: act on its owner run " + owner
+	out := map[string]actionView{}
+	for _, a := range append(actions, undoStepsAction) {
+		out[a] = actionView{Reason: why}
+	}
+	return out
+}
+
+// actionsOf maps Engine.Allowed's answer to the actions' names.
+func actionsOf(allowed map[reactor.Op]error) map[string]actionView {
+	out := map[string]actionView{}
+	for op, err := range allowed {
+		v := actionView{Allowed: err == nil}
+		if err != nil {
+			v.Reason = err.Error()
+		}
+		out[string(op)] = v
+	}
+	return out
+}
+
 func toString(k any) string {
 	if s, ok := k.(string); ok {
 		return s
@@ -207,10 +240,14 @@ func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
 		return
 	}
 	ctx := r.Context()
-	run, err := h.engine.Get(ctx, id)
+	// The run and what the engine would accept on it, from one read.
+	run, allowed, err := h.engine.Allowed(ctx, id)
+	acts := actionsOf(allowed)
 	if errors.Is(err, reactor.ErrNotFound) && strings.Contains(id, ".") {
 		// A map element's run ("<mapID>.<i>"), in its own slot.
-		run, err = engine.Element(h.engine, ctx, id)
+		if run, err = engine.Element(h.engine, ctx, id); err == nil && run.Element != nil {
+			acts = elementActions(run.Element.Owner)
+		}
 	}
 	if errors.Is(err, reactor.ErrNotFound) {
 		writeError(w, http.StatusNotFound, "no run "+id+" is stored (unknown id, or its retention expired)")
@@ -226,6 +263,7 @@ func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
 		return
 	}
 	d := detailOf(run, maps, time.Now())
+	d.Actions = acts
 	if !run.Status.Terminal() && run.Element == nil {
 		dw, err := h.engine.DefinitionWait(ctx, id)
 		if err != nil {

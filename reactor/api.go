@@ -762,6 +762,13 @@ type Config = engine.Config
 //	    found none). The run may change before the operation is applied: the
 //	    operation checks again.
 //
+//	func (e *Engine) Allowed(ctx context.Context, id string) (*Run, map[Op]error, error)
+//	    Allowed is Check of every operation (OpUndo, OpCancel, OpRetry,
+//	    OpRollback, OpUndoSteps) from one read of stored run id: for each, nil when it may be applied now, else the error Check would
+//	    return (a *StatusError with the reason). A page offers the operations
+//	    whose entry is nil and shows the others' reasons. The error is Check's
+//	    for a run it cannot read (one wrapping ErrNotFound for an unknown run).
+//
 //	func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string]any, opts ...RunOption) (*Result, error)
 //	    Enqueue stores a run of def as pending and hands it to workers; it returns
 //	    at once with a dispatched Result (see Wait). WithDelay and WithStartAt

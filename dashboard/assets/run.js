@@ -697,6 +697,20 @@
   }
 
   // ---- refresh -------------------------------------------------------------
+  // renderActions offers the actions the engine would accept on the run
+  // now; the others stay disabled, their reason on hover and read out by
+  // screen readers.
+  function renderActions(acts) {
+    Array.prototype.forEach.call(document.querySelectorAll('.run-actions [data-action]'), function (b) {
+      var a = acts[b.dataset.action];
+      var ok = !!(a && a.allowed);
+      b.disabled = !ok;
+      b.title = ok ? GR.actions[b.dataset.action].one(runID) : ((a && a.reason) || 'not offered for this run');
+      b.setAttribute('aria-description', ok ? '' : b.title);
+      b.dataset.allowed = ok ? 'true' : 'false';
+    });
+  }
+
   function refresh() {
     return GR.api('/api/runs/' + encodeURIComponent(runID)).then(function (res) {
       var r = res.data;
@@ -704,6 +718,7 @@
       $('run').classList.remove('gone');
       var running = (r.steps || []).some(function (s) { return s.status === 'running'; });
       if (changed('head', [r.id, r.status, r.reactor, r.created_at, r.updated_at, r.elapsed_ms, r.queue, r.trace_id, r.reason, r.waiting, (r.definition || {}).fingerprint, r.retry_of, r.retried_by, Math.floor(Date.now() / 10000)])) renderHead(r);
+      if (changed('actions', r.actions)) renderActions(r.actions || {});
       if (changed('failure', r.failure)) renderFailure(r.failure);
       if (changed('rollback', r.rollback)) renderRollback(r.rollback);
       if (changed('steps', r.steps) || running) renderTimeline(r);
@@ -733,6 +748,9 @@
     runID = $('run').dataset.runId;
     Array.prototype.forEach.call(document.querySelectorAll('[data-action]'), function (b) {
       b.title = GR.actions[b.dataset.action].one(runID);
+      // Disabled until the run's first read says which ones the engine
+      // would accept.
+      if (b.closest('.run-actions')) b.disabled = true;
       b.addEventListener('click', function () { GR.runAction(runID, b.dataset.action); });
     });
     $('undo-steps-button').addEventListener('click', undoSelected);

@@ -56,6 +56,30 @@ func (e *Engine) Check(ctx context.Context, id string, op Op) (*Run, error) {
 	return run, err
 }
 
+// Allowed is Check of every operation (OpUndo, OpCancel, OpRetry,
+// OpRollback, OpUndoSteps) from one read of stored run id: for each, nil when it may be applied now, else the error Check would
+// return (a *StatusError with the reason). A page offers the operations
+// whose entry is nil and shows the others' reasons. The error is Check's
+// for a run it cannot read (one wrapping ErrNotFound for an unknown run).
+func (e *Engine) Allowed(ctx context.Context, id string) (*Run, map[Op]error, error) {
+	st, version, err := e.load(ctx, id)
+	if err != nil {
+		return nil, nil, err
+	}
+	d := e.viewDef(st)
+	out := map[Op]error{OpUndo: undoable(st), OpCancel: cancelable(st), OpRollback: retriable(st), OpUndoSteps: stepsUndoable(st)}
+	if _, _, err := e.retryPlan(ctx, st); err != nil {
+		var se *StatusError
+		if !errors.As(err, &se) && !errors.Is(err, ErrNotFound) {
+			return nil, nil, err // a failed read, not a refusal
+		}
+		out[OpRetry] = err
+	} else {
+		out[OpRetry] = nil
+	}
+	return st.view(d, version), out, nil
+}
+
 // ErrCancelRequested is the control signal a Construct's Run returns when
 // it stopped between its parts because ConstructContext.CancelRequested
 // reported a cancel request. It is not a failure: the run rolls back what
