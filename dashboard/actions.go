@@ -2,7 +2,6 @@ package dashboard
 
 import (
 	"context"
-	"crypto/subtle"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -45,7 +44,8 @@ type actionAccepted struct {
 
 // undoStepsRequest is the body of POST /api/runs/{id}/undo-steps.
 type undoStepsRequest struct {
-	Steps []string `json:"steps"`
+	Steps  []string `json:"steps"`
+	Reason string   `json:"reason"`
 }
 
 // undoStepsAccepted is the 202 answer to an undo of named steps.
@@ -57,6 +57,7 @@ type undoStepsAccepted struct {
 type batchRequest struct {
 	Action string   `json:"action"`
 	IDs    []string `json:"ids"`
+	Reason string   `json:"reason"`
 }
 
 type batchResult struct {
@@ -77,30 +78,35 @@ type batchResponse struct {
 const tokenHelp = "dashboard actions are disabled: set GOREACTOR_DASHBOARD_TOKEN (or dashboard.Config.Token) " +
 	"and send it as \"Authorization: Bearer <token>\" to enable undo, cancel and retry"
 
-// authorized answers 403 or 401 unless r carries the configured token. The
-// comparison takes the same time whatever the token's first wrong byte.
+// authorized answers 403 or 401 unless r may act (operator): a configured
+// token, or the trusted proxy's header. The comparison takes the same time
+// whatever the token's first wrong byte.
 func (h *Handler) authorized(w http.ResponseWriter, r *http.Request) bool {
-	if h.cfg.Token == "" {
+	if !h.actionsEnabled() {
 		writeError(w, http.StatusForbidden, tokenHelp)
 		return false
 	}
-	if !h.tokenHolder(r) {
+	if _, ok := h.operator(r); !ok {
 		w.Header().Set("WWW-Authenticate", `Bearer realm="goreactor dashboard"`)
-		writeError(w, http.StatusUnauthorized, "missing or wrong bearer token: send \"Authorization: Bearer <token>\" with the dashboard's GOREACTOR_DASHBOARD_TOKEN")
+		msg := "missing or wrong bearer token: send \"Authorization: Bearer <token>\" with the dashboard's GOREACTOR_DASHBOARD_TOKEN or your operators-file token"
+		if !h.tokensConfigured() {
+			msg = "no operator: this dashboard takes who acts from the " + h.cfg.OperatorHeader + " header its proxy sets, and the request has none"
+		}
+		writeError(w, http.StatusUnauthorized, msg)
 		return false
 	}
 	return true
 }
 
-// tokenHolder reports whether r carries the configured token (never, when
-// none is configured). It answers nothing: a read without the token is
+// tokenHolder reports whether r may act (operator), and so may read a
+// sensitive run's values. It answers nothing: a read without a token is
 // served, with a sensitive run's values redacted (sensitive.go).
 func (h *Handler) tokenHolder(r *http.Request) bool {
-	if h.cfg.Token == "" {
+	if !h.actionsEnabled() {
 		return false
 	}
-	got, ok := bearer(r)
-	return ok && subtle.ConstantTimeCompare([]byte(got), []byte(h.cfg.Token)) == 1
+	_, ok := h.operator(r)
+	return ok
 }
 
 // bearer is r's bearer credential. The scheme is case-insensitive (RFC
@@ -115,14 +121,19 @@ func bearer(r *http.Request) (string, bool) {
 
 // request asks for action on run id and maps the outcome to an answer: its
 // status code, and for a 409 the run's status.
-func (h *Handler) request(r *http.Request, id, action string) (batchResult, reactor.Status) {
-	return h.answer(r.Context(), id, action, func() (queued, error) { return h.requester.Request(r.Context(), id, action) })
+func (h *Handler) request(r *http.Request, id, action, reason string) (batchResult, reactor.Status) {
+	return h.answer(r, id, reactor.OperatorRequest{Action: action, Reason: reason},
+		func() (queued, error) { return h.requester.Request(r.Context(), id, action) })
 }
 
 // answer validates run id, makes the request with ask and maps its outcome
 // to an answer: its status code, and for a 409 the run's status. An
 // accepted request carries a warning when no worker serves its queue.
-func (h *Handler) answer(ctx context.Context, id, action string, ask func() (queued, error)) (batchResult, reactor.Status) {
+//
+// An accepted request that was not queued already is recorded in the run's
+// audit with who asked and why (req; Engine.RecordRequest).
+func (h *Handler) answer(r *http.Request, id string, req reactor.OperatorRequest, ask func() (queued, error)) (batchResult, reactor.Status) {
+	ctx, action := r.Context(), req.Action
 	res := batchResult{RunID: id}
 	if err := keys.ValidateID(id); err != nil {
 		res.StatusCode, res.Error = http.StatusBadRequest, "run id: "+err.Error()
@@ -134,6 +145,9 @@ func (h *Handler) answer(ctx context.Context, id, action string, ask func() (que
 	case err == nil:
 		res.StatusCode, res.TaskID, res.Duplicate, res.Queue = http.StatusAccepted, q.TaskID, q.Duplicate, q.Queue
 		res.Warning = h.unservedWarning(ctx, id, action, q.Queue)
+		if !q.Duplicate {
+			h.recordRequest(r, id, req, q.TaskID)
+		}
 	case errors.Is(err, reactor.ErrNotFound):
 		res.StatusCode, res.Error = http.StatusNotFound, err.Error()
 	case errors.Is(err, worker.ErrInvalidSteps), errors.Is(err, reactor.ErrUnknownStep):
@@ -151,6 +165,21 @@ func (h *Handler) answer(ctx context.Context, id, action string, ask func() (que
 			fmt.Sprintf("%s of run %s could not be requested; the dashboard's log has the cause (event reactor.dashboard.error)", action, id)
 	}
 	return res, ""
+}
+
+// recordRequest writes an accepted request to run id's audit: who asked
+// (operator), why, and the task carrying it out. The request is queued
+// already: a failed write is logged for the operator, not answered.
+func (h *Handler) recordRequest(r *http.Request, id string, req reactor.OperatorRequest, taskID string) {
+	req.Operator, _ = h.operator(r)
+	req.TaskID = taskID
+	if err := h.engine.RecordRequest(context.WithoutCancel(r.Context()), id, req); err != nil {
+		h.log.Error("an operator's request was queued but not recorded in the run's audit", "event", "reactor.dashboard.audit_failed",
+			"run", id, "action", req.Action, "operator", req.Operator, "task", taskID, "error", err)
+		return
+	}
+	h.log.Info("an operator's request was queued", "event", "reactor.dashboard.request", "run", id, "action", req.Action,
+		"operator", req.Operator, "task", taskID)
 }
 
 // unservedWarning is the warning for a request queued on queue when no
@@ -174,7 +203,15 @@ func (h *Handler) action(w http.ResponseWriter, r *http.Request, id, action stri
 	if !h.authorized(w, r) {
 		return
 	}
-	res, status := h.request(r, id, action)
+	var body reasonBody
+	if !decodeBody(w, r, &body, `{"reason": "why you ask"}`) {
+		return
+	}
+	if msg := checkReason(body.Reason); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
+		return
+	}
+	res, status := h.request(r, id, action, body.Reason)
 	switch res.StatusCode {
 	case http.StatusAccepted:
 		writeJSON(w, res.StatusCode, actionAccepted{RunID: id, Action: action, TaskID: res.TaskID, Duplicate: res.Duplicate,
@@ -193,7 +230,11 @@ func (h *Handler) batchAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req batchRequest
-	if !decodeBody(w, r, &req, `{"action": "undo|cancel|retry", "ids": [...]}`) {
+	if !decodeBody(w, r, &req, `{"action": "undo|cancel|retry|rollback", "ids": [...], "reason": "why you ask"}`) {
+		return
+	}
+	if msg := checkReason(req.Reason); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
 	switch {
@@ -209,7 +250,7 @@ func (h *Handler) batchAction(w http.ResponseWriter, r *http.Request) {
 	}
 	out := batchResponse{Results: make([]batchResult, 0, len(req.IDs))}
 	for _, id := range req.IDs {
-		res, _ := h.request(r, id, req.Action)
+		res, _ := h.request(r, id, req.Action, req.Reason)
 		out.Results = append(out.Results, res)
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -227,7 +268,11 @@ func (h *Handler) undoSteps(w http.ResponseWriter, r *http.Request, id string) {
 		return
 	}
 	var req undoStepsRequest
-	if !decodeBody(w, r, &req, `{"steps": ["charge", "book/reserve", ...]}`) {
+	if !decodeBody(w, r, &req, `{"steps": ["charge", "book/reserve", ...], "reason": "why you ask"}`) {
+		return
+	}
+	if msg := checkReason(req.Reason); msg != "" {
+		writeError(w, http.StatusBadRequest, msg)
 		return
 	}
 	switch {
@@ -238,7 +283,7 @@ func (h *Handler) undoSteps(w http.ResponseWriter, r *http.Request, id string) {
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("%d steps is over the maximum of %d per request", len(req.Steps), maxBatch))
 		return
 	}
-	res, status := h.answer(r.Context(), id, undoStepsAction, func() (queued, error) {
+	res, status := h.answer(r, id, reactor.OperatorRequest{Action: undoStepsAction, Reason: req.Reason, Steps: req.Steps}, func() (queued, error) {
 		return h.requester.RequestUndoSteps(r.Context(), id, req.Steps)
 	})
 	switch res.StatusCode {

@@ -104,23 +104,23 @@ func TestUndoStepsAction(t *testing.T) {
 
 	const path = "/api/runs/trip-1/undo-steps"
 	var eb errBody
-	decodeInto(t, e.do(http.MethodPost, path, "", `{"steps":["b"]}`), http.StatusUnauthorized, &eb)
-	decodeInto(t, e.do(http.MethodPost, path, "wrong", `{"steps":["b"]}`), http.StatusUnauthorized, &eb)
+	decodeInto(t, e.do(http.MethodPost, path, "", `{"steps":["b"],"reason":"test"}`), http.StatusUnauthorized, &eb)
+	decodeInto(t, e.do(http.MethodPost, path, "wrong", `{"steps":["b"],"reason":"test"}`), http.StatusUnauthorized, &eb)
 	res := e.do(http.MethodGet, path, token, "")
 	require.Equal(t, http.StatusMethodNotAllowed, res.code)
 	require.Equal(t, "POST", res.header.Get("Allow"))
-	for _, body := range []string{``, `not json`, `{}`, `{"steps":[]}`, `{"steps":null}`, `{"steps":"b"}`, `{"steps":["b"],"x":1}`,
-		`{"steps":[""]}`, `{"steps":["book/"]}`, `{"steps":[1]}`} {
+	for _, body := range []string{``, `not json`, `{}`, `{"steps":[],"reason":"test"}`, `{"steps":null}`, `{"steps":"b"}`, `{"steps":["b"],"x":1}`,
+		`{"steps":[""],"reason":"test"}`, `{"steps":["book/"],"reason":"test"}`, `{"steps":[1],"reason":"test"}`} {
 		decodeInto(t, e.do(http.MethodPost, path, token, body), http.StatusBadRequest, &eb)
 		require.NotEmpty(t, eb.Error, body)
 	}
-	decodeInto(t, e.do(http.MethodPost, path, token, `{"steps":[]}`), http.StatusBadRequest, &eb)
+	decodeInto(t, e.do(http.MethodPost, path, token, `{"steps":[],"reason":"test"}`), http.StatusBadRequest, &eb)
 	require.Contains(t, eb.Error, "steps is empty")
-	decodeInto(t, e.do(http.MethodPost, "/api/runs/a%7Bb/undo-steps", token, `{"steps":["b"]}`), http.StatusBadRequest, &eb)
-	huge := `{"steps":["` + strings.Repeat("x", 70<<10) + `"]}`
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/a%7Bb/undo-steps", token, `{"steps":["b"],"reason":"test"}`), http.StatusBadRequest, &eb)
+	huge := `{"steps":["` + strings.Repeat("x", 70<<10) + `"],"reason":"test"}`
 	decodeInto(t, e.do(http.MethodPost, path, token, huge), http.StatusRequestEntityTooLarge, &eb)
-	decodeInto(t, e.do(http.MethodPost, "/api/runs/nope/undo-steps", token, `{"steps":["b"]}`), http.StatusNotFound, &eb)
-	decodeInto(t, e.do(http.MethodPost, "/api/runs/trip-bad/undo-steps", token, `{"steps":["pay"]}`), http.StatusConflict, &eb)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/nope/undo-steps", token, `{"steps":["b"],"reason":"test"}`), http.StatusNotFound, &eb)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/trip-bad/undo-steps", token, `{"steps":["pay"],"reason":"test"}`), http.StatusConflict, &eb)
 	require.Equal(t, "failed", eb.Status)
 	_, engineErr := e.engine.UndoSteps(ctx, "trip-bad", []string{"pay"})
 	require.Error(t, engineErr)
@@ -132,18 +132,18 @@ func TestUndoStepsAction(t *testing.T) {
 		Steps []string `json:"steps"`
 	}
 	var a, dup, other, conflict stepsAccepted
-	decodeInto(t, e.do(http.MethodPost, path, token, `{"steps":["b","book/pay"]}`), http.StatusAccepted, &a)
+	decodeInto(t, e.do(http.MethodPost, path, token, `{"steps":["b","book/pay"],"reason":"test"}`), http.StatusAccepted, &a)
 	require.Equal(t, "trip-1", a.RunID)
 	require.Equal(t, "undo_steps", a.Action)
 	require.Equal(t, []string{"b", "book/pay"}, a.Steps)
 	require.False(t, a.Duplicate)
 	require.True(t, strings.HasPrefix(a.TaskID, "ctl:trip-1:undo_steps:"), a.TaskID)
-	decodeInto(t, e.do(http.MethodPost, path, token, `{"steps":["book/pay","b"]}`), http.StatusAccepted, &dup)
+	decodeInto(t, e.do(http.MethodPost, path, token, `{"steps":["book/pay","b"],"reason":"test"}`), http.StatusAccepted, &dup)
 	require.True(t, dup.Duplicate, "the same steps again: one task")
 	require.Equal(t, a.TaskID, dup.TaskID)
 	// Refused before anything is queued: seat without the newer upgrade
 	// on the same resource.
-	resp := e.do(http.MethodPost, path, token, `{"steps":["seat"]}`)
+	resp := e.do(http.MethodPost, path, token, `{"steps":["seat"],"reason":"test"}`)
 	require.Equal(t, http.StatusConflict, resp.code, string(resp.body))
 	require.Contains(t, string(resp.body), `without step \"upgrade\"`)
 	require.Contains(t, string(resp.body), "seat:4C")
@@ -182,7 +182,7 @@ func TestUndoStepsAction(t *testing.T) {
 
 	// Another set of steps at the new version: both seat entries together
 	// are allowed.
-	decodeInto(t, e.do(http.MethodPost, path, token, `{"steps":["seat","upgrade"]}`), http.StatusAccepted, &other)
+	decodeInto(t, e.do(http.MethodPost, path, token, `{"steps":["seat","upgrade"],"reason":"test"}`), http.StatusAccepted, &other)
 	await(other.TaskID, asynq.TaskStateCompleted)
 	require.Equal(t, []string{"pay", "b", "upgrade", "seat"}, u.all())
 	e.get("/api/runs/trip-1", http.StatusOK, &d)

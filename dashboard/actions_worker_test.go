@@ -109,7 +109,7 @@ func TestActionsAreCarriedOut(t *testing.T) {
 
 	// Undo: the completed run's booking is undone and it ends cancelled.
 	var a accepted
-	decodeInto(t, e.do(http.MethodPost, "/api/runs/undo-me/undo", token, ""), http.StatusAccepted, &a)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/undo-me/undo", token, `{"reason":"test"}`), http.StatusAccepted, &a)
 	done(a.Queue, a.TaskID, a.Warning)
 	run, err := e.engine.Get(ctx, "undo-me")
 	require.NoError(t, err)
@@ -121,7 +121,7 @@ func TestActionsAreCarriedOut(t *testing.T) {
 	_, err = e.engine.Enqueue(ctx, book, map[string]any{"hold": true}, reactor.WithRunID("cancel-me"))
 	require.NoError(t, err)
 	require.Equal(t, "cancel-me", <-holding)
-	decodeInto(t, e.do(http.MethodPost, "/api/runs/cancel-me/cancel", token, ""), http.StatusAccepted, &a)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/cancel-me/cancel", token, `{"reason":"test"}`), http.StatusAccepted, &a)
 	done(a.Queue, a.TaskID, a.Warning)
 	close(release)
 	res, err := e.engine.Wait(ctx, "cancel-me")
@@ -140,7 +140,7 @@ func TestActionsAreCarriedOut(t *testing.T) {
 			Warning    string `json:"warning"`
 		} `json:"results"`
 	}
-	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, `{"action":"retry","ids":["retry-me"]}`), http.StatusOK, &br)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, `{"action":"retry","ids":["retry-me"],"reason":"test"}`), http.StatusOK, &br)
 	require.Len(t, br.Results, 1)
 	require.Equal(t, http.StatusAccepted, br.Results[0].StatusCode)
 	done(br.Results[0].Queue, br.Results[0].TaskID, br.Results[0].Warning)
@@ -255,7 +255,7 @@ func TestRollbackStatusAuditAndReTrigger(t *testing.T) {
 	require.Contains(t, kinds, string(reactor.AuditRollbackCompleted))
 
 	var a accepted
-	decodeInto(t, e.do(http.MethodPost, "/api/runs/rb-run/rollback", token, ""), http.StatusAccepted, &a)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/rb-run/rollback", token, `{"reason":"test"}`), http.StatusAccepted, &a)
 	insp := asynq.NewInspectorFromRedisClient(e.rdb)
 	require.Eventually(t, func() bool {
 		info, err := insp.GetTaskInfo(a.Queue, a.TaskID)
@@ -268,7 +268,7 @@ func TestRollbackStatusAuditAndReTrigger(t *testing.T) {
 	require.Equal(t, map[string]int{"reserve": 1, "refund": 2}, calls, "only the failed entry was retried")
 	mu.Unlock()
 	var eb errBody
-	decodeInto(t, e.do(http.MethodPost, "/api/runs/rb-run/rollback", token, ""), http.StatusConflict, &eb)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/rb-run/rollback", token, `{"reason":"test"}`), http.StatusConflict, &eb)
 	require.Contains(t, eb.Error, reactor.ErrNothingToRetry.Error())
 	decodeInto(t, e.do(http.MethodGet, "/api/runs/nope/rollback-status", "", ""), http.StatusNotFound, &eb)
 }

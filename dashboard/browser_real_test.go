@@ -154,7 +154,8 @@ func TestBrowserRollbackStatusAndAudit(t *testing.T) {
 	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`button[data-action="rollback"]`))))
 	poll("the confirmation says what happens", `document.getElementById('confirm-dialog').open &&
 		document.getElementById('confirm-text').textContent.includes('undo again only the entries its last rollback could not undo')`)
-	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.ID("confirm-yes"))))
+	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.ID("confirm-reason"), "refund service is back"),
+		chromedp.Click(chromedp.ID("confirm-yes"))))
 	poll("the token is asked for", `document.getElementById('token-dialog').open`)
 	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.ID("token-input"), token), chromedp.Click(chromedp.ID("token-save"))))
 	poll("the summary turns reverted", `document.querySelector('#rbstatus .rb-outcome')?.textContent === 'reverted'`)
@@ -209,7 +210,8 @@ func TestBrowserUndoSelectedSteps(t *testing.T) {
 	poll("the confirmation names the step and says the rest stays", `document.getElementById('confirm-dialog').open &&
 		[...document.querySelectorAll('#confirm-list li')].map(l => l.textContent).join(',') === 'charge' &&
 		document.getElementById('confirm-text').textContent.includes('the run stays completed')`)
-	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.ID("confirm-yes"))))
+	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.ID("confirm-reason"), "charged twice, ticket 12"),
+		chromedp.Click(chromedp.ID("confirm-yes"))))
 	poll("the token is asked for", `document.getElementById('token-dialog').open`)
 	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.ID("token-input"), token), chromedp.Click(chromedp.ID("token-save"))))
 	poll("the request is accepted", `[...document.querySelectorAll('#messages .msg-ok')].some(m => m.textContent.includes('Undo of 1 step requested for run picked-1'))`)

@@ -125,9 +125,11 @@ func TestBrowserDashboardStory(t *testing.T) {
 	calls := api.calls()
 	require.GreaterOrEqual(t, len(calls), 3, "%v", calls)
 	require.Equal(t, fakeCall{Path: "/api/runs/" + fakeRollingBackID + "/cancel", Auth: "Bearer not-the-token", Code: 401}, calls[0])
-	require.Equal(t, fakeCall{Path: "/api/runs/" + fakeRollingBackID + "/cancel", Auth: "Bearer " + api.token, Code: 409}, calls[1])
+	require.Equal(t, fakeCall{Path: "/api/runs/" + fakeRollingBackID + "/cancel", Auth: "Bearer " + api.token, Code: 409,
+		Reason: "customer asked, ticket 4711"}, calls[1])
 	require.Equal(t, "/api/runs/actions", calls[2].Path)
 	require.Equal(t, "retry", calls[2].Action)
+	require.Equal(t, "the payment provider is back", calls[2].Reason)
 	require.ElementsMatch(t, api.idsWithStatus("failed"), calls[2].IDs)
 
 	for _, name := range []string{"overview.png", "failed.png", "run.png", "elements.png", "running.png", "refused.png", "batch.png"} {
@@ -301,7 +303,10 @@ func runBrowserStory(t *testing.T, ctx context.Context, base string, s browserSt
 	require.Equal(t, "Cancel run "+s.RollingBack+": stop it at its next checkpoint and roll back what it completed.",
 		eval("the confirmation", `document.getElementById('confirm-text').textContent`))
 	poll("a dialog pauses the live refresh", `document.getElementById('live').dataset.state === 'paused'`)
-	do("confirm", chromedp.Click(chromedp.ID("confirm-yes")),
+	do("try to confirm without a reason", chromedp.Click(chromedp.ID("confirm-yes")))
+	poll("a reason is required: the dialog stays open", `document.getElementById('confirm-dialog').open && !document.getElementById('confirm-reason').validity.valid`)
+	do("confirm with a reason", chromedp.SendKeys(chromedp.ID("confirm-reason"), "customer asked, ticket 4711"),
+		chromedp.Click(chromedp.ID("confirm-yes")),
 		chromedp.WaitVisible(chromedp.ID("token-input")),
 		chromedp.SendKeys(chromedp.ID("token-input"), "not-the-token"),
 		chromedp.Click(chromedp.ID("token-save")))
@@ -335,7 +340,7 @@ func runBrowserStory(t *testing.T, ctx context.Context, base string, s browserSt
 	require.Equal(t, "Retry "+n+" runs: run each again with the same inputs under a new id, linked to the original.",
 		eval("the batch confirmation", `document.getElementById('confirm-text').textContent`))
 	require.Equal(t, n, eval("the dialog lists the runs", `String(document.querySelectorAll('#confirm-list li').length)`))
-	do("confirm the batch", chromedp.Click(chromedp.ID("confirm-yes")))
+	do("confirm the batch", chromedp.SendKeys(chromedp.ID("confirm-reason"), "the payment provider is back"), chromedp.Click(chromedp.ID("confirm-yes")))
 	poll("the batch outcome is shown", `[...document.querySelectorAll('#messages .msg-ok .msg-title')].some(e => e.textContent === 'Retry: `+n+` requested')`)
 	poll("the selection is cleared", `document.getElementById('batch-bar').hidden`)
 	shot("batch.png")
@@ -422,6 +427,7 @@ type fakeCall struct {
 	Code       int
 	Action     string
 	IDs        []string
+	Reason     string
 }
 
 type fakeRun struct {
@@ -948,6 +954,15 @@ func (a *fakeAPI) action(w http.ResponseWriter, r *http.Request, id, action stri
 		call.Code = 401
 		return
 	}
+	var req struct {
+		Reason string `json:"reason"`
+	}
+	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil || strings.TrimSpace(req.Reason) == "" {
+		call.Code = 400
+		fakeError(w, 400, "dashboard: a reason is required")
+		return
+	}
+	call.Reason = req.Reason
 	code, body := a.decide(id, action)
 	call.Code = code
 	fakeJSON(w, code, body)
@@ -963,13 +978,14 @@ func (a *fakeAPI) batch(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Action string   `json:"action"`
 		IDs    []string `json:"ids"`
+		Reason string   `json:"reason"`
 	}
 	if err := json.NewDecoder(http.MaxBytesReader(w, r.Body, 64<<10)).Decode(&req); err != nil {
 		call.Code = 400
 		fakeError(w, 400, "dashboard: bad body: "+err.Error())
 		return
 	}
-	call.Action, call.IDs, call.Code = req.Action, req.IDs, 200
+	call.Action, call.IDs, call.Reason, call.Code = req.Action, req.IDs, req.Reason, 200
 	type result struct {
 		RunID      string `json:"run_id"`
 		StatusCode int    `json:"status_code"`

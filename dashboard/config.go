@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"slices"
 	"strings"
 
@@ -26,6 +27,19 @@ type Config struct {
 	// "Authorization: Bearer <Token>". Default "": actions are refused with
 	// 403 and a message saying how to enable them.
 	Token string
+	// Operators maps tokens to the names of the people who hold them
+	// (ParseOperators reads them from a file, cmd/dashboard's
+	// -operators-file): each token lets its holder act like Token, and the
+	// audit of each request records the holder's name. Default none.
+	Operators map[string]string
+	// OperatorHeader, when set, names the request header a trusted proxy in
+	// front of the dashboard sets to the authenticated person's name
+	// ("X-Forwarded-User", "X-Auth-Request-User"): the name recorded with
+	// each request. With no Token and no Operators, the header alone lets a
+	// request act, so set it only when nothing but that proxy can reach the
+	// dashboard, and the proxy drops the header from what clients send.
+	// Default "": no header is trusted.
+	OperatorHeader string
 	// ControlQueue is the asynq queue the actions' control tasks go to for
 	// runs that recorded no queue (in-process runs, and runs stored before
 	// runs recorded their queue); a run that recorded one gets them there.
@@ -89,6 +103,14 @@ func (c Config) WithDefaults() Config {
 }
 
 func (c Config) validate() error {
+	for tok, who := range c.Operators {
+		if len(tok) < 16 || strings.TrimSpace(who) == "" {
+			return fmt.Errorf("dashboard: Config.Operators: every operator needs a name and a token of at least 16 bytes (%q has %d)", who, len(tok))
+		}
+	}
+	if c.OperatorHeader != "" && http.CanonicalHeaderKey(c.OperatorHeader) == "Authorization" {
+		return errors.New("dashboard: Config.OperatorHeader cannot be Authorization, which carries the tokens")
+	}
 	for _, h := range c.AllowedHosts {
 		if h == "" || strings.ContainsAny(h, "/ :") || (strings.Contains(h, "*") && h != "*" && !strings.HasPrefix(h, "*.")) ||
 			strings.Count(h, "*") > 1 {

@@ -48,10 +48,10 @@ func TestBearerSchemeIsCaseInsensitive(t *testing.T) {
 	var eb errBody
 	for _, auth := range []string{"bearer " + token, "BEARER " + token, "  Bearer   " + token + " "} {
 		// The run is unknown: past the token check, the answer is 404.
-		decodeInto(t, e.doWith(http.MethodPost, "/api/runs/nobody/cancel", map[string]string{"Authorization": auth}, ""), http.StatusNotFound, &eb)
+		decodeInto(t, e.doWith(http.MethodPost, "/api/runs/nobody/cancel", map[string]string{"Authorization": auth}, `{"reason":"test"}`), http.StatusNotFound, &eb)
 	}
 	for _, auth := range []string{"Basic " + token, token, "Bearer", "Bearer " + token + "x"} {
-		decodeInto(t, e.doWith(http.MethodPost, "/api/runs/nobody/cancel", map[string]string{"Authorization": auth}, ""), http.StatusUnauthorized, &eb)
+		decodeInto(t, e.doWith(http.MethodPost, "/api/runs/nobody/cancel", map[string]string{"Authorization": auth}, `{"reason":"test"}`), http.StatusUnauthorized, &eb)
 	}
 }
 
@@ -61,11 +61,11 @@ func TestBodyWithDataAfterItsValueIsRefused(t *testing.T) {
 	const token = "tok-trail"
 	e := newEnv(t, token)
 	var eb errBody
-	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, `{"action":"cancel","ids":["x"]} {"action":"undo"}`), http.StatusBadRequest, &eb)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, `{"action":"cancel","ids":["x"],"reason":"r"} {"action":"undo"}`), http.StatusBadRequest, &eb)
 	require.Contains(t, eb.Error, "unexpected data after the JSON value")
-	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, `{"action":"cancel","ids":["x"]}garbage`), http.StatusBadRequest, &eb)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/actions", token, `{"action":"cancel","ids":["x"],"reason":"r"}garbage`), http.StatusBadRequest, &eb)
 	// Whitespace after the value is fine.
-	res := e.do(http.MethodPost, "/api/runs/actions", token, "{\"action\":\"cancel\",\"ids\":[\"x\"]}\n\n")
+	res := e.do(http.MethodPost, "/api/runs/actions", token, "{\"action\":\"cancel\",\"ids\":[\"x\"],\"reason\":\"r\"}\n\n")
 	require.Equal(t, http.StatusOK, res.code, "%s", res.body)
 }
 

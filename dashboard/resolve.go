@@ -98,8 +98,14 @@ func (h *Handler) resolve(w http.ResponseWriter, r *http.Request, id, entry stri
 			fmt.Sprintf("the resolution of %s of run %s could not be recorded; the dashboard's log has the cause (event reactor.dashboard.error)", entry, id))
 		return
 	}
+	who, _ := h.operator(r)
+	if err := h.engine.RecordRequest(context.WithoutCancel(ctx), id, reactor.OperatorRequest{Action: "resolve", Operator: who,
+		Reason: req.Note, Steps: []string{entry}}); err != nil {
+		h.log.Error("a resolution was recorded but not its operator", "event", "reactor.dashboard.audit_failed",
+			"run", id, "entry", entry, "operator", who, "error", err)
+	}
 	h.log.Info("a conflicted undo was resolved from the dashboard", "event", "reactor.dashboard.resolve", "run", id, "entry", entry,
-		"resolution", string(req.Kind))
+		"resolution", string(req.Kind), "operator", who)
 	rep, err := h.engine.RollbackReport(context.WithoutCancel(ctx), id)
 	if err != nil {
 		h.serverError(w, r, err)

@@ -201,7 +201,7 @@ func TestResolveConflictedEntry(t *testing.T) {
 	// The existing re-trigger: a worker retries the rollback, and the
 	// entry the conflict blocked is restored.
 	var a accepted
-	decodeInto(t, e.do(http.MethodPost, "/api/runs/"+id+"/rollback", token, ""), http.StatusAccepted, &a)
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/"+id+"/rollback", token, `{"reason":"test"}`), http.StatusAccepted, &a)
 	require.Eventually(t, func() bool {
 		var st rbStatus
 		e.get("/api/runs/"+id+"/rollback-status", http.StatusOK, &st)

@@ -72,6 +72,12 @@ const (
 	// rollback started, because its Run was never called: nothing of it to
 	// compensate.
 	AuditDiscarded = engine.AuditDiscarded
+	// AuditOperatorRequest: an operator asked for an action on the run
+	// (Request: cancel, undo, undo_steps, retry, rollback, resolve), who
+	// (Operator) and why (Note), recorded by Engine.RecordRequest when the
+	// request was accepted; TaskID names the control task carrying it out.
+	// The action's own effects follow as their own entries.
+	AuditOperatorRequest = engine.AuditOperatorRequest
 )
 
 // AuditEntry is one entry of a run's audit stream.
@@ -124,6 +130,14 @@ const (
 //		RestoreTo string `json:"restore_to,omitempty"`
 //		// BlockedBy is the entry that blocked this one (blocked).
 //		BlockedBy string `json:"blocked_by,omitempty"`
+//		// Request, Operator, Note and TaskID describe an operator's request
+//		// (operator_request): the action, who asked, the reason they gave in
+//		// their own words (the one free text the audit holds: written for it),
+//		// and the control task.
+//		Request  string `json:"request,omitempty"`
+//		Operator string `json:"operator,omitempty"`
+//		Note     string `json:"note,omitempty"`
+//		TaskID   string `json:"task_id,omitempty"`
 //		// At is the Redis server's time of the write that stored the entry.
 //		At time.Time `json:"at"`
 //	}
@@ -150,6 +164,25 @@ func HashMessage(msg string) string { return engine.HashMessage(msg) }
 //
 //	func (e *RollbackStatusError) Error() string
 type RollbackStatusError = engine.RollbackStatusError
+
+// OperatorRequest is an operator's request on a run, as RecordRequest
+// keeps it.
+//
+//	type OperatorRequest struct {
+//		// Action is what was asked: cancel, undo, undo_steps, retry, rollback
+//		// or resolve. Required.
+//		Action string
+//		// Operator is who asked (a name from the dashboard's operators file or
+//		// its trusted proxy's header); "" for unknown.
+//		Operator string
+//		// Reason is why, in the operator's words. Required.
+//		Reason string
+//		// TaskID is the control task that carries the request out, if any.
+//		TaskID string
+//		// Steps are the steps an undo_steps request names.
+//		Steps []string
+//	}
+type OperatorRequest = engine.OperatorRequest
 
 // Held counts what the elements of one map still hold after their
 // rollbacks, over every rollback generation: entries waiting for a person,
@@ -750,6 +783,13 @@ type Config = engine.Config
 //	    rollback-status transition stored for it (see AuditKind). id may be a root
 //	    run's or a map element run's ("<mapID>.<i>", Run.Element); a run with no
 //	    entries, or unknown, has none. It needs no definitions.
+//
+//	func (e *Engine) RecordRequest(ctx context.Context, id string, r OperatorRequest) error
+//	    RecordRequest appends r to the audit trail of stored run id (an
+//	    operator_request entry), where Audit and the dashboard's audit panel
+//	    show it beside the entries its action writes. It fails for an unknown
+//	    run (ErrNotFound), and for a request without an action or a reason, or a
+//	    reason over 1,000 bytes.
 //
 //	func (e *Engine) Check(ctx context.Context, id string, op Op) (*Run, error)
 //	    Check tells whether op may be applied to stored run id now, by the same

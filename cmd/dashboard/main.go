@@ -87,7 +87,9 @@ type config struct {
 	// deprecated names the deprecated settings used, for a warning.
 	deprecated []string
 	token      string
-	hosts      []string // -allowed-hosts
+	hosts      []string          // -allowed-hosts
+	operators  map[string]string // -operators-file: token -> name
+	opHeader   string            // -operator-header
 	logLevel   slog.Level
 	version    bool // -version: print the version, nothing else
 }
@@ -97,7 +99,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		cfg                          config
 		target                       redisurl.Target
 		level, queues, queue, legacy string
-		hosts                        string
+		hosts, operatorsFile         string
 	)
 	env := envflag.New(getenv)
 	fs := flag.NewFlagSet("dashboard", flag.ContinueOnError)
@@ -114,6 +116,11 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&hosts, "allowed-hosts", env.String("GOREACTOR_DASHBOARD_ALLOWED_HOSTS", ""),
 		"comma-separated host names the dashboard answers to besides IP addresses and localhost (\"*.example.com\" for subdomains, \"*\" for any); "+
 			"other Host headers are refused, against DNS rebinding; env GOREACTOR_DASHBOARD_ALLOWED_HOSTS")
+	fs.StringVar(&operatorsFile, "operators-file", env.String("GOREACTOR_DASHBOARD_OPERATORS_FILE", ""),
+		"a file of \"<name> <token>\" lines: each token enables the actions, and the audit records its holder's name with each request; env GOREACTOR_DASHBOARD_OPERATORS_FILE")
+	fs.StringVar(&cfg.opHeader, "operator-header", env.String("GOREACTOR_DASHBOARD_OPERATOR_HEADER", ""),
+		"a header your authenticating proxy sets to the person's name (X-Forwarded-User); trusted as is, and enough to act when no token is set: "+
+			"only when nothing else can reach the dashboard; env GOREACTOR_DASHBOARD_OPERATOR_HEADER")
 	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"), "debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
 	fs.BoolVar(&cfg.version, "version", false, "print goreactor's version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -177,6 +184,17 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		return cfg, errors.New("-prefix: must not be empty")
 	}
 	cfg.token = getenv("GOREACTOR_DASHBOARD_TOKEN")
+	if operatorsFile != "" {
+		f, err := os.Open(operatorsFile)
+		if err != nil {
+			return cfg, fmt.Errorf("-operators-file: %w", err)
+		}
+		cfg.operators, err = dashboard.ParseOperators(f)
+		_ = f.Close()
+		if err != nil {
+			return cfg, fmt.Errorf("-operators-file %s: %w", operatorsFile, err)
+		}
+	}
 	for _, h := range strings.Split(hosts, ",") {
 		if h = strings.TrimSpace(h); h != "" {
 			cfg.hosts = append(cfg.hosts, h)
@@ -223,7 +241,8 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, ready chan<- strin
 	}
 	defer rdb.Close()
 	h, err := dashboard.New(dashboard.Config{Client: rdb, Prefix: cfg.prefix, Token: cfg.token, Queues: cfg.queues,
-		ControlQueue: cfg.control, QueueShards: cfg.shards, AllowedHosts: cfg.hosts, Logger: log})
+		ControlQueue: cfg.control, QueueShards: cfg.shards, AllowedHosts: cfg.hosts,
+		Operators: cfg.operators, OperatorHeader: cfg.opHeader, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -235,8 +254,8 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, ready chan<- strin
 		WriteTimeout: 60 * time.Second, IdleTimeout: 2 * time.Minute}
 	log.Info("dashboard started", "event", "dashboard.started", "addr", ln.Addr().String(), "redis", cfg.redis.Addr(), "db", cfg.redis.DB(),
 		"cluster", cfg.redis.IsCluster(),
-		"prefix", cfg.prefix, "queue", cfg.control, "queue_shards", cfg.shards, "stats_queues", strings.Join(cfg.queues, ","), "actions", cfg.token != "")
-	if cfg.token == "" {
+		"prefix", cfg.prefix, "queue", cfg.control, "queue_shards", cfg.shards, "stats_queues", strings.Join(cfg.queues, ","), "actions", cfg.token != "" || len(cfg.operators) > 0 || cfg.opHeader != "", "operators", len(cfg.operators))
+	if cfg.token == "" && len(cfg.operators) == 0 && cfg.opHeader == "" {
 		log.Info("dashboard actions are disabled: set GOREACTOR_DASHBOARD_TOKEN to enable undo, cancel and retry", "event", "dashboard.actions_disabled")
 	}
 	errc := make(chan error, 1)

@@ -223,6 +223,21 @@
 
   // confirm asks before a mutation, naming exactly what will happen.
   GR.confirm = function (title, text, items, okLabel) {
+    return confirmWith(title, text, items, okLabel, false).then(function (v) { return v !== null; });
+  };
+
+  // confirmReason is confirm that also asks why (required: the action and
+  // its reason go to the run's audit with the operator's name); resolves to
+  // the reason, or null when the user kept things as they are.
+  GR.confirmReason = function (title, text, items, okLabel) {
+    return confirmWith(title, text, items, okLabel, true);
+  };
+
+  function confirmWith(title, text, items, okLabel, withReason) {
+    var box = GR.$('confirm-reason-box'), reason = GR.$('confirm-reason');
+    box.hidden = !withReason;
+    reason.required = withReason;
+    reason.value = '';
     GR.$('confirm-title').textContent = title;
     GR.$('confirm-text').textContent = text;
     var list = GR.clear(GR.$('confirm-list'));
@@ -230,8 +245,13 @@
     if (items && items.length > 12) list.appendChild(GR.h('li', { class: 'muted' }, '… and ' + (items.length - 12) + ' more'));
     list.hidden = !items || !items.length;
     GR.$('confirm-yes').textContent = okLabel || 'Confirm';
-    return openDialog(GR.$('confirm-dialog')).then(function (v) { return v === 'ok'; });
-  };
+    var opened = openDialog(GR.$('confirm-dialog'));
+    if (withReason) reason.focus();
+    return opened.then(function (v) {
+      if (v !== 'ok') return null;
+      return withReason ? reason.value.trim() : '';
+    });
+  }
 
   // ---- token ---------------------------------------------------------------
   var tokenKey = 'goreactor.dashboard.token';
@@ -304,9 +324,9 @@
   // the answer is shown.
   GR.runAction = function (id, action) {
     var a = GR.actions[action];
-    return GR.confirm(a.verb + ' run?', a.one(id), null, a.verb + ' run').then(function (ok) {
-      if (!ok) return null;
-      return GR.post('/api/runs/' + encodeURIComponent(id) + '/' + action, undefined).then(function (res) {
+    return GR.confirmReason(a.verb + ' run?', a.one(id), null, a.verb + ' run').then(function (why) {
+      if (why === null) return null;
+      return GR.post('/api/runs/' + encodeURIComponent(id) + '/' + action, { reason: why }).then(function (res) {
         var d = res.data || {};
         if (d.warning) {
           // Queued where no worker serves: say so, and keep it shown.
@@ -327,9 +347,9 @@
   // runBatch confirms and requests one action on many runs.
   GR.runBatch = function (ids, action) {
     var a = GR.actions[action];
-    return GR.confirm(a.verb + ' ' + ids.length + ' runs?', a.many(ids.length), ids, a.verb + ' ' + ids.length + ' runs').then(function (ok) {
-      if (!ok) return null;
-      return GR.post('/api/runs/actions', { action: action, ids: ids }).then(function (res) {
+    return GR.confirmReason(a.verb + ' ' + ids.length + ' runs?', a.many(ids.length), ids, a.verb + ' ' + ids.length + ' runs').then(function (why) {
+      if (why === null) return null;
+      return GR.post('/api/runs/actions', { action: action, ids: ids, reason: why }).then(function (res) {
         var results = (res.data && res.data.results) || [];
         var okN = 0, lines = [], warnings = {};
         results.forEach(function (r) {

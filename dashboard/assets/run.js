@@ -234,12 +234,12 @@
     var steps = pickedSteps();
     if (!steps.length) return;
     var n = steps.length, what = n === 1 ? '1 step' : n + ' steps';
-    GR.confirm('Undo ' + what + ' of run ' + runID + '?',
+    GR.confirmReason('Undo ' + what + ' of run ' + runID + '?',
       'Undo only the steps listed, newest first, with their undo functions. The other steps stay applied and the run stays ' +
         undoStatus + '. A step that changed a resource a later step changed too can only be undone with that later step.',
-      steps, 'Undo ' + what).then(function (ok) {
-      if (!ok) return null;
-      return GR.post('/api/runs/' + encodeURIComponent(runID) + '/undo-steps', { steps: steps }).then(function (res) {
+      steps, 'Undo ' + what).then(function (why) {
+      if (why === null) return null;
+      return GR.post('/api/runs/' + encodeURIComponent(runID) + '/undo-steps', { steps: steps, reason: why }).then(function (res) {
         var d = res.data || {};
         if (d.warning) GR.message('warn', 'Undo of ' + what + ' queued for run ' + runID + ' but nothing will carry it out yet', d.warning);
         else GR.message('ok', 'Undo of ' + what + ' requested for run ' + runID,
@@ -668,31 +668,37 @@
         h('div', { class: 'audit-top' }, h('span', { class: 'mono strong' }, String(a.kind).replace(/_/g, ' ')), ' ',
           h('span', { class: 'muted small' }, bits.join(' · ')),
           h('span', { class: 'muted audit-at', title: a.at }, GR.fmtClock(a.at))),
-        a.message_sha256 ? h('div', { class: 'muted small mono', title: 'the message is kept on the run; the audit holds its hash' }, a.message_sha256.slice(0, 23) + '…') : null);
+        a.message_sha256 ? h('div', { class: 'muted small mono', title: 'the message is kept on the run; the audit holds its hash' }, a.message_sha256.slice(0, 23) + '…') : null,
+        a.kind === 'operator_request' ? h('div', { class: 'audit-request' },
+          h('span', { class: 'strong' }, (a.request || '').replace(/_/g, ' ')), ' by ',
+          h('span', { class: 'audit-operator strong' }, a.operator || 'a token holder'),
+          a.step ? [' (', h('span', { class: 'mono' }, a.step), ')'] : null,
+          ': ', h('q', { class: 'audit-reason' }, a.note || '')) : null);
     })));
   }
 
   // The rollback status and the audit trail, for a run that rolled back.
   function refreshRollback(r) {
+    var base = '/api/runs/' + encodeURIComponent(runID);
+    // The audit holds the operators' requests too, on any run.
+    var audit = GR.api(base + '/audit').then(function (res) {
+      var list = (res.data && res.data.entries) || [];
+      if (changed('audit', list)) renderAudit(list);
+    }, function () { renderAudit([]); });
     if (!(r.rollbacks || []).length && r.status !== 'rolling_back') {
       renderRollbackStatus(null);
       renderActionRequired(null);
-      renderAudit([]);
-      return Promise.resolve();
+      return audit;
     }
-    var base = '/api/runs/' + encodeURIComponent(runID);
     return Promise.all([
+      audit,
       GR.api(base + '/rollback-status').then(function (res) {
         if (changed('rbstatus', res.data)) { renderRollbackStatus(res.data); renderActionRequired(res.data); }
       }, function () {
         // One failed poll keeps what is shown (and any half-typed note);
         // the next good answer renders again.
         delete last.rbstatus;
-      }),
-      GR.api(base + '/audit').then(function (res) {
-        var list = (res.data && res.data.entries) || [];
-        if (changed('audit', list)) renderAudit(list);
-      }, function () { renderAudit([]); })
+      })
     ]);
   }
 

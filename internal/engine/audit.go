@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -71,6 +72,12 @@ const (
 	// rollback started, because its Run was never called: nothing of it to
 	// compensate.
 	AuditDiscarded AuditKind = "discarded"
+	// AuditOperatorRequest: an operator asked for an action on the run
+	// (Request: cancel, undo, undo_steps, retry, rollback, resolve), who
+	// (Operator) and why (Note), recorded by Engine.RecordRequest when the
+	// request was accepted; TaskID names the control task carrying it out.
+	// The action's own effects follow as their own entries.
+	AuditOperatorRequest AuditKind = "operator_request"
 )
 
 // AuditEntry is one entry of a run's audit stream.
@@ -122,6 +129,14 @@ type AuditEntry struct {
 	RestoreTo string `json:"restore_to,omitempty"`
 	// BlockedBy is the entry that blocked this one (blocked).
 	BlockedBy string `json:"blocked_by,omitempty"`
+	// Request, Operator, Note and TaskID describe an operator's request
+	// (operator_request): the action, who asked, the reason they gave in
+	// their own words (the one free text the audit holds: written for it),
+	// and the control task.
+	Request  string `json:"request,omitempty"`
+	Operator string `json:"operator,omitempty"`
+	Note     string `json:"note,omitempty"`
+	TaskID   string `json:"task_id,omitempty"`
 	// At is the Redis server's time of the write that stored the entry.
 	At time.Time `json:"at"`
 }
@@ -369,9 +384,69 @@ func auditEntry(r store.AuditRecord) AuditEntry {
 		Status: RollbackStatus(f["status"]), Action: CompensatingAction(f["action"]), Attempt: num("attempt"),
 		TraceID: f["trace"], Generation: num("gen"), Trigger: RollbackTrigger(f["trigger"]),
 		Outcome: RollbackOutcome(f["outcome"]), Reason: f["reason"], MessageHash: f["msg"],
-		Resource: f["res"], Expected: f["exp"], Observed: f["obs"], RestoreTo: f["to"], BlockedBy: f["by"]}
+		Resource: f["res"], Expected: f["exp"], Observed: f["obs"], RestoreTo: f["to"], BlockedBy: f["by"],
+		Request: f["req"], Operator: f["op"], Note: f["note"], TaskID: f["task"]}
 	if ms, err := strconv.ParseInt(f["ts"], 10, 64); err == nil {
 		a.At = time.UnixMilli(ms)
 	}
 	return a
+}
+
+// OperatorRequest is an operator's request on a run, as RecordRequest
+// keeps it.
+type OperatorRequest struct {
+	// Action is what was asked: cancel, undo, undo_steps, retry, rollback
+	// or resolve. Required.
+	Action string
+	// Operator is who asked (a name from the dashboard's operators file or
+	// its trusted proxy's header); "" for unknown.
+	Operator string
+	// Reason is why, in the operator's words. Required.
+	Reason string
+	// TaskID is the control task that carries the request out, if any.
+	TaskID string
+	// Steps are the steps an undo_steps request names.
+	Steps []string
+}
+
+// maxRequestReason bounds an OperatorRequest's Reason.
+const maxRequestReason = 1000
+
+// RecordRequest appends r to the audit trail of stored run id (an
+// operator_request entry), where Audit and the dashboard's audit panel
+// show it beside the entries its action writes. It fails for an unknown
+// run (ErrNotFound), and for a request without an action or a reason, or a
+// reason over 1,000 bytes.
+func (e *Engine) RecordRequest(ctx context.Context, id string, r OperatorRequest) error {
+	if err := validateRunID(id); err != nil {
+		return err
+	}
+	switch {
+	case r.Action == "":
+		return errors.New("reactor: RecordRequest: the request names no action")
+	case strings.TrimSpace(r.Reason) == "":
+		return errors.New("reactor: RecordRequest: a request needs a reason (why the operator asked)")
+	case len(r.Reason) > maxRequestReason:
+		return fmt.Errorf("reactor: RecordRequest: the reason is %d bytes, over %d", len(r.Reason), maxRequestReason)
+	}
+	t := e.store.RunTarget(id)
+	fields := []string{"k", string(AuditOperatorRequest), "req", r.Action, "note", r.Reason}
+	if _, index, isElem := keys.SplitElementID(id); isElem {
+		t = e.store.ElemTarget(id)
+		fields = append(fields, "el", index)
+	}
+	if r.Operator != "" {
+		fields = append(fields, "op", r.Operator)
+	}
+	if r.TaskID != "" {
+		fields = append(fields, "task", r.TaskID)
+	}
+	if len(r.Steps) > 0 {
+		fields = append(fields, "step", strings.Join(r.Steps, ","))
+	}
+	err := e.store.Note(ctx, t, fields...)
+	if errors.Is(err, store.ErrNoRun) {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	return err
 }
