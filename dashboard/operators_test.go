@@ -105,8 +105,8 @@ func TestParseOperators(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, map[string]string{"0123456789abcdef0123": "alice", "fedcba9876543210fedc": "bob"}, ops)
 	for in, want := range map[string]string{
-		"alice":                                          `want "<name> <token>"`,
-		"alice short":                                    "use at least 16",
+		"alice":       `want "<name> <token>"`,
+		"alice short": "use at least 16",
 		"alice 0123456789abcdef\nalice fedcba9876543210": "alice is named twice",
 		"alice 0123456789abcdef\nbob 0123456789abcdef":   "bob's token is alice's too",
 		"alice 0123456789abcdef extra":                   `want "<name> <token>"`,
