@@ -167,6 +167,10 @@ type Worker struct {
 	srv    *asynq.Server
 	mux    *asynq.ServeMux
 	log    *slog.Logger
+	rdb    redis.UniversalClient
+	// rec is the record this worker publishes (record.go); nil before
+	// Start, and when asynq's registry could not name the server.
+	rec *record
 
 	// invalid is why Start refuses the worker; nil when it may start.
 	invalid error
@@ -194,7 +198,7 @@ func New(eng *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker {
 		}
 	}
 	cfg = cfg.WithDefaults()
-	w := &Worker{cfg: cfg, engine: eng, log: cfg.Logger, mux: asynq.NewServeMux(), invalid: invalid}
+	w := &Worker{cfg: cfg, engine: eng, log: cfg.Logger, rdb: rdb, mux: asynq.NewServeMux(), invalid: invalid}
 	w.mux.HandleFunc(TypeRun, w.observe("run", w.transient(w.handleRun)))
 	w.mux.HandleFunc(TypeElement, w.observe("element", w.transient(w.handleElement)))
 	w.mux.HandleFunc(TypeRollback, w.observe("rollback", w.transient(w.handleRollback)))
@@ -217,8 +221,10 @@ func New(eng *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker {
 // own (its config must use RetryDelay and IsFailure from this package).
 func (w *Worker) Handler() asynq.Handler { return w.mux }
 
-// Start begins processing in the background. A worker starts once: Start
-// after Start or after Stop is an error.
+// Start begins processing in the background, and publishes the worker's
+// record (its goreactor version, for the dashboard's workers view; see
+// record.go) once asynq's server registry lists it, which takes a round trip
+// or two. A worker starts once: Start after Start or after Stop is an error.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -233,7 +239,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return w.invalid
 	}
 	w.started = true
-	return w.srv.Start(w.mux)
+	return w.startServer()
 }
 
 // Stop stops fetching tasks, waits up to ShutdownTimeout for running tasks
@@ -249,7 +255,13 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.stopped = true
 	w.mu.Unlock()
 	done := make(chan struct{})
-	go func() { w.srv.Shutdown(); close(done) }()
+	go func() {
+		w.srv.Shutdown()
+		if w.rec != nil {
+			w.rec.stop(ctx, w)
+		}
+		close(done)
+	}()
 	select {
 	case <-done:
 		return nil
