@@ -63,4 +63,3 @@ func TestWorkersPublishARecordPerAsynqServer(t *testing.T) {
 	require.Equal(t, int64(1), n, "the other worker's stays")
 	require.NoError(t, w1.Stop(ctx))
 }
-
