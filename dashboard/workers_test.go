@@ -6,9 +6,13 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/chromedp/chromedp"
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/require"
 
@@ -193,3 +197,115 @@ func (quietAsynq) Info(...any)  {}
 func (quietAsynq) Warn(...any)  {}
 func (quietAsynq) Error(...any) {}
 func (quietAsynq) Fatal(...any) {}
+
+// The workers story in Chromium: from the overview's nav to the Workers
+// page, where the queue's two workers are listed with their version and
+// what each runs (the run at its step, the element with its owner), the
+// run links open the run's page, the page holds at 390 px, and a queue no
+// worker polls says how to start one.
+func TestBrowserWorkersStory(t *testing.T) {
+	t.Parallel()
+	bctx := newBrowser(t)
+	st := newBusyWorkers(t)
+	ctx, cancel := context.WithTimeout(bctx, 90*time.Second)
+	defer cancel()
+	console := watchConsole(t, ctx)
+	poll := pollUntil(t, ctx)
+	do := func(what string, steps ...chromedp.Action[chromedp.Void]) {
+		t.Helper()
+		require.NoError(t, chromedp.Do(ctx, steps...), what)
+	}
+	eval := func(what, js string) string {
+		t.Helper()
+		v, err := chromedp.Run(ctx, chromedp.Evaluate[string](js))
+		require.NoError(t, err, what)
+		return v
+	}
+	shots := t.TempDir()
+	if d := os.Getenv("GOREACTOR_SCREENSHOT_DIR"); d != "" {
+		shots = d
+	}
+	shot := func(name string) {
+		t.Helper()
+		png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+		require.NoError(t, err, name)
+		require.NoError(t, os.WriteFile(filepath.Join(shots, name), png, 0o644))
+	}
+	cspClean := func(where string) {
+		t.Helper()
+		require.Equal(t, "[]", eval("read the policy violations", `JSON.stringify(window.__csp || ['no recorder'])`), "%s: the CSP blocked something", where)
+	}
+
+	// The nav leads to the page, which lists every server on the Redis
+	// (other tests' too): at least this test's two.
+	do("open the overview", chromedp.Navigate(st.srv.URL+"/"), chromedp.WaitVisible(chromedp.ID("nav-workers")))
+	do("follow the nav", chromedp.Click(chromedp.ID("nav-workers")), chromedp.WaitVisible(chromedp.CSS(`body[data-page="workers"] #workers`)))
+	poll("the workers page lists servers", `document.body.dataset.page === 'workers' &&
+		document.querySelectorAll('#workers .worker-card').length >= 2`)
+
+	// Filtered to the queue: exactly the two, each running one task, as
+	// asynq lists them on its next heartbeat.
+	do("open the queue's workers", chromedp.Navigate(st.srv.URL+"/workers?queue="+url.QueryEscape(st.queue)))
+	poll("both workers show what they run", `(() => {
+		const cards = [...document.querySelectorAll('#workers .worker-card')];
+		return cards.length === 2 && cards.every(c => c.querySelectorAll('.worker-task').length === 1 &&
+			c.querySelector('.task-step') !== null);
+	})()`)
+	require.Contains(t, eval("the filter line", `document.getElementById('workers-filter').textContent`), st.queue)
+	cards := eval("read the cards", `JSON.stringify([...document.querySelectorAll('#workers .worker-card')].map(c => ({
+		name: c.querySelector('.worker-name').textContent,
+		version: c.querySelector('.worker-version').textContent,
+		queues: c.querySelector('.worker-queues').textContent,
+		busy: c.querySelector('.worker-busy').textContent,
+		kind: c.querySelector('.worker-task').dataset.kind,
+		run: c.querySelector('.worker-task').dataset.run,
+		links: [...c.querySelectorAll('.worker-task a')].map(a => a.textContent),
+		step: c.querySelector('.task-step').textContent,
+	})))`)
+	var got []struct {
+		Name, Version, Queues, Busy, Kind, Run, Step string
+		Links                                        []string
+	}
+	require.NoError(t, json.Unmarshal([]byte(cards), &got), cards)
+	host, _ := os.Hostname()
+	byKind := map[string]int{}
+	for i, c := range got {
+		require.Equal(t, host+":"+strconv.Itoa(os.Getpid()), c.Name)
+		require.Equal(t, "goreactor "+version.String(), c.Version)
+		require.Equal(t, "queues "+st.queue+" (1)", c.Queues)
+		require.Equal(t, "1 / 1 busy", c.Busy)
+		require.Equal(t, "step hold", c.Step)
+		byKind[c.Kind] = i
+	}
+	require.Len(t, byKind, 2, cards)
+	run, el := got[byKind["run"]], got[byKind["element"]]
+	require.Equal(t, "hold-1", run.Run)
+	require.Equal(t, []string{"hold-1"}, run.Links)
+	require.Equal(t, st.elementID, el.Run)
+	require.Equal(t, []string{st.elementID, "fan-1"}, el.Links, "the element and its owner")
+	shot("workers.png")
+	cspClean("workers")
+
+	// A run link opens the run's page.
+	do("open the run", chromedp.Click(chromedp.CSS(`.worker-task[data-kind="run"] a`)),
+		chromedp.WaitVisible(chromedp.CSS(`body[data-page="run"] #run[data-run-id="hold-1"]`)))
+	poll("the run page shows hold-1 running", `document.body.dataset.page === 'run' && document.querySelector('#run').dataset.runId === 'hold-1'`)
+
+	// 390 px wide: the nav link stays, nothing runs off the side.
+	do("narrow the window", chromedp.EmulateViewport(390, 844),
+		chromedp.Navigate(st.srv.URL+"/workers?queue="+url.QueryEscape(st.queue)))
+	poll("the cards are drawn", `document.querySelectorAll('#workers .worker-task').length === 2`)
+	require.Equal(t, "true", eval("the nav link is visible", `String(document.getElementById('nav-workers').getBoundingClientRect().width > 0)`))
+	require.Equal(t, "true", eval("no horizontal overflow", `String(document.documentElement.scrollWidth <= 390)`),
+		"page width %s", eval("width", `String(document.documentElement.scrollWidth)`))
+	shot("workers-390.png")
+
+	// A queue no worker polls: the empty state says how to start one.
+	do("open an unserved queue", chromedp.Navigate(st.srv.URL+"/workers?queue="+url.QueryEscape(st.queue+"-none")))
+	poll("the empty state", `!document.getElementById('workers-empty').hidden`)
+	require.Equal(t, "No worker polls queue "+st.queue+"-none: start cmd/worker -queue "+st.queue+"-none (or GOREACTOR_QUEUE="+st.queue+"-none) against this Redis.",
+		eval("the empty text", `document.getElementById('workers-empty').textContent`))
+	do("wide again", chromedp.EmulateViewport(1366, 768))
+	cspClean("empty")
+	console.check(t)
+}

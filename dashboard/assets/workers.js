@@ -55,6 +55,7 @@
     return h('article', { class: 'worker-card' + (w.goreactor ? '' : ' foreign'), dataset: { server: w.server_id, name: name } },
       h('div', { class: 'worker-head' },
         h('span', { class: 'mono strong worker-name', title: 'asynq server ' + w.server_id }, name),
+        h('span', { class: 'mono muted worker-id', title: 'asynq server id ' + w.server_id }, String(w.server_id).slice(0, 8)),
         h('span', { class: 'badge worker-status ws-' + String(w.status).replace(/[^a-z]/g, ''), title: 'asynq server status' }, w.status),
         version,
         h('span', { class: 'muted worker-started' }, 'started ', GR.timeEl(w.started, 'short'))),
