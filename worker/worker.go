@@ -244,7 +244,7 @@ func (w *Worker) Start(ctx context.Context) error {
 
 // Stop stops fetching tasks, waits up to ShutdownTimeout for running tasks
 // (their contexts are then cancelled; their runs stay checkpointed and are
-// redelivered), and returns. It is idempotent.
+// redelivered), deletes the worker's record, and returns. It is idempotent.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	if !w.started || w.stopped {
