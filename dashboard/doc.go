@@ -15,7 +15,10 @@
 // none). The overview and /api/stats mark each configured queue served or
 // not (asynq's server registry, read at most every 3 s) and warn about one
 // no worker serves; an accepted action whose queue no worker serves says
-// so in its 202 answer.
+// so in its 202 answer. The workers view (/workers, /api/workers) lists
+// asynq's servers with each worker's goreactor version (the record a worker
+// publishes, package worker) and its active tasks read as runs, elements,
+// rollbacks and control requests.
 //
 // Mount it with:
 //

@@ -175,6 +175,8 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		get(h.listRuns)
 	case len(seg) == 1 && seg[0] == "stats":
 		get(h.stats)
+	case len(seg) == 1 && seg[0] == "workers":
+		get(h.workers)
 	case len(seg) == 1 && seg[0] == "needs-human":
 		get(h.needsHuman)
 	case len(seg) == 2 && seg[0] == "runs" && seg[1] == "actions" && r.Method == http.MethodPost:

@@ -39,7 +39,7 @@ type uiAsset struct {
 // uiPage is the data of a page shell.
 type uiPage struct {
 	Title string
-	Page  string // "overview", "run" or "notfound": selects the script's view
+	Page  string // "overview", "run", "workers" or "notfound": selects the script's view
 	RunID string
 	Base  string // path prefix the dashboard is mounted under, "" at the root
 }
@@ -50,7 +50,8 @@ type uiHandler struct {
 }
 
 // newUI returns the handler of the HTML status view: GET / (overview and run
-// list), GET /runs/{id} (run detail) and GET /static/... (embedded assets).
+// list), GET /runs/{id} (run detail), GET /workers (the workers and what
+// they run) and GET /static/... (embedded assets).
 // Every other path answers 404 and every method but GET and HEAD 405. It
 // panics if the embedded templates do not parse, which a test catches.
 func newUI() http.Handler {
@@ -83,7 +84,7 @@ func newUI() http.Handler {
 		},
 	}
 	layout := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(uiFiles, "templates/layout.html"))
-	for _, name := range []string{"overview", "run", "notfound"} {
+	for _, name := range []string{"overview", "run", "workers", "notfound"} {
 		t := template.Must(template.Must(layout.Clone()).ParseFS(uiFiles, "templates/"+name+".html"))
 		u.pages[name] = t
 	}
@@ -98,7 +99,7 @@ func (u *uiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 
 	p := r.URL.Path
-	known := p == "/" || strings.HasPrefix(p, "/static/") || (strings.HasPrefix(p, "/runs/") && len(p) > len("/runs/"))
+	known := p == "/" || p == "/workers" || strings.HasPrefix(p, "/static/") || (strings.HasPrefix(p, "/runs/") && len(p) > len("/runs/"))
 	if known && r.Method != http.MethodGet && r.Method != http.MethodHead {
 		h.Set("Allow", "GET, HEAD")
 		http.Error(w, "method not allowed: the dashboard's pages are read with GET", http.StatusMethodNotAllowed)
@@ -108,6 +109,8 @@ func (u *uiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case p == "/":
 		u.render(w, r, http.StatusOK, uiPage{Title: "Runs", Page: "overview", Base: base})
+	case p == "/workers":
+		u.render(w, r, http.StatusOK, uiPage{Title: "Workers", Page: "workers", Base: base})
 	case strings.HasPrefix(p, "/runs/") && len(p) > len("/runs/"):
 		// Run ids may hold slashes (element runs of a map under a composed
 		// step), so the rest of the path is the id.

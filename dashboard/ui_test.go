@@ -33,6 +33,8 @@ func TestUIEveryResponseCarriesTheSecurityHeaders(t *testing.T) {
 		{"GET", "/?status=failed", 200},
 		{"GET", "/runs/order-42", 200},
 		{"GET", "/runs/order-42~child/each.3", 200},
+		{"GET", "/workers", 200},
+		{"POST", "/workers", 405},
 		{"GET", "/static/app.js", 200},
 		{"GET", "/static/style.css", 200},
 		{"GET", "/nowhere", 404},
@@ -55,13 +57,13 @@ func TestUIEveryResponseCarriesTheSecurityHeaders(t *testing.T) {
 func TestUIPagesAreShellsThatLoadVersionedAssets(t *testing.T) {
 	t.Parallel()
 	ui := newUI()
-	for target, page := range map[string]string{"/": "overview", "/runs/order-42": "run"} {
+	for target, page := range map[string]string{"/": "overview", "/runs/order-42": "run", "/workers": "workers"} {
 		rec := uiGet(t, ui, "GET", target, nil)
 		require.Equal(t, http.StatusOK, rec.Code)
 		require.Equal(t, "text/html; charset=utf-8", rec.Header().Get("Content-Type"))
 		body := rec.Body.String()
 		require.Contains(t, body, `data-page="`+page+`"`)
-		for _, name := range []string{"app.js", "overview.js", "run.js", "style.css", "favicon.svg"} {
+		for _, name := range []string{"app.js", "overview.js", "run.js", "workers.js", "style.css", "favicon.svg"} {
 			require.Regexp(t, `"/static/`+regexp.QuoteMeta(name)+`\?v=[0-9a-f]{12}"`, body, "page %s links %s", target, name)
 		}
 	}

@@ -171,6 +171,10 @@ type Worker struct {
 	srv    *asynq.Server
 	mux    *asynq.ServeMux
 	log    *slog.Logger
+	rdb    redis.UniversalClient
+	// rec is the record this worker publishes (record.go); nil before
+	// Start, and when asynq's registry could not name the server.
+	rec *record
 
 	// invalid is why Start refuses the worker; nil when it may start.
 	invalid error
@@ -180,7 +184,6 @@ type Worker struct {
 	stopped bool
 	// checks is the background check of Start (warnUnservedShards).
 	checks sync.WaitGroup
-	rdb    redis.UniversalClient
 
 	// warned holds the definitions (reactor and fingerprint) this worker
 	// has warned it lacks: one Warn each per process.
@@ -227,8 +230,10 @@ func New(eng *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker {
 // own (its config must use RetryDelay and IsFailure from this package).
 func (w *Worker) Handler() asynq.Handler { return w.mux }
 
-// Start begins processing in the background. A worker starts once: Start
-// after Start or after Stop is an error.
+// Start begins processing in the background, and publishes the worker's
+// record (its goreactor version, for the dashboard's workers view; see
+// record.go) once asynq's server registry lists it, which takes a round trip
+// or two. A worker starts once: Start after Start or after Stop is an error.
 func (w *Worker) Start(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -243,7 +248,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return w.invalid
 	}
 	w.started = true
-	if err := w.srv.Start(w.mux); err != nil {
+	if err := w.startServer(); err != nil {
 		return err
 	}
 	// In the background: asynq's Inspector takes no context, and a slow
@@ -254,7 +259,7 @@ func (w *Worker) Start(ctx context.Context) error {
 
 // Stop stops fetching tasks, waits up to ShutdownTimeout for running tasks
 // (their contexts are then cancelled; their runs stay checkpointed and are
-// redelivered), and returns. It is idempotent.
+// redelivered), deletes the worker's record, and returns. It is idempotent.
 func (w *Worker) Stop(ctx context.Context) error {
 	w.mu.Lock()
 	if !w.started || w.stopped {
@@ -265,7 +270,14 @@ func (w *Worker) Stop(ctx context.Context) error {
 	w.stopped = true
 	w.mu.Unlock()
 	done := make(chan struct{})
-	go func() { w.srv.Shutdown(); w.checks.Wait(); close(done) }()
+	go func() {
+		w.srv.Shutdown()
+		w.checks.Wait()
+		if w.rec != nil {
+			w.rec.stop(ctx, w)
+		}
+		close(done)
+	}()
 	select {
 	case <-done:
 		return nil

@@ -436,8 +436,8 @@
     if (tb) tb.addEventListener('click', function () {
       GR.askToken(GR.token() ? 'A token is set for this tab. Enter a new one, or forget it.' : '');
     });
-    // Only the overview and the run page refresh themselves.
-    if (live && body.dataset.page !== 'overview' && body.dataset.page !== 'run') live.hidden = true;
+    // Only the overview, the run page and the workers refresh themselves.
+    if (live && body.dataset.page !== 'overview' && body.dataset.page !== 'run' && body.dataset.page !== 'workers') live.hidden = true;
     GR.poller.update();
   });
 })();

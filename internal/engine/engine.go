@@ -670,11 +670,24 @@ func (e *Engine) Get(ctx context.Context, id string) (*Run, error) {
 // runs returns the stored root runs ids in one round trip, nil where no run
 // is stored (or the id is not one).
 func (e *Engine) runs(ctx context.Context, ids []string) ([]*Run, error) {
+	return e.views(ctx, ids, e.store.RunTarget)
+}
+
+// elementRuns returns the stored element runs ids ("<map id>.<i>") of
+// fan-out maps in one round trip, nil where none is stored in the current
+// layout (an element of a map started before it, keys.ElemState, is left
+// out: a batch read does not look for it in the old one).
+func (e *Engine) elementRuns(ctx context.Context, ids []string) ([]*Run, error) {
+	return e.views(ctx, ids, e.store.ElemTarget)
+}
+
+// views reads the runs ids at their target's keys in one round trip.
+func (e *Engine) views(ctx context.Context, ids []string, target func(string) store.Target) ([]*Run, error) {
 	ts := make([]store.Target, 0, len(ids))
 	valid := make([]int, 0, len(ids))
 	for i, id := range ids {
 		if validateRunID(id) == nil {
-			ts = append(ts, e.store.RunTarget(id))
+			ts = append(ts, target(id))
 			valid = append(valid, i)
 		}
 	}

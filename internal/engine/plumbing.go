@@ -50,6 +50,12 @@ func Locked(e *Engine, ctx context.Context, id string) (bool, error) { return e.
 // Runs loads the listed runs (nil for one not found).
 func Runs(e *Engine, ctx context.Context, ids []string) ([]*Run, error) { return e.runs(ctx, ids) }
 
+// ElementRuns returns the stored element runs of fan-out maps, by id
+// ("<map id>.<i>"), in one round trip, nil where none is stored.
+func ElementRuns(e *Engine, ctx context.Context, ids []string) ([]*Run, error) {
+	return e.elementRuns(ctx, ids)
+}
+
 // WaitsForPerson reports, per id, whether its stored run waits for a person.
 func WaitsForPerson(e *Engine, ctx context.Context, ids []string) ([]bool, error) {
 	return e.waitingForPerson(ctx, ids)

@@ -208,6 +208,15 @@ func (k Keys) MapHeld(id string) string { return k.mapKey(id, "held") }
 // cmd/sweeper do not sweep at the same time.
 func (k Keys) SweeperLeader() string { return k.prefix + ":{sweeper}:leader" }
 
+// Worker is the record a goreactor worker publishes about itself under
+// asynq server id serverID (its goreactor version, prefix, host, pid and
+// start), for the dashboard's workers view: asynq's own server record
+// carries no version. Every worker's record shares the {workers} tag, so
+// the dashboard reads them all from one node in one pipeline; each is a
+// small hash with a TTL a few heartbeats long, refreshed while the worker
+// runs and deleted when it stops.
+func (k Keys) Worker(serverID string) string { return k.prefix + ":{workers}:" + serverID }
+
 // Maps is the index of maps with outstanding work (sweeper input).
 func (k Keys) Maps() string { return k.prefix + ":idx:maps" }
 

@@ -38,6 +38,12 @@ func TestRunKeysShareOneSlot(t *testing.T) {
 	_ = redis.Nil
 }
 
+func TestWorkerRecordsShareOneSlot(t *testing.T) {
+	k := New("p")
+	require.Equal(t, "p:{workers}:3f2a", k.Worker("3f2a"))
+	require.Equal(t, hashTag(k.Worker("a")), hashTag(k.Worker("b")), "one pipeline reads every record")
+}
+
 func TestDefaultPrefix(t *testing.T) {
 	require.Equal(t, "goreactor:idx:active", New("").Active())
 }

@@ -1,7 +1,10 @@
 // Package payload is the wire format of goreactor's asynq tasks: what a
 // worker decodes from a run, element or rollback task, validated, so that a
 // malformed payload is archived with its reason instead of retried. Task
-// types are package worker's (TypeRun, TypeElement, TypeRollback).
+// types are package worker's (TypeRun, TypeElement, TypeRollback,
+// TypeControl). It also holds what the dashboard's workers view reads: the
+// head of a control task (ControlHead) and the record a worker publishes
+// about itself (WorkerRecord).
 package payload
 
 import (
@@ -98,6 +101,26 @@ func DecodeRun(b []byte) (RunPayload, error) {
 	}
 	if p.Reactor == "" {
 		return p, fmt.Errorf("%w: no reactor name", ErrMalformed)
+	}
+	return p, nil
+}
+
+// ControlHead is the part of a control task's payload that says what it
+// asks (package worker's controlPayload holds the rest): what a reader of
+// asynq's active tasks shows, without the worker's validation.
+type ControlHead struct {
+	RunID  string `msgpack:"run"`
+	Action string `msgpack:"action"`
+}
+
+// DecodeControlHead decodes the head of a control task's payload.
+func DecodeControlHead(b []byte) (ControlHead, error) {
+	var p ControlHead
+	if err := codec.Unmarshal(b, &p); err != nil {
+		return p, fmt.Errorf("%w: %v", ErrMalformed, err)
+	}
+	if err := keys.ValidateID(p.RunID); err != nil {
+		return p, fmt.Errorf("%w: run id: %v", ErrMalformed, err)
 	}
 	return p, nil
 }
