@@ -99,7 +99,11 @@ func TestNewUserOnACustomPrefixAndQueue(t *testing.T) {
 	t.Cleanup(srv.Close)
 	call := func(method, path string, out any) int {
 		t.Helper()
-		req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, nil)
+		var send io.Reader
+		if method == http.MethodPost {
+			send = strings.NewReader(`{"reason":"a new user tries an undo"}`)
+		}
+		req, err := http.NewRequestWithContext(ctx, method, srv.URL+path, send)
 		require.NoError(t, err)
 		req.Header.Set("Authorization", "Bearer "+token)
 		resp, err := http.DefaultClient.Do(req)

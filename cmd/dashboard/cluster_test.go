@@ -84,7 +84,7 @@ func TestServeOnACluster(t *testing.T) {
 	get("/api/stats", &st)
 	require.Contains(t, st, "by_status")
 
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/api/runs/"+one.ID+"/undo", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/api/runs/"+one.ID+"/undo", strings.NewReader(`{"reason":"cluster test"}`))
 	require.NoError(t, err)
 	req.Header.Set("Authorization", "Bearer tok")
 	res, err := http.DefaultClient.Do(req)
