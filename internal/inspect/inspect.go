@@ -1,5 +1,5 @@
 // Package inspect reads a map's picture from the map's own keys (meta,
-// offsets, results, rollback results) for the dashboard: progress counters,
+// offsets, results, rollback results, element states) for the dashboard: progress counters,
 // a page of element outcomes and a bucketed summary, never by loading
 // element runs (DESIGN 8.1).
 //
