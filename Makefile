@@ -58,7 +58,7 @@ bench-cli:
 
 # The dashboard's answers over 100,000 stored runs and a 100,000-element map (about half a minute to seed).
 bench-dashboard:
-	GOREACTOR_DASHBOARD_BENCH_RUNS=100000 $(GO) test -count=1 -run '^$$' -bench BenchmarkDashboard -benchtime 50x ./dashboard/
+	GOREACTOR_DASHBOARD_BENCH_RUNS=100000 $(GO) test -count=1 -run '^$$' -bench 'BenchmarkDashboard|BenchmarkElementSummary' -benchtime 50x ./dashboard/
 
 # In-process runs/s of this checkout against a pinned build (old and new alternating):
 # make bench-ab BASE=47764b8 (the commit that added the benchmark, before issue 23's work).

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/goreactor/goreactor/dashboard"
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
@@ -82,10 +84,21 @@ func seedRuns(b *testing.B, e *env, n int, base time.Time) {
 	}
 }
 
-// seedMap gives run "maprun" an inline map of n elements: a real map of 10
-// elements, whose results hash and counters are then grown to n with the
-// stored outcome of its element 0.
-func seedMap(b *testing.B, e *env, n int) {
+// A seeded map: which run owns it, whether its settles kept the element
+// states (a map started before they did has none: its summary reads the
+// results hashes), and whether it rolled back (one generation that undid
+// every element).
+type mapSeed struct {
+	run      string
+	states   bool
+	rollback bool
+}
+
+// seedMaps gives each seed's run an inline map of n elements: a real map
+// of 10 elements, whose results hash and counters are then grown to n with
+// the stored outcome of its element 0, with the element states the settle
+// scripts would have kept (or none), and maybe a settled rollback.
+func seedMaps(b *testing.B, e *env, n int, seeds ...mapSeed) {
 	ctx := context.Background()
 	elem := echo("bench-elem")
 	owner := reactor.MustDefine("bench-map", reactor.Input[[]string]("items"),
@@ -95,23 +108,48 @@ func seedMap(b *testing.B, e *env, n int) {
 	for i := range items {
 		items[i] = strconv.Itoa(i)
 	}
-	res, err := e.engine.Run(ctx, owner, map[string]any{"items": items}, reactor.WithRunID("maprun"))
-	require.NoError(b, err)
-	require.Equal(b, reactor.StatusCompleted, res.Status)
 	k := keys.New(e.prefix)
-	mapID := mapstep.MapID("maprun", "each")
-	one, err := e.rdb.HGet(ctx, k.MapResults(mapID), "0").Result()
-	require.NoError(b, err)
-	const batch = 5000
-	for lo := 0; lo < n; lo += batch {
-		vals := make([]any, 0, 2*batch)
-		for i := lo; i < min(lo+batch, n); i++ {
-			vals = append(vals, strconv.Itoa(i), one)
+	for _, sd := range seeds {
+		res, err := e.engine.Run(ctx, owner, map[string]any{"items": items}, reactor.WithRunID(sd.run))
+		require.NoError(b, err)
+		require.Equal(b, reactor.StatusCompleted, res.Status)
+		mapID := mapstep.MapID(sd.run, "each")
+		one, err := e.rdb.HGet(ctx, k.MapResults(mapID), "0").Result()
+		require.NoError(b, err)
+		const batch = 5000
+		for lo := 0; lo < n; lo += batch {
+			vals := make([]any, 0, 2*batch)
+			var rb []any
+			for i := lo; i < min(lo+batch, n); i++ {
+				vals = append(vals, strconv.Itoa(i), one)
+				if sd.rollback {
+					o, err := codec.Marshal(map[string]any{"i": n - 1 - i, "o": "undone"})
+					require.NoError(b, err)
+					rb = append(rb, strconv.Itoa(i), o)
+				}
+			}
+			require.NoError(b, e.rdb.HSet(ctx, k.MapResults(mapID), vals...).Err())
+			if sd.rollback {
+				require.NoError(b, e.rdb.HSet(ctx, k.MapRbResults(mapID, 1), rb...).Err())
+			}
 		}
-		require.NoError(b, e.rdb.HSet(ctx, k.MapResults(mapID), vals...).Err())
+		require.NoError(b, e.rdb.HSet(ctx, k.MapMeta(mapID), "total", n, "settled", n).Err())
+		require.NoError(b, e.rdb.Set(ctx, k.MapOffset(mapID), n, 0).Err())
+		// Forward class 1 (ok) in each byte's high nibble, rollback class
+		// 1 (undone) in its low one (mapcore's batch.lua, noteState).
+		state := byte(0x10)
+		if sd.rollback {
+			require.NoError(b, e.rdb.HSet(ctx, k.MapMeta(mapID), "rbgen", 1).Err())
+			require.NoError(b, e.rdb.HSet(ctx, k.MapRbMeta(mapID, 1), "total", n, "batch_size", 100, "settled", n, "failed", 0, "gen", 1).Err())
+			require.NoError(b, e.rdb.Set(ctx, k.MapRbOffset(mapID, 1), n, 0).Err())
+			state = 0x11
+		}
+		if sd.states {
+			require.NoError(b, e.rdb.Set(ctx, k.MapStates(mapID), strings.Repeat(string(state), n), 0).Err())
+		} else {
+			require.NoError(b, e.rdb.Del(ctx, k.MapStates(mapID)).Err())
+		}
 	}
-	require.NoError(b, e.rdb.HSet(ctx, k.MapMeta(mapID), "total", n, "settled", n).Err())
-	require.NoError(b, e.rdb.Set(ctx, k.MapOffset(mapID), n, 0).Err())
 }
 
 // BenchmarkDashboard: the first page, a page deep in the list, filtered
@@ -123,7 +161,7 @@ func BenchmarkDashboard(b *testing.B) {
 	e := newBenchEnv(b)
 	base := time.Now().Add(-24 * time.Hour)
 	seedRuns(b, e, n, base)
-	seedMap(b, e, n)
+	seedMaps(b, e, n, mapSeed{run: "maprun", states: true})
 	deep := fmt.Sprintf("run-%07d", n/10)
 	score, err := e.rdb.ZScore(context.Background(), e.prefix+":idx:runs", deep).Result()
 	require.NoError(b, err)
@@ -160,4 +198,75 @@ func BenchmarkDashboard(b *testing.B) {
 			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/op")
 		})
 	}
+}
+
+// BenchmarkElementSummary: the Redis time of one poll of the element
+// summary of a live map of GOREACTOR_DASHBOARD_BENCH_RUNS elements (2,000
+// by default, 100000 for the acceptance figure: under 5 ms), read from its
+// element states and, for a map started before the settle scripts kept
+// them, from its results hashes (the path every map took before), forward
+// and after a rollback. A live map's counters move between polls, so each
+// poll reads its summary again (the cache is dropped). On a redis-server
+// of its own, so that INFO commandstats counts only the polls.
+func BenchmarkElementSummary(b *testing.B) {
+	n := benchSize(b)
+	srv := redistest.StartServer(b)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	b.Cleanup(func() { _ = rdb.Close() })
+	e := newTBEnvOn(b, rdb, "")
+	seedMaps(b, e, n, mapSeed{run: "fwd-states", states: true}, mapSeed{run: "fwd-results"},
+		mapSeed{run: "rb-states", states: true, rollback: true}, mapSeed{run: "rb-results", rollback: true})
+	for _, c := range []struct{ name, run string }{
+		{"forward/states", "fwd-states"}, {"forward/results_hashes", "fwd-results"},
+		{"rolled_back/states", "rb-states"}, {"rolled_back/results_hashes", "rb-results"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			path := e.srv.URL + "/api/runs/" + c.run + "/maps/each/elements"
+			before := redisUsec(b, rdb)
+			for b.Loop() {
+				dashboard.ForgetSummaries(e.dash)
+				res, err := http.Get(path)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, res.Body)
+				res.Body.Close()
+				if res.StatusCode != http.StatusOK {
+					b.Fatalf("%s: %d", path, res.StatusCode)
+				}
+			}
+			used := redisUsec(b, rdb) - before
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/op")
+			b.ReportMetric(float64(used)/float64(b.N)/1000, "redis-ms/op")
+		})
+	}
+}
+
+// redisUsec is the Redis time (µs) the server spent in commands so far, by
+// INFO commandstats: the sum over commands, less INFO (the measurement's
+// own) and EXEC, EVAL and EVALSHA (whose commands are counted once already,
+// each under its own name).
+func redisUsec(b *testing.B, rdb *redis.Client) int64 {
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	require.NoError(b, err)
+	var sum int64
+	for _, line := range strings.Split(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		switch strings.TrimPrefix(name, "cmdstat_") {
+		case "info", "exec", "eval", "evalsha":
+			continue
+		}
+		for _, f := range strings.Split(rest, ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				n, err := strconv.ParseInt(v, 10, 64)
+				require.NoError(b, err)
+				sum += n
+			}
+		}
+	}
+	return sum
 }

@@ -46,7 +46,12 @@ func newBenchEnv(b *testing.B) *env { return newTBEnv(b, "") }
 
 func newTBEnv(t testing.TB, token string) *env {
 	t.Helper()
-	rdb := redistest.Client(t)
+	return newTBEnvOn(t, redistest.Client(t), token)
+}
+
+// newTBEnvOn is newTBEnv on the Redis of rdb.
+func newTBEnvOn(t testing.TB, rdb redis.UniversalClient, token string) *env {
+	t.Helper()
 	prefix, queue, ctl := redistest.Prefix(t), redistest.Queue(t), redistest.Queue(t)
 	engine, err := reactor.NewEngine(context.Background(), reactor.Config{Client: rdb, Prefix: prefix,
 		Enqueuer: worker.NewClient(rdb, queue), Logger: discard})

@@ -1,5 +1,5 @@
 // Package inspect reads a map's picture from the map's own keys (meta,
-// offsets, results, rollback results) for the dashboard: progress counters,
+// offsets, results, rollback results, element states) for the dashboard: progress counters,
 // a page of element outcomes and a bucketed summary, never by loading
 // element runs (DESIGN 8.1).
 //
@@ -265,10 +265,11 @@ const MaxCells = 1000
 // map has no keys (never started, or expired with its run).
 //
 // The page costs one round trip (two once the map rolls back). The summary
-// reads the whole results hashes (never the element runs) only when the
-// map's counters moved since the last summary of it: a results hash only
-// grows in the scripts that bump those counters, so equal counters mean an
-// equal picture.
+// is read again only when the map's counters moved since the last summary
+// of it (a results hash only grows in the scripts that bump those
+// counters, so equal counters mean an equal picture), from the map's
+// element states (one GET of a byte per element, states.go), or, for a map
+// whose settles did not all keep them, from the whole results hashes.
 func (r *Reader) Read(ctx context.Context, mapID string, from, limit int) (pic Picture, ok bool, err error) {
 	var c mapCmds
 	to := from + limit - 1
@@ -401,6 +402,46 @@ func (r *Reader) summary(ctx context.Context, m Map, gens int) (summaryEntry, er
 		return e, nil
 	}
 	r.mu.Unlock()
+	state, ok, err := r.fromStates(ctx, m)
+	if err != nil {
+		return summaryEntry{}, err
+	}
+	if !ok {
+		if state, err = r.fromResults(ctx, m, gens); err != nil {
+			return summaryEntry{}, err
+		}
+	}
+	e := summaryEntry{at: at, bucket: max(1, (m.Total+MaxCells-1)/MaxCells)}
+	for lo := 0; lo < m.Total; lo += e.bucket {
+		hi := min(lo+e.bucket, m.Total) - 1
+		var n [7]int
+		for i := lo; i <= hi; i++ {
+			n[state[i]]++
+		}
+		cell := Cell{From: lo, To: hi, Counts: make(map[string]int, len(States))}
+		for k, s := range States {
+			cell.Counts[s] = n[k]
+		}
+		e.cells = append(e.cells, cell)
+	}
+	r.mu.Lock()
+	if len(r.cache) >= maxCached {
+		for k := range r.cache {
+			delete(r.cache, k)
+			break
+		}
+	}
+	r.cache[m.ID] = e
+	r.mu.Unlock()
+	return e, nil
+}
+
+// fromResults returns each element's state (an index into States) from the
+// map's whole results hashes, forward and every rollback generation's: the
+// summary's path for a map without complete element states (one started
+// before the settle scripts kept them, or settled in part by a process
+// that did not).
+func (r *Reader) fromResults(ctx context.Context, m Map, gens int) ([]uint8, error) {
 	var results *redis.MapStringStringCmd
 	var rbResults []*redis.MapStringStringCmd // by generation, oldest first
 	if _, err := r.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -410,7 +451,7 @@ func (r *Reader) summary(ctx context.Context, m Map, gens int) (summaryEntry, er
 		}
 		return nil
 	}); pipeErr(err) != nil {
-		return summaryEntry{}, fmt.Errorf("inspect: read map %s: %w", m.ID, err)
+		return nil, fmt.Errorf("inspect: read map %s: %w", m.ID, err)
 	}
 	total := m.Total
 	state := make([]uint8, total) // index into States
@@ -432,7 +473,7 @@ func (r *Reader) summary(ctx context.Context, m Map, gens int) (summaryEntry, er
 		if !ok {
 			var o statusOnly
 			if err := codec.Unmarshal([]byte(v), &o); err != nil {
-				return summaryEntry{}, fmt.Errorf("inspect: decode result %s[%d]: %w", m.ID, i, err)
+				return nil, fmt.Errorf("inspect: decode result %s[%d]: %w", m.ID, i, err)
 			}
 			st = o.Status
 		}
@@ -443,36 +484,14 @@ func (r *Reader) summary(ctx context.Context, m Map, gens int) (summaryEntry, er
 		for _, v := range gen.Val() {
 			var o rbOutcomeOnly
 			if err := codec.Unmarshal([]byte(v), &o); err != nil {
-				return summaryEntry{}, fmt.Errorf("inspect: decode a rollback result of %s: %w", m.ID, err)
+				return nil, fmt.Errorf("inspect: decode a rollback result of %s: %w", m.ID, err)
 			}
 			if o.Index >= 0 && o.Index < total {
 				state[o.Index] = stateIndex[rollbackState(o.Outcome, States[fwd[o.Index]])]
 			}
 		}
 	}
-	e := summaryEntry{at: at, bucket: max(1, (total+MaxCells-1)/MaxCells)}
-	for lo := 0; lo < total; lo += e.bucket {
-		hi := min(lo+e.bucket, total) - 1
-		var n [7]int
-		for i := lo; i <= hi; i++ {
-			n[state[i]]++
-		}
-		cell := Cell{From: lo, To: hi, Counts: make(map[string]int, len(States))}
-		for k, s := range States {
-			cell.Counts[s] = n[k]
-		}
-		e.cells = append(e.cells, cell)
-	}
-	r.mu.Lock()
-	if len(r.cache) >= maxCached {
-		for k := range r.cache {
-			delete(r.cache, k)
-			break
-		}
-	}
-	r.cache[m.ID] = e
-	r.mu.Unlock()
-	return e, nil
+	return state, nil
 }
 
 // fastStatus reads the status of an encoded outcome without a decoder: a

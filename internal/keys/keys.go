@@ -193,6 +193,12 @@ func (k Keys) MapOffset(id string) string { return k.mapKey(id, "offset") }
 // MapResults is a map's index -> outcome hash (first writer wins).
 func (k Keys) MapResults(id string) string { return k.mapKey(id, "results") }
 
+// MapStates is a map's element states for the dashboard's summary: one
+// byte per element index, its high nibble the forward outcome's class and
+// its low nibble the newest rollback outcome's class (internal/inspect's
+// codes), written with BITFIELD by the settle that stored the outcome.
+func (k Keys) MapStates(id string) string { return k.mapKey(id, "states") }
+
 // MapFailed holds the index of a map's first atomic failure (SET NX).
 func (k Keys) MapFailed(id string) string { return k.mapKey(id, "failed") }
 

@@ -142,7 +142,7 @@ func (s mapStore) elemFinish(mapID string, md meta, index int, sr *settleResult)
 		if err != nil {
 			return store.WriteResult{}, err
 		}
-		keys := []string{t.State, t.Lock, t.Audit, k.MapMeta(mapID), k.MapOffset(mapID), k.MapResults(mapID), k.MapFailed(mapID), k.MapSignalled(mapID)}
+		keys := []string{t.State, t.Lock, t.Audit, k.MapMeta(mapID), k.MapOffset(mapID), k.MapResults(mapID), k.MapFailed(mapID), k.MapSignalled(mapID), k.MapStates(mapID)}
 		vals, err := s.eval(ctx, elemFinishScript, keys, args...).Int64Slice()
 		if err != nil {
 			return store.WriteResult{}, fmt.Errorf("mapstep: finish element %s[%d]: %w", mapID, index, err)
@@ -271,7 +271,7 @@ func (s mapStore) elemRbFinish(md meta, t maptask.RollbackTask, sr *settleResult
 			return store.WriteResult{}, err
 		}
 		keys := []string{tg.State, tg.Lock, tg.Audit, k.MapRbMeta(t.MapID, t.Gen), k.MapRbOffset(t.MapID, t.Gen), k.MapRbResults(t.MapID, t.Gen),
-			k.MapRbHandedOff(t.MapID, t.Gen), k.MapRbSignalled(t.MapID, t.Gen)}
+			k.MapRbHandedOff(t.MapID, t.Gen), k.MapRbSignalled(t.MapID, t.Gen), k.MapStates(t.MapID)}
 		vals, err := s.eval(ctx, elemFinishScript, keys, args...).Int64Slice()
 		if err != nil {
 			return store.WriteResult{}, fmt.Errorf("mapstep: finish the rollback of element %s[%d]: %w", t.MapID, t.Index, err)

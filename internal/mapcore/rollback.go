@@ -168,7 +168,7 @@ func parseRb(f map[string]string, offset string) rbMeta {
 func (s mapStore) rbKeys(mapID string, gen int) []string {
 	k := s.keys
 	return []string{k.MapRbMeta(mapID, gen), k.MapRbOffset(mapID, gen), k.MapRbResults(mapID, gen),
-		k.MapRbHandedOff(mapID, gen), k.MapRbSignalled(mapID, gen)}
+		k.MapRbHandedOff(mapID, gen), k.MapRbSignalled(mapID, gen), k.MapStates(mapID)}
 }
 
 // rbStart creates generation gen of the map's rollback (once) and makes it

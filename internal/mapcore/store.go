@@ -192,7 +192,7 @@ func (s mapStore) settle(ctx context.Context, mapID string, index int, o outcome
 		}
 	}
 	k := s.keys
-	res, err := s.eval(ctx, settleScript, []string{k.MapMeta(mapID), k.MapOffset(mapID), k.MapResults(mapID), k.MapFailed(mapID), k.MapSignalled(mapID)},
+	res, err := s.eval(ctx, settleScript, []string{k.MapMeta(mapID), k.MapOffset(mapID), k.MapResults(mapID), k.MapFailed(mapID), k.MapSignalled(mapID), k.MapStates(mapID)},
 		index, enc, failure, "f").Slice()
 	if err != nil {
 		return settleResult{}, fmt.Errorf("mapstep: settle %s[%d]: %w", mapID, index, err)

@@ -172,7 +172,7 @@ func mapShape(vals []any) (total, gens, layout int) {
 // mapKeys lists every key of map m: forward, and rollback of each of its
 // generations 1..gens (a re-triggered rollback adds one).
 func mapKeys(k keys.Keys, m string, gens int) []string {
-	out := []string{k.MapMeta(m), k.MapSource(m), k.MapOffset(m), k.MapResults(m), k.MapFailed(m), k.MapSignalled(m), k.MapHeld(m)}
+	out := []string{k.MapMeta(m), k.MapSource(m), k.MapOffset(m), k.MapResults(m), k.MapFailed(m), k.MapSignalled(m), k.MapHeld(m), k.MapStates(m)}
 	for gen := 1; gen <= gens; gen++ {
 		out = append(out, k.MapRbMeta(m, gen), k.MapRbOffset(m, gen), k.MapRbResults(m, gen), k.MapRbHandedOff(m, gen),
 			k.MapRbSignalled(m, gen), k.MapRbWork(m, gen))

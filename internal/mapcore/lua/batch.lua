@@ -18,15 +18,73 @@
 --   rollback: no stop flag, failures count in 'failed', each outcome name
 --             counts in 'n:<name>', and the owner is signalled only once it
 --             handed off (d.gate, the handshake's other flag, exists).
+-- A stored outcome also sets its element's state in d.states (one BITFIELD,
+-- see noteState), the dashboard's summary; a duplicate stores nothing and
+-- sets nothing.
 --
--- settle(d) with d = {meta, offset, results, stop, gate, signal (keys),
+-- settle(d) with d = {meta, offset, results, stop, gate, signal, states (keys),
 -- pos (and field, the same position as the results hash's field), enc, fail (bool), atomic (bool), count (outcome name or nil),
 -- total, b, now, claimed (the offset when the caller read it)}
 -- returns stored, from, to, signal.
+
+-- mpFirst returns the value of the first key of the msgpack map enc when
+-- that key is the one-letter string k and its value a short string or a
+-- non-negative integer (mapstep's outcome starts with "s", its status, and
+-- its rollback outcome with "i", the element's index, as internal/codec
+-- encodes them), else nil.
+local function mpFirst(enc, k)
+  local b0, b1, t = string.byte(enc, 1), string.byte(enc, 2), string.byte(enc, 4)
+  if not t or b0 < 0x80 or b0 > 0x8f or b1 ~= 0xa1 or string.sub(enc, 3, 3) ~= k then
+    return nil
+  end
+  if t >= 0xa0 and t <= 0xbf then
+    return string.sub(enc, 5, 4 + t - 0xa0)
+  elseif t < 0x80 then
+    return t
+  end
+  local width = ({[0xcc] = 1, [0xcd] = 2, [0xce] = 4, [0xcf] = 8})[t]
+  if not width or #enc < 4 + width then
+    return nil
+  end
+  local n = 0
+  for j = 5, 4 + width do
+    n = n * 256 + string.byte(enc, j)
+  end
+  return n
+end
+
+-- An element's state for the dashboard's summary, in P:{map:<id>}:states:
+-- byte i is element i's, its high nibble the class of the forward outcome
+-- (1 ok, halted or skipped; 2 failed; 3 any other status, stopped) and its
+-- low nibble the class of its newest rollback outcome (1 undone; 2 failed;
+-- 3 context_unavailable; 4 any other, not_needed: the forward state shows).
+-- A later rollback generation overwrites an earlier one's nibble, and the
+-- two nibbles are independent, so the order of a forward settle and a
+-- rollback settle does not matter. internal/inspect reads the string only
+-- when its counts of set nibbles equal the map's settled counters (an
+-- outcome this could not parse, or one a process without this code stored,
+-- leaves the nibble unset and the reader falls back to the results hashes).
+local fwdClass = {ok = 1, halted = 1, skipped = 1, failed = 2}
+local rbClass = {undone = 1, failed = 2, context_unavailable = 3}
+local function noteState(d)
+  if d.count then
+    local i = mpFirst(d.enc, 'i')
+    if type(i) == 'number' then
+      redis.call('BITFIELD', d.states, 'SET', 'u4', '#' .. (2 * i + 1), rbClass[d.count] or 4)
+    end
+    return
+  end
+  local s = mpFirst(d.enc, 's')
+  if type(s) == 'string' and d.pos >= 0 and d.pos < d.total then
+    redis.call('BITFIELD', d.states, 'SET', 'u4', '#' .. (2 * d.pos), fwdClass[s] or 3)
+  end
+end
+
 local function settle(d)
   if redis.call('HSETNX', d.results, d.field, d.enc) == 0 then
     return 0, -1, -1, 0
   end
+  noteState(d)
   local settled = redis.call('HINCRBY', d.meta, 'settled', 1)
   -- Progress time (server clock) for the map sweeper, which leaves a map
   -- that settled something recently alone.

@@ -13,6 +13,8 @@
 -- KEYS[7] forward: the map's failed flag P:{map:<id>}:failed;
 --         rollback: the owner's hand-off flag P:{map:<id>}:rb:<gen>:handed_off
 -- KEYS[8] signal         P:{map:<id>}:owner_signalled | P:{map:<id>}:rb:<gen>:signalled
+-- KEYS[9] states         P:{map:<id>}:states (both directions: the dashboard's
+--         element states, batch.lua's noteState)
 -- ARGV[1] lock token     ARGV[2] version the caller read   ARGV[3] encoded state
 -- ARGV[4] 1 when the element waits for a person (its state is made persistent), else 0
 -- ARGV[5] nonce naming this write (random per call, the same on a resend)
@@ -48,7 +50,7 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 -- The settle. The position was claimed when the element was created
 -- (elem_begin.lua) or its rollback job dispatched, and a claim is never
 -- undone, so no stray check is needed.
-local d = {meta = KEYS[4], offset = KEYS[5], results = KEYS[6], signal = KEYS[8],
+local d = {meta = KEYS[4], offset = KEYS[5], results = KEYS[6], signal = KEYS[8], states = KEYS[9],
   pos = tonumber(ARGV[7]), field = ARGV[7], enc = ARGV[8], fail = ARGV[9] == '1', atomic = ARGV[12] == '1',
   total = tonumber(ARGV[10]), b = tonumber(ARGV[11]), now = now}
 if ARGV[13] == 'r' then

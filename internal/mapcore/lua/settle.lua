@@ -8,6 +8,8 @@
 -- KEYS[4] forward: the map's failed flag P:{map:<id>}:failed;
 --         rollback: the owner's hand-off flag P:{map:<id>}:rb:<gen>:handed_off
 -- KEYS[5] signal     P:{map:<id>}:owner_signalled | P:{map:<id>}:rb:<gen>:signalled
+-- KEYS[6] states     P:{map:<id>}:states (both directions: the dashboard's
+--         element states, batch.lua's noteState)
 -- ARGV[1] position   ARGV[2] encoded outcome   ARGV[3] 1 if it is a failure
 -- ARGV[4] 'f' (forward) or 'r' (rollback)
 -- ARGV[5] rollback: the outcome's name, counted in the meta
@@ -23,7 +25,7 @@ if pos >= claimed then
 end
 local m = redis.call('HMGET', KEYS[1], 'total', 'batch_size', 'atomic')
 local t = redis.call('TIME')
-local d = {meta = KEYS[1], offset = KEYS[2], results = KEYS[3], signal = KEYS[5],
+local d = {meta = KEYS[1], offset = KEYS[2], results = KEYS[3], signal = KEYS[5], states = KEYS[6],
   pos = pos, field = ARGV[1], enc = ARGV[2], fail = ARGV[3] == '1', atomic = m[3] == '1',
   total = tonumber(m[1]), b = tonumber(m[2]), now = t[1] * 1000 + math.floor(t[2] / 1000), claimed = claimed}
 if ARGV[4] == 'r' then
