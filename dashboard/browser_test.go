@@ -786,6 +786,8 @@ func (a *fakeAPI) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		a.stats(w)
 	case r.Method == "GET" && p == "runs":
 		a.list(w, r)
+	case r.Method == "GET" && p == "needs-human":
+		fakeJSON(w, 200, map[string]any{"runs": []any{}, "more": false})
 	case r.Method == "GET" && len(parts) == 2 && parts[0] == "runs":
 		run := a.find(parts[1])
 		if run == nil {

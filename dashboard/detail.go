@@ -94,13 +94,58 @@ type stepView struct {
 	DurationMS int64  `json:"duration_ms"`
 	Result     any    `json:"result"`
 	Error      string `json:"error"`
+	// NeedsHuman marks a step one of whose undo entries (a composed
+	// step's: one of its child's) waits for a person: the step completed,
+	// but its rollback is not done.
+	NeedsHuman bool `json:"needs_human,omitempty"`
+}
+
+// latestRollbacks is the run's rollback log reduced to each entry's
+// latest record, in the order the entries first appear.
+func latestRollbacks(run *reactor.Run) []rollbackView {
+	at := map[string]int{}
+	var out []rollbackView
+	for _, rb := range run.Rollbacks {
+		v := rollbackView{Step: rb.Step, Status: string(rb.Status)}
+		if i, ok := at[rb.Step]; ok {
+			out[i] = v
+			continue
+		}
+		at[rb.Step] = len(out)
+		out = append(out, v)
+	}
+	return out
+}
+
+// waitsForPerson reports whether a ledger entry of step (a compose step's
+// child entries included) needs a person.
+func waitsForPerson(ledger []*reactor.LedgerEntry, step string) bool {
+	var waits func(es []*reactor.LedgerEntry) bool
+	waits = func(es []*reactor.LedgerEntry) bool {
+		for _, e := range es {
+			if e.Status == reactor.RollbackNeedsPerson || waits(e.Children) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, e := range ledger {
+		if e.Step == step && (e.Status == reactor.RollbackNeedsPerson || waits(e.Children)) {
+			return true
+		}
+	}
+	return false
 }
 
 type childView struct {
-	Step    string         `json:"step"`
+	Step string `json:"step"`
+	// RunID is "" for a finished child, folded into this run's ledger.
 	RunID   string         `json:"run_id"`
 	Reactor string         `json:"reactor"`
 	Status  reactor.Status `json:"status"`
+	// Entries are a finished child's undo entries, with their rollback
+	// statuses (its steps, prefixed with the compose step's name).
+	Entries []ledgerView `json:"entries,omitempty"`
 }
 
 type mapView struct {
@@ -310,6 +355,39 @@ func detailOf(run *reactor.Run, maps []inspect.Map, now time.Time) runDetail {
 	for _, step := range sortedKeys(run.Children) {
 		c := run.Children[step]
 		d.Children = append(d.Children, childView{Step: step, RunID: c.ID, Reactor: c.Reactor, Status: c.Status})
+	}
+	// A finished child lives on as its compose step's ledger entry, its
+	// own entries folded in, and once rolled back in the run's rollback
+	// log: listed too, with its entries' latest statuses.
+	latest := latestRollbacks(run)
+	folded := map[string][]ledgerView{}
+	var order []string
+	for _, e := range run.Ledger {
+		if len(e.Children) > 0 && run.Children[e.Step] == nil {
+			folded[e.Step], order = ledgerOf(e.Children, e.Step+"/", []ledgerView{}), append(order, e.Step)
+		}
+	}
+	for _, rb := range latest {
+		parent, _, nested := strings.Cut(rb.Step, "/")
+		if !nested || run.Children[parent] != nil {
+			continue
+		}
+		if _, seen := folded[parent]; !seen {
+			order = append(order, parent)
+		}
+		folded[parent] = append(folded[parent], ledgerView{Step: rb.Step, Status: rb.Status})
+	}
+	for _, step := range order {
+		d.Children = append(d.Children, childView{Step: step, Status: reactor.StatusCompleted, Entries: folded[step]})
+	}
+	for i := range d.Steps {
+		name := d.Steps[i].Name
+		d.Steps[i].NeedsHuman = waitsForPerson(run.Ledger, name)
+		for _, rb := range latest {
+			if rb.Status == string(reactor.RollbackNeedsPerson) && (rb.Step == name || strings.HasPrefix(rb.Step, name+"/")) {
+				d.Steps[i].NeedsHuman = true
+			}
+		}
 	}
 	byStep := map[string]inspect.Map{}
 	for _, m := range maps {

@@ -160,6 +160,10 @@ func (h *Handler) needsHuman(w http.ResponseWriter, r *http.Request) {
 	if len(ids) > limit {
 		ids, page.More = ids[:limit], true
 	}
+	listed := map[string]bool{}
+	for _, id := range ids {
+		listed[id] = true
+	}
 	for _, id := range ids {
 		run, err := h.engine.Get(ctx, id)
 		if errors.Is(err, reactor.ErrNotFound) {
@@ -187,6 +191,11 @@ func (h *Handler) needsHuman(w http.ResponseWriter, r *http.Request) {
 		item := needsHumanRun{ID: id, Reactor: run.Reactor, Status: string(run.Status), UpdatedAt: stamp(run.UpdatedAt),
 			RollbackID: rep.RollbackID, ActionRequired: rep.ActionRequired, Sensitive: rep.Sensitive, ValuesRedacted: rep.ValuesRedacted}
 		if el := run.Element; el != nil {
+			if listed[el.Owner] {
+				// Its owner is listed, and the owner's report carries the
+				// element's entries: one conflict, listed once.
+				continue
+			}
 			item.Element = &elementOf{Owner: el.Owner, Step: el.Step, Index: el.Index}
 		}
 		page.Runs = append(page.Runs, item)

@@ -119,6 +119,36 @@ func TestResolveConflictedEntry(t *testing.T) {
 	require.Equal(t, []string{"book/fix1#1"}, item.Blocked)
 	require.True(t, strings.HasPrefix(item.Observed, "sha256:") || item.Observed != "", item.Observed)
 	require.NotEqual(t, item.Expected, item.Observed)
+	// The run page: the compose step completed, but its child's entry
+	// waits for a person; the finished child is listed with its entries.
+	var d struct {
+		Steps []struct {
+			Name       string `json:"name"`
+			Status     string `json:"status"`
+			NeedsHuman bool   `json:"needs_human"`
+		} `json:"steps"`
+		Children []struct {
+			Step    string `json:"step"`
+			RunID   string `json:"run_id"`
+			Entries []struct {
+				Step, Status string
+			} `json:"entries"`
+		} `json:"children"`
+	}
+	e.get("/api/runs/clobber-1", http.StatusOK, &d)
+	needs := map[string]bool{}
+	for _, st := range d.Steps {
+		needs[st.Name] = st.NeedsHuman
+	}
+	require.True(t, needs["book"], "the compose step is not painted as done: %+v", d.Steps)
+	require.Len(t, d.Children, 1)
+	require.Equal(t, "book", d.Children[0].Step)
+	require.Empty(t, d.Children[0].RunID, "folded into the run")
+	var entries []string
+	for _, en := range d.Children[0].Entries {
+		entries = append(entries, en.Step+":"+en.Status)
+	}
+	require.Contains(t, entries, "book/fix2:needs_human")
 	e.get("/api/needs-human?limit=1", http.StatusOK, &page)
 	require.Equal(t, []string{"clobber-2"}, page.ids())
 	require.True(t, page.More)
@@ -264,27 +294,22 @@ func TestResolveElementRun(t *testing.T) {
 	require.Equal(t, reactor.StatusFailed, final.Status)
 
 	// The element run waits, and so does its owner, whose item names the
-	// element run to resolve it on.
+	// element run to resolve it on: one conflict, listed once, under the
+	// owner (the overview's tile counts it once).
 	var page needsHumanPage
 	e.get("/api/needs-human", http.StatusOK, &page)
-	require.Len(t, page.Runs, 2, "%+v", page)
+	require.Len(t, page.Runs, 1, "%+v", page)
 	elemID := mapstep.MapID("tiers", "each") + ".1"
-	byID := map[string]int{}
-	for i, r := range page.Runs {
-		byID[r.ID] = i
-	}
-	require.Contains(t, byID, elemID)
-	require.Contains(t, byID, "tiers")
-	elRun, ownerRun := page.Runs[byID[elemID]], page.Runs[byID["tiers"]]
-	require.Equal(t, "tier-el", elRun.Reactor)
-	require.Equal(t, "upgrade#1", elRun.ActionRequired[0].ID)
-	require.Equal(t, key(1), elRun.ActionRequired[0].Resource)
+	ownerRun := page.Runs[0]
+	require.Equal(t, "tiers", ownerRun.ID)
+	require.Len(t, ownerRun.ActionRequired, 1)
 	require.Equal(t, "upgrade#1", ownerRun.ActionRequired[0].ID)
 	require.Equal(t, elemID, ownerRun.ActionRequired[0].Run, "the owner's item says where to resolve it")
-	var raw map[string]any
-	e.get("/api/needs-human", http.StatusOK, &raw)
-	el := raw["runs"].([]any)[byID[elemID]].(map[string]any)["element"].(map[string]any)
-	require.Equal(t, "tiers", el["owner"])
+	// The element run's own report is what its page shows.
+	var elStatus rbStatus
+	e.get("/api/runs/"+url.PathEscape(elemID)+"/rollback-status", http.StatusOK, &elStatus)
+	_, elEntry, _ := elStatus.entry(t, "upgrade")
+	require.Equal(t, "needs_human", elEntry)
 	// The element run's page is served like any run's.
 	res := e.do(http.MethodGet, "/runs/"+url.PathEscape(elemID), "", "")
 	require.Equal(t, http.StatusOK, res.code)

@@ -373,7 +373,7 @@
   // selecting text, a dialog is open, the tab is hidden, or they paused it.
   GR.poller = (function () {
     var interval = 2000;
-    var fn = null, timer = null, running = false, manual = false, pending = false;
+    var fn = null, timer = null, running = false, manual = false, pending = false, failing = '';
     function reason() {
       if (manual) return 'paused';
       if (document.querySelector('dialog[open]')) return 'paused: dialog open';
@@ -386,9 +386,13 @@
       var r = reason();
       var btn = GR.$('live');
       if (btn) {
+        // A refresh that fails (Redis down, the dashboard gone) is not
+        // live: the dot says so until a refresh succeeds again.
         btn.classList.toggle('paused', !!r);
-        btn.dataset.state = r ? 'paused' : 'live';
-        GR.$('live-label').textContent = r || 'live';
+        btn.classList.toggle('failing', !r && !!failing);
+        btn.dataset.state = r ? 'paused' : (failing ? 'failing' : 'live');
+        btn.title = failing ? 'the last refresh failed: ' + failing : '';
+        GR.$('live-label').textContent = r || (failing ? 'not updating' : 'live');
       }
       return r;
     }
@@ -402,9 +406,13 @@
       if (running) { pending = true; return; }
       running = true;
       Promise.resolve().then(fn).then(function () {
+        failing = '';
+        update();
         var u = GR.$('updated');
         if (u) { u.textContent = 'updated ' + GR.fmtClock(new Date().toISOString()).slice(0, 8); u.classList.remove('stale'); }
       }, function (err) {
+        failing = err.message || 'error';
+        update();
         var u = GR.$('updated');
         if (u) { u.textContent = 'refresh failed: ' + err.message; u.classList.add('stale'); }
       }).then(function () {

@@ -269,12 +269,20 @@
       renderNeeds(page.runs || [], !!page.more);
     }, function (err) {
       lastNeeds = ''; // the next good answer renders again
+      // Unknown, not zero: a count nobody could read must not read as
+      // "nothing waits".
+      $('needs-count').textContent = '?';
+      $('needs-tile').classList.remove('zero');
+      $('needs-tile').classList.add('unknown');
+      $('needs-panel').dataset.count = 'unknown';
       $('needs-text').textContent = 'could not load: ' + err.message;
+      throw err;
     });
   }
 
   function renderNeeds(list, more) {
     var n = list.length;
+    $('needs-tile').classList.remove('unknown');
     $('needs-count').textContent = n + (more ? '+' : '');
     $('needs-tile').classList.toggle('zero', n === 0);
     $('needs-panel').dataset.count = String(n);

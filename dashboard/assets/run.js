@@ -34,7 +34,10 @@
     fact(dl, 'created', GR.timeEl(r.created_at));
     fact(dl, 'updated', h('span', null, GR.timeEl(r.updated_at), ' ', h('span', { class: 'muted' }, '(' + GR.fmtAgo(r.updated_at) + ')')));
     fact(dl, 'elapsed', GR.fmtDur(r.elapsed_ms));
-    fact(dl, 'queue', r.queue ? h('span', { class: 'mono' }, r.queue) : '');
+    fact(dl, 'queue', r.queue ? h('span', { class: 'mono' }, r.queue) :
+      h('span', { class: 'muted', title: 'an in-process run, or one stored before runs recorded their queue' }, 'none recorded: actions go to the dashboard\u2019s -queue'));
+    fact(dl, 'element of', r.element ? h('span', null, GR.runLink(r.element.owner, 'owner-link'), ' \u00b7 map ',
+      h('span', { class: 'mono' }, r.element.step), ' \u00b7 element ' + r.element.index) : '');
     fact(dl, 'trace', r.trace_id ? h('span', { class: 'mono', title: r.trace_id }, r.trace_id) : '');
     fact(dl, 'reason', r.reason);
     var def = r.definition || {};
@@ -149,9 +152,10 @@
       var name = hasResult
         ? h('button', { type: 'button', class: 'tl-name tl-toggle mono' + (openDetails[s.name] ? ' open' : ''), title: 'Show the result of ' + s.name, 'aria-expanded': openDetails[s.name] ? 'true' : 'false' }, s.name)
         : h('div', { class: 'tl-name mono', title: s.name }, s.name);
-      var row = h('div', { class: 'tl-row', dataset: { step: s.name, status: s.status } },
+      var row = h('div', { class: 'tl-row' + (s.needs_human ? ' tl-row-needs' : ''), dataset: { step: s.name, status: s.status, needsHuman: s.needs_human ? 'true' : 'false' } },
         name,
-        h('div', { class: 'tl-status' }, GR.badge(s.status)),
+        h('div', { class: 'tl-status' }, GR.badge(s.status),
+          s.needs_human ? h('span', { class: 'badge st-needs-human tl-needs', title: 'an undo of this step waits for a person: see Action required' }, 'needs a person') : null),
         h('div', { class: 'tl-att num' }, s.attempts ? String(s.attempts) : ''),
         h('div', { class: 'tl-dur num' }, s.started_at ? GR.fmtDur(s.finished_at ? s.duration_ms : (s.status === 'running' ? now - Date.parse(s.started_at) : s.duration_ms)) : ''),
         track);
@@ -441,8 +445,13 @@
         h('div', { class: 'child-top' }, h('span', { class: 'mono strong' }, c.step), GR.badge(c.status)),
         // A composed child lives inside this run's state (it has no page
         // of its own): its id is shown, not linked.
-        h('div', { class: 'child-run' }, h('span', { class: 'mono child-link', title: c.run_id }, c.run_id)),
-        h('div', { class: 'muted small' }, c.reactor));
+        c.run_id ? h('div', { class: 'child-run' }, h('span', { class: 'mono child-link', title: c.run_id }, c.run_id)) : null,
+        c.reactor ? h('div', { class: 'muted small' }, c.reactor) : null,
+        // A finished child: its undo entries, folded into this run.
+        (c.entries || []).length ? h('ul', { class: 'child-entries' }, c.entries.map(function (e) {
+          return h('li', { class: 'child-entry', dataset: { status: e.status } }, h('span', { class: 'mono' }, e.step), ' ',
+            h('span', { class: 'rb-status rb-' + String(e.status).replace(/[^a-z_]/g, '') }, e.status));
+        })) : null);
     })));
   }
 
@@ -723,7 +732,7 @@
       show('run-missing', false);
       $('run').classList.remove('gone');
       var running = (r.steps || []).some(function (s) { return s.status === 'running'; });
-      if (changed('head', [r.id, r.status, r.reactor, r.created_at, r.updated_at, r.elapsed_ms, r.queue, r.trace_id, r.reason, r.waiting, (r.definition || {}).fingerprint, r.retry_of, r.retried_by, Math.floor(Date.now() / 10000)])) renderHead(r);
+      if (changed('head', [r.id, r.status, r.reactor, r.created_at, r.updated_at, r.elapsed_ms, r.queue, r.element, r.trace_id, r.reason, r.waiting, (r.definition || {}).fingerprint, r.retry_of, r.retried_by, Math.floor(Date.now() / 10000)])) renderHead(r);
       if (changed('actions', r.actions)) renderActions(r.actions || {});
       if (changed('failure', r.failure)) renderFailure(r.failure);
       if (changed('rollback', r.rollback)) renderRollback(r.rollback);
