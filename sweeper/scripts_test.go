@@ -21,6 +21,7 @@ import (
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -94,6 +95,8 @@ func TestEveryScriptKeepsToItsKeysInOneSlot(t *testing.T) {
 		// at its next checkpoint.
 		require.NoError(t, rdb.Set(m.ctx, m.lockKey(id), "someone-else", time.Minute).Err())
 		require.NoError(t, m.engine.Cancel(m.ctx, id))
+		// An operator's request goes to the run's audit (note.lua).
+		require.NoError(t, m.engine.RecordRequest(m.ctx, id, reactor.OperatorRequest{Action: "cancel", Operator: "alice", Reason: "scripts test"}))
 		// The run sweeper drops an active entry whose run is gone.
 		require.NoError(t, rdb.ZAdd(m.ctx, m.activeKey(), redis.Z{Score: 1, Member: randomID("gone")}).Err())
 		rep, err := m.sweeper.Sweep(m.ctx)
@@ -103,7 +106,7 @@ func TestEveryScriptKeepsToItsKeysInOneSlot(t *testing.T) {
 		dash, err := dashboard.New(dashboard.Config{Client: rdb, Prefix: m.prefix, Queues: []string{m.queue}, Logger: discard})
 		require.NoError(t, err)
 		rec := httptest.NewRecorder()
-		dash.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/api/runs", nil))
+		dash.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://127.0.0.1/api/runs", nil))
 		require.Equal(t, http.StatusOK, rec.Code, rec.Body.String())
 		require.Contains(t, rec.Body.String(), id)
 	})
