@@ -162,9 +162,9 @@ type AttemptLog struct {
 	// Attempts are the step's ended attempts, oldest first: at most the
 	// latest 20. A step that completed on its first attempt keeps no log
 	// of its own: its one attempt is the step's start and finish, listed
-	// here as such. Empty for a step that recorded none (a construct or
-	// composed child in progress, a step cut short on its first attempt,
-	// a run stored before runs kept logs).
+	// here as such (a construct's or composed child's step, too). Empty
+	// when none was recorded: a step cut short in its first attempt, or a
+	// retried step of a run stored before runs kept logs.
 	Attempts []AttemptRecord
 	// Dropped counts the older attempts not kept.
 	Dropped int
