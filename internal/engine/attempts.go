@@ -101,6 +101,10 @@ func attemptError(err error) string {
 	return msg[:cut] + mark
 }
 
+// worthKeeping reports whether a step's encoded arguments go in its log:
+// there are some (more than an empty map's one byte), and they are small.
+func worthKeeping(args Raw) bool { return len(args) > 1 && len(args) <= maxKeptArgs }
+
 // attempted records an attempt of step name that ended at now, in the log
 // it has while it has no record, with its arguments when kept (keepArgs).
 func (st *runState) attempted(name string, a attemptRec, args Raw, keepArgs bool) {
@@ -112,7 +116,7 @@ func (st *runState) attempted(name string, a attemptRec, args Raw, keepArgs bool
 		l = &attemptLog{}
 		st.Tries[name] = l
 	}
-	if keepArgs && l.Args == nil && len(args) <= maxKeptArgs {
+	if keepArgs && l.Args == nil && worthKeeping(args) {
 		l.Args = args
 	}
 	l.add(a)
@@ -125,7 +129,7 @@ func (st *runState) attempted(name string, a attemptRec, args Raw, keepArgs bool
 func (st *runState) completedLog(name string, a attemptRec, args Raw, keepArgs bool) *attemptLog {
 	l := st.Tries[name]
 	delete(st.Tries, name)
-	if l == nil && a.N <= 1 && (!keepArgs || len(args) == 0 || len(args) > maxKeptArgs) {
+	if l == nil && a.N <= 1 && (!keepArgs || !worthKeeping(args)) {
 		return nil
 	}
 	if l == nil {
@@ -134,7 +138,7 @@ func (st *runState) completedLog(name string, a attemptRec, args Raw, keepArgs b
 	switch {
 	case !keepArgs:
 		l.Args = nil // on the step's ledger entry
-	case l.Args == nil && len(args) <= maxKeptArgs:
+	case l.Args == nil && worthKeeping(args):
 		l.Args = args
 	}
 	if len(l.List) > 0 || a.N > 1 {
