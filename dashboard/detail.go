@@ -54,6 +54,9 @@ type runDetail struct {
 	// reactor.RedactedValue (the request did not carry the token).
 	Sensitive      bool `json:"sensitive"`
 	InputsRedacted bool `json:"inputs_redacted"`
+	// StepsRedacted says the steps' args and results were replaced with
+	// reactor.RedactedValue, as the inputs (they are made of them).
+	StepsRedacted bool `json:"steps_redacted"`
 	// Definition is the version and fingerprint the run started with;
 	// Waiting says, for a run the workers refuse for want of that
 	// definition (a rolling deploy), what it waits for, and WaitingFor
@@ -98,6 +101,13 @@ type stepView struct {
 	// step's: one of its child's) waits for a person: the step completed,
 	// but its rollback is not done.
 	NeedsHuman bool `json:"needs_human,omitempty"`
+	// Args are the arguments the step ran with, decoded (null when the run
+	// did not keep them: reactor.AttemptLog.Args).
+	Args any `json:"args"`
+	// AttemptLog is the step's ended attempts, oldest first (the latest
+	// 20); AttemptsDropped counts the older ones not kept.
+	AttemptLog      []attemptView `json:"attempt_log"`
+	AttemptsDropped int           `json:"attempts_dropped"`
 }
 
 // latestRollbacks is the run's rollback log reduced to each entry's
@@ -135,6 +145,40 @@ func waitsForPerson(ledger []*reactor.LedgerEntry, step string) bool {
 		}
 	}
 	return false
+}
+
+// attemptView is one ended attempt of a step (reactor.AttemptRecord).
+type attemptView struct {
+	Attempt    int    `json:"attempt"`
+	StartedAt  string `json:"started_at"`
+	EndedAt    string `json:"ended_at"`
+	DurationMS int64  `json:"duration_ms"`
+	Error      string `json:"error"`
+	Retryable  bool   `json:"retryable"`
+}
+
+// withLog puts what the run kept of the step's attempts on v.
+func (v *stepView) withLog(l reactor.AttemptLog) {
+	v.Args, v.AttemptsDropped = decode(l.Args), l.Dropped
+	v.AttemptLog = make([]attemptView, 0, len(l.Attempts))
+	for _, a := range l.Attempts {
+		v.AttemptLog = append(v.AttemptLog, attemptView{Attempt: a.Attempt, StartedAt: stamp(a.StartedAt), EndedAt: stamp(a.EndedAt),
+			DurationMS: a.EndedAt.Sub(a.StartedAt).Milliseconds(), Error: a.Error, Retryable: a.Retryable})
+	}
+}
+
+// redactSteps replaces the steps' args and results, where there are any,
+// with reactor.RedactedValue: a sensitive run's step values are made of its
+// inputs.
+func redactSteps(steps []stepView) {
+	for i := range steps {
+		if steps[i].Args != nil {
+			steps[i].Args = reactor.RedactedValue
+		}
+		if steps[i].Result != nil {
+			steps[i].Result = reactor.RedactedValue
+		}
+	}
 }
 
 type childView struct {
@@ -324,6 +368,12 @@ func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
 			d.Inputs[k] = reactor.RedactedValue
 		}
 		d.InputsRedacted = true
+		redactSteps(d.Steps)
+		d.StepsRedacted = true
+		if d.Value != nil {
+			// The run's value is made of its steps' results.
+			d.Value = reactor.RedactedValue
+		}
 	}
 	writeJSON(w, http.StatusOK, d)
 }
@@ -452,6 +502,7 @@ func steps(run *reactor.Run) []stepView {
 	for _, s := range run.Steps {
 		v := stepView{Name: s.Name, Status: stepCompleted, Attempts: s.Attempts, StartedAt: stamp(s.StartedAt),
 			FinishedAt: stamp(s.FinishedAt), Result: decode(s.Value)}
+		v.withLog(s.AttemptLog)
 		if s.Skipped {
 			v.Status = stepSkipped
 		}
@@ -506,6 +557,13 @@ func steps(run *reactor.Run) []stepView {
 			out[i].Error = run.Reason
 		}
 		out[i].Attempts = max(out[i].Attempts, sp.Attempt)
+	}
+	for i := range out {
+		if out[i].AttemptLog == nil {
+			// No record: the attempts of the step running, or of the one
+			// the run stopped at.
+			out[i].withLog(run.Attempted[out[i].Name])
+		}
 	}
 	for _, rb := range run.Rollbacks {
 		i, ok := idx[rb.Step]

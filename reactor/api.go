@@ -20,6 +20,42 @@ type Args = engine.Args
 // Arg decodes argument name of a into T.
 func Arg[T any](a Args, name string) (T, error) { return engine.Arg[T](a, name) }
 
+// AttemptRecord is one ended attempt of a step's Run.
+//
+//	type AttemptRecord struct {
+//		// Attempt is its number, from 1 (it counts across processes).
+//		Attempt int
+//		// StartedAt and EndedAt are when it was called and when it returned.
+//		StartedAt, EndedAt time.Time
+//		// Error is the error it returned, cut to 2 KB; "" when it succeeded
+//		// (or skipped or halted the step).
+//		Error string
+//		// Retryable is true when the error was not Permanent (another attempt
+//		// followed unless the step's attempts, or the run's time, ran out).
+//		Retryable bool
+//	}
+type AttemptRecord = engine.AttemptRecord
+
+// AttemptLog is what a run kept of a step's attempts.
+//
+//	type AttemptLog struct {
+//		// Attempts are the step's ended attempts, oldest first: at most the
+//		// latest 20. A step that completed on its first attempt keeps no log
+//		// of its own: its one attempt is the step's start and finish, listed
+//		// here as such (a construct's or composed child's step, too). Empty
+//		// when none was recorded: a step cut short in its first attempt, or a
+//		// retried step of a run stored before runs kept logs.
+//		Attempts []AttemptRecord
+//		// Dropped counts the older attempts not kept.
+//		Dropped int
+//		// Args are the step's arguments as it ran with them (its ledger
+//		// snapshot for an undoable step); nil when not kept: arguments larger
+//		// than 1 KB, steps without arguments, constructs and composed
+//		// children, runs stored before runs kept them.
+//		Args Raw
+//	}
+type AttemptLog = engine.AttemptLog
+
 // AuditKind names what an audit entry records.
 //
 //	type AuditKind string
@@ -2076,6 +2112,11 @@ type StepRollback = engine.StepRollback
 //		// Started holds when each step that started but has no record yet
 //		// began: the step running now, or the one that failed.
 //		Started map[string]time.Time
+//		// Attempted holds the attempt logs of the steps that started but have
+//		// no record yet, by step: the ended attempts of the step running now
+//		// (its failed ones), or of the one that failed or halted, with its
+//		// arguments. A step with no ended attempt is not listed.
+//		Attempted map[string]AttemptLog
 //		// Current is the plain step the run executes next or is executing, with
 //		// its attempt; nil when there is none (between steps, a construct or
 //		// composed child in progress, or a finished run).
@@ -2106,6 +2147,9 @@ type Run = engine.Run
 //		// StartedAt and FinishedAt are when the step started and when it was
 //		// recorded; zero for runs stored before they were kept.
 //		StartedAt, FinishedAt time.Time
+//		// AttemptLog is the step's attempts, each with its times and error,
+//		// and the arguments it ran with, as far as the run kept them.
+//		AttemptLog AttemptLog
 //	}
 type StepInfo = engine.StepInfo
 

@@ -149,8 +149,10 @@
         track.appendChild(b);
       }
       var hasResult = s.result !== null && s.result !== undefined;
-      var name = hasResult
-        ? h('button', { type: 'button', class: 'tl-name tl-toggle mono' + (openDetails[s.name] ? ' open' : ''), title: 'Show the result of ' + s.name, 'aria-expanded': openDetails[s.name] ? 'true' : 'false' }, s.name)
+      var more = stepAttempts(s); // its attempts and args, or null
+      var opens = hasResult || !!more;
+      var name = opens
+        ? h('button', { type: 'button', class: 'tl-name tl-toggle mono' + (openDetails[s.name] ? ' open' : ''), title: 'Show the ' + (more ? 'attempts, args and result' : 'result') + ' of ' + s.name, 'aria-expanded': openDetails[s.name] ? 'true' : 'false' }, s.name)
         : h('div', { class: 'tl-name mono', title: s.name }, s.name);
       var row = h('div', { class: 'tl-row' + (s.needs_human ? ' tl-row-needs' : ''), dataset: { step: s.name, status: s.status, needsHuman: s.needs_human ? 'true' : 'false' } },
         name,
@@ -163,8 +165,9 @@
       var extra = [];
       if (s.error) extra.push(h('div', { class: 'tl-error' }, s.error));
       var result = null;
-      if (hasResult) {
-        result = h('div', { class: 'tl-result' }, h('span', { class: 'muted small' }, 'result '), GR.valueEl(s.result));
+      if (opens) {
+        result = h('div', { class: 'tl-detail' }, more,
+          hasResult ? h('div', { class: 'tl-result' }, h('span', { class: 'muted small' }, 'result '), GR.valueEl(s.result)) : null);
         result.hidden = !openDetails[s.name];
         extra.push(result);
         name.addEventListener('click', function () {
@@ -179,6 +182,39 @@
       ext.hidden = !s.error && !openDetails[s.name];
       if (extra.length) box.appendChild(ext);
     });
+  }
+
+  // ---- a step's attempts and args ------------------------------------------
+  // stepAttempts is what a step row opens to besides its result: each
+  // attempt (number, start, duration, error) when there was more than one,
+  // or one that failed, and the args the step ran with. null when there is
+  // nothing to show.
+  function stepAttempts(s) {
+    var log = s.attempt_log || [];
+    var hasArgs = s.args !== null && s.args !== undefined;
+    var many = log.length > 1 || s.attempts_dropped > 0 || log.some(function (a) { return !!a.error; });
+    if (!many && !hasArgs) return null;
+    var box = h('div', { class: 'tl-attempts-box' });
+    if (many) {
+      var rows = log.map(function (a) {
+        return h('tr', { class: 'tl-attempt', dataset: { attempt: String(a.attempt), outcome: a.error ? 'error' : 'ok' } },
+          h('td', { class: 'num' }, '#' + a.attempt),
+          h('td', null, GR.h('time', { datetime: a.started_at, title: a.started_at }, GR.fmtClock(a.started_at))),
+          h('td', { class: 'num' }, GR.fmtDur(a.duration_ms)),
+          h('td', { class: 'tl-attempt-error' }, a.error
+            ? [h('span', { class: 'tl-error' }, a.error), a.retryable ? null : h('span', { class: 'muted small' }, ' (permanent)')]
+            : h('span', { class: 'muted' }, 'ok')));
+      });
+      if (s.attempts_dropped > 0) {
+        rows.unshift(h('tr', { class: 'tl-attempt-dropped' }, h('td', { colspan: 4, class: 'muted small' },
+          GR.fmtNum(s.attempts_dropped) + ' earlier attempt' + (s.attempts_dropped === 1 ? '' : 's') + ' not kept')));
+      }
+      box.appendChild(h('table', { class: 'table tl-attempts' },
+        h('thead', null, h('tr', null, ['attempt', 'started', 'took', 'error'].map(function (c) { return h('th', null, c); }))),
+        h('tbody', null, rows)));
+    }
+    if (hasArgs) box.appendChild(h('div', { class: 'tl-result tl-args' }, h('span', { class: 'muted small' }, 'args '), GR.valueEl(s.args)));
+    return box;
   }
 
   // ---- applied steps (undo stack) ------------------------------------------

@@ -23,6 +23,8 @@ type (
 	plainTargetedRec   targetedRec
 	plainEffectRec     effectRec
 	plainAuditRec      auditRec
+	plainAttemptRec    attemptRec
+	plainAttemptLog    attemptLog
 )
 
 // The fast encoder writes exactly msgpack's bytes for every registered type,
@@ -36,6 +38,7 @@ func TestFastEncoderWritesMsgpacksBytes(t *testing.T) {
 		{&rollbackRetry{}, &plainRollbackRetry{}}, {&retryEntry{}, &plainRetryEntry{}},
 		{&humanRec{}, &plainHumanRec{}}, {&targetedRec{}, &plainTargetedRec{}},
 		{&effectRec{}, &plainEffectRec{}}, {&auditRec{}, &plainAuditRec{}},
+		{&attemptRec{}, &plainAttemptRec{}}, {&attemptLog{}, &plainAttemptLog{}},
 	}
 	seed := rand.Uint64()
 	r := rand.New(rand.NewPCG(seed, 1))

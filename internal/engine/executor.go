@@ -569,6 +569,7 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 	for attempt := first; ; attempt++ {
 		x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt})
 		began := time.Now()
+		startedAt := x.e.now()
 		var val Raw
 		f.notStarted = false
 		if hook := failpoints.beforeStepRun; hook != nil {
@@ -593,10 +594,13 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		}
 		var halt *haltError
 		var skip *skipError
+		// The attempt as its log keeps it (attempts.go).
+		try := attemptRec{N: attempt, Start: startedAt.UnixMilli(), Dur: max(0, x.e.now().Sub(startedAt).Milliseconds())}
 		switch {
 		case err == nil:
 			f.st.Steps[s.name] = &stepRec{State: stepDone, Value: val, Attempts: attempt}
 			f.st.Intent = nil
+			onLedger := s.undo != nil
 			if s.undo != nil {
 				f.st.Seq++
 				f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: args, Result: val, Status: RollbackPending,
@@ -609,16 +613,19 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 					f.st.Seq++
 					f.st.Ledger = append(f.st.Ledger, &LedgerEntry{Ordinal: f.st.Seq, Step: s.name, Args: args, Result: val, Status: RollbackPending,
 						At: x.stamp(ctx, f.def), Resource: res, Effect: ef})
+					onLedger = true
 				}
 			}
+			f.st.Steps[s.name].Log = f.st.completedLog(s.name, try, args, !onLedger)
 			x.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Duration: time.Since(began)})
 			return stepOutcome{kind: outOK}, nil
 		case errors.As(err, &skip):
-			f.st.Steps[s.name] = &stepRec{State: stepSkipped, Attempts: attempt}
+			f.st.Steps[s.name] = &stepRec{State: stepSkipped, Attempts: attempt, Log: f.st.completedLog(s.name, try, args, true)}
 			f.st.Intent = nil
 			x.emit(ctx, Event{Kind: EventStepSkipped, RunID: x.st.ID, Reactor: f.def.name, Step: path})
 			return stepOutcome{kind: outSkip}, nil
 		case errors.As(err, &halt):
+			f.st.attempted(s.name, try, args, true) // saved with the halt
 			return stepOutcome{kind: outHalt, reason: halt.reason}, nil
 		case ctx.Err() != nil:
 			// The caller's context ended: the step did not fail, the run
@@ -639,6 +646,10 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 			// The next attempt would start past the deadline.
 			err = x.deadlineError(path, err)
 		}
+		try.Err, try.Retry = attemptError(err), !IsPermanent(err)
+		// On record with the checkpoint that follows: the retry's below,
+		// or the one that starts the failed step's rollback.
+		f.st.attempted(s.name, try, args, true)
 		if IsPermanent(err) || attempt >= attempts {
 			x.emit(ctx, Event{Kind: EventStepFailed, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Err: err, Duration: time.Since(began)})
 			return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil

@@ -62,6 +62,10 @@ type runState struct {
 	// (running, or the step that failed) started, in Unix ms: the step's
 	// record takes it over when it completes (stepRec.StartedAt).
 	Starts map[string]int64 `msgpack:"sa,omitempty"`
+	// Tries holds the attempt log of each step that has one and no record
+	// yet (running, or the step that failed or halted): the step's record
+	// takes it over when it completes (attempts.go).
+	Tries map[string]*attemptLog `msgpack:"al,omitempty"`
 
 	// Intent is the plain step this frame runs next, saved by the checkpoint
 	// before its Run is called (the previous step's checkpoint carries it),
@@ -170,6 +174,9 @@ type stepRec struct {
 	// they were recorded.
 	StartedAt  int64 `msgpack:"sa,omitempty"`
 	FinishedAt int64 `msgpack:"fa,omitempty"`
+	// Log is the step's attempt log and kept arguments (nil for a step
+	// that completed on its first attempt with none kept: attempts.go).
+	Log *attemptLog `msgpack:"al,omitempty"`
 }
 
 // stepStarted records that step name starts at now, unless it started
@@ -399,6 +406,11 @@ type Run struct {
 	// Started holds when each step that started but has no record yet
 	// began: the step running now, or the one that failed.
 	Started map[string]time.Time
+	// Attempted holds the attempt logs of the steps that started but have
+	// no record yet, by step: the ended attempts of the step running now
+	// (its failed ones), or of the one that failed or halted, with its
+	// arguments. A step with no ended attempt is not listed.
+	Attempted map[string]AttemptLog
 	// Current is the plain step the run executes next or is executing, with
 	// its attempt; nil when there is none (between steps, a construct or
 	// composed child in progress, or a finished run).
@@ -424,6 +436,9 @@ type StepInfo struct {
 	// StartedAt and FinishedAt are when the step started and when it was
 	// recorded; zero for runs stored before they were kept.
 	StartedAt, FinishedAt time.Time
+	// AttemptLog is the step's attempts, each with its times and error,
+	// and the arguments it ran with, as far as the run kept them.
+	AttemptLog AttemptLog
 }
 
 // StepAttempt names a step and its attempt (from 1).
@@ -504,8 +519,23 @@ func (st *runState) view(d *Definition, version int64) *Run {
 		} else {
 			r.Completed = append(r.Completed, n)
 		}
-		r.Steps = append(r.Steps, StepInfo{Name: n, Skipped: rec.State == stepSkipped, Attempts: rec.Attempts,
-			Value: rec.Value, StartedAt: msTime(rec.StartedAt), FinishedAt: msTime(rec.FinishedAt)})
+		si := StepInfo{Name: n, Skipped: rec.State == stepSkipped, Attempts: rec.Attempts,
+			Value: rec.Value, StartedAt: msTime(rec.StartedAt), FinishedAt: msTime(rec.FinishedAt), AttemptLog: rec.Log.view()}
+		if len(si.AttemptLog.Attempts) == 0 && rec.Attempts <= 1 && rec.StartedAt != 0 && rec.FinishedAt != 0 {
+			// Completed on its first attempt: that attempt is the step's
+			// own start and finish.
+			si.AttemptLog.Attempts = []AttemptRecord{{Attempt: 1, StartedAt: si.StartedAt, EndedAt: si.FinishedAt}}
+		}
+		if si.AttemptLog.Args == nil {
+			si.AttemptLog.Args = ledgerArgs(st.Ledger, n)
+		}
+		r.Steps = append(r.Steps, si)
+	}
+	for n, l := range st.Tries {
+		if r.Attempted == nil {
+			r.Attempted = map[string]AttemptLog{}
+		}
+		r.Attempted[n] = l.view()
 	}
 	for n, ms := range st.Starts {
 		if r.Started == nil {
@@ -533,6 +563,17 @@ func (st *runState) view(d *Definition, version int64) *Run {
 	return r
 }
 
+// ledgerArgs is the argument snapshot of step name's latest entry on the
+// ledger, nil when it has none.
+func ledgerArgs(ledger []*LedgerEntry, name string) Raw {
+	for i := len(ledger) - 1; i >= 0; i-- {
+		if e := ledger[i]; e.Step == name && len(e.Children) == 0 {
+			return e.Args
+		}
+	}
+	return nil
+}
+
 func newState(id string, d *Definition, inputs map[string]Raw, now time.Time) *runState {
 	return &runState{ID: id, Reactor: d.name, Def: d.fp, DefVersion: d.Version(), Status: StatusRunning, Inputs: inputs, Sensitive: d.sensitive,
 		Steps: map[string]*stepRec{}, CreatedAt: now.UnixMilli(), UpdatedAt: now.UnixMilli()}
@@ -544,5 +585,5 @@ func newState(id string, d *Definition, inputs map[string]Raw, now time.Time) *r
 // encoder options still apply to them.
 func init() {
 	codec.RegisterFast(runState{}, stepRec{}, intentRec{}, entryRec{}, elementRec{}, rollbackRetry{},
-		retryEntry{}, humanRec{}, targetedRec{}, effectRec{}, auditRec{})
+		retryEntry{}, humanRec{}, targetedRec{}, effectRec{}, auditRec{}, attemptRec{}, attemptLog{})
 }
