@@ -10,7 +10,7 @@ import (
 
 // The map's element states (P:{map:<id>}:states, keys.MapStates): one byte
 // per element index, set by the settle that stored an outcome
-// (internal/mapcore/lua/batch.lua, noteState, one BITFIELD in the script
+// (internal/mapcore/lua/batch.lua, noteState, a GETRANGE and a SETRANGE in the script
 // that already runs), so a summary reads total bytes instead of every
 // outcome of every results hash. The high nibble is the forward outcome's
 // class, the low nibble the newest rollback outcome's.

@@ -196,7 +196,7 @@ func (k Keys) MapResults(id string) string { return k.mapKey(id, "results") }
 // MapStates is a map's element states for the dashboard's summary: one
 // byte per element index, its high nibble the forward outcome's class and
 // its low nibble the newest rollback outcome's class (internal/inspect's
-// codes), written with BITFIELD by the settle that stored the outcome.
+// codes), written (GETRANGE, SETRANGE) by the settle that stored the outcome.
 func (k Keys) MapStates(id string) string { return k.mapKey(id, "states") }
 
 // MapFailed holds the index of a map's first atomic failure (SET NX).

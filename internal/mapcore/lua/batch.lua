@@ -18,9 +18,9 @@
 --   rollback: no stop flag, failures count in 'failed', each outcome name
 --             counts in 'n:<name>', and the owner is signalled only once it
 --             handed off (d.gate, the handshake's other flag, exists).
--- A stored outcome also sets its element's state in d.states (one BITFIELD,
--- see noteState), the dashboard's summary; a duplicate stores nothing and
--- sets nothing.
+-- A stored outcome also sets its element's state in d.states (a GETRANGE and
+-- a SETRANGE of its byte, see noteState), the dashboard's summary; a
+-- duplicate stores nothing and sets nothing.
 --
 -- settle(d) with d = {meta, offset, results, stop, gate, signal, states (keys),
 -- pos (and field, the same position as the results hash's field), enc, fail (bool), atomic (bool), count (outcome name or nil),
@@ -66,17 +66,31 @@ end
 -- leaves the nibble unset and the reader falls back to the results hashes).
 local fwdClass = {ok = 1, halted = 1, skipped = 1, failed = 2}
 local rbClass = {undone = 1, failed = 2, context_unavailable = 3}
+-- setNibble sets the high (forward) or low (rollback) half of byte i of key
+-- to v. GETRANGE and SETRANGE rather than BITFIELD: the embedded Redis the
+-- demo falls back to (miniredis) has no BITFIELD; the bytes are the same.
+local function setNibble(key, i, high, v)
+  local cur = redis.call('GETRANGE', key, i, i)
+  local b = 0
+  if cur ~= '' then
+    b = string.byte(cur)
+  end
+  local hi, lo = math.floor(b / 16), b % 16
+  if high then hi = v else lo = v end
+  redis.call('SETRANGE', key, i, string.char(hi * 16 + lo))
+end
+
 local function noteState(d)
   if d.count then
     local i = mpFirst(d.enc, 'i')
-    if type(i) == 'number' then
-      redis.call('BITFIELD', d.states, 'SET', 'u4', '#' .. (2 * i + 1), rbClass[d.count] or 4)
+    if type(i) == 'number' and i >= 0 then
+      setNibble(d.states, i, false, rbClass[d.count] or 4)
     end
     return
   end
   local s = mpFirst(d.enc, 's')
   if type(s) == 'string' and d.pos >= 0 and d.pos < d.total then
-    redis.call('BITFIELD', d.states, 'SET', 'u4', '#' .. (2 * d.pos), fwdClass[s] or 3)
+    setNibble(d.states, d.pos, true, fwdClass[s] or 3)
   end
 end
 
