@@ -108,7 +108,7 @@ func New(cfg Config) (*Handler, error) {
 		maps: inspect.New(cfg.Client, cfg.Prefix), inspector: insp, served: newServedQueues(insp),
 		log:       cfg.Logger,
 		requester: controller{ctl},
-		ui:        newUI(), recovery: rec, stallCache: &stallCache{}}
+		ui:        newUI(), recovery: rec, stallCache: &stallCache{ttl: stallTTL}}
 	stalls := prometheus.NewRegistry()
 	stalls.MustRegister(newStallCollector(h))
 	h.metrics = promhttp.HandlerFor(prometheus.Gatherers{g, stalls}, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})

@@ -113,6 +113,7 @@ type stallsView struct {
 
 // stallCache holds the last examination.
 type stallCache struct {
+	ttl    time.Duration // stallTTL
 	mu     sync.Mutex
 	readAt time.Time
 	view   stallsView
@@ -149,7 +150,7 @@ func (h *Handler) stallsNow(ctx context.Context) (stallsView, error) {
 	c := h.stallCache
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if !c.readAt.IsZero() && time.Since(c.readAt) < stallTTL {
+	if !c.readAt.IsZero() && time.Since(c.readAt) < c.ttl {
 		return c.view, nil
 	}
 	v, err := h.examineStalls(ctx)
@@ -374,7 +375,7 @@ func (h *Handler) examineRun(ctx context.Context, p *stallProbe, id string, maps
 		}
 		pending := ""
 		if info != nil && info.Pending > 0 {
-			pending = fmt.Sprintf("%d tasks pending on it, the oldest for %s", info.Pending, roundAge(info.Latency))
+			pending = fmt.Sprintf("%s pending on it, the oldest for %s", plural(info.Pending, "task"), roundAge(info.Latency))
 		}
 		switch {
 		case !p.served[q]:
@@ -454,6 +455,14 @@ func (h *Handler) heldElement(ctx context.Context, m inspect.Map) (string, error
 		}
 	}
 	return "", nil
+}
+
+// plural is "1 task", "2 tasks".
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return strconv.Itoa(n) + " " + what + "s"
 }
 
 // roundAge says d to the second, or the minute past ten minutes.

@@ -114,8 +114,9 @@ func (s *Sweeper) RecoverRun(ctx context.Context, id string) (RunRecovery, error
 	if err != nil {
 		return rec, fmt.Errorf("sweeper: read the maps of run %s: %w", id, err)
 	}
-	// StaleBefore 0: every map is examined, however recently it settled.
-	opt := maptask.SweepOptions{Tasks: s.maps.tasks, IdleAfter: idleAfter}
+	// StaleBefore now: every map is examined, however recently it settled
+	// (0 would not do: it is older than any settle).
+	opt := maptask.SweepOptions{Tasks: s.maps.tasks, StaleBefore: now.UnixMilli() + 1, IdleAfter: idleAfter}
 	var errs []error
 	for _, m := range mapIDs {
 		_, err := rdb.ZScore(lctx, s.maps.keys.Maps(), m).Result()
