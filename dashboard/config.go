@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
@@ -74,10 +75,28 @@ type Config struct {
 	// allows every name (the check off). /metrics is not checked. Default
 	// none (cmd/dashboard's -allowed-hosts).
 	AllowedHosts []string
+	// StallAfter is how long a live run (pending, running, rolling back)
+	// may go without progress (a state write, a settle of one of its maps)
+	// while no worker holds it before the dashboard marks it stalled, with
+	// why (GET /api/stalls, the overview's Stalled tile, the run page, the
+	// goreactor_dashboard_stalled_runs gauge), and offers re-dispatch.
+	// Default 2 minutes (cmd/dashboard's -stall-after,
+	// GOREACTOR_DASHBOARD_STALL_AFTER).
+	StallAfter time.Duration
+	// StallScan bounds the live runs (entries of the active index, oldest
+	// first) one stall examination reads; the answer says when there were
+	// more (truncated). Default 500.
+	StallScan int
 	// Logger receives a line per request that failed on the server's side.
 	// Default slog.Default().
 	Logger *slog.Logger
 }
+
+// Stall defaults.
+const (
+	DefaultStallAfter = 2 * time.Minute
+	defaultStallScan  = 500
+)
 
 // allQueues, alone in Config.Queues, reports every asynq queue.
 const allQueues = "*"
@@ -95,6 +114,12 @@ func (c Config) WithDefaults() Config {
 	}
 	if c.QueueShards == 0 {
 		c.QueueShards = 1
+	}
+	if c.StallAfter <= 0 {
+		c.StallAfter = DefaultStallAfter
+	}
+	if c.StallScan <= 0 {
+		c.StallScan = defaultStallScan
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()

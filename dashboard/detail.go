@@ -64,6 +64,12 @@ type runDetail struct {
 	Definition reactor.DefinitionVersion `json:"definition"`
 	Waiting    string                    `json:"waiting,omitempty"`
 	WaitingFor *reactor.DefinitionWait   `json:"waiting_for,omitempty"`
+	// QueueDefault says the run recorded no queue: Queue is then the
+	// dashboard's ControlQueue, where its control tasks go.
+	QueueDefault bool `json:"queue_default"`
+	// Stall, for a live run without progress for StallAfter, says why
+	// (stalls.go); null otherwise.
+	Stall *stallView `json:"stall"`
 }
 
 // elementOf says which map element a run is (element runs only).
@@ -296,7 +302,7 @@ type actionView struct {
 func elementActions(owner string) map[string]actionView {
 	why := "a map element is undone, retried and cancelled with its map: act on its owner run " + owner
 	out := map[string]actionView{}
-	for _, a := range append(actions, undoStepsAction) {
+	for _, a := range append(actions, undoStepsAction, redispatchAction) {
 		out[a] = actionView{Reason: why}
 	}
 	return out
@@ -353,6 +359,24 @@ func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
 	}
 	d := detailOf(run, maps, time.Now())
 	d.Actions = acts
+	if d.Queue == "" && run.Element == nil {
+		d.Queue, d.QueueDefault = h.cfg.ControlQueue, true
+	}
+	if run.Element == nil {
+		// A run written within StallAfter (by its writer's clock) is not
+		// stalled: only the others are examined.
+		if !run.Status.Terminal() && time.Since(run.UpdatedAt) >= h.cfg.StallAfter {
+			p, err := h.newProbe(ctx)
+			if err == nil {
+				d.Stall, err = h.examineRun(ctx, p, id, maps)
+			}
+			if err != nil {
+				h.serverError(w, r, err)
+				return
+			}
+		}
+		d.Actions[redispatchAction] = redispatchView(run.Status, d.Stall, h.cfg.StallAfter)
+	}
 	if !run.Status.Terminal() && run.Element == nil {
 		dw, err := h.engine.DefinitionWait(ctx, id)
 		if err != nil {

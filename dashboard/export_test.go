@@ -29,3 +29,14 @@ func SetScanBudget(t interface{ Cleanup(func()) }, n int) {
 	scanBudget = n
 	t.Cleanup(func() { scanBudget = old })
 }
+
+// ForgetStalls drops h's cached stall examination; ttl, when positive,
+// becomes how long the next one is served.
+func ForgetStalls(h *Handler, ttl time.Duration) {
+	h.stallCache.mu.Lock()
+	defer h.stallCache.mu.Unlock()
+	h.stallCache.readAt = time.Time{}
+	if ttl > 0 {
+		h.stallCache.ttl = ttl
+	}
+}

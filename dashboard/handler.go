@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hibiken/asynq"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
@@ -21,6 +22,7 @@ import (
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/metrics"
 	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/sweeper"
 	"github.com/goreactor/goreactor/worker"
 )
 
@@ -42,6 +44,11 @@ type Handler struct {
 	// requester queues the actions for workers (a worker.Controller).
 	requester requester
 	ui        http.Handler
+	// recovery is the sweeper whose RecoverRun a re-dispatch calls; it
+	// enqueues through a worker client on ControlQueue (with
+	// QueueShards), as the workers' own clients do.
+	recovery   *sweeper.Sweeper
+	stallCache *stallCache
 }
 
 // requester asks workers to carry out action ("undo", "cancel", "retry")
@@ -92,13 +99,40 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
 	}
+	rec, err := newRecovery(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
 	insp := asynq.NewInspectorFromRedisClient(cfg.Client)
-	return &Handler{cfg: cfg, rdb: cfg.Client, keys: keys.New(cfg.Prefix), engine: eng,
+	h := &Handler{cfg: cfg, rdb: cfg.Client, keys: keys.New(cfg.Prefix), engine: eng,
 		maps: inspect.New(cfg.Client, cfg.Prefix), inspector: insp, served: newServedQueues(insp),
-		metrics:   promhttp.HandlerFor(g, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError}),
 		log:       cfg.Logger,
 		requester: controller{ctl},
-		ui:        newUI()}, nil
+		ui:        newUI(), recovery: rec, stallCache: &stallCache{ttl: stallTTL}}
+	stalls := prometheus.NewRegistry()
+	stalls.MustRegister(newStallCollector(h))
+	h.metrics = promhttp.HandlerFor(prometheus.Gatherers{g, stalls}, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
+	return h, nil
+}
+
+// newRecovery returns the sweeper a re-dispatch asks to recover one run:
+// its engine holds no definitions and enqueues through a worker client on
+// the workers' queue and shards (ControlQueue, QueueShards), so what it
+// re-enqueues lands where the workers' own clients would put it.
+func newRecovery(ctx context.Context, cfg Config) (*sweeper.Sweeper, error) {
+	client, err := worker.NewClientWithConfig(cfg.Client, worker.ClientConfig{Queue: cfg.ControlQueue, Shards: cfg.QueueShards})
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: cfg.Client, Prefix: cfg.Prefix, Logger: cfg.Logger, Enqueuer: client})
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	rec, err := sweeper.New(sweeper.Config{Engine: eng, Logger: cfg.Logger})
+	if err != nil {
+		return nil, fmt.Errorf("dashboard: %w", err)
+	}
+	return rec, nil
 }
 
 // controller is a worker.Controller with the action by name, as the
@@ -179,6 +213,10 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		get(h.workers)
 	case len(seg) == 1 && seg[0] == "needs-human":
 		get(h.needsHuman)
+	case len(seg) == 1 && seg[0] == "stalls":
+		get(h.stalls)
+	case len(seg) == 3 && seg[0] == "runs" && seg[2] == redispatchAction:
+		post(func(w http.ResponseWriter, r *http.Request) { h.redispatch(w, r, seg[1]) })
 	case len(seg) == 2 && seg[0] == "runs" && seg[1] == "actions" && r.Method == http.MethodPost:
 		h.batchAction(w, r)
 	case len(seg) == 2 && seg[0] == "runs" && seg[1] != "":

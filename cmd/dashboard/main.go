@@ -91,7 +91,8 @@ type config struct {
 	operators  map[string]string // -operators-file: token -> name
 	opHeader   string            // -operator-header
 	logLevel   slog.Level
-	version    bool // -version: print the version, nothing else
+	version    bool          // -version: print the version, nothing else
+	stallAfter time.Duration // -stall-after
 }
 
 func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (config, error) {
@@ -121,6 +122,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	fs.StringVar(&cfg.opHeader, "operator-header", env.String("GOREACTOR_DASHBOARD_OPERATOR_HEADER", ""),
 		"a header your authenticating proxy sets to the person's name (X-Forwarded-User); trusted as is, and enough to act when no token is set: "+
 			"only when nothing else can reach the dashboard; env GOREACTOR_DASHBOARD_OPERATOR_HEADER")
+	fs.DurationVar(&cfg.stallAfter, "stall-after", env.Duration("GOREACTOR_DASHBOARD_STALL_AFTER", dashboard.DefaultStallAfter),
+		"how long a live run may go without progress before the dashboard marks it stalled, with why, and offers re-dispatch; "+
+			"env GOREACTOR_DASHBOARD_STALL_AFTER")
 	fs.StringVar(&level, "log-level", env.String("GOREACTOR_LOG_LEVEL", "info"), "debug, info, warn or error; env GOREACTOR_LOG_LEVEL")
 	fs.BoolVar(&cfg.version, "version", false, "print goreactor's version and exit")
 	if err := fs.Parse(args); err != nil {
@@ -176,6 +180,9 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	if err := envflag.CheckQueueShards(cfg.shards); err != nil {
 		return cfg, err
+	}
+	if cfg.stallAfter <= 0 {
+		return cfg, fmt.Errorf("-stall-after %s: want a positive duration (like 2m)", cfg.stallAfter)
 	}
 	if _, _, err := net.SplitHostPort(cfg.addr); err != nil {
 		return cfg, fmt.Errorf("-addr %q: want host:port (like 127.0.0.1:8080): %v", cfg.addr, err)
@@ -241,7 +248,7 @@ func serve(ctx context.Context, cfg config, log *slog.Logger, ready chan<- strin
 	}
 	defer rdb.Close()
 	h, err := dashboard.New(dashboard.Config{Client: rdb, Prefix: cfg.prefix, Token: cfg.token, Queues: cfg.queues,
-		ControlQueue: cfg.control, QueueShards: cfg.shards, AllowedHosts: cfg.hosts,
+		ControlQueue: cfg.control, QueueShards: cfg.shards, AllowedHosts: cfg.hosts, StallAfter: cfg.stallAfter,
 		Operators: cfg.operators, OperatorHeader: cfg.opHeader, Logger: log})
 	if err != nil {
 		return err

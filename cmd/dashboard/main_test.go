@@ -13,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/dashboard"
 	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/internal/version"
 )
@@ -168,4 +169,26 @@ func TestParseConfigQueueShards(t *testing.T) {
 		require.ErrorContains(t, err, "-queue-shards (GOREACTOR_QUEUE_SHARDS): "+bad+" shards", bad)
 	}
 	require.Equal(t, 2, run([]string{"-queue-shards", "99"}, env(nil), io.Discard, io.Discard))
+}
+
+// -stall-after (GOREACTOR_DASHBOARD_STALL_AFTER) is the dashboard's
+// StallAfter: 2 minutes by default, the flag over the environment, and
+// never zero or negative.
+func TestParseConfigStallAfter(t *testing.T) {
+	t.Parallel()
+	cfg, err := parseConfig(nil, env(nil), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, dashboard.DefaultStallAfter, cfg.stallAfter)
+	cfg, err = parseConfig(nil, env(map[string]string{"GOREACTOR_DASHBOARD_STALL_AFTER": "45s"}), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 45*time.Second, cfg.stallAfter)
+	cfg, err = parseConfig([]string{"-stall-after", "5m"}, env(map[string]string{"GOREACTOR_DASHBOARD_STALL_AFTER": "45s"}), io.Discard)
+	require.NoError(t, err)
+	require.Equal(t, 5*time.Minute, cfg.stallAfter)
+	for _, args := range [][]string{{"-stall-after", "0s"}, {"-stall-after", "-1m"}, {"-stall-after", "soon"}} {
+		_, err := parseConfig(args, env(nil), io.Discard)
+		require.Error(t, err, "%q", args)
+	}
+	_, err = parseConfig(nil, env(map[string]string{"GOREACTOR_DASHBOARD_STALL_AFTER": "soon"}), io.Discard)
+	require.Error(t, err)
 }

@@ -304,7 +304,7 @@
     if (more) ul.appendChild(h('li', { class: 'muted small' }, 'more are waiting: the newest ' + needsLimit + ' are shown'));
   }
 
-  function refresh() { return Promise.all([refreshStats(), refreshList(), refreshNeeds()]); }
+  function refresh() { return Promise.all([refreshStats(), refreshList(), refreshNeeds(), GR.refreshStalls()]); } // stalls.js
 
   document.addEventListener('DOMContentLoaded', function () {
     readURL();

@@ -34,8 +34,8 @@
     fact(dl, 'created', GR.timeEl(r.created_at));
     fact(dl, 'updated', h('span', null, GR.timeEl(r.updated_at), ' ', h('span', { class: 'muted' }, '(' + GR.fmtAgo(r.updated_at) + ')')));
     fact(dl, 'elapsed', GR.fmtDur(r.elapsed_ms));
-    fact(dl, 'queue', r.queue ? h('span', { class: 'mono' }, r.queue) :
-      h('span', { class: 'muted', title: 'an in-process run, or one stored before runs recorded their queue' }, 'none recorded: actions go to the dashboard\u2019s -queue'));
+    fact(dl, 'queue', r.queue ? h('span', { class: 'mono', title: r.queue_default ? 'the run recorded no queue: the dashboard\'s control queue, where its actions go' : '' },
+      r.queue + (r.queue_default ? ' (default)' : '')) : '');
     fact(dl, 'element of', r.element ? h('span', null, GR.runLink(r.element.owner, 'owner-link'), ' \u00b7 map ',
       h('span', { class: 'mono' }, r.element.step), ' \u00b7 element ' + r.element.index) : '');
     fact(dl, 'trace', r.trace_id ? h('span', { class: 'mono', title: r.trace_id }, r.trace_id) : '');
@@ -768,8 +768,9 @@
       show('run-missing', false);
       $('run').classList.remove('gone');
       var running = (r.steps || []).some(function (s) { return s.status === 'running'; });
-      if (changed('head', [r.id, r.status, r.reactor, r.created_at, r.updated_at, r.elapsed_ms, r.queue, r.element, r.trace_id, r.reason, r.waiting, (r.definition || {}).fingerprint, r.retry_of, r.retried_by, Math.floor(Date.now() / 10000)])) renderHead(r);
+      if (changed('head', [r.id, r.status, r.reactor, r.created_at, r.updated_at, r.elapsed_ms, r.queue, r.queue_default, r.element, r.trace_id, r.reason, r.waiting, (r.definition || {}).fingerprint, r.retry_of, r.retried_by, Math.floor(Date.now() / 10000)])) renderHead(r);
       if (changed('actions', r.actions)) renderActions(r.actions || {});
+      if (changed('stall', r.stall)) GR.renderStall(r.stall); // stalls.js
       if (changed('failure', r.failure)) renderFailure(r.failure);
       if (changed('rollback', r.rollback)) renderRollback(r.rollback);
       if (changed('steps', r.steps) || running) renderTimeline(r);
