@@ -40,7 +40,7 @@ func benchSize(b *testing.B) int {
 // reactor), indexed with the store's own index commands, in pipelines of
 // 1,000 runs. Creation times are a millisecond apart, two runs per
 // millisecond.
-func seedRuns(b *testing.B, e *env, n int, base time.Time) {
+func seedRuns(b testing.TB, e *env, n int, base time.Time) {
 	ctx := context.Background()
 	ok, bad := echo("bench-ok"), failing("bench-bad")
 	require.NoError(b, e.engine.Register(ok, bad))

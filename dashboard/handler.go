@@ -179,6 +179,8 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		get(h.workers)
 	case len(seg) == 1 && seg[0] == "needs-human":
 		get(h.needsHuman)
+	case len(seg) == 1 && seg[0] == "matching":
+		get(h.matching)
 	case len(seg) == 2 && seg[0] == "runs" && seg[1] == "actions" && r.Method == http.MethodPost:
 		h.batchAction(w, r)
 	case len(seg) == 2 && seg[0] == "runs" && seg[1] != "":
