@@ -105,6 +105,9 @@ func TestBrowserSelectAllMatching(t *testing.T) {
 	poll("every time shows UTC", `[...document.querySelectorAll('time[data-mode]:not([data-mode="ago"])')].length >= 50 &&
 		[...document.querySelectorAll('time[data-mode]:not([data-mode="ago"])')].every(t => t.querySelector('.tz').textContent === ' UTC') &&
 		document.getElementById('zone-button').textContent === 'UTC' && localStorage.getItem('goreactor.dashboard.zone') === 'utc'`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Reload(), chromedp.WaitVisible(chromedp.CSS("#runs tr time"))))
+	poll("the zone survives a reload", `document.getElementById('zone-button').textContent === 'UTC' &&
+		document.querySelector('#runs tr time .tz').textContent === ' UTC'`)
 
 	// The failure text narrows the listing (case-insensitive).
 	require.NoError(t, chromedp.Do(bctx, chromedp.SendKeys(chromedp.ID("filter-failure"), "BY ISSUER")))
@@ -210,6 +213,11 @@ func TestBrowserNarrowDarkAndGridKeys(t *testing.T) {
 	console := watchConsole(t, bctx)
 	shot := func(name string) {
 		t.Helper()
+		if d := os.Getenv("GOREACTOR_SCREENSHOT_DIR"); d != "" { // the whole page, to look at
+			png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+			require.NoError(t, err, name)
+			require.NoError(t, os.WriteFile(filepath.Join(d, "full-"+name), png, 0o644))
+		}
 		dir := docsShots()
 		if dir == "" {
 			return
@@ -231,6 +239,9 @@ func TestBrowserNarrowDarkAndGridKeys(t *testing.T) {
 			.slice(0, 12).map(e => e.tagName + (e.id ? '#' + e.id : '') + '.' + e.className + ':' + Math.round(e.getBoundingClientRect().right)).join(' ')`)
 	}
 	require.Equal(t, "true", eval(`String(`+noOverflow+`)`), "overview at 390 px: the page is %s px wide: %s", eval(`String(document.documentElement.scrollWidth)`), wide())
+	idLines := eval(`(() => { const c = document.querySelector('#runs td.id-cell');
+		return String(Math.round(c.getBoundingClientRect().height / (parseFloat(getComputedStyle(c).lineHeight) || 18))); })()`)
+	require.Contains(t, []string{"1", "2"}, idLines, "a run id cell of the list is a line or two high")
 	shot("dashboard-390-overview.png")
 	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(st.srv.URL+"/runs/"+long), chromedp.WaitVisible(chromedp.CSS(".grid .cell"))))
 	poll("the run page is drawn", `document.querySelectorAll('.grid .cell').length === 40`)

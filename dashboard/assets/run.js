@@ -301,7 +301,7 @@
     if (hadFocus && grid.children[st.focus]) grid.children[st.focus].focus();
     grid.dataset.cells = String(cells.length);
     GR.cellStates.forEach(function (k) { grid.dataset[k.replace(/_(\w)/g, function (_, c) { return c.toUpperCase(); })] = String(tally[k]); });
-    st.scale.textContent = cells.length + ' cells · ' + (s.bucket_size > 1 ? GR.fmtNum(s.bucket_size) + ' elements each' : 'one element each') + ' · click a cell for its elements';
+    st.scale.textContent = cells.length + ' cells · ' + (s.bucket_size > 1 ? GR.fmtNum(s.bucket_size) + ' elements each' : 'one element each') + ' · click a cell (or Tab to the grid, arrows, Enter) for its elements';
   }
 
   function pickCell(m, st, i) {
