@@ -436,7 +436,8 @@
 
   // runMatching confirms and requests one action on every run a filter
   // matches (count, as GET /api/matching counted them): the server lists
-  // them again and acts only if there are still exactly count.
+  // them again and acts only if there are still exactly count. Resolves to
+  // the results, {conflict: true} when the count changed, or null.
   GR.runMatching = function (filter, count, action, describe) {
     var a = GR.actions[action];
     var n = GR.fmtNum(count);
@@ -458,7 +459,8 @@
         return results;
       }, function (err) {
         GR.message('error', a.verb + ' of ' + n + ' matching runs ' + (err.status ? 'refused (' + err.status + ')' : 'not sent'), err.message);
-        return null;
+        // 409: the filter matches another number now; the caller counts again.
+        return err.status === 409 ? { conflict: true } : null;
       });
     }).then(function (r) { GR.poller.nudge(); return r; });
   };

@@ -426,7 +426,11 @@
           var m = matchingAll;
           GR.runMatching(m.filter, m.count, b.dataset.batch, describeFilter(m.filter)).then(function (results) {
             if (!results) return;
-            selected = {}; matchingAll = null; matchCount = null;
+            // Done, or refused because the count changed: either way the
+            // confirmed count is spent; with the page still selected the
+            // offer counts again.
+            matchingAll = null; matchCount = null;
+            if (!results.conflict) selected = {};
             renderRuns();
           });
           return;
