@@ -168,7 +168,9 @@ func BenchmarkDashboard(b *testing.B) {
 	score, err := e.rdb.ZScore(context.Background(), e.prefix+":idx:runs", deep).Result()
 	require.NoError(b, err)
 	// A time range a tenth of the seeded span, from the middle.
-	msAt := func(i int) string { return strconv.FormatInt(base.Add(time.Duration(i/2)*time.Millisecond).UnixMilli(), 10) }
+	msAt := func(i int) string {
+		return strconv.FormatInt(base.Add(time.Duration(i/2)*time.Millisecond).UnixMilli(), 10)
+	}
 	rng := "from=" + msAt(n/2) + "&to=" + msAt(n/2+n/10)
 	cases := []struct {
 		name, path string
