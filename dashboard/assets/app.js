@@ -500,7 +500,7 @@
       running = true;
       Promise.resolve().then(fn).then(function () {
         var u = GR.$('updated');
-        if (u) { u.textContent = 'updated ' + GR.fmtClock(new Date().toISOString()).slice(0, 8); u.classList.remove('stale'); }
+        if (u) { u.textContent = 'updated ' + GR.fmtClock(new Date().toISOString()).slice(0, 8) + ' ' + GR.zoneName(new Date()); u.classList.remove('stale'); }
       }, function (err) {
         var u = GR.$('updated');
         if (u) { u.textContent = 'refresh failed: ' + err.message; u.classList.add('stale'); }
