@@ -58,6 +58,10 @@ type batchRequest struct {
 	Action string   `json:"action"`
 	IDs    []string `json:"ids"`
 	Reason string   `json:"reason"`
+	// Filter, instead of IDs, names the runs a listing's filters match
+	// (matching.go); Expect is their count as the operator confirmed it.
+	Filter *matchFilter `json:"filter"`
+	Expect *int         `json:"expect"`
 }
 
 type batchResult struct {
@@ -72,6 +76,8 @@ type batchResult struct {
 
 type batchResponse struct {
 	Results []batchResult `json:"results"`
+	// Matched is how many runs a filter matched (a matching batch only).
+	Matched int `json:"matched,omitempty"`
 }
 
 // tokenHelp is the 403 answer while no token is configured.
@@ -230,7 +236,8 @@ func (h *Handler) batchAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req batchRequest
-	if !decodeBody(w, r, &req, `{"action": "undo|cancel|retry|rollback", "ids": [...], "reason": "why you ask"}`) {
+	if !decodeBody(w, r, &req, `{"action": "undo|cancel|retry|rollback", "ids": [...], "reason": "why you ask"}`+
+		` (or "filter": {...}, "expect": N instead of "ids")`) {
 		return
 	}
 	if msg := checkReason(req.Reason); msg != "" {
@@ -240,6 +247,15 @@ func (h *Handler) batchAction(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case !isAction(req.Action):
 		writeError(w, http.StatusBadRequest, fmt.Sprintf("action %q is not one of %s", req.Action, strings.Join(actions, ", ")))
+		return
+	case req.Filter != nil && len(req.IDs) > 0:
+		writeError(w, http.StatusBadRequest, "send ids or filter, not both")
+		return
+	case req.Filter != nil:
+		h.batchMatching(w, r, req)
+		return
+	case req.Expect != nil:
+		writeError(w, http.StatusBadRequest, "expect goes with filter: a batch by ids acts on the ids it names")
 		return
 	case len(req.IDs) == 0:
 		writeError(w, http.StatusBadRequest, "ids is empty: name the runs to act on")

@@ -40,7 +40,7 @@ func benchSize(b *testing.B) int {
 // reactor), indexed with the store's own index commands, in pipelines of
 // 1,000 runs. Creation times are a millisecond apart, two runs per
 // millisecond.
-func seedRuns(b *testing.B, e *env, n int, base time.Time) {
+func seedRuns(b testing.TB, e *env, n int, base time.Time) {
 	ctx := context.Background()
 	ok, bad := echo("bench-ok"), failing("bench-bad")
 	require.NoError(b, e.engine.Register(ok, bad))
@@ -153,9 +153,11 @@ func seedMaps(b *testing.B, e *env, n int, seeds ...mapSeed) {
 }
 
 // BenchmarkDashboard: the first page, a page deep in the list, filtered
-// pages, and the detail (and element summary) of a run with a map as big as
-// the listing, over HTTP on loopback. With GOREACTOR_DASHBOARD_BENCH_RUNS=
-// 100000 each of the first four must answer in under 50 ms.
+// pages, a time range, a failure text (found, and not found: the scan
+// budget), a count for "select all matching" at its bound, and the detail
+// (and element summary) of a run with a map as big as the listing, over
+// HTTP on loopback. With GOREACTOR_DASHBOARD_BENCH_RUNS=100000 each of the
+// listing pages must answer in under 50 ms.
 func BenchmarkDashboard(b *testing.B) {
 	n := benchSize(b)
 	e := newBenchEnv(b)
@@ -165,10 +167,23 @@ func BenchmarkDashboard(b *testing.B) {
 	deep := fmt.Sprintf("run-%07d", n/10)
 	score, err := e.rdb.ZScore(context.Background(), e.prefix+":idx:runs", deep).Result()
 	require.NoError(b, err)
+	// A time range a tenth of the seeded span, from the middle.
+	msAt := func(i int) string {
+		return strconv.FormatInt(base.Add(time.Duration(i/2)*time.Millisecond).UnixMilli(), 10)
+	}
+	rng := "from=" + msAt(n/2) + "&to=" + msAt(n/2+n/10)
 	cases := []struct {
 		name, path string
 		cold       bool
 	}{
+		{"time_range_page", "/api/runs?" + rng, false},
+		{"failure_text_page", "/api/runs?status=failed&failure=declined", false},
+		// A text nothing has: the request reads scanBudget entries and
+		// answers partial.
+		{"failure_text_miss", "/api/runs?failure=no+such+text", false},
+		// Counting a filter that matches more than maxMatching (every
+		// failed run): the most a count or a matching batch reads.
+		{"matching_count_max", "/api/matching?status=failed", false},
 		{"first_page", "/api/runs", false},
 		{"deep_page", "/api/runs?cursor=" + dashboard.Cursor(score, deep), false},
 		{"filtered_page", "/api/runs?status=failed&reactor=bench-bad", false},
@@ -269,4 +284,51 @@ func redisUsec(b *testing.B, rdb *redis.Client) int64 {
 		}
 	}
 	return sum
+}
+
+// BenchmarkUpdatedIndexCost measures what an index of runs by their last
+// update would cost (docs/dashboard.md, "Finding runs"): an in-process run
+// of 10 steps, as is and with one ZADD to such an index per step (the
+// command every state write would add; a cluster could not put it in the
+// write's script, the index being in another slot). Not in make
+// bench-dashboard: run it by name.
+func BenchmarkUpdatedIndexCost(b *testing.B) {
+	e := newBenchEnv(b)
+	ctx := context.Background()
+	updated := e.prefix + ":idx:updated"
+	def := func(name string, zadd bool) *reactor.Definition {
+		parts := make([]reactor.Part, 10)
+		for i := range parts {
+			var after []string
+			if i > 0 {
+				after = []string{"s" + strconv.Itoa(i-1)}
+			}
+			parts[i] = reactor.Step("s"+strconv.Itoa(i), reactor.StepConfig[reactor.Args, int]{After: after,
+				Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+					if zadd {
+						return i, e.rdb.ZAdd(ctx, updated, redis.Z{Score: float64(time.Now().UnixMilli()), Member: name}).Err()
+					}
+					return i, nil
+				}})
+		}
+		return reactor.MustDefine(name, parts...)
+	}
+	seq := 0
+	for _, c := range []struct {
+		name string
+		zadd bool
+	}{{"as_is", false}, {"with_updated_index", true}} {
+		d := def("upd-"+c.name, c.zadd)
+		require.NoError(b, e.engine.Register(d))
+		b.Run(c.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				seq++ // a new run each time, across -count too
+				if _, err := e.engine.Run(ctx, d, nil, reactor.WithRunID(fmt.Sprintf("%s-%d", c.name, seq))); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N)/1000, "ms/run")
+		})
+	}
 }

@@ -40,3 +40,19 @@ func ForgetStalls(h *Handler, ttl time.Duration) {
 		h.stallCache.ttl = ttl
 	}
 }
+
+// SetMaxMatching makes a matching batch act on at most n runs until the
+// test ends.
+func SetMaxMatching(t interface{ Cleanup(func()) }, n int) {
+	old := maxMatching
+	maxMatching = n
+	t.Cleanup(func() { maxMatching = old })
+}
+
+// SetMatchScanBudget makes a matching count or batch examine at most n
+// index entries (matchScanBudget) until the test ends.
+func SetMatchScanBudget(t interface{ Cleanup(func()) }, n int) {
+	old := matchScanBudget
+	matchScanBudget = n
+	t.Cleanup(func() { matchScanBudget = old })
+}

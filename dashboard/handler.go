@@ -217,6 +217,8 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		get(h.stalls)
 	case len(seg) == 3 && seg[0] == "runs" && seg[2] == redispatchAction:
 		post(func(w http.ResponseWriter, r *http.Request) { h.redispatch(w, r, seg[1]) })
+	case len(seg) == 1 && seg[0] == "matching":
+		get(h.matching)
 	case len(seg) == 2 && seg[0] == "runs" && seg[1] == "actions" && r.Method == http.MethodPost:
 		h.batchAction(w, r)
 	case len(seg) == 2 && seg[0] == "runs" && seg[1] != "":

@@ -58,19 +58,42 @@
   // ---- formatting ----------------------------------------------------------
   function pad(n, w) { n = String(n); while (n.length < (w || 2)) n = '0' + n; return n; }
 
+  // Times show in UTC or in the browser's zone (the header's toggle, kept
+  // in localStorage); every absolute time carries its zone.
+  var zoneKey = 'goreactor.dashboard.zone';
+  GR.zone = function () {
+    try { return localStorage.getItem(zoneKey) === 'utc' ? 'utc' : 'local'; } catch (e) { return 'local'; }
+  };
+  function parts(d) {
+    if (GR.zone() === 'utc') {
+      return { y: d.getUTCFullYear(), mo: d.getUTCMonth() + 1, d: d.getUTCDate(), h: d.getUTCHours(), mi: d.getUTCMinutes(), s: d.getUTCSeconds(), ms: d.getUTCMilliseconds() };
+    }
+    return { y: d.getFullYear(), mo: d.getMonth() + 1, d: d.getDate(), h: d.getHours(), mi: d.getMinutes(), s: d.getSeconds(), ms: d.getMilliseconds() };
+  }
+  // zoneName is the zone a time at d shows in: "UTC", or the local
+  // offset at d ("UTC+1", "UTC-3:30"; it moves with summer time).
+  GR.zoneName = function (d) {
+    if (GR.zone() === 'utc') return 'UTC';
+    var off = -(d || new Date()).getTimezoneOffset();
+    var sign = off < 0 ? '-' : '+';
+    off = Math.abs(off);
+    return 'UTC' + sign + Math.floor(off / 60) + (off % 60 ? ':' + pad(off % 60) : '');
+  };
+
   GR.fmtTime = function (iso) {
     if (!iso) return '';
     var d = new Date(iso);
     if (isNaN(d)) return String(iso);
-    return d.getFullYear() + '-' + pad(d.getMonth() + 1) + '-' + pad(d.getDate()) + ' ' +
-      pad(d.getHours()) + ':' + pad(d.getMinutes()) + ':' + pad(d.getSeconds());
+    var p = parts(d);
+    return p.y + '-' + pad(p.mo) + '-' + pad(p.d) + ' ' + pad(p.h) + ':' + pad(p.mi) + ':' + pad(p.s);
   };
 
   GR.fmtClock = function (iso) {
     if (!iso) return '';
     var d = new Date(iso);
     if (isNaN(d)) return String(iso);
-    return pad(d.getHours()) + ':' + pad(d.getMinutes()) + ':' + pad(d.getSeconds()) + '.' + pad(d.getMilliseconds(), 3);
+    var p = parts(d);
+    return pad(p.h) + ':' + pad(p.mi) + ':' + pad(p.s) + '.' + pad(p.ms, 3);
   };
 
   GR.fmtDur = function (ms) {
@@ -106,23 +129,66 @@
     if (!iso) return '';
     var d = new Date(iso);
     if (isNaN(d)) return String(iso);
-    var now = new Date();
-    var clock = pad(d.getHours()) + ':' + pad(d.getMinutes()) + ':' + pad(d.getSeconds());
-    if (d.toDateString() === now.toDateString()) return clock;
-    var day = pad(d.getMonth() + 1) + '-' + pad(d.getDate()) + ' ' + clock.slice(0, 5);
-    return d.getFullYear() === now.getFullYear() ? day : d.getFullYear() + '-' + day;
+    var p = parts(d), n = parts(new Date());
+    var clock = pad(p.h) + ':' + pad(p.mi) + ':' + pad(p.s);
+    if (p.y === n.y && p.mo === n.mo && p.d === n.d) return clock;
+    var day = pad(p.mo) + '-' + pad(p.d) + ' ' + clock.slice(0, 5);
+    return p.y === n.y ? day : p.y + '-' + day;
   };
 
   GR.fmtNum = function (n) { return (n === null || n === undefined) ? '' : Number(n).toLocaleString('en-US'); };
 
-  // timeCell shows a time with its age on hover (and the exact UTC time).
+  // toInput is iso as a datetime-local input's value in the shown zone;
+  // fromInput reads one back as an ISO time ('' for none).
+  GR.toInput = function (iso) {
+    if (!iso) return '';
+    var d = new Date(iso);
+    if (isNaN(d)) return '';
+    var p = parts(d);
+    return p.y + '-' + pad(p.mo) + '-' + pad(p.d) + 'T' + pad(p.h) + ':' + pad(p.mi) + ':' + pad(p.s);
+  };
+  GR.fromInput = function (v) {
+    if (!v) return '';
+    if (v.length === 16) v += ':00';
+    var d = GR.zone() === 'utc' ? new Date(v + 'Z') : new Date(v);
+    return isNaN(d) ? '' : d.toISOString();
+  };
+
   // timeEl shows a time as mode 'full' (date and clock), 'short' (for a
-  // list) or 'ago', with the exact UTC time and the age on hover.
+  // list), 'clock' (with milliseconds) or 'ago', with the exact UTC time
+  // and the age on hover. Absolute times end with their zone (a .tz span)
+  // and follow the header's UTC/local toggle.
   GR.timeEl = function (iso, mode) {
     if (!iso) return GR.h('span', { class: 'muted' }, '—');
-    var text = mode === 'ago' ? GR.fmtAgo(iso) : mode === 'short' ? GR.fmtShort(iso) : GR.fmtTime(iso);
-    return GR.h('time', { datetime: iso, title: iso + ' · ' + GR.fmtAgo(iso) }, text);
+    var el = GR.h('time', { datetime: iso, dataset: { mode: mode || 'full' } });
+    fillTime(el);
+    return el;
   };
+  function fillTime(el) {
+    var iso = el.getAttribute('datetime'), mode = el.dataset.mode;
+    var text = mode === 'ago' ? GR.fmtAgo(iso) : mode === 'short' ? GR.fmtShort(iso) : mode === 'clock' ? GR.fmtClock(iso) : GR.fmtTime(iso);
+    var zone = GR.zoneName(new Date(iso));
+    GR.clear(el);
+    el.appendChild(document.createTextNode(text));
+    if (mode !== 'ago') el.appendChild(GR.h('span', { class: 'tz' }, ' ' + zone));
+    el.title = GR.fmtTime(iso) + ' ' + zone + ' · ' + iso + ' · ' + GR.fmtAgo(iso);
+  }
+
+  // setZone switches every time on the page to zone ('utc' or 'local').
+  GR.setZone = function (z) {
+    try { localStorage.setItem(zoneKey, z === 'utc' ? 'utc' : 'local'); } catch (e) { /* storage off */ }
+    Array.prototype.forEach.call(document.querySelectorAll('time[data-mode]'), fillTime);
+    zoneButton();
+    document.dispatchEvent(new CustomEvent('gr:zone'));
+  };
+  function zoneButton() {
+    var b = GR.$('zone-button');
+    if (!b) return;
+    var utc = GR.zone() === 'utc';
+    b.textContent = utc ? 'UTC' : 'local ' + GR.zoneName(new Date()).replace('UTC', '');
+    b.setAttribute('aria-pressed', utc ? 'true' : 'false');
+    b.title = 'Times show in ' + (utc ? 'UTC' : 'this browser\u2019s zone (' + GR.zoneName(new Date()) + ')') + '; click for ' + (utc ? 'local time' : 'UTC');
+  }
 
   // valueEl renders any JSON value: short scalars inline, the rest as
   // indented JSON text.
@@ -368,6 +434,37 @@
     }).then(function (r) { GR.poller.nudge(); return r; });
   };
 
+  // runMatching confirms and requests one action on every run a filter
+  // matches (count, as GET /api/matching counted them): the server lists
+  // them again and acts only if there are still exactly count. Resolves to
+  // the results, {conflict: true} when the count changed, or null.
+  GR.runMatching = function (filter, count, action, describe) {
+    var a = GR.actions[action];
+    var n = GR.fmtNum(count);
+    var text = a.many(n) + ' These are the ' + n + ' runs matching the filter below; the server counts them again and requests nothing if the number changed.';
+    return GR.confirmReason(a.verb + ' ' + n + ' runs?', text, describe, a.verb + ' ' + n + ' runs').then(function (why) {
+      if (why === null) return null;
+      return GR.post('/api/runs/actions', { action: action, filter: filter, reason: why, expect: count }).then(function (res) {
+        var results = (res.data && res.data.results) || [];
+        var okN = 0, lines = [], warnings = {};
+        results.forEach(function (r) {
+          if (r.status_code >= 200 && r.status_code < 300) okN++;
+          else if (lines.length < 20) lines.push(r.run_id + ': ' + (r.error || ('HTTP ' + r.status_code)));
+          if (r.warning) warnings[r.warning] = true;
+        });
+        var refused = results.length - okN;
+        if (refused > lines.length) lines.push('… and ' + (refused - lines.length) + ' more refused');
+        GR.message(refused ? 'error' : 'ok', a.verb + ': ' + GR.fmtNum(okN) + ' requested' + (refused ? ', ' + GR.fmtNum(refused) + ' refused' : '') + ' (all ' + n + ' matching)', '', lines);
+        Object.keys(warnings).forEach(function (w) { GR.message('warn', a.verb + ': queued where no worker serves', w); });
+        return results;
+      }, function (err) {
+        GR.message('error', a.verb + ' of ' + n + ' matching runs ' + (err.status ? 'refused (' + err.status + ')' : 'not sent'), err.message);
+        // 409: the filter matches another number now; the caller counts again.
+        return err.status === 409 ? { conflict: true } : null;
+      });
+    }).then(function (r) { GR.poller.nudge(); return r; });
+  };
+
   // ---- live refresh --------------------------------------------------------
   // The poller calls the page's refresh every interval, unless the user is
   // selecting text, a dialog is open, the tab is hidden, or they paused it.
@@ -409,7 +506,7 @@
         failing = '';
         update();
         var u = GR.$('updated');
-        if (u) { u.textContent = 'updated ' + GR.fmtClock(new Date().toISOString()).slice(0, 8); u.classList.remove('stale'); }
+        if (u) { u.textContent = 'updated ' + GR.fmtClock(new Date().toISOString()).slice(0, 8) + ' ' + GR.zoneName(new Date()); u.classList.remove('stale'); }
       }, function (err) {
         failing = err.message || 'error';
         update();
@@ -438,6 +535,9 @@
 
   document.addEventListener('DOMContentLoaded', function () {
     setToken(GR.token());
+    zoneButton();
+    var zb = GR.$('zone-button');
+    if (zb) zb.addEventListener('click', function () { GR.setZone(GR.zone() === 'utc' ? 'local' : 'utc'); });
     var live = GR.$('live');
     if (live) live.addEventListener('click', function () { GR.poller.toggle(); });
     var tb = GR.$('token-button');

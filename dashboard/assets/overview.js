@@ -5,9 +5,16 @@
   var GR = window.GR, h = GR.h, $ = GR.$;
   var pageSize = 50;
 
-  var filters = { status: '', reactor: '', q: '' };
+  var filters = { status: '', reactor: '', q: '', failure: '', from: '', to: '', sort: '' };
+  var filterNames = Object.keys(filters);
+  // matchingAll, when set, is "every run the filter matches" as counted:
+  // {count, filter (the server's, its range ended at the count)}.
+  var matchingAll = null;
+  var matchCount = null; // the count offered for the current page selection
+  var matchGen = 0;
   var runs = [];          // rows shown, newest first
   var nextCursor = '';    // cursor after the last loaded page
+  var partial = false;    // the last page stopped at the server's scan budget
   var pagesLoaded = 0;
   var selected = {};      // run id -> true
   var generation = 0;     // bumped when the filters change, drops stale answers
@@ -15,9 +22,7 @@
 
   function readURL() {
     var p = new URLSearchParams(location.search);
-    filters.status = p.get('status') || '';
-    filters.reactor = p.get('reactor') || '';
-    filters.q = p.get('q') || '';
+    filterNames.forEach(function (k) { filters[k] = p.get(k) || ''; });
   }
 
   function writeURL() {
@@ -29,12 +34,24 @@
     $('filter-status').value = filters.status;
     if ($('filter-reactor').value !== filters.reactor) $('filter-reactor').value = filters.reactor;
     if ($('filter-q').value !== filters.q) $('filter-q').value = filters.q;
+    if ($('filter-failure').value !== filters.failure) $('filter-failure').value = filters.failure;
+    $('filter-from').value = GR.toInput(filters.from);
+    $('filter-to').value = GR.toInput(filters.to);
+    // Without a status the only order is by creation (no index orders
+    // every run by its last update: docs/dashboard-api.md).
+    var sort = $('filter-sort');
+    sort.querySelector('option[value="entered"]').disabled = !filters.status;
+    sort.value = filters.sort || (filters.status ? 'entered' : 'created');
+    Array.prototype.forEach.call(document.querySelectorAll('.zone-name'), function (z) { z.textContent = '(' + GR.zoneName(new Date()) + ')'; });
     $('only-failed').classList.toggle('active', filters.status === 'failed');
   }
 
   function setFilters(patch) {
     Object.keys(patch).forEach(function (k) { filters[k] = patch[k]; });
+    if (!filters.status && filters.sort === 'entered') filters.sort = '';
     selected = {}; // never act on runs the new filter hides
+    matchingAll = null;
+    matchCount = null;
     syncInputs();
     writeURL();
     renderTiles();
@@ -43,7 +60,7 @@
   }
 
   function listPath(cursor) {
-    return '/api/runs' + GR.query({ status: filters.status, reactor: filters.reactor, q: filters.q, limit: pageSize, cursor: cursor });
+    return '/api/runs' + GR.query(Object.assign({}, filters, { limit: pageSize, cursor: cursor }));
   }
 
   // reload starts the list again from its first page (filters changed).
@@ -67,6 +84,7 @@
       if (pagesLoaded <= 1) {
         runs = fresh;
         nextCursor = res.data.next_cursor || '';
+        partial = !!res.data.partial;
         pagesLoaded = 1;
       } else {
         var seen = {};
@@ -103,6 +121,7 @@
       runs.forEach(function (r) { have[r.id] = true; });
       ((res.data && res.data.runs) || []).forEach(function (r) { if (!have[r.id]) runs.push(r); });
       nextCursor = res.data.next_cursor || '';
+      partial = !!res.data.partial;
       pagesLoaded++;
       renderRuns();
     }, function (err) {
@@ -212,12 +231,78 @@
 
   function renderBatch() {
     var ids = selectedIds();
-    $('batch-bar').hidden = ids.length === 0;
-    $('batch-count').textContent = ids.length + (ids.length === 1 ? ' run selected' : ' runs selected');
+    $('batch-bar').hidden = ids.length === 0 && !matchingAll;
+    $('batch-count').textContent = matchingAll ? 'All ' + GR.fmtNum(matchingAll.count) + ' matching runs selected' :
+      ids.length + (ids.length === 1 ? ' run selected' : ' runs selected');
     var all = $('select-all');
     var shown = runs.length && runs.every(function (r) { return selected[r.id]; });
     all.checked = !!shown;
     all.indeterminate = !shown && runs.some(function (r) { return selected[r.id]; });
+    renderMatching(!!shown);
+  }
+
+  // renderMatching offers "select all N matching" while every row shown is
+  // selected and the list goes on: N is what GET /api/matching counts.
+  function renderMatching(pageSelected) {
+    var box = GR.clear($('select-matching'));
+    if (matchingAll) {
+      box.hidden = false;
+      box.dataset.state = 'all';
+      box.appendChild(h('span', null, 'every run matching this filter, as counted at ' + GR.fmtShort(matchingAll.filter.to) + ' ' + GR.zoneName(new Date(matchingAll.filter.to))));
+      return;
+    }
+    if (!pageSelected || !nextCursor) { box.hidden = true; matchCount = null; return; }
+    box.hidden = false;
+    if (!matchCount || matchCount.pending) {
+      // One count per selection: a refresh while it runs does not start
+      // another.
+      box.dataset.state = 'counting';
+      box.appendChild(h('span', { class: 'muted' }, 'counting the runs that match…'));
+      if (!matchCount) countMatching();
+      return;
+    }
+    if (matchCount.error) {
+      box.dataset.state = 'error';
+      box.appendChild(h('span', { class: 'bad-text' }, 'could not count the matching runs: ' + matchCount.error));
+      return;
+    }
+    if (!matchCount.complete) {
+      box.dataset.state = 'over';
+      box.appendChild(h('span', { class: 'muted' }, 'Only the ' + runs.length + ' shown can be selected: ' + matchCount.reason));
+      return;
+    }
+    box.dataset.state = 'offer';
+    box.appendChild(h('button', { type: 'button', class: 'btn btn-link', id: 'select-matching-button', onclick: function () {
+      matchingAll = { count: matchCount.count, filter: matchCount.filter };
+      renderBatch();
+    } }, 'Select all ' + GR.fmtNum(matchCount.count) + ' matching'));
+  }
+
+  function countMatching() {
+    var gen = ++matchGen, fgen = generation;
+    matchCount = { pending: true };
+    GR.api('/api/matching' + GR.query(filters)).then(function (res) {
+      if (gen !== matchGen || fgen !== generation) return;
+      matchCount = res.data || {};
+      renderBatch();
+    }, function (err) {
+      if (gen !== matchGen || fgen !== generation) return;
+      matchCount = { error: err.message };
+      renderBatch();
+    });
+  }
+
+  // describeFilter is the filter as lines for a confirmation.
+  function describeFilter(f) {
+    var lines = [];
+    if (f.status) lines.push('status ' + f.status);
+    if (f.reactor) lines.push('reactor ' + f.reactor);
+    if (f.q) lines.push('id starting with ' + f.q);
+    if (f.failure) lines.push('failure containing \u201c' + f.failure + '\u201d');
+    var by = f.sort === 'entered' ? 'entered its status' : 'created';
+    if (f.from) lines.push(by + ' from ' + GR.fmtTime(f.from) + ' ' + GR.zoneName(new Date(f.from)));
+    if (f.to) lines.push(by + ' up to ' + GR.fmtTime(f.to) + ' ' + GR.zoneName(new Date(f.to)));
+    return lines;
   }
 
   function renderRuns() {
@@ -230,7 +315,7 @@
     runs.forEach(function (r) {
       var box = h('input', { type: 'checkbox', class: 'row-check', title: 'Select ' + r.id });
       box.checked = !!selected[r.id];
-      box.addEventListener('change', function () { selected[r.id] = box.checked; if (!box.checked) delete selected[r.id]; renderBatch(); });
+      box.addEventListener('change', function () { selected[r.id] = box.checked; if (!box.checked) { delete selected[r.id]; matchingAll = null; } renderBatch(); });
       var f = r.failure;
       tb.appendChild(h('tr', { class: 'row st-row-' + r.status, dataset: { id: r.id, status: r.status } },
         h('td', { class: 'check' }, box),
@@ -243,14 +328,15 @@
         h('td', { class: 'failure-cell', title: f ? f.step + ': ' + f.message : '' },
           f ? [h('span', { class: 'fail-step' }, f.step), ' ', h('span', { class: 'fail-msg' }, f.message)] : '')));
     });
-    var filtered = !!(filters.status || filters.reactor || filters.q);
+    var filtered = filterNames.some(function (k) { return k !== 'sort' && filters[k]; });
     $('runs-empty').textContent = !filtered ? 'No runs yet: runs appear here once an engine starts one (see the README\u2019s first command).' :
       nextCursor ? 'No match among the runs searched so far: \u201cSearch further\u201d reads on.' :
       'No runs match these filters.';
     $('runs-empty').hidden = runs.length !== 0;
     $('load-more').textContent = runs.length || !nextCursor ? 'Load more' : 'Search further';
     $('load-more').hidden = !nextCursor;
-    $('runs-shown').textContent = runs.length ? runs.length + ' shown' + (nextCursor ? ', more below' : '') : '';
+    $('runs-shown').textContent = (runs.length ? runs.length + ' shown' + (nextCursor ? ', more below' : '') : '') +
+      (partial ? (runs.length ? '; ' : '') + 'the last request stopped at its scan limit: “' + $('load-more').textContent + '” searches on' : '');
     renderBatch();
   }
 
@@ -317,22 +403,46 @@
     function typed() {
       clearTimeout(typing);
       typing = setTimeout(function () {
-        setFilters({ reactor: $('filter-reactor').value.trim(), q: $('filter-q').value.trim() });
+        setFilters({ reactor: $('filter-reactor').value.trim(), q: $('filter-q').value.trim(), failure: $('filter-failure').value.trim() });
       }, 250);
     }
     $('filter-reactor').addEventListener('input', typed);
     $('filter-q').addEventListener('input', typed);
+    $('filter-failure').addEventListener('input', typed);
+    $('filter-from').addEventListener('change', function () { setFilters({ from: GR.fromInput($('filter-from').value) }); });
+    $('filter-to').addEventListener('change', function () { setFilters({ to: GR.fromInput($('filter-to').value) }); });
+    $('filter-sort').addEventListener('change', function () {
+      var v = $('filter-sort').value;
+      setFilters({ sort: v === (filters.status ? 'entered' : 'created') ? '' : v });
+    });
+    // The range inputs read in the shown zone: show it, and the range in it.
+    document.addEventListener('gr:zone', function () { syncInputs(); renderBatch(); });
     $('filters').addEventListener('submit', function (e) { e.preventDefault(); typed(); });
     $('only-failed').addEventListener('click', function () { setFilters({ status: filters.status === 'failed' ? '' : 'failed' }); });
-    $('clear-filters').addEventListener('click', function () { setFilters({ status: '', reactor: '', q: '' }); });
+    $('clear-filters').addEventListener('click', function () { setFilters({ status: '', reactor: '', q: '', failure: '', from: '', to: '', sort: '' }); });
     $('load-more').addEventListener('click', loadMore);
     $('select-all').addEventListener('change', function (e) {
       runs.forEach(function (r) { if (e.target.checked) selected[r.id] = true; else delete selected[r.id]; });
+      if (!e.target.checked) matchingAll = null;
+      matchCount = null; // count again for this selection
       renderRuns();
     });
-    $('batch-clear').addEventListener('click', function () { selected = {}; renderRuns(); });
+    $('batch-clear').addEventListener('click', function () { selected = {}; matchingAll = null; matchCount = null; renderRuns(); });
     Array.prototype.forEach.call(document.querySelectorAll('[data-batch]'), function (b) {
       b.addEventListener('click', function () {
+        if (matchingAll) {
+          var m = matchingAll;
+          GR.runMatching(m.filter, m.count, b.dataset.batch, describeFilter(m.filter)).then(function (results) {
+            if (!results) return;
+            // Done, or refused because the count changed: either way the
+            // confirmed count is spent; with the page still selected the
+            // offer counts again.
+            matchingAll = null; matchCount = null;
+            if (!results.conflict) selected = {};
+            renderRuns();
+          });
+          return;
+        }
         var ids = selectedIds();
         if (!ids.length) return;
         GR.runBatch(ids, b.dataset.batch).then(function (results) {

@@ -314,8 +314,11 @@
 
   function renderGrid(m, st) {
     var s = st.summary;
+    // Rebuilt on every poll: a cell that had the focus gets it back.
+    var hadFocus = st.grid.contains(document.activeElement);
     var grid = GR.clear(st.grid);
     if (!s || !s.cells) return;
+    if (!(st.focus >= 0 && st.focus < s.cells.length)) st.focus = 0;
     var cells = s.cells;
     var tally = {};
     GR.cellStates.forEach(function (k) { tally[k] = 0; });
@@ -324,17 +327,21 @@
       var rng = cellRange(cells, i, st.total);
       var counts = GR.cellStates.filter(function (k) { return c[k]; }).map(function (k) { return k.replace(/_/g, ' ') + ' ' + c[k]; });
       var label = (rng.from === rng.last ? 'element ' + rng.from : 'elements ' + rng.from + '–' + rng.last) + (counts.length ? ': ' + counts.join(', ') : '');
-      // Cells are plain boxes (a thousand tab stops would trap a keyboard
-      // user); one listener on the grid opens a cell's elements.
+      // One tab stop for the whole grid (a thousand would trap a keyboard
+      // user): the focused cell has tabindex 0, the arrow keys move it,
+      // Enter or Space opens its elements (gridKeys); one listener on the
+      // grid opens a clicked cell's.
       // A failure never hides behind a majority: a cell holding one is
       // ringed even when most of its elements are fine.
       var flag = d !== 'undo_failed' && c.undo_failed ? ' has-undo_failed' : (d !== 'failed' && d !== 'undo_failed' && c.failed ? ' has-failed' : '');
-      grid.appendChild(h('div', { class: 'cell cs-' + d + flag + (st.picked === i ? ' picked' : ''), title: label, dataset: { state: d, index: String(i) } }));
+      grid.appendChild(h('div', { class: 'cell cs-' + d + flag + (st.picked === i ? ' picked' : ''), title: label, role: 'button',
+        tabindex: i === st.focus ? '0' : '-1', 'aria-label': label, 'aria-pressed': st.picked === i ? 'true' : 'false', dataset: { state: d, index: String(i) } }));
       tally[d]++;
     });
+    if (hadFocus && grid.children[st.focus]) grid.children[st.focus].focus();
     grid.dataset.cells = String(cells.length);
     GR.cellStates.forEach(function (k) { grid.dataset[k.replace(/_(\w)/g, function (_, c) { return c.toUpperCase(); })] = String(tally[k]); });
-    st.scale.textContent = cells.length + ' cells · ' + (s.bucket_size > 1 ? GR.fmtNum(s.bucket_size) + ' elements each' : 'one element each') + ' · click a cell for its elements';
+    st.scale.textContent = cells.length + ' cells · ' + (s.bucket_size > 1 ? GR.fmtNum(s.bucket_size) + ' elements each' : 'one element each') + ' · click a cell (or Tab to the grid, arrows, Enter) for its elements';
   }
 
   function pickCell(m, st, i) {
@@ -360,18 +367,38 @@
     }, function (err) { GR.message('error', 'Could not load the elements of map ' + m.step, err.message); });
   }
 
+  // gridKeys moves the grid's focus (arrows by cell and row, Home, End)
+  // and opens the focused cell on Enter or Space.
+  function gridKeys(e, st, open) {
+    var cell = e.target.closest('.cell');
+    if (!cell) return;
+    var cells = st.grid.children, i = Number(cell.dataset.index), n = cells.length;
+    if (e.key === 'Enter' || e.key === ' ') { e.preventDefault(); open(cell); return; }
+    var cols = 1;
+    while (cols < n && cells[cols].offsetTop === cells[0].offsetTop) cols++;
+    var to = { ArrowRight: i + 1, ArrowLeft: i - 1, ArrowDown: i + cols, ArrowUp: i - cols, Home: 0, End: n - 1 }[e.key];
+    if (to === undefined) return;
+    e.preventDefault();
+    to = Math.max(0, Math.min(n - 1, to));
+    cell.tabIndex = -1;
+    cells[to].tabIndex = 0;
+    cells[to].focus();
+    st.focus = to;
+  }
+
   function mapCard(m) {
     var st = maps[m.step];
     if (!st) {
       st = maps[m.step] = { picked: -1, polls: 0, key: '' };
-      st.grid = h('div', { class: 'grid', role: 'img', 'aria-label': 'element grid of map ' + m.step, dataset: { step: m.step } });
-      st.grid.addEventListener('click', function (e) {
-        var cell = e.target.closest('.cell');
+      st.grid = h('div', { class: 'grid', role: 'group', 'aria-label': 'element grid of map ' + m.step + ': arrow keys move between cells, Enter opens a cell\u2019s elements', dataset: { step: m.step } });
+      var open = function (cell) {
         if (!cell || !st.summary) return;
-        st.picked = Number(cell.dataset.index);
+        st.picked = st.focus = Number(cell.dataset.index);
         pickCell(st.map, st, st.picked);
         renderGrid(st.map, st);
-      });
+      };
+      st.grid.addEventListener('click', function (e) { open(e.target.closest('.cell')); });
+      st.grid.addEventListener('keydown', function (e) { gridKeys(e, st, open); });
       st.scale = h('span', { class: 'muted grid-scale' });
       st.elements = h('div', { class: 'elements-box' });
       st.head = h('div', { class: 'map-head' });
@@ -498,7 +525,7 @@
     box.appendChild(h('ol', { class: 'audit' }, list.map(function (e) {
       return h('li', { class: 'audit-item' },
         h('div', { class: 'audit-top' }, h('span', { class: 'mono strong' }, e.step), ' ', h('span', { class: 'rb-status rb-' + String(e.status).replace(/[^a-z_]/g, '') }, e.status),
-          h('span', { class: 'muted audit-at', title: e.at }, GR.fmtClock(e.at))),
+          h('span', { class: 'muted audit-at' }, GR.timeEl(e.at, 'clock'))),
         (e.kind || e.reason) ? h('div', { class: 'muted small' }, [e.kind, e.reason].filter(Boolean).join(' · ')) : null,
         e.message ? h('div', { class: 'bad-text small' }, e.message) : null);
     })));
@@ -530,7 +557,7 @@
           h('td', { class: 'fp-cell' }, fpLine('expected', e.expected, e.expected_value), fpLine('observed', e.observed, e.observed_value),
             fpLine('restore to', e.restore_to, e.restore_to_value)),
           h('td', { class: 'mono rb-blocked-by' }, e.blocked_by || ''),
-          h('td', { class: 'muted' }, e.finished_at ? GR.fmtClock(e.finished_at) : ''),
+          h('td', { class: 'muted' }, e.finished_at ? GR.timeEl(e.finished_at, 'clock') : ''),
           h('td', { class: 'rb-reason ' + (e.message ? 'bad-text small' : 'muted small'), title: e.message || '' }, [e.reason, e.message].filter(Boolean).join(': ')));
       })))));
   }
@@ -712,7 +739,7 @@
       return h('li', { class: 'audit-item' },
         h('div', { class: 'audit-top' }, h('span', { class: 'mono strong' }, String(a.kind).replace(/_/g, ' ')), ' ',
           h('span', { class: 'muted small' }, bits.join(' · ')),
-          h('span', { class: 'muted audit-at', title: a.at }, GR.fmtClock(a.at))),
+          h('span', { class: 'muted audit-at' }, GR.timeEl(a.at, 'clock'))),
         a.message_sha256 ? h('div', { class: 'muted small mono', title: 'the message is kept on the run; the audit holds its hash' }, a.message_sha256.slice(0, 23) + '…') : null,
         a.kind === 'operator_request' ? h('div', { class: 'audit-request' },
           h('span', { class: 'strong' }, (a.request || '').replace(/_/g, ' ')), ' by ',
