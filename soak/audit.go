@@ -108,7 +108,9 @@ func parseClaims(cmd redis.Cmder) []claim {
 			out = append(out, claim{MapID: mapID, Kind: kind, From: from, To: to})
 		}
 	}
-	if strings.HasPrefix(suffix, "el:") && nkeys == 8 && len(reply) == 7 && reply[0] > 0 {
+	// elem_finish.lua names 9 keys and settle.lua 6 since the settles keep
+	// the dashboard's element states (KEYS[9], KEYS[6]); 8 and 5 before.
+	if strings.HasPrefix(suffix, "el:") && (nkeys == 8 || nkeys == 9) && len(reply) == 7 && reply[0] > 0 {
 		// elem_finish.lua, either direction: an element's terminal
 		// write with its map's settle; KEYS[4] names the direction.
 		third, _ := args[3+3].(string)
@@ -132,7 +134,7 @@ func parseClaims(cmd redis.Cmder) []claim {
 		}
 	case suffix == "meta" && nkeys == 3 && len(reply) == 2: // claim.lua
 		batch("fwd", reply[0], reply[1])
-	case suffix == "meta" && nkeys == 5 && len(reply) == 4: // settle.lua
+	case suffix == "meta" && (nkeys == 5 || nkeys == 6) && len(reply) == 4: // settle.lua
 		batch("fwd", reply[1], reply[2])
 		if reply[3] == 1 {
 			out = append(out, claim{MapID: mapID, Kind: "fsig"})
@@ -143,7 +145,7 @@ func parseClaims(cmd redis.Cmder) []claim {
 		}
 	case isRb && rbSuffix == "meta" && nkeys == 2 && len(reply) == 2 && nargs == 1: // claim.lua, a rollback generation's (2 keys)
 		batch("rb"+gen, reply[0], reply[1])
-	case isRb && rbSuffix == "meta" && nkeys == 5 && len(reply) == 4: // settle.lua, a rollback generation's
+	case isRb && rbSuffix == "meta" && (nkeys == 5 || nkeys == 6) && len(reply) == 4: // settle.lua, a rollback generation's
 		batch("rb"+gen, reply[1], reply[2])
 		if reply[3] == 1 {
 			out = append(out, claim{MapID: mapID, Kind: "rsig" + gen})
