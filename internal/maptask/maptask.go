@@ -160,7 +160,9 @@ type SweepOptions struct {
 	Tasks TaskInspector
 	// StaleBefore is a Redis server time (ms): a map (or rollback) that
 	// settled a position after it is making progress and is left alone.
-	// Zero examines every map.
+	// Zero leaves alone every map that ever settled a position; to examine
+	// every map whatever its age, pass the server's time now (as
+	// sweeper.Sweeper.RecoverRun does).
 	StaleBefore int64
 	// StaleAfter, when set on a Redis Cluster, makes RecoverMap judge a
 	// map's staleness by the clock of the node that holds it, which
