@@ -345,6 +345,27 @@ func (lq listQuery) scoreRange() (hi, lo string) {
 	return hi, lo
 }
 
+// take adds to out the runs of a chunk that lq matches, in order, and
+// counts the entries it examined. It reports true once the page is full,
+// with out's cursor after the last run taken (cursorAt) when the listing
+// goes on: entries after it in this chunk, or more chunks.
+func (lq listQuery) take(out *runList, runs []*reactor.Run, now time.Time, more bool, cursorAt func(i int) string) bool {
+	for i, run := range runs {
+		if lq.matches(run) {
+			out.Runs = append(out.Runs, summarize(run, now))
+		}
+		if len(out.Runs) == lq.limit {
+			out.Examined += i + 1
+			if more || i < len(runs)-1 {
+				out.NextCursor = cursorAt(i)
+			}
+			return true
+		}
+	}
+	out.Examined += len(runs)
+	return false
+}
+
 // page reads a page of an index after the cursor (one round trip), then
 // its runs (one more), and reads on while entries its filters drop leave it
 // short (scanBudget).
@@ -393,19 +414,9 @@ func (h *Handler) page(ctx context.Context, lq listQuery) (runList, error) {
 		if err != nil {
 			return runList{}, err
 		}
-		for i, run := range runs {
-			if lq.matches(run) {
-				out.Runs = append(out.Runs, summarize(run, now))
-			}
-			if len(out.Runs) == lq.limit {
-				out.Examined += i + 1
-				if more || i < len(runs)-1 {
-					out.NextCursor = entries[i].encode()
-				}
-				return out, nil
-			}
+		if lq.take(&out, runs, now, more, func(i int) string { return entries[i].encode() }) {
+			return out, nil
 		}
-		out.Examined += len(entries)
 		if !more {
 			return out, nil
 		}
@@ -457,19 +468,9 @@ func (h *Handler) search(ctx context.Context, lq listQuery) (runList, error) {
 		if err != nil {
 			return runList{}, err
 		}
-		for i, run := range runs {
-			if lq.matches(run) {
-				out.Runs = append(out.Runs, summarize(run, now))
-			}
-			if len(out.Runs) == lq.limit {
-				out.Examined += i + 1
-				if more || i < len(runs)-1 {
-					out.NextCursor = base64.RawURLEncoding.EncodeToString([]byte(ids[i]))
-				}
-				return out, nil
-			}
+		if lq.take(&out, runs, now, more, func(i int) string { return base64.RawURLEncoding.EncodeToString([]byte(ids[i])) }) {
+			return out, nil
 		}
-		out.Examined += len(ids)
 		if !more {
 			return out, nil
 		}

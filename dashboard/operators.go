@@ -30,11 +30,9 @@ func (h *Handler) operator(r *http.Request) (name string, ok bool) {
 		}
 	}
 	if hdr := h.cfg.OperatorHeader; hdr != "" {
-		who := strings.TrimSpace(r.Header.Get(hdr))
-		switch {
-		case name == "" && who != "" && (ok || !h.tokensConfigured()):
-			// The proxy in front authenticated the person; with tokens
-			// configured as well, one of them is required too.
+		// The proxy in front authenticated the person; with tokens
+		// configured as well, one of them is required too.
+		if who := strings.TrimSpace(r.Header.Get(hdr)); name == "" && who != "" && (ok || !h.tokensConfigured()) {
 			name, ok = who, true
 		}
 	}
