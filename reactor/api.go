@@ -840,8 +840,9 @@ type Config = engine.Config
 //
 //	func (e *Engine) Allowed(ctx context.Context, id string) (*Run, map[Op]error, error)
 //	    Allowed is Check of every operation (OpUndo, OpCancel, OpRetry,
-//	    OpRollback, OpUndoSteps) from one read of stored run id: for each, nil when it may be applied now, else the error Check would
-//	    return (a *StatusError with the reason). A page offers the operations
+//	    OpRollback, OpUndoSteps) from one read of stored run id: for each, nil
+//	    when it may be applied now, else the error Check would return (a
+//	    *StatusError with the reason). A page offers the operations
 //	    whose entry is nil and shows the others' reasons. The error is Check's
 //	    for a run it cannot read (one wrapping ErrNotFound for an unknown run).
 //

@@ -57,8 +57,9 @@ func (e *Engine) Check(ctx context.Context, id string, op Op) (*Run, error) {
 }
 
 // Allowed is Check of every operation (OpUndo, OpCancel, OpRetry,
-// OpRollback, OpUndoSteps) from one read of stored run id: for each, nil when it may be applied now, else the error Check would
-// return (a *StatusError with the reason). A page offers the operations
+// OpRollback, OpUndoSteps) from one read of stored run id: for each, nil
+// when it may be applied now, else the error Check would return (a
+// *StatusError with the reason). A page offers the operations
 // whose entry is nil and shows the others' reasons. The error is Check's
 // for a run it cannot read (one wrapping ErrNotFound for an unknown run).
 func (e *Engine) Allowed(ctx context.Context, id string) (*Run, map[Op]error, error) {
@@ -67,16 +68,12 @@ func (e *Engine) Allowed(ctx context.Context, id string) (*Run, map[Op]error, er
 		return nil, nil, err
 	}
 	d := e.viewDef(st)
-	out := map[Op]error{OpUndo: undoable(st), OpCancel: cancelable(st), OpRollback: retriable(st), OpUndoSteps: stepsUndoable(st)}
-	if _, _, err := e.retryPlan(ctx, st); err != nil {
-		var se *StatusError
-		if !errors.As(err, &se) && !errors.Is(err, ErrNotFound) {
-			return nil, nil, err // a failed read, not a refusal
-		}
-		out[OpRetry] = err
-	} else {
-		out[OpRetry] = nil
+	_, _, retry := e.retryPlan(ctx, st)
+	if se := (*StatusError)(nil); retry != nil && !errors.As(retry, &se) && !errors.Is(retry, ErrNotFound) {
+		return nil, nil, retry // a failed read, not a refusal
 	}
+	out := map[Op]error{OpUndo: undoable(st), OpCancel: cancelable(st), OpRetry: retry, OpRollback: retriable(st),
+		OpUndoSteps: stepsUndoable(st)}
 	return st.view(d, version), out, nil
 }
 
