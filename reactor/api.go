@@ -114,6 +114,19 @@ const (
 	// request was accepted; TaskID names the control task carrying it out.
 	// The action's own effects follow as their own entries.
 	AuditOperatorRequest = engine.AuditOperatorRequest
+	// AuditPaused: the run paused at an interrupt step (Attempt: how many
+	// payloads it accepts).
+	AuditPaused = engine.AuditPaused
+	// AuditContinued: a payload was recorded for the interrupt (Attempt:
+	// its number; Operator: who sent it, if named; MessageHash: the
+	// payload's digest, never the payload).
+	AuditContinued = engine.AuditContinued
+	// AuditPayloadRefused: the run refused payload Attempt (MessageHash:
+	// why).
+	AuditPayloadRefused = engine.AuditPayloadRefused
+	// AuditInterruptTimedOut: the interrupt's timeout passed with Attempt
+	// payloads received.
+	AuditInterruptTimedOut = engine.AuditInterruptTimedOut
 )
 
 // AuditEntry is one entry of a run's audit stream.
@@ -916,6 +929,29 @@ type Config = engine.Config
 //	    ErrAlreadyFinished (use Undo), a rolling-back one with
 //	    ErrRollbackInProgress.
 //
+//	func (e *Engine) Continue(ctx context.Context, runID, step string, payload any, opts ...ContinueOption) (*Continuation, error)
+//	    Continue gives the run paused at interrupt step (its path: "approve", or
+//	    "book/approve" inside a composed child) a payload. It is taken exactly
+//	    once: the interrupt's payloads are counted by compare-and-set, a payload
+//	    past the last it accepts returns an *AlreadyContinuedError (with when the
+//	    first came), and one after its timeout or cancel is refused. It needs no
+//	    lock: a payload for a run another process holds is recorded, and the run
+//	    goes on when its worker gets it. The payload is JSON-encoded (a
+//	    json.RawMessage or []byte is taken as JSON already) and, when this engine
+//	    has the run's definition, checked against the step's payload type first:
+//	    a *PayloadError then says why, and nothing is recorded.
+//
+//	func (e *Engine) ContinueByCorrelation(ctx context.Context, id string, payload any, opts ...ContinueOption) (*Continuation, error)
+//	    ContinueByCorrelation is Continue for the interrupt that claimed
+//	    correlation id id (InterruptConfig.Correlation). No interrupt holding it
+//	    is ErrNoCorrelation; a duplicate after the run took its payload is an
+//	    *AlreadyContinuedError for a while (the longer of an hour and
+//	    Config.Retention).
+//
+//	func (e *Engine) Interrupt(ctx context.Context, id string) (*InterruptInfo, error)
+//	    Interrupt reads the interrupt run id waits at. A run that is not paused
+//	    is a *ContinueError wrapping ErrNotPaused.
+//
 //	func (e *Engine) RollbackStatus(ctx context.Context, id string) (*RollbackReport, error)
 //	    RollbackStatus returns run id's rollback report.
 //
@@ -1239,6 +1275,21 @@ const (
 	// EventMapRollbackBatchClaimed: a fan-out map's rollback claimed its
 	// next batch of element rollback jobs.
 	EventMapRollbackBatchClaimed = engine.EventMapRollbackBatchClaimed
+	// EventRunPaused: the run saved itself paused at an interrupt step
+	// (Step) and left its worker.
+	EventRunPaused = engine.EventRunPaused
+	// EventPayloadReceived: Continue recorded a payload for the interrupt
+	// at Step (emitted by the engine that recorded it).
+	EventPayloadReceived = engine.EventPayloadReceived
+	// EventPayloadRefused: the run refused a recorded payload (Err says
+	// why) and stays paused.
+	EventPayloadRefused = engine.EventPayloadRefused
+	// EventRunContinued: the interrupt at Step took its payloads and the
+	// run goes on; Duration is how long it was paused.
+	EventRunContinued = engine.EventRunContinued
+	// EventInterruptTimedOut: the interrupt at Step timed out short of
+	// payloads (the step fails, or takes its Default).
+	EventInterruptTimedOut = engine.EventInterruptTimedOut
 )
 
 // Event describes something that happened to a run or a step.
@@ -1468,6 +1519,223 @@ const (
 //	func (e *ConflictError) Error() string
 type ConflictError = engine.ConflictError
 
+// InterruptConfig describes an interrupt step: its arguments decode into In
+// (they feed Correlation and Default), and its payloads into P.
+//
+//	type InterruptConfig[In, P any] struct {
+//		// Args binds the step's arguments.
+//		Args Bindings
+//		// After lists steps that must complete first, beyond those Args refer to.
+//		After []string
+//		// Correlation computes the id an outside party continues the run by
+//		// (ContinueByCorrelation): an order number, a payment intent. Two live
+//		// interrupts cannot hold one id: the second fails its step with a
+//		// *CorrelationTakenError. Default: none (Continue by run id only).
+//		Correlation func(in In) (string, error)
+//		// Validate checks a payload after it decoded into P (JSON, unknown
+//		// fields ignored). A refused payload is not taken: the run stays
+//		// paused and the sender is told why (Continue's *PayloadError when the
+//		// caller's engine has the definition, else the run records it, see
+//		// Engine.Interrupt). Default: decoding is the only check.
+//		Validate func(p P) error
+//		// Timeout bounds the wait, from the pause on the Redis server's clock.
+//		// When it passes with payloads missing, the step fails with an
+//		// *InterruptTimeoutError (the run rolls back) or, with Default, takes
+//		// Default's payload instead. Default: no timeout.
+//		Timeout time.Duration
+//		// Default is the payload a timed-out interrupt takes in place of each
+//		// one missing: the declared path for "no answer in time". Default:
+//		// none (a timeout fails the step).
+//		Default func(in In) (P, error)
+//		// Accepts is how many payloads the interrupt takes before the run goes
+//		// on (several approvers). The step's result is the payload, a P, when
+//		// it takes one, and a []P in arrival order when it takes more.
+//		// Default 1.
+//		Accepts int
+//		// Undo reverses what taking the payloads meant, when the run rolls
+//		// back after this step: it receives the step's arguments and the
+//		// payloads it took (one for Accepts 1). Default: none; an interrupt
+//		// changes nothing by itself, and is not on the undo stack.
+//		Undo func(ctx context.Context, in In, payloads []P) error
+//	}
+type InterruptConfig[In, P any] = engine.InterruptConfig[In, P]
+
+// Interrupt declares an interrupt step (see InterruptConfig).
+func Interrupt[In, P any](name string, cfg InterruptConfig[In, P]) Part {
+	return engine.Interrupt[In, P](name, cfg)
+}
+
+// Continuation is what Continue recorded.
+//
+//	type Continuation struct {
+//		RunID string
+//		// Step is the interrupt step's path.
+//		Step string
+//		// At is the Redis server's time the payload was recorded.
+//		At time.Time
+//		// Received and Accepts count the interrupt's payloads, this one
+//		// included, and how many it takes.
+//		Received, Accepts int
+//		// Woken is true when this payload was the last one the interrupt
+//		// waited for and the run was handed to a worker to go on. Without an
+//		// Enqueuer nothing is woken: call Resume.
+//		Woken bool
+//		// Checked is true when this process validated the payload against
+//		// the run's definition before recording it. An engine without the
+//		// definition (a script, the dashboard) records it unchecked; the
+//		// worker checks it and, if it refuses it, the run stays paused with
+//		// the refusal on record (Engine.Interrupt).
+//		Checked bool
+//	}
+type Continuation = engine.Continuation
+
+// ContinueOption configures a Continue.
+//
+//	type ContinueOption func(*continueOptions)
+type ContinueOption = engine.ContinueOption
+
+// ContinueBy names who sent the payload (an operator, a partner's webhook):
+// recorded with it and on the run's audit stream.
+func ContinueBy(sender string) ContinueOption { return engine.ContinueBy(sender) }
+
+// Pause is the interrupt a paused run waits at (Run.Paused).
+//
+//	type Pause struct {
+//		// Step is the interrupt step's path ("approve", "book/approve").
+//		Step string
+//		// Correlation is the id it claimed ("" for none).
+//		Correlation string
+//		// Since is when the run paused; Deadline when the interrupt times
+//		// out (zero: never). Both are the Redis server's times.
+//		Since, Deadline time.Time
+//		// Accepts is how many payloads it takes.
+//		Accepts int
+//	}
+type Pause = engine.Pause
+
+// InterruptInfo is a paused run's interrupt, as Engine.Interrupt reads it.
+//
+//	type InterruptInfo struct {
+//		RunID, Reactor string
+//		// Step is the interrupt step's path.
+//		Step string
+//		// Correlation is the id it claimed ("" for none).
+//		Correlation string
+//		// Since is when the run paused; Deadline when it times out (zero:
+//		// never).
+//		Since, Deadline time.Time
+//		// Accepts is how many payloads it takes; Received how many it holds.
+//		Accepts, Received int
+//		// Payloads are the payloads it holds, with when and from whom.
+//		Payloads []ReceivedPayload
+//		// PayloadType names the payload's Go type, and Example is its zero
+//		// value as JSON: the shape a sender fills in. Empty when this engine
+//		// does not have the run's definition.
+//		PayloadType string
+//		Example     json.RawMessage
+//		// Refused is why the last payload the run refused was refused, and
+//		// RefusedAt when ("" and zero: none).
+//		Refused   string
+//		RefusedAt time.Time
+//	}
+type InterruptInfo = engine.InterruptInfo
+
+// ReceivedPayload is one payload an interrupt holds.
+//
+//	type ReceivedPayload struct {
+//		Payload json.RawMessage
+//		At      time.Time
+//		By      string
+//	}
+type ReceivedPayload = engine.ReceivedPayload
+
+var (
+	// ErrNotPaused: the run does not wait at the interrupt a Continue
+	// named (it is running, waits at another step, or was cancelled).
+	ErrNotPaused = engine.ErrNotPaused
+	// ErrAlreadyContinued: the interrupt took every payload it accepts
+	// (see *AlreadyContinuedError).
+	ErrAlreadyContinued = engine.ErrAlreadyContinued
+	// ErrInterruptTimedOut: the interrupt's timeout passed before the
+	// payload came.
+	ErrInterruptTimedOut = engine.ErrInterruptTimedOut
+	// ErrNoCorrelation: no waiting interrupt holds the correlation id.
+	ErrNoCorrelation = engine.ErrNoCorrelation
+	// ErrInterruptUnsupported: an interrupt where a run cannot pause (a
+	// map element's run).
+	ErrInterruptUnsupported = engine.ErrInterruptUnsupported
+	// ErrCorrelationTaken: see *CorrelationTakenError.
+	ErrCorrelationTaken = engine.ErrCorrelationTaken
+)
+
+// ContinueError is a Continue refused because of where the run is.
+//
+//	type ContinueError struct {
+//		RunID, Step string
+//		Status      Status
+//		Reason      string
+//		// Err is ErrNotPaused, ErrAlreadyFinished or ErrInterruptTimedOut.
+//		Err error
+//	}
+//
+//	func (e *ContinueError) Error() string
+//
+//	func (e *ContinueError) Unwrap() error
+type ContinueError = engine.ContinueError
+
+// AlreadyContinuedError is a Continue that came after the interrupt took
+// every payload it accepts: At is when the first of them was recorded.
+//
+//	type AlreadyContinuedError struct {
+//		RunID, Step string
+//		At          time.Time
+//	}
+//
+//	func (e *AlreadyContinuedError) Error() string
+//
+//	func (e *AlreadyContinuedError) Unwrap() error
+type AlreadyContinuedError = engine.AlreadyContinuedError
+
+// PayloadError is a payload the interrupt step refused: it does not decode
+// into the step's payload type, or its Validate refused it. The run stays
+// paused.
+//
+//	type PayloadError struct {
+//		RunID, Step string
+//		Err         error
+//	}
+//
+//	func (e *PayloadError) Error() string
+//
+//	func (e *PayloadError) Unwrap() error
+type PayloadError = engine.PayloadError
+
+// CorrelationTakenError fails an interrupt step whose correlation id a live
+// interrupt of another run holds.
+//
+//	type CorrelationTakenError struct {
+//		ID, RunID, Step string
+//	}
+//
+//	func (e *CorrelationTakenError) Error() string
+//
+//	func (e *CorrelationTakenError) Unwrap() error
+type CorrelationTakenError = engine.CorrelationTakenError
+
+// InterruptTimeoutError fails an interrupt step whose timeout passed with
+// payloads missing (and no Default).
+//
+//	type InterruptTimeoutError struct {
+//		Step              string
+//		Timeout           time.Duration
+//		Received, Accepts int
+//	}
+//
+//	func (e *InterruptTimeoutError) Error() string
+//
+//	func (e *InterruptTimeoutError) Unwrap() error
+type InterruptTimeoutError = engine.InterruptTimeoutError
+
 // RollbackFailureKind was the type of RollbackFailure.Kind and
 // StepRollback.Kind.
 //
@@ -1675,6 +1943,9 @@ const (
 	OutcomeHalt = engine.OutcomeHalt
 	// OutcomeDispatched: the run was handed to workers; look it up by RunID.
 	OutcomeDispatched = engine.OutcomeDispatched
+	// OutcomePaused: the run waits at an interrupt for a payload
+	// (Continue); look it up by RunID.
+	OutcomePaused = engine.OutcomePaused
 	// OutcomeAborted: an in-process run stopped because its context ended.
 	OutcomeAborted = engine.OutcomeAborted
 )
@@ -2122,6 +2393,9 @@ type StepRollback = engine.StepRollback
 //		// its attempt; nil when there is none (between steps, a construct or
 //		// composed child in progress, or a finished run).
 //		Current *StepAttempt
+//		// Paused is the interrupt the run waits at while it is paused (nil
+//		// otherwise); Engine.Interrupt reads its payloads.
+//		Paused *Pause
 //		// Children are the composed child runs in progress, by compose step;
 //		// their ids are "<run id>/<step path>". A finished child leaves only its
 //		// step's record.

@@ -78,6 +78,19 @@ const (
 	// request was accepted; TaskID names the control task carrying it out.
 	// The action's own effects follow as their own entries.
 	AuditOperatorRequest AuditKind = "operator_request"
+	// AuditPaused: the run paused at an interrupt step (Attempt: how many
+	// payloads it accepts).
+	AuditPaused AuditKind = "paused"
+	// AuditContinued: a payload was recorded for the interrupt (Attempt:
+	// its number; Operator: who sent it, if named; MessageHash: the
+	// payload's digest, never the payload).
+	AuditContinued AuditKind = "continued"
+	// AuditPayloadRefused: the run refused payload Attempt (MessageHash:
+	// why).
+	AuditPayloadRefused AuditKind = "payload_refused"
+	// AuditInterruptTimedOut: the interrupt's timeout passed with Attempt
+	// payloads received.
+	AuditInterruptTimedOut AuditKind = "interrupt_timed_out"
 )
 
 // AuditEntry is one entry of a run's audit stream.

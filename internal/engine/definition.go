@@ -290,6 +290,7 @@ const (
 	kindPlain stepKind = iota
 	kindCompose
 	kindConstruct
+	kindInterrupt
 )
 
 type stepDef struct {
@@ -313,6 +314,7 @@ type stepDef struct {
 	guard     *Guard      // guarded undo (nil: none)
 	child     *Definition // compose
 	construct Construct
+	intr      *interruptDef // an interrupt step's declaration
 	// inType and outType are a plain step's In and Out (nil otherwise):
 	// what Define checks bindings and result types against.
 	inType, outType reflect.Type

@@ -47,6 +47,21 @@ const (
 	// EventMapRollbackBatchClaimed: a fan-out map's rollback claimed its
 	// next batch of element rollback jobs.
 	EventMapRollbackBatchClaimed EventKind = "reactor.map.rollback.batch_claimed"
+	// EventRunPaused: the run saved itself paused at an interrupt step
+	// (Step) and left its worker.
+	EventRunPaused EventKind = "reactor.run.paused"
+	// EventPayloadReceived: Continue recorded a payload for the interrupt
+	// at Step (emitted by the engine that recorded it).
+	EventPayloadReceived EventKind = "reactor.interrupt.payload_received"
+	// EventPayloadRefused: the run refused a recorded payload (Err says
+	// why) and stays paused.
+	EventPayloadRefused EventKind = "reactor.interrupt.payload_refused"
+	// EventRunContinued: the interrupt at Step took its payloads and the
+	// run goes on; Duration is how long it was paused.
+	EventRunContinued EventKind = "reactor.run.continued"
+	// EventInterruptTimedOut: the interrupt at Step timed out short of
+	// payloads (the step fails, or takes its Default).
+	EventInterruptTimedOut EventKind = "reactor.interrupt.timed_out"
 )
 
 // Event describes something that happened to a run or a step.

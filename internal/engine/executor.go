@@ -118,6 +118,7 @@ func (x *execution) executeTraced(ctx context.Context, started EventKind) (*Resu
 func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 	bg := context.WithoutCancel(ctx)
 	var ho *errHandOff
+	var pz *errPause
 	switch {
 	case err == nil:
 		// The terminal write released the lock.
@@ -136,6 +137,18 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 		// Saved under the lock before the construct marked the hand-off;
 		// the construct's workers resume the owner when they settle.
 		_ = x.lease.Release(bg)
+		return x.st.result(), nil
+	case errors.As(err, &pz):
+		// Saved paused: nothing waits here; a continue or the timer wakes
+		// the run on a worker.
+		_ = x.lease.Release(bg)
+		if pz.timer != nil {
+			if eerr := x.e.cfg.Enqueuer.Enqueue(ctx, *pz.timer); eerr != nil {
+				// The run sweeper acts on a paused run past its deadline.
+				x.e.log.Warn("paused run's timeout wake-up not enqueued; the run sweeper will act on its deadline",
+					"event", "reactor.interrupt.timer", "run", x.st.ID, "error", eerr)
+			}
+		}
 		return x.st.result(), nil
 	case errors.As(err, &ho):
 		// Saved (with its wake-up id) before the lock goes: a crash before
@@ -524,6 +537,8 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		return x.runCompose(ctx, f, s, args)
 	case kindConstruct:
 		return x.runConstruct(ctx, f, s, args)
+	case kindInterrupt:
+		return x.runInterrupt(ctx, f, s, args)
 	}
 	attempts := s.retry.attempts()
 	first := 1

@@ -111,3 +111,20 @@ func DefinitionFor(e *Engine, id, name, fp string) (*Definition, error) {
 func NoteDefinitionWait(e *Engine, ctx context.Context, id, name string, err error) error {
 	return e.noteDefinitionWait(ctx, id, name, err)
 }
+
+// InterruptStep returns the path of an interrupt step of d or of a child
+// it composes ("" when it has none): what a construct that cannot pause
+// its parts (a map's elements) refuses at Define.
+func InterruptStep(d *Definition) string {
+	for _, s := range d.order {
+		switch {
+		case s.kind == kindInterrupt:
+			return s.name
+		case s.child != nil:
+			if p := InterruptStep(s.child); p != "" {
+				return s.name + "/" + p
+			}
+		}
+	}
+	return ""
+}

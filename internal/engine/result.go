@@ -126,6 +126,9 @@ const (
 	OutcomeHalt Outcome = "halt"
 	// OutcomeDispatched: the run was handed to workers; look it up by RunID.
 	OutcomeDispatched Outcome = "dispatched"
+	// OutcomePaused: the run waits at an interrupt for a payload
+	// (Continue); look it up by RunID.
+	OutcomePaused Outcome = "paused"
 	// OutcomeAborted: an in-process run stopped because its context ended.
 	OutcomeAborted Outcome = "aborted"
 )
@@ -163,6 +166,9 @@ func (r *Result) Outcome() Outcome {
 		return OutcomeHalt
 	case StatusAborted:
 		return OutcomeAborted
+	}
+	if r.Status == StatusPaused {
+		return OutcomePaused
 	}
 	return OutcomeDispatched
 }

@@ -16,6 +16,11 @@ import (
 // back to be retried while its predecessors are being undone. Then it rolls
 // back.
 func (x *execution) startRollback(ctx context.Context, f *frame, trigger RollbackTrigger, step string, failure *Failure, cause error) (*frameResult, error) {
+	// A run paused at an interrupt (cancelled, or out of time) stops
+	// waiting first: a payload that comes later is told so.
+	if err := x.closePause(ctx); err != nil {
+		return nil, err
+	}
 	// Composed children still in progress (a run aborted or crashed inside
 	// a child, then undone or cancelled) fold their completed entries onto
 	// the stack, so the rollback undoes them first.

@@ -23,7 +23,10 @@ func runsToEnd(opts []RunOption) bool {
 // dispatched Result comes back with Wait's error: the run goes on in the
 // workers, and its RunID names it.
 func (e *Engine) finish(ctx context.Context, res *Result, err error, opts []RunOption) (*Result, error) {
-	if err != nil || res == nil || res.Outcome() != OutcomeDispatched || !runsToEnd(opts) {
+	if err != nil || res == nil || !runsToEnd(opts) {
+		return res, err
+	}
+	if o := res.Outcome(); o != OutcomeDispatched && o != OutcomePaused {
 		return res, err
 	}
 	final, err := e.Wait(ctx, res.RunID)

@@ -80,6 +80,11 @@ type runState struct {
 	// (nil otherwise), with its attempt.
 	Stop *StepStop `msgpack:"sp,omitempty"`
 
+	// Pause is the interrupt the run waits at (nil when it waits at none),
+	// and Pauses numbers the run's pauses (interrupt.go).
+	Pause  *pauseRec `msgpack:"pz,omitempty"`
+	Pauses int       `msgpack:"pzn,omitempty"`
+
 	// Wake is the id of the last wake-up task enqueued for the run, saved
 	// before the enqueue, so the sweeper can tell whether it is still queued.
 	Wake string `msgpack:"w,omitempty"`
@@ -415,6 +420,9 @@ type Run struct {
 	// its attempt; nil when there is none (between steps, a construct or
 	// composed child in progress, or a finished run).
 	Current *StepAttempt
+	// Paused is the interrupt the run waits at while it is paused (nil
+	// otherwise); Engine.Interrupt reads its payloads.
+	Paused *Pause
 	// Children are the composed child runs in progress, by compose step;
 	// their ids are "<run id>/<step path>". A finished child leaves only its
 	// step's record.
@@ -480,6 +488,9 @@ func (st *runState) view(d *Definition, version int64) *Run {
 		CreatedAt: time.UnixMilli(st.CreatedAt), UpdatedAt: time.UnixMilli(st.UpdatedAt)}
 	if st.Deadline != 0 {
 		r.Deadline = time.UnixMilli(st.Deadline)
+	}
+	if p := st.Pause; p != nil {
+		r.Paused = &Pause{Step: p.Path, Correlation: p.Corr, Since: msTime(p.Since), Deadline: msTime(p.Deadline), Accepts: p.Accepts}
 	}
 	if el := st.Elem; el != nil {
 		r.Element = &ElementInfo{Owner: el.Owner, Step: el.Step, Index: el.Index}

@@ -125,6 +125,9 @@ func (d *Definition) writeShape(h hash.Hash) {
 		w("  after %q", after)
 		w("  in=%s out=%s undo=%t compensate=%t guard=%t", typeName(s.inType), typeName(s.outType),
 			s.undo != nil, s.compensate != nil, s.guard != nil)
+		if s.intr != nil {
+			w("  interrupt accepts=%d correlation=%t", s.intr.accepts, s.intr.corr != nil)
+		}
 		if s.child != nil {
 			w("  child %q %s", s.child.name, s.child.fp)
 		}

@@ -271,3 +271,9 @@ func (k Keys) IDs() string { return k.prefix + ":idx:ids" }
 // NeedsHuman indexes the runs (root or map element) with a conflicted undo
 // no person has resolved, scored by when it was stored (ms).
 func (k Keys) NeedsHuman() string { return k.prefix + ":idx:needs_human" }
+
+// Corr is the claim of correlation id id by the interrupt waiting for it
+// (its value names the run, the step and the interrupt's instance). A slot
+// of its own: the claim and the run it names are kept consistent by a
+// protocol (engine/interrupt.go), not by one script.
+func (k Keys) Corr(id string) string { return k.prefix + ":{corr:" + id + "}" }

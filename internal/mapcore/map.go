@@ -95,6 +95,10 @@ func (m *construct) Validate() error {
 	if m.cfg.Pages == nil && m.cfg.Items.IsZero() {
 		return errors.New("map needs Items (a slice) or Pages (a Source)")
 	}
+	if step := engine.InterruptStep(m.cfg.Element); step != "" {
+		return fmt.Errorf("map element reactor %q has interrupt step %q; an element run cannot pause yet "+
+			"(pause the owner run before or after the map instead)", m.cfg.Element.Name(), step)
+	}
 	return nil
 }
 

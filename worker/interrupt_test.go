@@ -1,0 +1,525 @@
+package worker_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/mapstep"
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// approval is the payload of the interrupt steps below.
+type approval struct {
+	By string `json:"by"`
+	OK bool   `json:"ok"`
+}
+
+func validApproval(a approval) error {
+	if a.By == "" {
+		return errors.New("an approval names who approves (by)")
+	}
+	return nil
+}
+
+// approvalFlow reserves (undoable), waits for an approval, then ships
+// with the approver's name. Its interrupt claims the order as its
+// correlation id, with timeout (0: none).
+func approvalFlow(name string, tr *trail, timeout time.Duration, deflt func(reactor.Args) (approval, error)) *reactor.Definition {
+	return reactor.MustDefine(name,
+		reactor.Input[string]("order", reactor.Required()),
+		step(tr, "reserve", nil),
+		reactor.Interrupt("approve", reactor.InterruptConfig[reactor.Args, approval]{
+			Args:  reactor.Bindings{"order": reactor.FromInput("order")},
+			After: []string{"reserve"},
+			Correlation: func(in reactor.Args) (string, error) {
+				return reactor.Arg[string](in, "order")
+			},
+			Validate: validApproval,
+			Timeout:  timeout,
+			Default:  deflt,
+		}),
+		reactor.Step("ship", reactor.StepConfig[reactor.Args, string]{
+			Args: reactor.Bindings{"by": reactor.FromStep("approve", "by")},
+			Run: func(_ context.Context, in reactor.Args) (string, error) {
+				by, err := reactor.Arg[string](in, "by")
+				tr.add("run:ship")
+				return "shipped, approved by " + by, err
+			},
+		}),
+		reactor.Returns(reactor.FromStep("ship")),
+	)
+}
+
+// awaitPaused waits until run id is paused and returns it.
+func awaitPaused(t *testing.T, e *reactor.Engine, id string) *reactor.Run {
+	t.Helper()
+	var run *reactor.Run
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		r, err := e.Get(context.Background(), id)
+		require.NoError(c, err)
+		require.Equal(c, reactor.StatusPaused, r.Status)
+		run = r
+	}, 10*time.Second, 5*time.Millisecond)
+	return run
+}
+
+// activeTasks counts the queue's tasks a worker is executing.
+func (f *fixture) activeTasks() int {
+	f.t.Helper()
+	q, err := f.inspector.GetQueueInfo(f.queue)
+	require.NoError(f.t, err)
+	return q.Active
+}
+
+func TestInterruptContinueByRunID(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	def := approvalFlow("approval", tr, 0, nil)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e)
+
+	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-1"}, reactor.WithRunID("ap-1"))
+	require.NoError(t, err)
+	run := awaitPaused(t, e, res.RunID)
+	require.NotNil(t, run.Paused)
+	assert.Equal(t, "approve", run.Paused.Step)
+	assert.Equal(t, "o-1", run.Paused.Correlation)
+	assert.Equal(t, []string{"reserve"}, run.Completed)
+	// The worker is free: nothing executes while the run waits.
+	f.awaitTaskGone(startTask(res.RunID))
+	assert.Equal(t, 0, f.activeTasks())
+
+	info, err := e.Interrupt(ctx, res.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, "worker_test.approval", info.PayloadType)
+	assert.JSONEq(t, `{"by":"","ok":false}`, string(info.Example))
+	assert.Equal(t, 0, info.Received)
+
+	// Not at that step: a clear error, nothing recorded.
+	_, err = e.Continue(ctx, res.RunID, "ship", approval{By: "ann"})
+	require.ErrorIs(t, err, reactor.ErrNotPaused)
+
+	c, err := e.Continue(ctx, res.RunID, "approve", approval{By: "ann", OK: true}, reactor.ContinueBy("ops:ann"))
+	require.NoError(t, err)
+	assert.True(t, c.Woken)
+	assert.True(t, c.Checked)
+	assert.Equal(t, 1, c.Received)
+
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	got, err := reactor.ValueOf[string](final)
+	require.NoError(t, err)
+	assert.Equal(t, "shipped, approved by ann", got)
+	assert.Equal(t, []string{"run:reserve", "run:ship"}, tr.all())
+
+	// The payload is the step's result.
+	done, err := e.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	assert.Nil(t, done.Paused)
+	var step reactor.StepInfo
+	for _, s := range done.Steps {
+		if s.Name == "approve" {
+			step = s
+		}
+	}
+	a, err := reactor.ValueOf[approval](&reactor.Result{Value: step.Value})
+	require.NoError(t, err)
+	assert.Equal(t, approval{By: "ann", OK: true}, a)
+
+	// A duplicate is told when the first came.
+	_, err = e.Continue(ctx, res.RunID, "approve", approval{By: "bob"})
+	var already *reactor.AlreadyContinuedError
+	require.ErrorAs(t, err, &already)
+	assert.Equal(t, c.At, already.At)
+	assert.ErrorIs(t, err, reactor.ErrAlreadyContinued)
+
+	// The audit has the pause and the continue, with its sender.
+	entries, err := e.Audit(ctx, res.RunID)
+	require.NoError(t, err)
+	var kinds []reactor.AuditKind
+	var sender string
+	for _, en := range entries {
+		kinds = append(kinds, en.Kind)
+		if en.Kind == reactor.AuditContinued {
+			sender = en.Operator
+			assert.Equal(t, reactor.HashMessage(`{"by":"ann","ok":true}`), en.MessageHash)
+		}
+	}
+	assert.Contains(t, kinds, reactor.AuditPaused)
+	assert.Contains(t, kinds, reactor.AuditContinued)
+	assert.Equal(t, "ops:ann", sender)
+}
+
+func TestInterruptContinueByCorrelation(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	def := approvalFlow("approval", tr, 0, nil)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e)
+
+	first, err := e.Enqueue(ctx, def, map[string]any{"order": "o-7"}, reactor.WithRunID("corr-1"))
+	require.NoError(t, err)
+	awaitPaused(t, e, first.RunID)
+
+	// A second live run cannot claim the same id: its step fails clearly,
+	// and it rolls back what it did.
+	clash, err := e.Enqueue(ctx, def, map[string]any{"order": "o-7"}, reactor.WithRunID("corr-2"))
+	require.NoError(t, err)
+	res, err := e.Wait(ctx, clash.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	// (A stored failure keeps its sentinel and message, not its type.)
+	require.ErrorIs(t, res.Err(), reactor.ErrCorrelationTaken)
+	assert.Contains(t, res.Err().Error(), `correlation id "o-7" is held by run corr-1, paused at step approve`)
+
+	_, err = e.ContinueByCorrelation(ctx, "o-404", approval{By: "ann"})
+	require.ErrorIs(t, err, reactor.ErrNoCorrelation)
+
+	c, err := e.ContinueByCorrelation(ctx, "o-7", approval{By: "cy", OK: true})
+	require.NoError(t, err)
+	assert.Equal(t, "corr-1", c.RunID)
+	assert.Equal(t, "approve", c.Step)
+	final, err := e.Wait(ctx, first.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+
+	// A partner retrying its webhook is told it was taken, and when.
+	_, err = e.ContinueByCorrelation(ctx, "o-7", approval{By: "cy", OK: true})
+	var already *reactor.AlreadyContinuedError
+	require.ErrorAs(t, err, &already)
+	assert.Equal(t, c.At.UnixMilli(), already.At.UnixMilli())
+
+	// The id is free again for a new run once the first took its payload.
+	again, err := e.Enqueue(ctx, def, map[string]any{"order": "o-7"}, reactor.WithRunID("corr-3"))
+	require.NoError(t, err)
+	awaitPaused(t, e, again.RunID)
+	c, err = e.ContinueByCorrelation(ctx, "o-7", approval{By: "di"})
+	require.NoError(t, err)
+	assert.Equal(t, "corr-3", c.RunID)
+	final, err = e.Wait(ctx, again.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+}
+
+func TestInterruptConcurrentContinuesOneWins(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	def := approvalFlow("approval", &trail{}, 0, nil)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e)
+	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-50"})
+	require.NoError(t, err)
+	awaitPaused(t, e, res.RunID)
+
+	// 50 senders, each through an engine of its own (as 50 webhook
+	// handlers would be), half by run id and half by correlation id.
+	const n = 50
+	var wins atomic.Int32
+	var winner atomic.Value
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		sender := f.engine(fmt.Sprintf("s%d", i))
+		require.NoError(t, sender.Register(def))
+		wg.Go(func() {
+			<-start
+			p := approval{By: fmt.Sprintf("sender-%d", i), OK: true}
+			var c *reactor.Continuation
+			var err error
+			if i%2 == 0 {
+				c, err = sender.Continue(ctx, res.RunID, "approve", p)
+			} else {
+				c, err = sender.ContinueByCorrelation(ctx, "o-50", p)
+			}
+			if err == nil {
+				wins.Add(1)
+				winner.Store(p.By)
+				_ = c
+			}
+			errs[i] = err
+		})
+	}
+	close(start)
+	wg.Wait()
+	require.Equal(t, int32(1), wins.Load(), "exactly one continue wins")
+	var firstAt time.Time
+	for _, err := range errs {
+		if err == nil {
+			continue
+		}
+		var already *reactor.AlreadyContinuedError
+		require.ErrorAs(t, err, &already, "every loser is told it was already continued")
+		if firstAt.IsZero() {
+			firstAt = already.At
+		}
+		assert.Equal(t, firstAt, already.At, "all losers are told the same first payload's time")
+	}
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	got, err := reactor.ValueOf[string](final)
+	require.NoError(t, err)
+	assert.Equal(t, "shipped, approved by "+winner.Load().(string), got)
+}
+
+func TestInterruptContinueWhileLockedIsNotLost(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	def := approvalFlow("approval", &trail{}, 0, nil)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e)
+	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-lock"})
+	require.NoError(t, err)
+	awaitPaused(t, e, res.RunID)
+
+	// Someone holds the run (an operator's cancel being judged, a sweep):
+	// the continue is recorded all the same.
+	lockKey := f.prefix + ":{run:" + res.RunID + "}:lock"
+	require.NoError(t, f.rdb.Set(ctx, lockKey, "someone-else", time.Minute).Err())
+	c, err := e.Continue(ctx, res.RunID, "approve", approval{By: "ann"})
+	require.NoError(t, err)
+	require.True(t, c.Woken)
+	// The wake-up finds the run held and waits for it (snoozed, not lost).
+	wake := "resume:" + res.RunID + ":continue:approve:1"
+	require.Eventually(t, func() bool {
+		info, err := f.taskInfo(wake)
+		return err == nil && info != nil && info.State == asynq.TaskStateRetry
+	}, 10*time.Second, 5*time.Millisecond, "the continue's wake-up is snoozed while the run is held")
+	run, err := e.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, reactor.StatusPaused, run.Status)
+
+	require.NoError(t, f.rdb.Del(ctx, lockKey).Err())
+	// Deliver the snoozed wake-up now rather than after its backoff.
+	require.NoError(t, f.inspector.RunTask(f.queue, wake))
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+}
+
+func TestInterruptTimeoutFiresOnceAfterAWorkerRestart(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	def := approvalFlow("approval", tr, time.Second, nil)
+	e := f.engine("first")
+	require.NoError(t, e.Register(def))
+	w := f.startWorker(e)
+	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-late"})
+	require.NoError(t, err)
+	run := awaitPaused(t, e, res.RunID)
+	require.False(t, run.Paused.Deadline.IsZero())
+	assert.Equal(t, time.Second, run.Paused.Deadline.Sub(run.Paused.Since))
+	// The worker goes away while the run waits; its timer is in Redis.
+	stopCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	require.NoError(t, w.Stop(stopCtx))
+	cancel()
+
+	e2 := f.engine("second")
+	require.NoError(t, e2.Register(def))
+	f.startWorker(e2)
+	final, err := e2.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, final.Status)
+	require.ErrorIs(t, final.Err(), reactor.ErrInterruptTimedOut)
+	assert.Contains(t, final.Err().Error(), `step "approve": no payload within 1s (0 of 1 received)`)
+	assert.Equal(t, []string{"run:reserve", "undo:reserve"}, tr.all(), "what completed is rolled back, once")
+	assert.Len(t, f.events.steps("second", reactor.EventInterruptTimedOut), 1, "the timeout fires once")
+	assert.Empty(t, f.events.steps("first", reactor.EventInterruptTimedOut))
+
+	// A payload after the timeout is refused.
+	_, err = e2.Continue(ctx, res.RunID, "approve", approval{By: "ann"})
+	require.ErrorIs(t, err, reactor.ErrAlreadyFinished)
+}
+
+func TestInterruptTimeoutTakesTheDefaultPath(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	def := approvalFlow("approval", tr, time.Second, func(reactor.Args) (approval, error) {
+		return approval{By: "auto-approved"}, nil
+	})
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e)
+	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-auto"})
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	got, err := reactor.ValueOf[string](final)
+	require.NoError(t, err)
+	assert.Equal(t, "shipped, approved by auto-approved", got)
+	assert.Len(t, f.events.steps("w", reactor.EventInterruptTimedOut), 1)
+}
+
+func TestInterruptBadPayloadLeavesTheRunPaused(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	def := approvalFlow("approval", &trail{}, 0, nil)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e)
+	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-bad"})
+	require.NoError(t, err)
+	awaitPaused(t, e, res.RunID)
+
+	// Where the definition is known, a bad payload is refused at once and
+	// nothing is recorded.
+	_, err = e.Continue(ctx, res.RunID, "approve", approval{OK: true})
+	var pe *reactor.PayloadError
+	require.ErrorAs(t, err, &pe)
+	assert.Contains(t, pe.Error(), "names who approves")
+	_, err = e.Continue(ctx, res.RunID, "approve", json.RawMessage(`{"by": 12}`))
+	require.ErrorAs(t, err, &pe)
+	_, err = e.Continue(ctx, res.RunID, "approve", json.RawMessage(`{"by":`))
+	require.Error(t, err)
+
+	// A script's engine has no definitions: the payload is recorded
+	// unchecked, and the worker refuses it; the run stays paused with the
+	// refusal on record.
+	script := f.engine("script")
+	c, err := script.Continue(ctx, res.RunID, "approve", map[string]any{"ok": true})
+	require.NoError(t, err)
+	assert.False(t, c.Checked)
+	require.EventuallyWithT(t, func(ct *assert.CollectT) {
+		info, err := script.Interrupt(ctx, res.RunID)
+		require.NoError(ct, err)
+		require.Contains(ct, info.Refused, "names who approves")
+		require.Equal(ct, 0, info.Received)
+	}, 10*time.Second, 5*time.Millisecond)
+	run, err := e.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	assert.Equal(t, reactor.StatusPaused, run.Status)
+	assert.Len(t, f.events.steps("w", reactor.EventPayloadRefused), 1)
+
+	// A good one after it goes through.
+	_, err = script.Continue(ctx, res.RunID, "approve", map[string]any{"by": "eve"})
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+}
+
+func TestInterruptInAComposedChild(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	child := approvalFlow("approval", tr, 0, nil)
+	parent := reactor.MustDefine("order",
+		reactor.Input[string]("order", reactor.Required()),
+		step(tr, "charge", nil),
+		reactor.Compose("review", child, reactor.ComposeConfig{
+			Args: reactor.Bindings{"order": reactor.FromInput("order")}, After: []string{"charge"}}),
+		reactor.Returns(reactor.FromStep("review")),
+	)
+	e := f.engine("w")
+	require.NoError(t, e.Register(parent))
+	f.startWorker(e)
+	res, err := e.Enqueue(ctx, parent, map[string]any{"order": "o-child"})
+	require.NoError(t, err)
+	run := awaitPaused(t, e, res.RunID)
+	assert.Equal(t, "review/approve", run.Paused.Step)
+
+	_, err = e.Continue(ctx, res.RunID, "approve", approval{By: "ann"})
+	require.ErrorIs(t, err, reactor.ErrNotPaused, "the step is named by its path")
+	_, err = e.Continue(ctx, res.RunID, "review/approve", approval{By: "ann"})
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	got, err := reactor.ValueOf[string](final)
+	require.NoError(t, err)
+	assert.Equal(t, "shipped, approved by ann", got)
+	assert.Equal(t, []string{"run:charge", "run:reserve", "run:ship"}, tr.all())
+}
+
+func TestInterruptCancelOfAPausedRunRollsBack(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	child := approvalFlow("approval", tr, 0, nil)
+	parent := reactor.MustDefine("order",
+		reactor.Input[string]("order", reactor.Required()),
+		step(tr, "charge", nil),
+		reactor.Compose("review", child, reactor.ComposeConfig{
+			Args: reactor.Bindings{"order": reactor.FromInput("order")}, After: []string{"charge"}}),
+	)
+	e := f.engine("w")
+	require.NoError(t, e.Register(parent))
+	f.startWorker(e)
+	res, err := e.Enqueue(ctx, parent, map[string]any{"order": "o-cancel"})
+	require.NoError(t, err)
+	awaitPaused(t, e, res.RunID)
+
+	require.NoError(t, e.Cancel(ctx, res.RunID))
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, final.Status)
+	assert.Equal(t, []string{"run:charge", "run:reserve", "undo:reserve", "undo:charge"}, tr.all())
+
+	// The interrupt is closed: a late payload is refused, and the
+	// correlation id is free for another run.
+	_, err = e.Continue(ctx, res.RunID, "review/approve", approval{By: "ann"})
+	require.ErrorIs(t, err, reactor.ErrAlreadyFinished)
+	_, err = e.ContinueByCorrelation(ctx, "o-cancel", approval{By: "ann"})
+	require.ErrorIs(t, err, reactor.ErrNoCorrelation)
+}
+
+func TestInterruptAcceptsSeveralPayloads(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	def := reactor.MustDefine("two-approvers",
+		reactor.Interrupt("approve", reactor.InterruptConfig[reactor.Args, approval]{Accepts: 2, Validate: validApproval}),
+		reactor.Returns(reactor.FromStep("approve")),
+	)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e)
+	res, err := e.Enqueue(ctx, def, nil)
+	require.NoError(t, err)
+	awaitPaused(t, e, res.RunID)
+	c, err := e.Continue(ctx, res.RunID, "approve", approval{By: "ann"})
+	require.NoError(t, err)
+	assert.False(t, c.Woken, "one of two: the run waits on")
+	assert.Equal(t, 1, c.Received)
+	c, err = e.Continue(ctx, res.RunID, "approve", approval{By: "bob"})
+	require.NoError(t, err)
+	assert.True(t, c.Woken)
+	_, err = e.Continue(ctx, res.RunID, "approve", approval{By: "cy"})
+	require.Error(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	got, err := reactor.ValueOf[[]approval](final)
+	require.NoError(t, err)
+	assert.Equal(t, []approval{{By: "ann"}, {By: "bob"}}, got)
+}
+
+func TestInterruptInAMapElementIsRefusedAtDefine(t *testing.T) {
+	element := approvalFlow("approval", &trail{}, 0, nil)
+	_, err := reactor.Define("fan",
+		reactor.Input[[]string]("orders"),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("orders"), FanOut: true}),
+	)
+	var de *reactor.DefinitionError
+	require.ErrorAs(t, err, &de)
+	assert.Contains(t, err.Error(), `interrupt step "approve"`)
+}
