@@ -16,6 +16,7 @@ import (
 
 	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/worker"
 )
 
 // approval is the payload of the interrupt steps below.
@@ -522,4 +523,71 @@ func TestInterruptInAMapElementIsRefusedAtDefine(t *testing.T) {
 	var de *reactor.DefinitionError
 	require.ErrorAs(t, err, &de)
 	assert.Contains(t, err.Error(), `interrupt step "approve"`)
+}
+
+// A run's deadline binds a run that no process executes: paused at an
+// interrupt that has no timeout of its own, the run fails at its deadline
+// (a durable timer) and rolls back what it completed.
+func TestDeadlineBindsAPausedRun(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	def := approvalFlow("approval", tr, 0, nil)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e)
+	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-dl"}, reactor.WithTimeout(time.Second))
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, final.Status)
+	require.ErrorIs(t, final.Err(), reactor.ErrDeadlineExceeded)
+	assert.Equal(t, []string{"run:reserve", "undo:reserve"}, tr.all())
+	_, err = e.ContinueByCorrelation(ctx, "o-dl", approval{By: "late"})
+	require.ErrorIs(t, err, reactor.ErrNoCorrelation, "the interrupt was closed and its claim released")
+}
+
+// The same timer binds a run parked on a fan-out map: its deadline passes
+// while the elements still run, and the run starts rolling back then, not
+// when the map settles.
+func TestDeadlineBindsARunParkedOnAFanOutMap(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	release := make(chan struct{})
+	var started atomic.Int32
+	element := reactor.MustDefine("slow-element",
+		reactor.Input[int]("item"),
+		reactor.Step("work", reactor.StepConfig[reactor.Args, int]{
+			Run: func(ctx context.Context, _ reactor.Args) (int, error) {
+				started.Add(1)
+				select {
+				case <-release:
+				case <-ctx.Done():
+				}
+				return 1, nil
+			},
+			Undo: func(context.Context, reactor.Args, int) error { return nil },
+		}),
+	)
+	owner := reactor.MustDefine("parked",
+		reactor.Input[[]int]("items"),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true}),
+	)
+	e := f.engine("w")
+	require.NoError(t, e.Register(owner))
+	f.startWorker(e, func(c *worker.Config) { c.Concurrency = 4 })
+	res, err := e.Enqueue(ctx, owner, map[string]any{"items": []int{1, 2}}, reactor.WithTimeout(1500*time.Millisecond))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return started.Load() == 2 }, 10*time.Second, 5*time.Millisecond)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		run, err := e.Get(ctx, res.RunID)
+		require.NoError(c, err)
+		require.NotNil(c, run.Rollback, "the deadline started the rollback while the elements ran")
+		require.ErrorIs(c, run.Rollback.Failure, reactor.ErrDeadlineExceeded)
+	}, 10*time.Second, 10*time.Millisecond)
+	close(release)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, final.Status)
+	require.ErrorIs(t, final.Err(), reactor.ErrDeadlineExceeded)
 }

@@ -132,6 +132,7 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 		// decision; the owner is resumed when the work settles.
 		// Everything up to here was checkpointed (SaveState included).
 		_ = x.lease.Release(bg)
+		x.bindDeadline(ctx)
 		return x.st.result(), nil
 	case handedOff(err) != nil:
 		// Saved under the lock before the construct marked the hand-off;
@@ -142,6 +143,7 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 		// Saved paused: nothing waits here; a continue or the timer wakes
 		// the run on a worker.
 		_ = x.lease.Release(bg)
+		x.bindDeadline(ctx)
 		if pz.timer != nil {
 			if eerr := x.e.cfg.Enqueuer.Enqueue(ctx, *pz.timer); eerr != nil {
 				// The run sweeper acts on a paused run past its deadline.
