@@ -33,7 +33,7 @@ func (s *stepDef) resultType() reflect.Type {
 	switch {
 	case s == nil:
 		return nil
-	case s.kind == kindPlain:
+	case s.kind == kindPlain, s.kind == kindInterrupt:
 		return s.outType
 	case s.kind == kindCompose:
 		return s.child.ResultType()
