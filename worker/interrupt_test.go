@@ -591,3 +591,34 @@ func TestDeadlineBindsARunParkedOnAFanOutMap(t *testing.T) {
 	require.Equal(t, reactor.StatusFailed, final.Status)
 	require.ErrorIs(t, final.Err(), reactor.ErrDeadlineExceeded)
 }
+
+// A cancel of a paused run that some process holds for a moment is not
+// left waiting: the run is woken again, and cancels once it is free.
+func TestInterruptCancelWhileHeldIsActedOn(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	def := approvalFlow("approval", tr, 0, nil)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e)
+	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-held"})
+	require.NoError(t, err)
+	run := awaitPaused(t, e, res.RunID)
+
+	lockKey := f.prefix + ":{run:" + res.RunID + "}:lock"
+	require.NoError(t, f.rdb.Set(ctx, lockKey, "someone-else", time.Minute).Err())
+	require.NoError(t, e.Cancel(ctx, res.RunID))
+	wake := fmt.Sprintf("resume:%s:cancel:%d", res.RunID, 1)
+	require.Eventually(t, func() bool {
+		info, err := f.taskInfo(wake)
+		return err == nil && info != nil && info.State == asynq.TaskStateRetry
+	}, 10*time.Second, 5*time.Millisecond, "the cancel's wake-up waits while the run is held")
+	require.NoError(t, f.rdb.Del(ctx, lockKey).Err())
+	require.NoError(t, f.inspector.RunTask(f.queue, wake))
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, final.Status)
+	assert.Equal(t, []string{"run:reserve", "undo:reserve"}, tr.all())
+	assert.Equal(t, "approve", run.Paused.Step)
+}

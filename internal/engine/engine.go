@@ -848,6 +848,16 @@ func (e *Engine) Cancel(ctx context.Context, id string) error {
 		// Kept until the run's terminal write deletes it: a long step or a
 		// hand-off must not outlive the request.
 		err := e.store.RequestCancel(ctx, target)
+		if err == nil && st.Status == StatusPaused && e.cfg.Enqueuer != nil {
+			// A paused run held for a moment (a resume finding its
+			// interrupt still waiting) writes nothing before it leaves,
+			// and would not see the request: wake it once more to act on
+			// it (the wake-up waits while the run is held).
+			w := Wake{ID: wakeID(id, fmt.Sprintf("cancel:%d", st.Pauses)), RunID: id, Reactor: st.Reactor, Queue: st.Queue}
+			if werr := e.cfg.Enqueuer.Enqueue(ctx, w); werr != nil {
+				return fmt.Errorf("reactor: cancel of paused run %s is recorded, but waking the run failed: %w", id, werr)
+			}
+		}
 		if errors.Is(err, store.ErrAlreadyDone) {
 			// It finished meanwhile.
 			if st, _, lerr := e.load(ctx, id); lerr == nil {

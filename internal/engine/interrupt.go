@@ -268,7 +268,15 @@ func (x *execution) runInterrupt(ctx context.Context, f *frame, s *stepDef, args
 	}
 	if rec.Received < rec.Accepts {
 		// Still waiting (a sweep, a refused payload's wake-up, a timer
-		// that came early: asynq schedules at whole seconds).
+		// that came early: asynq schedules at whole seconds). A cancel
+		// requested while this process held the run is acted on now: no
+		// write of this execution would see it (Cancel wakes the run
+		// again for one that lands after this read).
+		if cancel, err := x.cancelRequested(ctx); err != nil {
+			return stepOutcome{}, err
+		} else if cancel {
+			return stepOutcome{kind: outCancel, failure: newCancelFailure("cancelled on request")}, nil
+		}
 		var timer *Wake
 		if p.Deadline > 0 && p.Deadline-rec.Now <= timerSlack.Milliseconds() {
 			timer = x.timerWake(p, rec.Now)
@@ -700,11 +708,7 @@ func (e *Engine) continueAt(ctx context.Context, runID, path string, instance in
 	if rep.Received < rep.Accepts || e.cfg.Enqueuer == nil {
 		return c, nil
 	}
-	n := instance
-	if n == 0 && st.Pause != nil && st.Pause.Path == path {
-		n = st.Pause.N
-	}
-	w := Wake{ID: wakeID(runID, fmt.Sprintf("continue:%s:%d", path, n)), RunID: runID, Reactor: st.Reactor, Queue: st.Queue}
+	w := Wake{ID: wakeID(runID, fmt.Sprintf("continue:%s:%d", path, rep.Instance)), RunID: runID, Reactor: st.Reactor, Queue: st.Queue}
 	if err := e.cfg.Enqueuer.Enqueue(ctx, w); err != nil {
 		// Recorded: the run sweeper wakes a paused run whose interrupt
 		// holds every payload it waits for.

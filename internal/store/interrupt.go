@@ -143,6 +143,8 @@ type ContinueReply struct {
 	Outcome string
 	// Received and Accepts count the interrupt's payloads after an ok.
 	Received, Accepts int
+	// Instance is the interrupt's instance (ok).
+	Instance int
 	// At is the server time of the recorded payload (ok), of the first
 	// payload (already), or the deadline (timedout), ms.
 	At int64
@@ -168,7 +170,7 @@ func (s *Store) ContinueInterrupt(ctx context.Context, t Target, path string, in
 	r := ContinueReply{Outcome: toStr(res[0])}
 	switch r.Outcome {
 	case ContinueOK:
-		r.Received, r.Accepts, r.At = int(toInt(res[1])), int(toInt(res[2])), toInt(res[3])
+		r.Received, r.Accepts, r.At, r.Instance = int(toInt(res[1])), int(toInt(res[2])), toInt(res[3]), int(toInt(res[4]))
 	case ContinueAlready, ContinueTimedOut:
 		if len(res) > 1 {
 			r.At = toInt(res[1])

@@ -32,7 +32,7 @@
 --   continue (no lock; KEYS[2] = the run's audit stream) ARGV[2] path,
 --        ARGV[3] instance ('' : whichever is on record), ARGV[4] payload,
 --        ARGV[5] sender, ARGV[6] audit cap, ARGV[7] payload digest, ARGV[8]
---        trace id. Returns {'ok', in, ia, now}, {'already', t},
+--        trace id. Returns {'ok', in, ia, now, instance}, {'already', t},
 --        {'timedout', idl}, {'closed'}, {'notpaused'}, {'finished'}, {'gone'}.
 local mode = ARGV[1]
 local t = redis.call('TIME')
@@ -77,7 +77,7 @@ if mode == 'continue' then
     e[#e + 1] = ARGV[5]
   end
   redis.call(unpack(e))
-  return {'ok', n, a, now}
+  return {'ok', n, a, now, tonumber(r[2])}
 end
 
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then
