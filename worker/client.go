@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/hibiken/asynq"
@@ -11,6 +13,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/codec"
 	"github.com/goreactor/goreactor/internal/envconfig"
+	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/payload"
 	"github.com/goreactor/goreactor/reactor"
@@ -171,6 +174,9 @@ func (c *Client) ServesQueue(ctx context.Context, queue string) (bool, error) {
 // run started WithQueue). A task with the same id already queued (or
 // running, retried, archived) is the same cause: nil.
 func (c *Client) Enqueue(ctx context.Context, w reactor.Wake) error {
+	if w.Element {
+		return c.enqueueElementWake(ctx, w)
+	}
 	body, err := payload.EncodeRun(payload.RunPayload{RunID: w.RunID, Reactor: w.Reactor, TP: traceparent(ctx)})
 	if err != nil {
 		return err
@@ -286,6 +292,38 @@ func (c *Client) enqueueElement(ctx context.Context, t maptask.ElementTask) erro
 	}
 	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeElement, body),
 		asynq.TaskID(t.TaskID()), asynq.Queue(c.mapQueue(t.MapID, t.Index)), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout))
+	if errors.Is(err, asynq.ErrTaskIDConflict) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("worker: enqueue %s: %w", t.TaskID(), err)
+	}
+	return nil
+}
+
+// enqueueElementWake delivers the task of map element w.RunID again (a
+// continue, or the timer of the interrupt it is paused at): a task of the
+// element's map that carries no metadata, so the job reads the map and
+// resumes the element where it paused. Its id names the cause.
+func (c *Client) enqueueElementWake(ctx context.Context, w reactor.Wake) error {
+	mapID, index, ok := keys.SplitElementID(w.RunID)
+	if !ok {
+		return fmt.Errorf("worker: wake-up %s names no map element", w.ID)
+	}
+	i, err := strconv.Atoi(index)
+	if err != nil {
+		return fmt.Errorf("worker: wake-up %s: %w", w.ID, err)
+	}
+	t := maptask.ElementTask{MapID: mapID, Index: i, Redelivery: strings.TrimPrefix(w.ID, "resume:"+w.RunID+":")}
+	body, err := codec.Marshal(payload.ElementPayload{MapID: t.MapID, Index: t.Index, TP: traceparent(ctx)})
+	if err != nil {
+		return err
+	}
+	opts := []asynq.Option{asynq.TaskID(t.TaskID()), asynq.Queue(c.mapQueue(t.MapID, t.Index)), asynq.MaxRetry(DefaultMaxRetry), asynq.Timeout(DefaultTaskTimeout)}
+	if w.Delay > 0 {
+		opts = append(opts, asynq.ProcessAt(notBefore(time.Now().Add(w.Delay))))
+	}
+	_, err = c.c.EnqueueContext(ctx, asynq.NewTask(TypeElement, body), opts...)
 	if errors.Is(err, asynq.ErrTaskIDConflict) {
 		return nil
 	}

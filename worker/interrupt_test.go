@@ -514,15 +514,111 @@ func TestInterruptAcceptsSeveralPayloads(t *testing.T) {
 	assert.Equal(t, []approval{{By: "ann"}, {By: "bob"}}, got)
 }
 
-func TestInterruptInAMapElementIsRefusedAtDefine(t *testing.T) {
+func TestInterruptInAnInlineMapElementIsRefusedAtDefine(t *testing.T) {
 	element := approvalFlow("approval", &trail{}, 0, nil)
-	_, err := reactor.Define("fan",
+	_, err := reactor.Define("inline",
 		reactor.Input[[]string]("orders"),
-		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("orders"), FanOut: true}),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("orders"), Input: "order"}),
 	)
 	var de *reactor.DefinitionError
 	require.ErrorAs(t, err, &de)
 	assert.Contains(t, err.Error(), `interrupt step "approve"`)
+	assert.Contains(t, err.Error(), "set FanOut")
+}
+
+// 200 elements of a fan-out map each wait for a payload of their own: no
+// worker is held while they wait, and each element's continue resumes that
+// element, whose settle completes the map.
+func TestInterruptInFanOutMapElements(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	const n = 200
+	var shipped atomic.Int32
+	element := reactor.MustDefine("approve-one",
+		reactor.Input[string]("order", reactor.Required()),
+		reactor.Interrupt("approve", reactor.InterruptConfig[reactor.Args, approval]{
+			Args:        reactor.Bindings{"order": reactor.FromInput("order")},
+			Correlation: func(in reactor.Args) (string, error) { return reactor.Arg[string](in, "order") },
+			Validate:    validApproval,
+		}),
+		reactor.Step("ship", reactor.StepConfig[reactor.Args, string]{
+			Args: reactor.Bindings{"by": reactor.FromStep("approve", "by")},
+			Run: func(_ context.Context, in reactor.Args) (string, error) {
+				shipped.Add(1)
+				return reactor.Arg[string](in, "by")
+			},
+		}),
+		reactor.Returns(reactor.FromStep("ship")),
+	)
+	owner := reactor.MustDefine("approve-all",
+		reactor.Input[[]string]("orders"),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("orders"), Input: "order",
+			FanOut: true, BatchSize: n}),
+		reactor.Returns(reactor.FromStep("each")),
+	)
+	e := f.engine("w")
+	require.NoError(t, e.Register(owner))
+	f.startWorker(e, func(c *worker.Config) { c.Concurrency = 8 })
+	orders := make([]string, n)
+	for i := range orders {
+		orders[i] = fmt.Sprintf("fan-%d", i)
+	}
+	res, err := e.Enqueue(ctx, owner, map[string]any{"orders": orders})
+	require.NoError(t, err)
+
+	// Every element pauses, and no task is active while they wait.
+	script := f.engine("script")
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		q, err := f.inspector.GetQueueInfo(f.queue)
+		require.NoError(c, err)
+		require.Zero(c, q.Pending+q.Active+q.Scheduled+q.Retry, "queue still busy: %+v", q)
+		for i := range n {
+			info, err := script.Interrupt(ctx, fmt.Sprintf("%s.%d", mapIDOf(t, e, res.RunID), i))
+			require.NoError(c, err)
+			require.Equal(c, "approve", info.Step)
+		}
+	}, 20*time.Second, 20*time.Millisecond)
+	assert.Equal(t, 0, f.activeTasks(), "no worker is held while 200 elements wait")
+	assert.Zero(t, shipped.Load())
+
+	// A bad payload for one element is refused there, and it stays paused.
+	_, err = script.ContinueByCorrelation(ctx, "fan-7", map[string]any{"ok": true})
+	require.NoError(t, err)
+	elem7 := fmt.Sprintf("%s.%d", mapIDOf(t, e, res.RunID), 7)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		info, err := script.Interrupt(ctx, elem7)
+		require.NoError(c, err)
+		require.NotEmpty(c, info.Refused)
+	}, 10*time.Second, 5*time.Millisecond)
+
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := w; i < n; i += 4 {
+				_, err := script.ContinueByCorrelation(ctx, orders[i], approval{By: "by-" + orders[i], OK: true})
+				assert.NoError(t, err)
+			}
+		})
+	}
+	wg.Wait()
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	assert.Equal(t, int32(n), shipped.Load(), "each element went on once")
+	mr, err := reactor.ValueOf[mapstep.Result](final)
+	require.NoError(t, err)
+	els, err := mapstep.ReadWith[string](e, mr).All(ctx)
+	require.NoError(t, err)
+	require.Len(t, els, n)
+	for i, el := range els {
+		require.True(t, el.OK, "element %d: %v", i, el.Failure)
+		require.Equal(t, "by-"+orders[i], el.Value)
+	}
+}
+
+// mapIDOf is the id of the map run id's step "each" started.
+func mapIDOf(_ require.TestingT, _ *reactor.Engine, id string) string {
+	return mapstep.MapID(id, "each")
 }
 
 // A run's deadline binds a run that no process executes: paused at an
@@ -621,4 +717,56 @@ func TestInterruptCancelWhileHeldIsActedOn(t *testing.T) {
 	require.Equal(t, reactor.StatusCancelled, final.Status)
 	assert.Equal(t, []string{"run:reserve", "undo:reserve"}, tr.all())
 	assert.Equal(t, "approve", run.Paused.Step)
+}
+
+// Cancelling an owner whose fan-out elements wait at an interrupt rolls the
+// map back the way it ran: each paused element is undone by its rollback
+// job (its interrupt closed), and the owner ends cancelled.
+func TestInterruptCancelOfAnOwnerWithPausedElements(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	element := reactor.MustDefine("approve-one",
+		reactor.Input[string]("order", reactor.Required()),
+		step(tr, "reserve", nil),
+		reactor.Interrupt("approve", reactor.InterruptConfig[reactor.Args, approval]{
+			Args:        reactor.Bindings{"order": reactor.FromInput("order")},
+			After:       []string{"reserve"},
+			Correlation: func(in reactor.Args) (string, error) { return reactor.Arg[string](in, "order") },
+		}),
+	)
+	owner := reactor.MustDefine("approve-all",
+		reactor.Input[[]string]("orders"),
+		step(tr, "hold", nil),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("orders"), Input: "order",
+			FanOut: true, After: []string{"hold"}}),
+	)
+	e := f.engine("w")
+	require.NoError(t, e.Register(owner))
+	f.startWorker(e)
+	orders := []string{"c-0", "c-1", "c-2"}
+	res, err := e.Enqueue(ctx, owner, map[string]any{"orders": orders})
+	require.NoError(t, err)
+	require.EventuallyWithT(t, func(c *assert.CollectT) {
+		for i := range orders {
+			info, err := e.Interrupt(ctx, fmt.Sprintf("%s.%d", mapIDOf(t, e, res.RunID), i))
+			require.NoError(c, err)
+			require.Equal(c, "approve", info.Step)
+		}
+	}, 10*time.Second, 10*time.Millisecond)
+
+	require.NoError(t, e.Cancel(ctx, res.RunID))
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, final.Status, "%v", final.Err())
+	undos := 0
+	for _, s := range tr.all() {
+		if s == "undo:reserve" {
+			undos++
+		}
+	}
+	assert.Equal(t, len(orders), undos, "every paused element's completed step is undone once")
+	assert.Contains(t, tr.all(), "undo:hold")
+	_, err = e.ContinueByCorrelation(ctx, "c-1", approval{By: "late"})
+	require.Error(t, err, "a paused element's interrupt is closed with its map's rollback")
 }

@@ -808,7 +808,7 @@ func (e *Engine) undoElement(ctx context.Context, id string, wait time.Duration)
 	st, lease := x.st, x.lease
 	switch st.Status {
 	case StatusCompleted, StatusHalted, StatusRollingBack:
-	case StatusRunning, StatusPending, StatusAborted:
+	case StatusRunning, StatusPending, StatusAborted, StatusPaused:
 		// An element cut short (its map is being undone before it
 		// settled): roll back what it completed.
 	default:

@@ -218,12 +218,13 @@ func (e *errPause) Error() string { return "reactor: run paused at an interrupt"
 // timerWake is the wake-up that fires when p's deadline passes (now is the
 // server's time, ms).
 func (x *execution) timerWake(p *pauseRec, now int64) *Wake {
-	if p.Deadline == 0 || x.e.cfg.Enqueuer == nil || x.element {
+	if p.Deadline == 0 || x.e.cfg.Enqueuer == nil {
 		return nil
 	}
 	p.Timers++
 	w := &Wake{ID: wakeID(x.st.ID, fmt.Sprintf("timeout:%s:%d:%d", p.Path, p.N, p.Timers)), RunID: x.st.ID,
-		Reactor: x.st.Reactor, Queue: x.st.Queue, Delay: time.Duration(max(0, p.Deadline-now)) * time.Millisecond}
+		Reactor: x.st.Reactor, Queue: x.st.Queue, Delay: time.Duration(max(0, p.Deadline-now)) * time.Millisecond,
+		Element: x.element}
 	x.st.Wake = w.ID
 	return w
 }
@@ -236,10 +237,6 @@ const corrGrace = time.Hour
 // first time, and on a resume takes the payloads, times out, or pauses on.
 func (x *execution) runInterrupt(ctx context.Context, f *frame, s *stepDef, args Raw) (stepOutcome, error) {
 	path := f.path + s.name
-	if x.element {
-		err := Permanent(fmt.Errorf("%w: step %q of an element run", ErrInterruptUnsupported, path))
-		return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
-	}
 	p := x.st.Pause
 	if p == nil || p.Path != path {
 		return x.pause(ctx, f, s, args)
@@ -532,7 +529,14 @@ func (e *Engine) holderWaits(ctx context.Context, holder string) (bool, error) {
 	if !ok || validateRunID(run) != nil {
 		return false, nil
 	}
-	r, err := e.cfg.Client.HMGet(ctx, e.store.RunTarget(run).State, "iw", "ii", "is", "fin").Result()
+	t, err := e.interruptTarget(ctx, run)
+	if errors.Is(err, ErrNotFound) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	r, err := e.cfg.Client.HMGet(ctx, t.State, "iw", "ii", "is", "fin").Result()
 	if err != nil {
 		return false, fmt.Errorf("reactor: read the holder of a correlation id: %w", err)
 	}
@@ -660,7 +664,7 @@ func (e *Engine) continueAt(ctx context.Context, runID, path string, instance in
 	if len(data) > maxPayload {
 		return nil, fmt.Errorf("reactor: continue: the payload is %d bytes, over %d", len(data), maxPayload)
 	}
-	st, _, err := e.load(ctx, runID)
+	st, t, err := e.loadInterrupted(ctx, runID)
 	if err != nil {
 		return nil, err
 	}
@@ -678,7 +682,6 @@ func (e *Engine) continueAt(ctx context.Context, runID, path string, instance in
 		}
 		checked = true
 	}
-	t := e.store.RunTarget(runID)
 	rep, err := e.store.ContinueInterrupt(ctx, t, path, instance, data, o.by, HashMessage(string(data)), st.Trace)
 	if err != nil {
 		return nil, err
@@ -708,7 +711,8 @@ func (e *Engine) continueAt(ctx context.Context, runID, path string, instance in
 	if rep.Received < rep.Accepts || e.cfg.Enqueuer == nil {
 		return c, nil
 	}
-	w := Wake{ID: wakeID(runID, fmt.Sprintf("continue:%s:%d", path, rep.Instance)), RunID: runID, Reactor: st.Reactor, Queue: st.Queue}
+	w := Wake{ID: wakeID(runID, fmt.Sprintf("continue:%s:%d", path, rep.Instance)), RunID: runID, Reactor: st.Reactor, Queue: st.Queue,
+		Element: st.Elem != nil}
 	if err := e.cfg.Enqueuer.Enqueue(ctx, w); err != nil {
 		// Recorded: the run sweeper wakes a paused run whose interrupt
 		// holds every payload it waits for.
@@ -716,6 +720,45 @@ func (e *Engine) continueAt(ctx context.Context, runID, path string, instance in
 	}
 	c.Woken = true
 	return c, nil
+}
+
+// loadInterrupted reads run id, a root run or a map element's run (which
+// lives in its map's keys), and returns it with its keys.
+func (e *Engine) loadInterrupted(ctx context.Context, id string) (*runState, store.Target, error) {
+	if err := validateRunID(id); err != nil {
+		return nil, store.Target{}, err
+	}
+	t, err := e.interruptTarget(ctx, id)
+	if err != nil {
+		return nil, t, err
+	}
+	snap, err := e.store.Load(ctx, t)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, t, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, t, err
+	}
+	st, err := decodeState(snap.Data)
+	return st, t, err
+}
+
+// interruptTarget is where run id's state lives: its own keys for a root
+// run, its map's for an element run ("<map>.<i>", when no root run has
+// that id).
+func (e *Engine) interruptTarget(ctx context.Context, id string) (store.Target, error) {
+	t := e.store.RunTarget(id)
+	if _, _, isElem := keys.SplitElementID(id); !isElem {
+		return t, nil
+	}
+	n, err := e.cfg.Client.Exists(ctx, t.State).Result()
+	if err != nil {
+		return t, fmt.Errorf("reactor: read run %s: %w", id, err)
+	}
+	if n == 1 {
+		return t, nil
+	}
+	return e.store.ElemTarget(id), nil
 }
 
 func msTime(ms int64) time.Time {
@@ -794,7 +837,7 @@ type ReceivedPayload struct {
 // Interrupt reads the interrupt run id waits at. A run that is not paused
 // is a *ContinueError wrapping ErrNotPaused.
 func (e *Engine) Interrupt(ctx context.Context, id string) (*InterruptInfo, error) {
-	st, _, err := e.load(ctx, id)
+	st, t, err := e.loadInterrupted(ctx, id)
 	if err != nil {
 		return nil, err
 	}
@@ -802,7 +845,7 @@ func (e *Engine) Interrupt(ctx context.Context, id string) (*InterruptInfo, erro
 	if p == nil {
 		return nil, &ContinueError{RunID: id, Status: st.Status, Reason: "it waits at no interrupt", Err: ErrNotPaused}
 	}
-	f, err := e.store.InterruptFields(ctx, e.store.RunTarget(id))
+	f, err := e.store.InterruptFields(ctx, t)
 	if err != nil {
 		return nil, err
 	}

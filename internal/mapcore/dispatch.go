@@ -314,6 +314,9 @@ func runAndSettle(ctx context.Context, e *engine.Engine, ms mapStore, md meta, t
 		item = items[0]
 	}
 	o, err := runElement(ctx, e, def, md, t.MapID, t.Index, item)
+	if errors.Is(err, errElemPaused) {
+		return settleResult{}, nil // nothing settled: the job is done
+	}
 	if err != nil {
 		return settleResult{}, err
 	}

@@ -83,6 +83,10 @@ func newIncarnation() string {
 	return hex.EncodeToString(b[:])
 }
 
+// errElemPaused: the element run paused at an interrupt; its map settles it
+// when a later delivery finishes it.
+var errElemPaused = errors.New("mapstep: the element paused at an interrupt")
+
 // The refusals of elem_begin.lua.
 var (
 	errElemMapFailed = errors.New("mapstep: the map failed before the element started")
@@ -198,6 +202,11 @@ func runCarried(ctx context.Context, e *engine.Engine, ms mapStore, md meta, t m
 		return ms.settle(ctx, t.MapID, t.Index, outcome{Status: outcomeFailed, Failure: &engine.Failure{Message: ie.Error()}})
 	case err != nil:
 		return sr, err
+	}
+	if res != nil && res.Status == engine.StatusPaused {
+		// Paused at an interrupt: settled later, by the delivery its
+		// continue (or its timer) makes.
+		return sr, nil
 	}
 	if sr == (settleResult{}) && res != nil {
 		// The element had finished before this delivery (a duplicate, or a

@@ -95,9 +95,9 @@ func (m *construct) Validate() error {
 	if m.cfg.Pages == nil && m.cfg.Items.IsZero() {
 		return errors.New("map needs Items (a slice) or Pages (a Source)")
 	}
-	if step := engine.InterruptStep(m.cfg.Element); step != "" {
-		return fmt.Errorf("map element reactor %q has interrupt step %q; an element run cannot pause yet "+
-			"(pause the owner run before or after the map instead)", m.cfg.Element.Name(), step)
+	if step := engine.InterruptStep(m.cfg.Element); step != "" && !m.cfg.FanOut {
+		return fmt.Errorf("map element reactor %q has interrupt step %q, and an inline map's elements cannot pause "+
+			"(they run inside the owner's execution): set FanOut, so that each element waits as a task of its own", m.cfg.Element.Name(), step)
 	}
 	return nil
 }
@@ -465,6 +465,11 @@ func runElement(ctx context.Context, e *engine.Engine, def *engine.Definition, m
 	}
 	if err != nil {
 		return outcome{}, err
+	}
+	if res.Status == engine.StatusPaused {
+		// Waiting at an interrupt: nothing to settle; its continue (or
+		// its timer) delivers its task again.
+		return outcome{}, errElemPaused
 	}
 	if elementStopped(res) {
 		// A stopped settle sealed the element before this delivery got

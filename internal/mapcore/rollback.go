@@ -451,7 +451,49 @@ func (r *mapRollback) stopForward(ctx context.Context) (bool, error) {
 		return false, err
 	}
 	r.md = md
+	if !md.settled() {
+		if err := r.wakeUnsettled(ctx); err != nil {
+			return false, err
+		}
+	}
 	return md.settled(), nil
+}
+
+// wakeUnsettled delivers the task of every claimed element that has not
+// settled once more, now that the map is failed: an element paused at an
+// interrupt would otherwise never settle, and the map never with it. The
+// delivery finds the map failed and settles the element stopped, under the
+// element's lock (settleStopped): one still running holds its lock, and the
+// delivery waits for it (and is a refused duplicate once it settled
+// itself), so an element that pauses after this read is settled too. The
+// unsettled elements are those whose forward nibble in the map's states
+// string is unset (an element settled by a process without that string is
+// delivered to needlessly, and refused). One task per element in flight,
+// once per stop: the ids name the cause.
+func (r *mapRollback) wakeUnsettled(ctx context.Context) error {
+	n := min(r.md.Offset, r.md.Total)
+	if n <= 0 {
+		return nil
+	}
+	states, err := r.ms.rdb.GetRange(ctx, r.ms.keys.MapStates(r.st.MapID), 0, int64(n-1)).Result()
+	if err != nil {
+		return fmt.Errorf("mapstep: read the element states of map %s: %w", r.st.MapID, err)
+	}
+	var ts []maptask.ElementTask
+	for i := range n {
+		if i < len(states) && states[i]>>4 != 0 {
+			continue
+		}
+		ts = append(ts, maptask.ElementTask{MapID: r.st.MapID, Index: i, Redelivery: "stop"})
+	}
+	if len(ts) == 0 {
+		return nil
+	}
+	q, ok := maptask.Adapt(engine.EnqueuerOf(r.c.Engine))
+	if !ok {
+		return errors.New("mapstep: the engine's Enqueuer cannot enqueue element tasks (use worker.Client)")
+	}
+	return maptask.EnqueueElements(ctx, q, ts)
 }
 
 // generation returns the generation to roll back in, and its meta: the
