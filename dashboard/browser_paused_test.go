@@ -84,7 +84,8 @@ func TestBrowserPausedRunIsContinued(t *testing.T) {
 	console := watchConsole(t, bctx)
 	poll := pollUntil(t, bctx)
 	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/"), chromedp.WaitVisible(chromedp.ID("nav-paused"))))
-	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.ID("nav-paused"))))
+	poll("the navigation links the paused view", `new URL(document.getElementById('nav-paused').href).pathname === '/paused'`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/paused"), chromedp.WaitVisible(chromedp.CSS("#paused tr"))))
 	poll("the paused page lists the three runs", `document.querySelectorAll('#paused tr.paused-run').length === 3`)
 	poll("each with its step, correlation, deadline and expected payload", `[...document.querySelectorAll('#paused tr.paused-run')].every(r =>
 		r.dataset.step === 'approve' && r.textContent.includes('refund-A-77') && r.querySelector('.time-left') &&
@@ -99,11 +100,17 @@ func TestBrowserPausedRunIsContinued(t *testing.T) {
 		t.Logf("wrote %s", p)
 	}
 
-	require.NoError(t, chromedp.Do(bctx, chromedp.Click(chromedp.CSS(`#paused tr[data-id="rf-1042"] a`))))
+	poll("the run links its page", `new URL(document.querySelector('#paused tr[data-id="rf-1042"] a').href).pathname === '/runs/rf-1042'`)
+	require.NoError(t, chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/runs/rf-1042"), chromedp.WaitVisible(chromedp.ID("run-status"))))
 	poll("the run page shows the interrupt", `!document.getElementById('interrupt-panel').hidden &&
 		document.getElementById('interrupt-facts').textContent.includes('refund-A-7711')`)
 	poll("the form is prefilled with the example", `document.getElementById('continue-step').value === 'approve' &&
 		JSON.parse(document.getElementById('continue-payload').value).approver === '' && !document.getElementById('continue-button').disabled`)
+	if dir := os.Getenv("GOREACTOR_SCREENSHOT_DIR"); dir != "" { // to look at it
+		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+		require.NoError(t, err)
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "paused-run.png"), png, 0o644))
+	}
 	require.NoError(t, chromedp.Do(bctx,
 		chromedp.Evaluate[chromedp.Void](`(t => { t.value = JSON.stringify({approver: 'alice', approved: true, note: 'goodwill'}, null, 2); t.dispatchEvent(new Event('input')); })(document.getElementById('continue-payload'))`),
 		chromedp.SendKeys(chromedp.ID("continue-reason"), "refund approved on ticket 5120"),

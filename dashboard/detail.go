@@ -24,6 +24,7 @@ const (
 	stepFailed     = "failed"
 	stepHalted     = "halted"
 	stepCut        = "interrupted"
+	stepPaused     = "paused"
 	stepUndone     = "undone"
 	stepUndoFailed = "undo_failed"
 )
@@ -559,6 +560,10 @@ func steps(run *reactor.Run) []stepView {
 			v.Status, v.Error = stepFailed, run.Failure.Message
 		case run.Status == reactor.StatusRunning:
 			v.Status = stepRunning
+		case run.Status == reactor.StatusPaused && run.Paused != nil && (run.Paused.Step == n || strings.HasPrefix(run.Paused.Step, n+"/")):
+			// The interrupt the run waits at (or the compose step whose
+			// child waits at one).
+			v.Status = stepPaused
 		}
 		if c := run.Current; c != nil && c.Step == n {
 			v.Attempts = c.Attempt

@@ -88,6 +88,10 @@ type pausedDetail struct {
 		Kind    string `json:"kind"`
 		Stalled bool   `json:"stalled"`
 	} `json:"stall"`
+	Steps []struct {
+		Name   string `json:"name"`
+		Status string `json:"status"`
+	} `json:"steps"`
 }
 
 // awaitPausedListed waits until run id is paused and listed by GET
@@ -155,6 +159,11 @@ func TestContinueFromTheDashboard(t *testing.T) {
 	assert.Equal(t, "approve", d.Interrupt.Step)
 	assert.Empty(t, d.Interrupt.Payloads)
 	assert.True(t, d.Actions["continue"].Allowed, "%+v", d.Actions)
+	steps := map[string]string{}
+	for _, s := range d.Steps {
+		steps[s.Name] = s.Status
+	}
+	assert.Equal(t, map[string]string{"reserve": "completed", "approve": "paused"}, steps)
 	require.NotNil(t, d.Stall)
 	assert.Equal(t, "waiting_for_payload", d.Stall.Kind)
 	assert.False(t, d.Stall.Stalled)

@@ -120,7 +120,7 @@
     steps.forEach(function (s) {
       if (!s.started_at) return;
       var a = Date.parse(s.started_at);
-      var b = s.finished_at ? Date.parse(s.finished_at) : (s.status === 'running' ? now : a + (s.duration_ms || 0));
+      var b = s.finished_at ? Date.parse(s.finished_at) : (s.status === 'running' || s.status === 'paused' ? now : a + (s.duration_ms || 0));
       t0 = Math.min(t0, a); t1 = Math.max(t1, b);
     });
     if (!isFinite(t0)) { t0 = Date.parse(r.created_at) || now; t1 = t0 + 1; }
@@ -142,7 +142,7 @@
       var track = h('div', { class: 'tl-track' });
       if (s.started_at) {
         var a = Date.parse(s.started_at);
-        var d = s.finished_at ? Date.parse(s.finished_at) - a : (s.status === 'running' ? now - a : (s.duration_ms || 0));
+        var d = s.finished_at ? Date.parse(s.finished_at) - a : (s.status === 'running' || s.status === 'paused' ? now - a : (s.duration_ms || 0));
         var b = h('div', { class: 'tl-bar st-bg-' + s.status, title: s.name + ' · ' + s.status + ' · ' + GR.fmtDur(s.duration_ms) + ' · started ' + s.started_at });
         b.style.left = ((a - t0) / span) * 100 + '%';
         b.style.width = Math.max(0.4, (d / span) * 100) + '%';
@@ -159,7 +159,7 @@
         h('div', { class: 'tl-status' }, GR.badge(s.status),
           s.needs_human ? h('span', { class: 'badge st-needs-human tl-needs', title: 'an undo of this step waits for a person: see Action required' }, 'needs a person') : null),
         h('div', { class: 'tl-att num' }, s.attempts ? String(s.attempts) : ''),
-        h('div', { class: 'tl-dur num' }, s.started_at ? GR.fmtDur(s.finished_at ? s.duration_ms : (s.status === 'running' ? now - Date.parse(s.started_at) : s.duration_ms)) : ''),
+        h('div', { class: 'tl-dur num' }, s.started_at ? GR.fmtDur(s.finished_at ? s.duration_ms : (s.status === 'running' || s.status === 'paused' ? now - Date.parse(s.started_at) : s.duration_ms)) : ''),
         track);
       box.appendChild(row);
       var extra = [];
@@ -869,7 +869,7 @@
       var r = res.data;
       show('run-missing', false);
       $('run').classList.remove('gone');
-      var running = (r.steps || []).some(function (s) { return s.status === 'running'; });
+      var running = (r.steps || []).some(function (s) { return s.status === 'running' || s.status === 'paused'; });
       if (changed('head', [r.id, r.status, r.reactor, r.created_at, r.updated_at, r.elapsed_ms, r.queue, r.queue_default, r.element, r.trace_id, r.reason, r.waiting, (r.definition || {}).fingerprint, r.retry_of, r.retried_by, Math.floor(Date.now() / 10000)])) renderHead(r);
       if (changed('actions', r.actions)) renderActions(r.actions || {});
       if (changed('stall', r.stall)) GR.renderStall(r.stall); // stalls.js
