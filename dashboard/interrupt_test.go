@@ -299,3 +299,64 @@ func TestContinueUncheckedShowsTheWorkersRefusal(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
 }
+
+// An interrupt that takes two payloads stays paused after the first, shows
+// it with its sender, and still offers continue; a sensitive run's payloads
+// show only to the token holder.
+func TestPausedRunShowsItsPayloadsRedactedWhenSensitive(t *testing.T) {
+	t.Parallel()
+	const token = "two-approvers"
+	e := newEnv(t, token)
+	ctx := ctxTimeout(t, 60*time.Second)
+	def := reactor.MustDefine("dash-two-approvers",
+		reactor.Input[string]("card", reactor.Sensitive()),
+		reactor.Interrupt("approve", reactor.InterruptConfig[reactor.Args, approval]{Accepts: 2}),
+		reactor.Returns(reactor.FromStep("approve")),
+	)
+	e.startWorker(def)
+	_, err := e.engine.Enqueue(ctx, def, map[string]any{"card": "4242"}, reactor.WithRunID("pz-3"))
+	require.NoError(t, err)
+	p := e.awaitPausedListed("pz-3")
+	require.Equal(t, 2, p.Accepts)
+	require.Nil(t, p.TimeLeftMS, "no timeout: no time left")
+	assert.Empty(t, p.Deadline)
+
+	var c struct {
+		Received int  `json:"received"`
+		Woken    bool `json:"woken"`
+	}
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/pz-3/continue", token, `{"step":"approve","payload":{"by":"ann","ok":true},"reason":"first"}`),
+		http.StatusAccepted, &c)
+	assert.Equal(t, 1, c.Received)
+	assert.False(t, c.Woken, "one of two: nothing to wake")
+
+	detail := func(tok string) pausedDetail {
+		t.Helper()
+		var d pausedDetail
+		decodeInto(t, e.do(http.MethodGet, "/api/runs/pz-3", tok, ""), http.StatusOK, &d)
+		return d
+	}
+	d := detail(token)
+	require.NotNil(t, d.Interrupt)
+	assert.Equal(t, 1, d.Interrupt.Received)
+	require.Len(t, d.Interrupt.Payloads, 1)
+	assert.JSONEq(t, `{"by":"ann","ok":true}`, string(d.Interrupt.Payloads[0].Payload))
+	assert.Equal(t, "dashboard", d.Interrupt.Payloads[0].By, "the shared token's holder has no name")
+	assert.NotEmpty(t, d.Interrupt.Payloads[0].At)
+	assert.True(t, d.Actions["continue"].Allowed)
+
+	d = detail("")
+	require.Len(t, d.Interrupt.Payloads, 1)
+	assert.Equal(t, `"`+reactor.RedactedValue+`"`, string(d.Interrupt.Payloads[0].Payload))
+
+	decodeInto(t, e.do(http.MethodPost, "/api/runs/pz-3/continue", token, `{"step":"approve","payload":{"by":"bob","ok":true},"reason":"second"}`),
+		http.StatusAccepted, &c)
+	assert.Equal(t, 2, c.Received)
+	assert.True(t, c.Woken)
+	final, err := e.engine.Wait(ctx, "pz-3")
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	got, err := reactor.ValueOf[[]approval](final)
+	require.NoError(t, err)
+	assert.Equal(t, []approval{{By: "ann", OK: true}, {By: "bob", OK: true}}, got)
+}
