@@ -150,6 +150,16 @@ func TestContinueFromTheDashboard(t *testing.T) {
 	require.NotNil(t, p.TimeLeftMS)
 	assert.Greater(t, *p.TimeLeftMS, int64(50*time.Minute/time.Millisecond))
 
+	var other struct {
+		Runs []pausedItem `json:"runs"`
+	}
+	e.get("/api/paused?reactor=dash-approval&limit=1", http.StatusOK, &other)
+	require.Len(t, other.Runs, 1)
+	e.get("/api/paused?reactor=another", http.StatusOK, &other)
+	assert.Empty(t, other.Runs)
+	e.get("/api/paused?status=failed", http.StatusBadRequest, nil)
+	e.get("/api/paused?limit=501", http.StatusBadRequest, nil)
+
 	// The detail shows the interrupt and offers continue; the paused run
 	// is waiting, not stalled.
 	var d pausedDetail
