@@ -14,6 +14,7 @@ import (
 
 	"github.com/goreactor/goreactor/internal/envconfig"
 	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/reactor"
 )
 
 // Config configures New.
@@ -87,6 +88,15 @@ type Config struct {
 	// first) one stall examination reads; the answer says when there were
 	// more (truncated). Default 500.
 	StallScan int
+	// Definitions, when given, are registered with the dashboard's engines
+	// (they run nothing): a paused run's page and GET /api/paused then name
+	// its interrupt's payload type with an example to fill in, and a
+	// continue's payload is checked against the step before it is recorded
+	// (a refusal is a 422 with why). Without them a payload is recorded
+	// unchecked and the worker checks it: a refusal then shows on the run
+	// page as the interrupt's last refusal, the run still paused. Default
+	// none.
+	Definitions []*reactor.Definition
 	// Logger receives a line per request that failed on the server's side.
 	// Default slog.Default().
 	Logger *slog.Logger

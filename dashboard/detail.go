@@ -24,6 +24,7 @@ const (
 	stepFailed     = "failed"
 	stepHalted     = "halted"
 	stepCut        = "interrupted"
+	stepPaused     = "paused"
 	stepUndone     = "undone"
 	stepUndoFailed = "undo_failed"
 )
@@ -70,6 +71,9 @@ type runDetail struct {
 	// Stall, for a live run without progress for StallAfter, says why
 	// (stalls.go); null otherwise.
 	Stall *stallView `json:"stall"`
+	// Interrupt, for a run paused at an interrupt step, is what it waits
+	// for (interrupt.go); null otherwise.
+	Interrupt *interruptView `json:"interrupt"`
 }
 
 // elementOf says which map element a run is (element runs only).
@@ -302,7 +306,7 @@ type actionView struct {
 func elementActions(owner string) map[string]actionView {
 	why := "a map element is undone, retried and cancelled with its map: act on its owner run " + owner
 	out := map[string]actionView{}
-	for _, a := range append(actions, undoStepsAction, redispatchAction) {
+	for _, a := range append(actions, undoStepsAction, redispatchAction, continueAction) {
 		out[a] = actionView{Reason: why}
 	}
 	return out
@@ -376,6 +380,11 @@ func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
 			}
 		}
 		d.Actions[redispatchAction] = redispatchView(run.Status, d.Stall, h.cfg.StallAfter)
+		if d.Interrupt, err = h.interruptDetail(ctx, r, run); err != nil {
+			h.serverError(w, r, err)
+			return
+		}
+		d.Actions[continueAction] = continueView(run, d.Interrupt)
 	}
 	if !run.Status.Terminal() && run.Element == nil {
 		dw, err := h.engine.DefinitionWait(ctx, id)
@@ -551,6 +560,10 @@ func steps(run *reactor.Run) []stepView {
 			v.Status, v.Error = stepFailed, run.Failure.Message
 		case run.Status == reactor.StatusRunning:
 			v.Status = stepRunning
+		case run.Status == reactor.StatusPaused && run.Paused != nil && (run.Paused.Step == n || strings.HasPrefix(run.Paused.Step, n+"/")):
+			// The interrupt the run waits at (or the compose step whose
+			// child waits at one).
+			v.Status = stepPaused
 		}
 		if c := run.Current; c != nil && c.Step == n {
 			v.Attempts = c.Attempt

@@ -49,6 +49,10 @@ type Handler struct {
 	// QueueShards), as the workers' own clients do.
 	recovery   *sweeper.Sweeper
 	stallCache *stallCache
+	// continuer is the engine a continue records payloads with: it
+	// enqueues the run's wake-up through the recovery's worker client, and
+	// holds Config.Definitions, as engine does.
+	continuer *reactor.Engine
 }
 
 // requester asks workers to carry out action ("undo", "cancel", "retry")
@@ -87,6 +91,9 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
 	}
+	if err := eng.Register(cfg.Definitions...); err != nil {
+		return nil, fmt.Errorf("dashboard: Config.Definitions: %w", err)
+	}
 	if err := pageScript.Load(ctx, cfg.Client).Err(); err != nil {
 		return nil, fmt.Errorf("dashboard: load script: %w", err)
 	}
@@ -99,7 +106,7 @@ func New(cfg Config) (*Handler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dashboard: %w", err)
 	}
-	rec, err := newRecovery(ctx, cfg)
+	rec, cont, err := newRecovery(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -108,7 +115,7 @@ func New(cfg Config) (*Handler, error) {
 		maps: inspect.New(cfg.Client, cfg.Prefix), inspector: insp, served: newServedQueues(insp),
 		log:       cfg.Logger,
 		requester: controller{ctl},
-		ui:        newUI(), recovery: rec, stallCache: &stallCache{ttl: stallTTL}}
+		ui:        newUI(), recovery: rec, stallCache: &stallCache{ttl: stallTTL}, continuer: cont}
 	stalls := prometheus.NewRegistry()
 	stalls.MustRegister(newStallCollector(h))
 	h.metrics = promhttp.HandlerFor(prometheus.Gatherers{g, stalls}, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError})
@@ -118,21 +125,26 @@ func New(cfg Config) (*Handler, error) {
 // newRecovery returns the sweeper a re-dispatch asks to recover one run:
 // its engine holds no definitions and enqueues through a worker client on
 // the workers' queue and shards (ControlQueue, QueueShards), so what it
-// re-enqueues lands where the workers' own clients would put it.
-func newRecovery(ctx context.Context, cfg Config) (*sweeper.Sweeper, error) {
+// re-enqueues lands where the workers' own clients would put it. Its
+// engine, with Config.Definitions, is also the one a continue records its
+// payload with, so that the run's wake-up is enqueued the same way.
+func newRecovery(ctx context.Context, cfg Config) (*sweeper.Sweeper, *reactor.Engine, error) {
 	client, err := worker.NewClientWithConfig(cfg.Client, worker.ClientConfig{Queue: cfg.ControlQueue, Shards: cfg.QueueShards})
 	if err != nil {
-		return nil, fmt.Errorf("dashboard: %w", err)
+		return nil, nil, fmt.Errorf("dashboard: %w", err)
 	}
 	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: cfg.Client, Prefix: cfg.Prefix, Logger: cfg.Logger, Enqueuer: client})
 	if err != nil {
-		return nil, fmt.Errorf("dashboard: %w", err)
+		return nil, nil, fmt.Errorf("dashboard: %w", err)
+	}
+	if err := eng.Register(cfg.Definitions...); err != nil {
+		return nil, nil, fmt.Errorf("dashboard: Config.Definitions: %w", err)
 	}
 	rec, err := sweeper.New(sweeper.Config{Engine: eng, Logger: cfg.Logger})
 	if err != nil {
-		return nil, fmt.Errorf("dashboard: %w", err)
+		return nil, nil, fmt.Errorf("dashboard: %w", err)
 	}
-	return rec, nil
+	return rec, eng, nil
 }
 
 // controller is a worker.Controller with the action by name, as the
@@ -215,6 +227,10 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		get(h.needsHuman)
 	case len(seg) == 1 && seg[0] == "stalls":
 		get(h.stalls)
+	case len(seg) == 1 && seg[0] == "paused":
+		get(h.pausedRuns)
+	case len(seg) == 3 && seg[0] == "runs" && seg[2] == continueAction:
+		post(func(w http.ResponseWriter, r *http.Request) { h.continueRun(w, r, seg[1]) })
 	case len(seg) == 3 && seg[0] == "runs" && seg[2] == redispatchAction:
 		post(func(w http.ResponseWriter, r *http.Request) { h.redispatch(w, r, seg[1]) })
 	case len(seg) == 1 && seg[0] == "matching":

@@ -41,6 +41,8 @@ import (
 //
 //	waiting_for_person  an undo conflicted and waits for a person to resolve
 //	                    it (not counted as stalled: re-dispatch cannot help)
+//	waiting_for_payload paused at an interrupt step that waits for payloads
+//	                    (not counted as stalled: continue it, GET /api/paused)
 //	no_definition       the workers lack the run's definition (a rolling deploy)
 //	no_worker           no worker serves the run's queue, or its maps' task queues
 //	tasks_pending       its queue's oldest pending task is older than StallAfter
@@ -48,6 +50,7 @@ import (
 //	lost                none of these: its tasks were lost; re-dispatch
 const (
 	stallWaiting      = "waiting_for_person"
+	stallPayload      = "waiting_for_payload"
 	stallNoDefinition = "no_definition"
 	stallNoWorker     = "no_worker"
 	stallPending      = "tasks_pending"
@@ -56,7 +59,7 @@ const (
 )
 
 // stallKinds lists the kinds in order of precedence.
-var stallKinds = []string{stallWaiting, stallNoDefinition, stallNoWorker, stallPending, stallElementLock, stallLost}
+var stallKinds = []string{stallWaiting, stallPayload, stallNoDefinition, stallNoWorker, stallPending, stallElementLock, stallLost}
 
 // stallTTL is how long one examination of the stalls is served.
 const stallTTL = 3 * time.Second
@@ -346,6 +349,11 @@ func (h *Handler) examineRun(ctx context.Context, p *stallProbe, id string, maps
 	if waitsForPerson {
 		add(stallWaiting, "waiting for a person: an undo conflicted and nobody resolved it yet (the run page says what to do)")
 	}
+	if why, err := h.waitsForPayload(ctx, run, p.now); err != nil {
+		return nil, err
+	} else if why != "" {
+		add(stallPayload, why)
+	}
 	if dw, err := h.engine.DefinitionWait(ctx, id); err != nil {
 		return nil, fmt.Errorf("read the definition wait of run %s: %w", id, err)
 	} else if dw != nil {
@@ -406,8 +414,35 @@ func (h *Handler) examineRun(ctx context.Context, p *stallProbe, id string, maps
 			break
 		}
 	}
-	s.Stalled = s.Kind != stallWaiting
+	s.Stalled = s.Kind != stallWaiting && s.Kind != stallPayload
 	return s, nil
+}
+
+// waitsForPayload says why paused run run is waiting, not stalled: its
+// interrupt waits for payloads, and has no deadline or one not passed by
+// StallAfter (a timer that long overdue was lost). "" when it is not
+// paused, or its interrupt holds every payload it accepts (its wake-up is
+// lost: stalled).
+func (h *Handler) waitsForPayload(ctx context.Context, run *reactor.Run, now time.Time) (string, error) {
+	if run.Status != reactor.StatusPaused {
+		return "", nil
+	}
+	info, err := h.engine.Interrupt(ctx, run.ID)
+	if errors.Is(err, reactor.ErrNotPaused) || errors.Is(err, reactor.ErrNotFound) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the interrupt of run %s: %w", run.ID, err)
+	}
+	if info.Received >= info.Accepts || (!info.Deadline.IsZero() && now.Sub(info.Deadline) >= h.cfg.StallAfter) {
+		return "", nil
+	}
+	why := fmt.Sprintf("paused at interrupt step %s, waiting for %s (%d of %d received)", info.Step,
+		plural(info.Accepts-info.Received, "payload"), info.Received, info.Accepts)
+	if info.Correlation != "" {
+		why += ", correlation id " + info.Correlation
+	}
+	return why + ": continue it from its page, or engine.Continue", nil
 }
 
 // outstanding reports whether map m has work left: its current rollback,

@@ -31,6 +31,10 @@ type Options struct {
 	// DurationBuckets are the buckets of the _seconds histograms, in
 	// seconds. Default 5 ms to 5 minutes (DefaultDurationBuckets).
 	DurationBuckets []float64
+	// PauseBuckets are the buckets of goreactor_interrupt_paused_seconds
+	// (how long runs waited at interrupt steps), in seconds. Default 1
+	// second to 7 days (DefaultPauseBuckets).
+	PauseBuckets []float64
 	// Logger receives a line when the scrape-time Redis read fails.
 	// Default slog.Default().
 	Logger *slog.Logger
@@ -40,6 +44,11 @@ type Options struct {
 // Options.DurationBuckets is empty: steps and sweeper passes range from
 // milliseconds to minutes.
 var DefaultDurationBuckets = []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300}
+
+// DefaultPauseBuckets are the buckets of goreactor_interrupt_paused_seconds
+// when Options.PauseBuckets is empty: an interrupt waits for a webhook
+// (seconds), a person (minutes to hours) or a partner (days).
+var DefaultPauseBuckets = []float64{1, 10, 60, 300, 900, 3600, 4 * 3600, 12 * 3600, 86400, 3 * 86400, 7 * 86400}
 
 // WithDefaults returns o with every unset field at its default.
 func (o Options) WithDefaults() Options {
@@ -51,6 +60,9 @@ func (o Options) WithDefaults() Options {
 	}
 	if len(o.DurationBuckets) == 0 {
 		o.DurationBuckets = DefaultDurationBuckets
+	}
+	if len(o.PauseBuckets) == 0 {
+		o.PauseBuckets = DefaultPauseBuckets
 	}
 	if o.Logger == nil {
 		o.Logger = slog.Default()
@@ -75,7 +87,14 @@ type Metrics struct {
 	undoDuration       *prometheus.HistogramVec
 	batches            *prometheus.CounterVec
 	lockLost           prometheus.Counter
-	replicaAcksShort   prometheus.Counter
+
+	paused            *prometheus.CounterVec
+	payloadsReceived  *prometheus.CounterVec
+	payloadsRefused   *prometheus.CounterVec
+	continued         *prometheus.CounterVec
+	interruptTimeouts *prometheus.CounterVec
+	pausedDuration    *prometheus.HistogramVec
+	replicaAcksShort  prometheus.Counter
 
 	runTasks     *prometheus.CounterVec
 	elementTasks *prometheus.CounterVec
@@ -133,6 +152,18 @@ func New(opts Options) *Metrics {
 		"Batches claimed by fan-out maps (kind forward: element tasks; rollback: element rollback jobs), by owner reactor.", "reactor", "kind")
 	m.replicaAcksShort = counter0("replica_acks_short_total",
 		"Progress writes that fewer replicas than Config.ReplicaAcks acknowledged within ReplicaAckTimeout: a failover now may lose them.")
+	m.paused = counter("interrupt_pauses_total", "Runs that paused at an interrupt step and left their worker.", "reactor", "step")
+	m.payloadsReceived = counter("interrupt_payloads_received_total", "Payloads Continue recorded for interrupt steps "+
+		"(counted by the process that called Continue: an API server, the dashboard).", "reactor", "step")
+	m.payloadsRefused = counter("interrupt_payloads_refused_total", "Recorded payloads a worker refused (they did not decode into the "+
+		"step's payload type or its Validate refused them); the run stays paused.", "reactor", "step")
+	m.continued = counter("interrupt_continued_total", "Interrupt steps that took their payloads: the run went on.", "reactor", "step")
+	m.interruptTimeouts = counter("interrupt_timeouts_total", "Interrupt steps whose timeout passed short of payloads "+
+		"(the step failed, or took its Default).", "reactor", "step")
+	m.pausedDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: namespace, Name: "interrupt_paused_seconds",
+		Help: "How long runs were paused at an interrupt step before it took its payloads.", Buckets: opts.PauseBuckets},
+		[]string{"reactor", "step"})
+	m.collectors = append(m.collectors, m.pausedDuration)
 	m.lockLost = counter0("lock_lost_total", "Executions (runs and element runs) that lost their run lock mid-way.")
 
 	m.runTasks = counter("run_tasks_total", "Run tasks handled by workers, by outcome (done, snoozed, dropped, error).", "outcome")
@@ -239,6 +270,17 @@ func (m *Metrics) OnEvent(_ context.Context, e reactor.Event) {
 		m.observeUndo(e, "compensate", "ok")
 	case reactor.EventCompensateFail:
 		m.observeUndo(e, "compensate", "failed")
+	case reactor.EventRunPaused:
+		m.paused.WithLabelValues(e.Reactor, e.Step).Inc()
+	case reactor.EventPayloadReceived:
+		m.payloadsReceived.WithLabelValues(e.Reactor, e.Step).Inc()
+	case reactor.EventPayloadRefused:
+		m.payloadsRefused.WithLabelValues(e.Reactor, e.Step).Inc()
+	case reactor.EventRunContinued:
+		m.continued.WithLabelValues(e.Reactor, e.Step).Inc()
+		m.pausedDuration.WithLabelValues(e.Reactor, e.Step).Observe(e.Duration.Seconds())
+	case reactor.EventInterruptTimedOut:
+		m.interruptTimeouts.WithLabelValues(e.Reactor, e.Step).Inc()
 	case reactor.EventMapBatchClaimed:
 		m.batches.WithLabelValues(e.Reactor, ResumeForward).Inc()
 	case reactor.EventMapRollbackBatchClaimed:

@@ -192,3 +192,51 @@ func TestRunsGaugeWithoutRedis(t *testing.T) {
 }
 
 func discardLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// Interrupt events count by reactor and step, and a continue observes how
+// long the run was paused, in the pause buckets (hours and days fit).
+func TestInterruptEventsCounted(t *testing.T) {
+	t.Parallel()
+	m := metrics.New(metrics.Options{})
+	ctx := context.Background()
+	for _, e := range []reactor.Event{
+		{Kind: reactor.EventRunPaused, Reactor: "order", Step: "approve", Status: reactor.StatusPaused},
+		{Kind: reactor.EventRunPaused, Reactor: "order", Step: "approve", Status: reactor.StatusPaused},
+		{Kind: reactor.EventPayloadReceived, Reactor: "order", Step: "approve"},
+		{Kind: reactor.EventPayloadReceived, Reactor: "order", Step: "approve"},
+		{Kind: reactor.EventPayloadReceived, Reactor: "order", Step: "approve"},
+		{Kind: reactor.EventPayloadRefused, Reactor: "order", Step: "approve", Err: errors.New("no approver")},
+		{Kind: reactor.EventRunContinued, Reactor: "order", Step: "approve", Duration: 90 * time.Minute},
+		{Kind: reactor.EventInterruptTimedOut, Reactor: "order", Step: "approve", Status: reactor.StatusPaused},
+	} {
+		m.OnEvent(ctx, e)
+	}
+	l := map[string]string{"reactor": "order", "step": "approve"}
+	require.Equal(t, 2.0, value(t, m, "goreactor_interrupt_pauses_total", l))
+	require.Equal(t, 3.0, value(t, m, "goreactor_interrupt_payloads_received_total", l))
+	require.Equal(t, 1.0, value(t, m, "goreactor_interrupt_payloads_refused_total", l))
+	require.Equal(t, 1.0, value(t, m, "goreactor_interrupt_continued_total", l))
+	require.Equal(t, 1.0, value(t, m, "goreactor_interrupt_timeouts_total", l))
+	require.Equal(t, 1.0, value(t, m, "goreactor_interrupt_paused_seconds", l))
+
+	reg := prometheus.NewPedanticRegistry()
+	require.NoError(t, reg.Register(m))
+	fams, err := reg.Gather()
+	require.NoError(t, err)
+	for _, f := range fams {
+		if f.GetName() != "goreactor_interrupt_paused_seconds" {
+			continue
+		}
+		hist := f.GetMetric()[0].GetHistogram()
+		require.InDelta(t, 5400, hist.GetSampleSum(), 0.001)
+		for _, b := range hist.GetBucket() {
+			// 90 minutes is past the 1-hour bucket and within the 4-hour one.
+			switch b.GetUpperBound() {
+			case 3600:
+				require.Equal(t, uint64(0), b.GetCumulativeCount())
+			case 4 * 3600:
+				require.Equal(t, uint64(1), b.GetCumulativeCount())
+			}
+		}
+	}
+}

@@ -120,7 +120,7 @@
     steps.forEach(function (s) {
       if (!s.started_at) return;
       var a = Date.parse(s.started_at);
-      var b = s.finished_at ? Date.parse(s.finished_at) : (s.status === 'running' ? now : a + (s.duration_ms || 0));
+      var b = s.finished_at ? Date.parse(s.finished_at) : (s.status === 'running' || s.status === 'paused' ? now : a + (s.duration_ms || 0));
       t0 = Math.min(t0, a); t1 = Math.max(t1, b);
     });
     if (!isFinite(t0)) { t0 = Date.parse(r.created_at) || now; t1 = t0 + 1; }
@@ -142,7 +142,7 @@
       var track = h('div', { class: 'tl-track' });
       if (s.started_at) {
         var a = Date.parse(s.started_at);
-        var d = s.finished_at ? Date.parse(s.finished_at) - a : (s.status === 'running' ? now - a : (s.duration_ms || 0));
+        var d = s.finished_at ? Date.parse(s.finished_at) - a : (s.status === 'running' || s.status === 'paused' ? now - a : (s.duration_ms || 0));
         var b = h('div', { class: 'tl-bar st-bg-' + s.status, title: s.name + ' · ' + s.status + ' · ' + GR.fmtDur(s.duration_ms) + ' · started ' + s.started_at });
         b.style.left = ((a - t0) / span) * 100 + '%';
         b.style.width = Math.max(0.4, (d / span) * 100) + '%';
@@ -159,7 +159,7 @@
         h('div', { class: 'tl-status' }, GR.badge(s.status),
           s.needs_human ? h('span', { class: 'badge st-needs-human tl-needs', title: 'an undo of this step waits for a person: see Action required' }, 'needs a person') : null),
         h('div', { class: 'tl-att num' }, s.attempts ? String(s.attempts) : ''),
-        h('div', { class: 'tl-dur num' }, s.started_at ? GR.fmtDur(s.finished_at ? s.duration_ms : (s.status === 'running' ? now - Date.parse(s.started_at) : s.duration_ms)) : ''),
+        h('div', { class: 'tl-dur num' }, s.started_at ? GR.fmtDur(s.finished_at ? s.duration_ms : (s.status === 'running' || s.status === 'paused' ? now - Date.parse(s.started_at) : s.duration_ms)) : ''),
         track);
       box.appendChild(row);
       var extra = [];
@@ -774,6 +774,81 @@
     ]);
   }
 
+  // ---- interrupt -----------------------------------------------------------
+  // The payload textarea keeps what the operator typed across polls: it is
+  // filled with the example only while untouched.
+  var payloadTouched = false;
+  var intr = null;
+
+  function renderInterrupt(v, act) {
+    intr = v;
+    show('interrupt-panel', !!v);
+    if (!v) return;
+    $('interrupt-text').textContent = v.received + ' of ' + v.accepts + ' payload' + (v.accepts === 1 ? '' : 's') + ' received';
+    var dl = GR.clear($('interrupt-facts'));
+    fact(dl, 'step', h('span', { class: 'mono' }, v.step));
+    fact(dl, 'correlation', v.correlation ? h('span', { class: 'mono' }, v.correlation) : '');
+    fact(dl, 'since', h('span', null, GR.timeEl(v.since), ' ', h('span', { class: 'muted' }, '(' + GR.fmtDur(v.paused_ms) + ')')));
+    fact(dl, 'deadline', GR.deadlineEl(v)); // paused.js
+    fact(dl, 'expects', GR.expectedEl(v));
+    fact(dl, 'last refusal', v.refused ? h('span', { class: 'bad-text', title: v.refused_at }, v.refused, ' ', h('span', { class: 'muted small' }, GR.fmtAgo(v.refused_at))) : '');
+    var box = GR.clear($('interrupt-payloads'));
+    var ps = v.payloads || [];
+    if (ps.length) {
+      box.appendChild(h('table', { class: 'table compact interrupt-received' },
+        h('thead', null, h('tr', null, ['#', 'received', 'by', 'payload'].map(function (c) { return h('th', null, c); }))),
+        h('tbody', null, ps.map(function (p, i) {
+          return h('tr', { class: 'received-payload' }, h('td', null, String(i + 1)), h('td', null, GR.timeEl(p.at, 'clock')),
+            h('td', { class: 'mono' }, p.by || h('span', { class: 'muted' }, '—')), h('td', null, GR.valueEl(p.payload)));
+        }))));
+      if (v.payloads_redacted) box.appendChild(redactedNote('payloads-redacted', 'The payloads of a sensitive run show only with the token.'));
+    }
+    $('continue-step').value = v.step;
+    var ta = $('continue-payload');
+    if (!payloadTouched) ta.value = exampleText(v);
+    var ok = !!(act && act.allowed);
+    $('continue-button').disabled = !ok;
+    $('continue-why').textContent = ok ? '' : ((act && act.reason) || '');
+  }
+
+  function exampleText(v) {
+    return v.example === null || v.example === undefined ? '{}' : GR.jsonText(v.example, '');
+  }
+
+  function submitContinue(e) {
+    e.preventDefault();
+    if (!intr) return;
+    var step = intr.step, payload;
+    try {
+      payload = JSON.parse($('continue-payload').value);
+    } catch (err) {
+      GR.message('error', 'The payload is not JSON; nothing was sent', err.message);
+      return;
+    }
+    var reason = $('continue-reason').value.trim();
+    if (!reason) {
+      GR.message('error', 'A reason is required; nothing was sent', 'Say why you continue the run: it is kept in the run\'s audit with your name.');
+      return;
+    }
+    GR.confirm('Continue run ' + runID + '?', 'Send this payload to step ' + step + ' of run ' + runID + '. It is taken once: a second payload is refused.',
+      [JSON.stringify(payload).slice(0, 200), 'reason: ' + reason], 'Continue run').then(function (yes) {
+      if (!yes) return null;
+      return GR.post('/api/runs/' + encodeURIComponent(runID) + '/continue', { step: step, payload: payload, reason: reason }).then(function (res) {
+        var d = res.data || {};
+        payloadTouched = false;
+        $('continue-reason').value = '';
+        if (d.warning) GR.message('warn', 'Payload recorded for run ' + runID + ', but nothing carries the run on yet', d.warning);
+        else GR.message('ok', 'Payload recorded for run ' + runID, d.received + ' of ' + d.accepts + ' received' +
+          (d.woken ? '; a worker carries the run on.' : d.received < d.accepts ? '; it waits for more.' : '.') +
+          (d.checked ? '' : ' The worker checks the payload; a refusal shows here.'));
+        return res;
+      }, function (err) {
+        GR.message('error', 'Continue of run ' + runID + (err.status ? ' refused (' + err.status + ')' : ' not sent'), err.message);
+        return null;
+      });
+    }).then(function (r) { GR.poller.nudge(); return r; });
+  }
+
   // ---- refresh -------------------------------------------------------------
   // renderActions offers the actions the engine would accept on the run
   // now; the others stay disabled, their reason on hover and read out by
@@ -794,10 +869,11 @@
       var r = res.data;
       show('run-missing', false);
       $('run').classList.remove('gone');
-      var running = (r.steps || []).some(function (s) { return s.status === 'running'; });
+      var running = (r.steps || []).some(function (s) { return s.status === 'running' || s.status === 'paused'; });
       if (changed('head', [r.id, r.status, r.reactor, r.created_at, r.updated_at, r.elapsed_ms, r.queue, r.queue_default, r.element, r.trace_id, r.reason, r.waiting, (r.definition || {}).fingerprint, r.retry_of, r.retried_by, Math.floor(Date.now() / 10000)])) renderHead(r);
       if (changed('actions', r.actions)) renderActions(r.actions || {});
       if (changed('stall', r.stall)) GR.renderStall(r.stall); // stalls.js
+      if (changed('interrupt', [r.interrupt, (r.actions || {}).continue, Math.floor(Date.now() / 10000)])) renderInterrupt(r.interrupt, (r.actions || {}).continue);
       if (changed('failure', r.failure)) renderFailure(r.failure);
       if (changed('rollback', r.rollback)) renderRollback(r.rollback);
       if (changed('steps', r.steps) || running) renderTimeline(r);
@@ -833,6 +909,9 @@
       b.addEventListener('click', function () { GR.runAction(runID, b.dataset.action); });
     });
     $('undo-steps-button').addEventListener('click', undoSelected);
+    $('continue-form').addEventListener('submit', submitContinue);
+    $('continue-payload').addEventListener('input', function () { payloadTouched = true; });
+    $('continue-example').addEventListener('click', function () { payloadTouched = false; if (intr) $('continue-payload').value = exampleText(intr); });
     $('action-copy').addEventListener('click', copyActionText);
     GR.poller.start(refresh);
   });

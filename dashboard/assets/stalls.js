@@ -16,7 +16,8 @@
 
   var kindLabels = {
     no_worker: 'no worker', tasks_pending: 'tasks pending', element_lock: 'element lock held',
-    no_definition: 'no definition', lost: 'tasks lost', waiting_for_person: 'waiting for a person'
+    no_definition: 'no definition', lost: 'tasks lost', waiting_for_person: 'waiting for a person',
+    waiting_for_payload: 'waiting for a payload'
   };
 
   // ---- run page ------------------------------------------------------------
