@@ -672,7 +672,9 @@ func (e *Engine) continueAt(ctx context.Context, runID, path string, instance in
 		return &ContinueError{RunID: runID, Step: path, Status: st.Status, Reason: why, Err: sentinel}
 	}
 	checked := false
+	reactor := st.Reactor // the reactor whose step it is: a composed child's, inside one
 	if def, derr := e.lookupRun(st); derr == nil {
+		reactor = def.ownerOf(path).name
 		s := def.stepAt(path)
 		if s == nil || s.intr == nil {
 			return nil, cerr("its definition has no interrupt step by that path", ErrNotPaused)
@@ -707,7 +709,7 @@ func (e *Engine) continueAt(ctx context.Context, runID, path string, instance in
 		return nil, fmt.Errorf("reactor: continue: unexpected reply %q", rep.Outcome)
 	}
 	c := &Continuation{RunID: runID, Step: path, At: msTime(rep.At), Received: rep.Received, Accepts: rep.Accepts, Checked: checked}
-	e.emit(ctx, Event{Kind: EventPayloadReceived, RunID: runID, Reactor: st.Reactor, Step: path, TraceID: st.Trace})
+	e.emit(ctx, Event{Kind: EventPayloadReceived, RunID: runID, Reactor: reactor, Step: path, TraceID: st.Trace, Element: st.Elem != nil})
 	if rep.Received < rep.Accepts || e.cfg.Enqueuer == nil {
 		return c, nil
 	}
@@ -766,6 +768,20 @@ func msTime(ms int64) time.Time {
 		return time.Time{}
 	}
 	return time.UnixMilli(ms)
+}
+
+// ownerOf returns the definition that declares the step at path: d, or the
+// composed child path goes through.
+func (d *Definition) ownerOf(path string) *Definition {
+	def := d
+	for {
+		name, rest, nested := strings.Cut(path, "/")
+		s, ok := def.byName[name]
+		if !nested || !ok || s.child == nil {
+			return def
+		}
+		def, path = s.child, rest
+	}
 }
 
 // stepAt returns the step at path ("approve", "book/approve"), or nil.
