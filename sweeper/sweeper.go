@@ -32,6 +32,10 @@ type Config struct {
 	// StaleAfter is how long a run or map must have gone without progress
 	// before a pass examines it. Default 10 s.
 	StaleAfter time.Duration
+	// PausedRecheck is how long a paused run whose interrupt still waits
+	// is left before a pass examines it again (RunConfig.PausedRecheck).
+	// Default 1 h.
+	PausedRecheck time.Duration
 	// RunPage and MapPage bound the runs and maps examined per pass.
 	// Defaults 200 and 100.
 	RunPage, MapPage int
@@ -111,7 +115,7 @@ func New(cfg Config) (*Sweeper, error) {
 	}
 	rdb := engine.Client(cfg.Engine)
 	runs, err := NewRunSweeper(RunConfig{Engine: cfg.Engine, Client: rdb, Enqueuer: engine.EnqueuerOf(cfg.Engine), Queue: cfg.Queue,
-		StaleAfter: cfg.StaleAfter, Page: cfg.RunPage, Logger: cfg.Logger})
+		StaleAfter: cfg.StaleAfter, Page: cfg.RunPage, PausedRecheck: cfg.PausedRecheck, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
