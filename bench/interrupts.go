@@ -80,10 +80,12 @@ type interruptReport struct {
 	Slots          int `json:"worker_slots"`
 
 	// Idle: commands per second over IdleSeconds with only the workers
-	// (asynq polling the queue), and per paused run.
-	IdleSeconds      float64 `json:"idle_seconds"`
-	IdleCmdsPerSec   float64 `json:"idle_commands_per_second"`
-	IdleCmdsPerRunPS float64 `json:"idle_commands_per_paused_run_per_second"`
+	// (asynq polling the queue), before any run started (the baseline)
+	// and with the N runs paused, and the difference per paused run.
+	IdleSeconds        float64 `json:"idle_seconds"`
+	BaselineCmdsPerSec float64 `json:"idle_commands_per_second_no_run"`
+	IdleCmdsPerSec     float64 `json:"idle_commands_per_second"`
+	IdleCmdsPerRunPS   float64 `json:"idle_commands_per_paused_run_per_second"`
 	// The first sweeper pass examines every paused run once and moves it
 	// PausedRecheck ahead; the idle rate over its length is taken off.
 	Pass1Examined   int     `json:"sweep_pass1_examined"`
@@ -153,13 +155,21 @@ func (b *bench) interruptRun(ctx context.Context) (*interruptReport, error) {
 	}
 
 	err := b.withPool(ctx, b.spec(kindReactor, []int{c.batch, c.elements}), c.procs, func() error {
+		// ---- idle with no run: the workers' own polling, the baseline
+		others()
+		rate0, err := idleRate(ctx, c.idleWindow, calls)
+		if err != nil {
+			return err
+		}
+		r.BaselineCmdsPerSec = rate0
+
 		// ---- start N runs; all pause
 		stop := b.bar.track("starting", func(ctx context.Context) (string, int, int) {
 			p, _ := b.admin.ZCard(ctx, k.Status(string(reactor.StatusPaused))).Result()
 			return "paused", int(p), n
 		})
 		began := time.Now()
-		err := fanOut(ctx, ids, c.continuers, func(ctx context.Context, id string) error {
+		err = fanOut(ctx, ids, c.continuers, func(ctx context.Context, id string) error {
 			_, err := b.host.engine.Enqueue(ctx, b.host.approval, nil, reactor.WithRunID(id))
 			return err
 		})
@@ -185,24 +195,26 @@ func (b *bench) interruptRun(ctx context.Context) (*interruptReport, error) {
 		if err := b.queueState(insp, r); err != nil {
 			return err
 		}
-		if r.ActiveTasks != 0 || r.BusySlots != 0 || r.PendingTasks != 0 || r.ScheduledTasks != 0 {
-			b.fail(fmt.Sprintf("paused runs hold tasks: %d active, %d pending, %d scheduled; %d busy worker slots",
-				r.ActiveTasks, r.PendingTasks, r.ScheduledTasks, r.BusySlots))
+		if r.ActiveTasks != 0 || r.PendingTasks != 0 || r.ScheduledTasks != 0 {
+			b.fail(fmt.Sprintf("paused runs hold tasks: %d active, %d pending, %d scheduled",
+				r.ActiveTasks, r.PendingTasks, r.ScheduledTasks))
 		}
 
 		// ---- idle: the workers only
 		others()
-		c0 := calls()
-		t0 := time.Now()
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(c.idleWindow):
+		rate, err := idleRate(ctx, c.idleWindow, calls)
+		if err != nil {
+			return err
 		}
-		c1 := calls()
-		idle := time.Since(t0)
-		rate := float64(c1-c0) / idle.Seconds()
-		r.IdleCmdsPerSec, r.IdleCmdsPerRunPS = rate, rate/float64(n)
+		r.IdleCmdsPerSec, r.IdleCmdsPerRunPS = rate, (rate-rate0)/float64(n)
+		// The servers' busy slots, as their heartbeat (every 5 s) last
+		// wrote them: read at the end of the window, not at its start.
+		if err := b.busySlots(ctx, insp, r); err != nil {
+			return err
+		}
+		if r.BusySlots != 0 {
+			b.fail(fmt.Sprintf("paused runs hold %d worker slots of %d", r.BusySlots, r.Slots))
+		}
 
 		// ---- sweeper passes
 		sw, err := sweeper.NewRunSweeper(sweeper.RunConfig{Engine: b.host.engine, Client: b.owner, Enqueuer: b.host.enqueue,
@@ -317,26 +329,54 @@ func (b *bench) interruptRun(ctx context.Context) (*interruptReport, error) {
 	return r, nil
 }
 
-// queueState fills r's task counts and the busy worker slots of the
-// queue's servers.
+// idleRate is the server's commands per second over window.
+func idleRate(ctx context.Context, window time.Duration, calls func() int64) (float64, error) {
+	c0 := calls()
+	t0 := time.Now()
+	select {
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	case <-time.After(window):
+	}
+	return float64(calls()-c0) / time.Since(t0).Seconds(), nil
+}
+
+// queueState fills r's task counts.
 func (b *bench) queueState(insp *asynq.Inspector, r *interruptReport) error {
 	qi, err := insp.GetQueueInfo(b.queue)
 	if err != nil {
 		return err
 	}
 	r.ActiveTasks, r.PendingTasks, r.ScheduledTasks = qi.Active, qi.Pending, qi.Scheduled
-	servers, err := insp.Servers()
-	if err != nil {
-		return err
-	}
-	for _, s := range servers {
-		if _, ok := s.Queues[b.queue]; !ok {
-			continue
-		}
-		r.Slots += s.Concurrency
-		r.BusySlots += len(s.ActiveWorkers)
-	}
 	return nil
+}
+
+// busySlots fills r's worker slots and busy ones over the queue's
+// servers. A server writes them with its heartbeat (every 5 s): a slot
+// still busy is read again until two heartbeats have passed.
+func (b *bench) busySlots(ctx context.Context, insp *asynq.Inspector, r *interruptReport) error {
+	until := time.Now().Add(12 * time.Second)
+	for {
+		servers, err := insp.Servers()
+		if err != nil {
+			return err
+		}
+		r.Slots, r.BusySlots = 0, 0
+		for _, s := range servers {
+			if _, ok := s.Queues[b.queue]; ok {
+				r.Slots += s.Concurrency
+				r.BusySlots += len(s.ActiveWorkers)
+			}
+		}
+		if r.Slots > 0 && r.BusySlots == 0 || time.Now().After(until) {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
 }
 
 // bareEnqueue enqueues n no-op tasks on the bare queue (no server runs
@@ -421,7 +461,8 @@ func (r *interruptReport) print(w io.Writer) {
 	row("tasks while paused", "%d active, %d pending, %d scheduled", r.ActiveTasks, r.PendingTasks, r.ScheduledTasks)
 	row("worker slots busy", "%d of %d", r.BusySlots, r.Slots)
 	if r.ServerCounts {
-		row("idle Redis commands", "%.1f/s over %.0f s (workers polling; %.5f per paused run per s)", r.IdleCmdsPerSec, r.IdleSeconds, r.IdleCmdsPerRunPS)
+		row("idle Redis commands, no run", "%.1f/s over %.0f s (the workers polling)", r.BaselineCmdsPerSec, r.IdleSeconds)
+		row("idle Redis commands, all paused", "%.1f/s over %.0f s (%+.5f per paused run per s)", r.IdleCmdsPerSec, r.IdleSeconds, r.IdleCmdsPerRunPS)
 	}
 	row("sweeper pass 1", "examined %d, left paused %d, woke %d in %.2f s; %.1f commands per paused run",
 		r.Pass1Examined, r.Pass1Paused, r.Pass1Woken, r.Pass1Seconds, r.Pass1CmdsPerRun)
