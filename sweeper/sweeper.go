@@ -193,7 +193,7 @@ func (s *Sweeper) Once(ctx context.Context) (Report, error) {
 	}
 	t := s.Totals()
 	s.cfg.Logger.Info("sweep", "event", "reactor.sweep.pass", "duration_ms", rep.Duration.Milliseconds(),
-		"runs_examined", rep.Runs.Examined, "runs_woken", rep.Runs.Woken, "runs_dropped", rep.Runs.Dropped,
+		"runs_examined", rep.Runs.Examined, "runs_woken", rep.Runs.Woken, "runs_dropped", rep.Runs.Dropped, "runs_paused", rep.Runs.Paused,
 		"maps_examined", rep.Maps.Examined, "maps_live", rep.Maps.Live, "elements", rep.Maps.Elements,
 		"rollbacks", rep.Maps.Rollbacks, "claims", rep.Maps.Claims, "resumes", rep.Maps.Resumes,
 		"maps_removed", rep.Maps.Removed, "trim_examined", rep.Trim.Examined, "trimmed", rep.Trim.Trimmed,
