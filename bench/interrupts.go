@@ -108,6 +108,11 @@ type interruptReport struct {
 	ContinueCmds       float64 `json:"commands_per_continue_call"`
 	ContinueRTs        float64 `json:"round_trips_per_continue_call"`
 	CmdsPerContinueRun float64 `json:"commands_per_continued_run"`
+	// A continue call alone, server side: M more runs paused in this
+	// process with no worker running, then continued (their wake-ups
+	// stay queued).
+	AloneRuns           int     `json:"continue_alone_runs"`
+	CmdsPerContinueCall float64 `json:"server_commands_per_continue_call"`
 	// Bare asynq: N Enqueue calls of no-op tasks from Continuers goroutines.
 	BareEnqueueSeconds float64 `json:"bare_asynq_enqueue_seconds"`
 	BareEnqueuePerSec  float64 `json:"bare_asynq_enqueue_per_second"`
@@ -324,9 +329,46 @@ func (b *bench) interruptRun(ctx context.Context) (*interruptReport, error) {
 	if err != nil {
 		return nil, err
 	}
+	if r.ServerCounts {
+		if err := b.continueAlone(ctx, r, calls); err != nil {
+			return nil, err
+		}
+	}
 	r.Failures = append([]string{}, b.failures...)
 	r.OK = len(r.Failures) == 0
 	return r, nil
+}
+
+// continueAlone measures a continue call's server-side commands: with the
+// workers stopped, min(N, 1000) more runs pause in this process (Run,
+// NoWait) and are continued; nothing else runs on the Redis meanwhile.
+func (b *bench) continueAlone(ctx context.Context, r *interruptReport, calls func() int64) error {
+	m := min(r.Runs, 1000)
+	ids := make([]string, m)
+	run := shortID()
+	for i := range ids {
+		ids[i] = fmt.Sprintf("intr-alone-%s-%d", run, i)
+	}
+	err := fanOut(ctx, ids, b.cfg.continuers, func(ctx context.Context, id string) error {
+		res, err := b.host.engine.Run(ctx, b.host.approval, nil, reactor.WithRunID(id), reactor.NoWait())
+		if err == nil && res.Status != reactor.StatusPaused {
+			err = fmt.Errorf("ran to %s, want paused", res.Status)
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("pause runs in this process: %w", err)
+	}
+	c0 := calls()
+	err = fanOut(ctx, ids, b.cfg.continuers, func(ctx context.Context, id string) error {
+		_, err := b.host.engine.Continue(ctx, id, approveStep, approvalPayload{By: id})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("continue runs in this process: %w", err)
+	}
+	r.AloneRuns, r.CmdsPerContinueCall = m, float64(calls()-c0)/float64(m)
+	return nil
 }
 
 // idleRate is the server's commands per second over window.
@@ -472,6 +514,9 @@ func (r *interruptReport) print(w io.Writer) {
 	row("completed runs (first continue to last completion)", "%.0f/s (%.2f s)", r.CompletedPerSec, r.CompleteSeconds)
 	if r.ServerCounts {
 		row("Redis commands per continued run", "%.1f (the continue, its wake-up, the resume to completion; server side)", r.CmdsPerContinueRun)
+	}
+	if r.AloneRuns > 0 {
+		row("Redis commands per continue call", "%.1f (server side, scripts' commands included; %d calls, no worker running)", r.CmdsPerContinueCall, r.AloneRuns)
 	}
 	row("bare asynq Enqueue", "%.0f/s (%.2f s; %.1f commands per enqueue)", r.BareEnqueuePerSec, r.BareEnqueueSeconds, r.BareCmdsPerEnqueue)
 	row("continues / bare enqueue", "%.2f", r.ContinueVsBare)

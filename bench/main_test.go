@@ -267,6 +267,8 @@ func TestInterruptsRun(t *testing.T) {
 	require.Greater(t, out["completed_per_second"].(float64), 0.0)
 	require.Greater(t, out["bare_asynq_enqueue_per_second"].(float64), 0.0)
 	require.Greater(t, out["commands_per_continued_run"].(float64), 0.0)
+	require.EqualValues(t, 40, out["continue_alone_runs"])
+	require.Greater(t, out["server_commands_per_continue_call"].(float64), 3.0)
 	requireNoKeysAt(t, redis.NewClient(&redis.Options{Addr: srv.Addr}), out)
 }
 
