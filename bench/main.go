@@ -4,6 +4,7 @@
 //	go run ./bench -json                            # the same, one JSON object
 //	go run ./bench -sweep -plot docs/bench-sweep.svg
 //	go run ./bench -heap 10000,100000               # owner heap, 10k vs 100k elements
+//	go run ./bench -interrupts 10000                # 10k paused runs: idle cost, then continue them all
 //
 // The default run rolls back the same reactor twice on the same Redis: with
 // an inline map and with a fan-out map over -elements items, each followed
@@ -119,6 +120,10 @@ type config struct {
 
 	sweepWorkers []int // default 1, 2, 5, 10, 20, 50
 
+	interrupts int           // > 0: the -interrupts run, over that many paused runs
+	continuers int           // goroutines continuing them (and enqueueing bare asynq's tasks)
+	idleWindow time.Duration // the idle window of the -interrupts run
+
 	// Not flags: tests set them.
 	doubleUndo int // >= 0: that element's undo is recorded twice
 	fakeBurst  int // > 0: element 0's action also notes this many fake enqueues
@@ -148,6 +153,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&sweepWorkers, "sweep-workers", "1,2,5,10,20,50", "the worker counts of -sweep")
 	fs.BoolVar(&cfg.noFail, "no-fail", false, "report missed performance targets without failing (a wrong result still exits 1)")
 	fs.BoolVar(&cfg.version, "version", false, "print goreactor's version and exit")
+	fs.IntVar(&cfg.interrupts, "interrupts", 0,
+		"pause this many runs at an interrupt, measure what they cost idle (worker slots, Redis commands, a sweeper pass), then continue them all (docs/bench.md)")
+	fs.IntVar(&cfg.continuers, "continuers", 8, "with -interrupts: goroutines that continue the runs (and enqueue bare asynq's tasks)")
+	fs.DurationVar(&cfg.idleWindow, "idle-window", 5*time.Second, "with -interrupts: how long the paused runs are watched idle")
 	fs.StringVar(&heap, "heap", "", "compare the owner's heap during rollbacks of these sizes (e.g. 10000,100000), no undo latency")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: go run ./bench [flags]   (see the package comment, or docs/bench.md)")
@@ -202,6 +211,12 @@ func (c config) validate() error {
 		return errors.New("-sweep and -heap are separate runs: choose one")
 	case c.sweep && len(c.sweepWorkers) == 0:
 		return errors.New("-sweep-workers: give at least one worker count")
+	case c.interrupts < 0:
+		return fmt.Errorf("-interrupts %d: cannot be negative", c.interrupts)
+	case c.interrupts > 0 && (c.sweep || len(c.heap) > 0):
+		return errors.New("-interrupts is a run of its own: not with -sweep or -heap")
+	case c.interrupts > 0 && (c.continuers < 1 || c.idleWindow <= 0):
+		return errors.New("-interrupts needs -continuers >= 1 and a positive -idle-window")
 	case len(c.heap) == 1:
 		return errors.New("-heap compares sizes: give at least two, like 10000,100000")
 	}
@@ -299,6 +314,8 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 		out, err = b.heapCompare(ctx)
 	case cfg.sweep:
 		out, err = b.sweepRun(ctx)
+	case cfg.interrupts > 0:
+		out, err = b.interruptRun(ctx)
 	default:
 		out, err = b.defaultRun(ctx)
 	}

@@ -244,6 +244,34 @@ func TestSweepWritesChart(t *testing.T) {
 	requireNoKeys(t, out)
 }
 
+// The -interrupts run, small: every run pauses holding no task or worker
+// slot, a sweeper pass leaves them all paused and the next examines none,
+// and every continue completes its run.
+func TestInterruptsRun(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cfg := tiny(t)
+	cfg.interrupts, cfg.continuers, cfg.idleWindow = 40, 4, 200*time.Millisecond
+	srv := redistest.StartServer(t) // commandstats of its own
+	cfg.redis = redisurl.Target{URL: "redis://" + srv.Addr + "/0", URLFrom: redisurl.URLFlag}
+	out, stderr, err := runJSON(t, ctx, cfg)
+	require.NoError(t, err, stderr)
+	require.Equal(t, true, out["ok"], "check failures: %v", out["check_failures"])
+	require.EqualValues(t, 40, out["paused"])
+	require.EqualValues(t, 0, out["active_tasks"])
+	require.EqualValues(t, 0, out["busy_worker_slots"])
+	require.EqualValues(t, 40, out["sweep_pass1_left_paused"])
+	require.EqualValues(t, 0, out["sweep_pass2_examined"])
+	require.Greater(t, out["continues_per_second"].(float64), 0.0)
+	require.Greater(t, out["completed_per_second"].(float64), 0.0)
+	require.Greater(t, out["bare_asynq_enqueue_per_second"].(float64), 0.0)
+	require.Greater(t, out["commands_per_continued_run"].(float64), 0.0)
+	require.EqualValues(t, 40, out["continue_alone_runs"])
+	require.Greater(t, out["server_commands_per_continue_call"].(float64), 3.0)
+	requireNoKeysAt(t, redis.NewClient(&redis.Options{Addr: srv.Addr}), out)
+}
+
 func TestHeapCompare(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -434,19 +462,22 @@ func TestParseFlags(t *testing.T) {
 	require.Equal(t, []int{10000, 100000}, cfg.heap)
 
 	for args, want := range map[string]string{
-		"-plot x.svg":          "-plot charts the sweep",
-		"-heap 10000":          "give at least two",
-		"-heap 1,x":            "want positive sizes",
-		"-workers 0":           "-workers 0",
-		"-batch 0":             "-batch 0",
-		"-elements 1":          "-elements 1",
-		"-sweep -heap 1,2":     "choose one",
-		"-undo-latency -1ms":   "cannot be negative",
-		"-procs -1":            "cannot be negative",
-		"-work-latency -1ms":   "cannot be negative",
-		"-rounds 0":            "-rounds 0",
-		"-elements 10 extra":   "unexpected arguments",
-		"-redis redis://x -nb": "flag provided but not defined",
+		"-plot x.svg":                 "-plot charts the sweep",
+		"-heap 10000":                 "give at least two",
+		"-heap 1,x":                   "want positive sizes",
+		"-workers 0":                  "-workers 0",
+		"-batch 0":                    "-batch 0",
+		"-elements 1":                 "-elements 1",
+		"-sweep -heap 1,2":            "choose one",
+		"-undo-latency -1ms":          "cannot be negative",
+		"-procs -1":                   "cannot be negative",
+		"-work-latency -1ms":          "cannot be negative",
+		"-rounds 0":                   "-rounds 0",
+		"-interrupts -1":              "cannot be negative",
+		"-interrupts 5 -sweep":        "a run of its own",
+		"-interrupts 5 -continuers 0": "-continuers >= 1",
+		"-elements 10 extra":          "unexpected arguments",
+		"-redis redis://x -nb":        "flag provided but not defined",
 	} {
 		_, err := parseFlags(strings.Fields(args), &bytes.Buffer{})
 		require.ErrorContains(t, err, want, args)

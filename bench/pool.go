@@ -172,13 +172,15 @@ func startLocal(ctx context.Context, spec poolSpec, tgt *target, stderr io.Write
 // host is an engine with the bench reactors registered, and the world
 // their steps record into.
 type host struct {
-	engine  *reactor.Engine
-	world   *world
-	inline  *reactor.Definition
-	fanOut  map[int]*reactor.Definition
-	enqueue *worker.Client
-	books   redis.UniversalClient
-	tracer  *sdktrace.TracerProvider // with poolSpec.Traced
+	engine *reactor.Engine
+	world  *world
+	inline *reactor.Definition
+	fanOut map[int]*reactor.Definition
+	// approval is the -interrupts run's one-interrupt reactor.
+	approval *reactor.Definition
+	enqueue  *worker.Client
+	books    redis.UniversalClient
+	tracer   *sdktrace.TracerProvider // with poolSpec.Traced
 }
 
 // newHost builds an engine on engineRdb whose Enqueuer (asynq's client)
@@ -211,14 +213,15 @@ func newHost(ctx context.Context, spec poolSpec, engineRdb, asynqRdb, books redi
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	defs := []*reactor.Definition{inline}
+	approval := approvalDefinition()
+	defs := []*reactor.Definition{inline, approval}
 	for _, d := range fanOut {
 		defs = append(defs, d)
 	}
 	if err := e.Register(defs...); err != nil {
 		return nil, err
 	}
-	h := &host{engine: e, world: w, inline: inline, fanOut: fanOut, enqueue: client, books: books, tracer: tracer}
+	h := &host{engine: e, world: w, inline: inline, fanOut: fanOut, approval: approval, enqueue: client, books: books, tracer: tracer}
 	if !ownBooks {
 		h.books = nil // not ours to close
 	}

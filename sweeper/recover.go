@@ -37,6 +37,10 @@ type RunRecovery struct {
 	// Locked is set when the run's lock is held: a worker executes it
 	// now, so nothing was enqueued for the run itself.
 	Locked bool
+	// Paused is set when the run is paused at an interrupt that still
+	// waits for payloads before its deadline: it is not lost, and nothing
+	// was enqueued for it (Continue it, or Cancel it).
+	Paused bool
 	// Maps counts what was enqueued for the run's fan-out maps (forward
 	// elements, rollback jobs, batch claims, owner resumes).
 	Maps MapReport
@@ -105,11 +109,11 @@ func (s *Sweeper) RecoverRun(ctx context.Context, id string) (RunRecovery, error
 	}
 	// A cutoff of now: every write is old enough, as if StaleAfter had
 	// passed since the last one.
-	woken, _, due, err := s.runs.sweepRun(lctx, id, score, now.UnixMilli()+1, clock)
+	woken, _, due, paused, err := s.runs.sweepRun(lctx, id, score, now.UnixMilli()+1, clock)
 	if err != nil {
 		return rec, err
 	}
-	rec.Woken, rec.Locked = woken, !woken && !due.IsZero()
+	rec.Woken, rec.Locked, rec.Paused = woken, !woken && !due.IsZero() && !paused, paused
 	mapIDs, err := rdb.SMembers(lctx, s.runs.keys.RunMaps(id)).Result()
 	if err != nil {
 		return rec, fmt.Errorf("sweeper: read the maps of run %s: %w", id, err)

@@ -2,6 +2,7 @@ package sweeper
 
 import (
 	"context"
+	_ "embed"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -44,6 +45,18 @@ type RunConfig struct {
 	StaleAfter time.Duration
 	// Page bounds the runs examined per pass. Default 200.
 	Page int
+	// PausedRecheck is how long a paused run whose interrupt still waits
+	// for payloads, with no deadline (or a deadline further off), is left
+	// before a pass examines it again. Such a run is not lost: it waits
+	// for a Continue, so N paused runs cost one examination each per
+	// PausedRecheck (an HMGET and a touch beside the run's read), never a
+	// wake-up. It is also the longest a run waits for the sweeper when a
+	// Continue recorded its last payload but failed to enqueue the run's
+	// wake-up (Continue returns that error; Engine.Resume wakes it at
+	// once). A run with a deadline nearer than that is examined at the
+	// deadline plus StaleAfter instead, when its timer wake-up should have
+	// fired. Default 1 h.
+	PausedRecheck time.Duration
 	// Logger receives a line per recovery. Default slog.Default().
 	Logger *slog.Logger
 }
@@ -58,6 +71,9 @@ func (c RunConfig) WithDefaults() RunConfig {
 	}
 	if c.Page <= 0 {
 		c.Page = 200
+	}
+	if c.PausedRecheck <= 0 {
+		c.PausedRecheck = time.Hour
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -76,6 +92,11 @@ type RunReport struct {
 	// Dropped is the number of index entries of finished or vanished runs
 	// removed from the active index.
 	Dropped int
+	// Paused is the number of paused runs left alone because their
+	// interrupt still waits for payloads before its deadline: their
+	// entries are touched ahead, to be examined again at the deadline (plus
+	// StaleAfter) or PausedRecheck later, whichever comes first.
+	Paused int
 }
 
 // RunSweeper recovers runs whose worker died: non-terminal runs in the
@@ -88,6 +109,21 @@ type RunReport struct {
 // holder's heartbeat pushes that on while it lives), so a dead worker's
 // run is woken by the first pass after its lock expired, not StaleAfter
 // after the pass that last saw it locked.
+//
+// A paused run (an interrupt step waits for a Continue) is read with one
+// HMGET of its interrupt record, and:
+//   - while the interrupt waits short of payloads and before its deadline
+//     it is not lost, whatever its age: it is left alone and its entry is
+//     moved to its deadline plus StaleAfter, or PausedRecheck ahead when
+//     that comes first (no deadline: PausedRecheck), so paused runs cost
+//     a bounded pass, not a wake-up each;
+//   - past its deadline short of payloads, it is woken unless its timer
+//     wake-up (Run.Wake) is still deliverable: the resume times it out;
+//   - when the interrupt holds every payload it accepts, it is woken
+//     unless the continue's wake-up (resume:<run>:continue:<step>:<n>) is
+//     still deliverable: a Continue whose enqueue failed is recovered;
+//   - in any other case (the record was adopted, timed out or closed by a
+//     process that died before saving the run) it is a lost run like any.
 type RunSweeper struct {
 	cfg   RunConfig
 	keys  keys.Keys
@@ -164,7 +200,7 @@ func (s *RunSweeper) Sweep(ctx context.Context) (RunReport, error) {
 		id, _ := z.Member.(string)
 		rep.Examined++
 		clock := func() time.Time { return now.Add(time.Since(read)) }
-		woken, dropped, due, err := s.sweepRun(ctx, id, z.Score, cutoff, clock)
+		woken, dropped, due, hold, err := s.sweepRun(ctx, id, z.Score, cutoff, clock)
 		if !dropped {
 			// Also when the run could not be examined: it must not hold
 			// the head of the index for ever.
@@ -175,7 +211,16 @@ func (s *RunSweeper) Sweep(ctx context.Context) (RunReport, error) {
 				// pass after its lock expired.
 				at = due.Add(-s.cfg.StaleAfter)
 			}
-			if terr := s.touch(ctx, id, at); err == nil {
+			var terr error
+			if hold {
+				// A waiting paused run, moved far ahead: only if no
+				// writer re-indexed it since the read.
+				terr = s.touchIf(ctx, id, z.Score, at)
+				rep.Paused++
+			} else {
+				terr = s.touch(ctx, id, at)
+			}
+			if err == nil {
 				err = terr
 			}
 		}
@@ -200,6 +245,24 @@ func (s *RunSweeper) Sweep(ctx context.Context) (RunReport, error) {
 // terminal write removed meanwhile.
 func (s *RunSweeper) touch(ctx context.Context, id string, now time.Time) error {
 	return s.cfg.Client.ZAddXX(ctx, s.keys.Active(), redis.Z{Score: float64(now.UnixMilli()), Member: id}).Err()
+}
+
+var (
+	//go:embed lua/touch_if.lua
+	touchIfSrc    string
+	touchIfScript = redis.NewScript(touchIfSrc)
+)
+
+// touchIf moves id's active entry to at if it still has the score the pass
+// read (touch_if.lua): a writer that re-indexed the run meanwhile keeps its
+// score.
+func (s *RunSweeper) touchIf(ctx context.Context, id string, score float64, at time.Time) error {
+	err := touchIfScript.Run(ctx, s.cfg.Client, []string{s.keys.Active()}, id,
+		strconv.FormatFloat(score, 'f', -1, 64), at.UnixMilli()).Err()
+	if err != nil {
+		return fmt.Errorf("sweeper: touch the entry of paused run %s: %w", id, err)
+	}
+	return nil
 }
 
 // drop removes id's active entry if it still has the score the pass read.
@@ -247,12 +310,37 @@ func (s *RunSweeper) lastWrite(ctx context.Context, id string, run *reactor.Run)
 	return at, nil
 }
 
+// pauseRecord is a paused run's interrupt record, as one HMGET of its state
+// hash reads it (store/lua/interrupt.lua names the fields), with the
+// server time of the run's last state write.
+type pauseRecord struct {
+	at                int64 // 0: not stamped
+	path, instance    string
+	accepts, received int
+	state             string
+	deadline          int64 // server ms; 0: none
+}
+
+// readPause reads run id's interrupt record and last write time.
+func (s *RunSweeper) readPause(ctx context.Context, id string) (pauseRecord, error) {
+	v, err := s.cfg.Client.HMGet(ctx, s.keys.RunState(id), "at", "iw", "ii", "ia", "in", "is", "idl").Result()
+	if err != nil {
+		return pauseRecord{}, fmt.Errorf("sweeper: read the interrupt of run %s: %w", id, err)
+	}
+	str := func(i int) string { x, _ := v[i].(string); return x }
+	num := func(i int) int64 { n, _ := strconv.ParseInt(str(i), 10, 64); return n }
+	return pauseRecord{at: num(0), path: str(1), instance: str(2), accepts: int(num(3)), received: int(num(4)),
+		state: str(5), deadline: num(6)}, nil
+}
+
 // sweepRun examines run id, woken when it enqueued a wake-up and dropped
 // when it removed its entry. due, when not zero, is the server time at which
 // a kept entry may need the sweeper next: the end of a held lock, or
-// StaleAfter past a recent write. clock reads the server time.
+// StaleAfter past a recent write, or a waiting paused run's next look; hold
+// is true for the last (the entry moves far ahead, and only if its score is
+// still the one read). clock reads the server time.
 func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cutoff int64,
-	clock func() time.Time) (woken, dropped bool, due time.Time, err error) {
+	clock func() time.Time) (woken, dropped bool, due time.Time, hold bool, err error) {
 	run, err := s.cfg.Engine.Get(ctx, id)
 	if errors.Is(err, reactor.ErrNotFound) {
 		// No state: the run is gone (expired, or its creator died before
@@ -266,13 +354,13 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 			return s.store.RetainTree(ctx, id, time.Millisecond)
 		})
 		if err != nil || !done {
-			return false, false, due, err
+			return false, false, due, false, err
 		}
 		dropped, err := s.drop(ctx, id, score)
-		return false, dropped, due, err
+		return false, dropped, due, false, err
 	}
 	if err != nil {
-		return false, false, due, err
+		return false, false, due, false, err
 	}
 	if run.Status.Terminal() {
 		// A finished run still indexed may have died between its terminal
@@ -297,43 +385,77 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 			return s.store.RetainTree(ctx, id, ttl)
 		})
 		if err != nil || !done {
-			return false, false, due, err
+			return false, false, due, false, err
 		}
 		dropped, err := s.drop(ctx, id, score)
 		if err != nil || !dropped {
-			return false, dropped, due, err
+			return false, dropped, due, false, err
 		}
 		// Left over only if an unindex failed. Should an Undo re-index the
 		// run and index a map rollback between the removal and this, the
 		// cost is one needless wake-up (the owner hands off again).
-		return false, true, due, s.cfg.Client.Del(ctx, s.keys.RunMaps(id)).Err()
+		return false, true, due, false, s.cfg.Client.Del(ctx, s.keys.RunMaps(id)).Err()
 	}
-	at, err := s.lastWrite(ctx, id, run)
-	if err != nil {
-		return false, false, due, err
+	var at int64
+	// full is the wake-up id of a paused run whose interrupt holds every
+	// payload it accepts ("" otherwise).
+	full := ""
+	if run.Status == reactor.StatusPaused {
+		p, err := s.readPause(ctx, id)
+		if err != nil {
+			return false, false, due, false, err
+		}
+		at = p.at
+		if at == 0 {
+			at = run.UpdatedAt.UnixMilli()
+		}
+		waits := run.Paused != nil && p.path == run.Paused.Step && p.state == store.InterruptWaiting
+		now := clock()
+		switch {
+		case waits && p.received < p.accepts && (p.deadline == 0 || now.UnixMilli() < p.deadline):
+			// Waiting for a Continue: not lost, however old. Looked at
+			// again once its timer should have fired, or PausedRecheck
+			// from now.
+			next := now.Add(s.cfg.PausedRecheck)
+			if p.deadline > 0 {
+				if d := time.UnixMilli(p.deadline).Add(s.cfg.StaleAfter); d.Before(next) {
+					next = d
+				}
+			}
+			return false, false, next, true, nil
+		case waits && p.received >= p.accepts:
+			// Every payload is in: the Continue that recorded the last
+			// one enqueued this (or failed to).
+			full = fmt.Sprintf("resume:%s:continue:%s:%s", id, p.path, p.instance)
+		}
+		// Past its deadline short of payloads: its timer (Run.Wake) wakes
+		// it, or this pass does. Adopted, timed out or closed while still
+		// saved paused: its process died before it saved the run.
+	} else if at, err = s.lastWrite(ctx, id, run); err != nil {
+		return false, false, due, false, err
 	}
 	if at > cutoff {
 		// Written since the entry was touched: due StaleAfter after that
 		// write.
-		return false, false, time.UnixMilli(at).Add(s.cfg.StaleAfter), nil
+		return false, false, time.UnixMilli(at).Add(s.cfg.StaleAfter), false, nil
 	}
 	// A held lock says the run executes somewhere; its expiry is the
 	// earliest it can be lost (the holder's heartbeat pushes it on).
 	ttl, err := s.cfg.Client.PTTL(ctx, s.keys.RunLock(id)).Result()
 	switch {
 	case err != nil:
-		return false, false, due, fmt.Errorf("sweeper: read the lock of run %s: %w", id, err)
+		return false, false, due, false, fmt.Errorf("sweeper: read the lock of run %s: %w", id, err)
 	case ttl > 0:
-		return false, false, clock().Add(ttl), nil
+		return false, false, clock().Add(ttl), false, nil
 	case ttl == -1:
-		return false, false, due, nil // held for good (no expiry): left alone, looked at again StaleAfter later
+		return false, false, due, false, nil // held for good (no expiry): left alone, looked at again StaleAfter later
 	}
 	// A run waiting for a fan-out map is resumed by the map's workers (or
 	// by the map sweeper) when the map settles; waking it earlier would
 	// only make it hand off again.
 	waiting, resumes, err := mapcore.Awaiting(ctx, s.cfg.Engine, id)
 	if err != nil || waiting {
-		return false, false, due, err
+		return false, false, due, false, err
 	}
 	// A settled map's own resume (or the map sweeper's redelivery of it)
 	// still queued will wake the run.
@@ -341,10 +463,10 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		for _, tid := range []string{r, r + ":r1", r + ":r2", r + ":r3"} {
 			state, found, err := s.taskState(s.cfg.Queue, tid)
 			if err != nil {
-				return false, false, due, err
+				return false, false, due, false, err
 			}
 			if found && (deliverable(state) || state == asynq.TaskStateActive) {
-				return false, false, due, nil
+				return false, false, due, false, nil
 			}
 		}
 	}
@@ -355,13 +477,23 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 	if run.Queue != "" {
 		queue = run.Queue
 	}
-	if run.Wake != "" && run.Wake != sweepID {
-		state, found, err := s.taskState(queue, run.Wake)
+	if full != "" {
+		// Not Run.Wake: that is the interrupt's timer, perhaps far ahead,
+		// and the run has its payloads now.
+		state, found, err := s.taskState(queue, full)
 		if err != nil {
-			return false, false, due, err
+			return false, false, due, false, err
 		}
 		if found && deliverable(state) {
-			return false, false, due, nil // it will be delivered
+			return false, false, due, false, nil // the continue's wake-up will be delivered
+		}
+	} else if run.Wake != "" && run.Wake != sweepID {
+		state, found, err := s.taskState(queue, run.Wake)
+		if err != nil {
+			return false, false, due, false, err
+		}
+		if found && deliverable(state) {
+			return false, false, due, false, nil // it will be delivered
 		}
 		// active without the run's lock: its worker died. archived or
 		// completed: nothing will deliver it again.
@@ -371,11 +503,11 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 	w := reactor.Wake{ID: sweepID, RunID: id, Reactor: run.Reactor, Queue: run.Queue}
 	state, found, err := s.taskState(queue, sweepID)
 	if err != nil {
-		return false, false, due, err
+		return false, false, due, false, err
 	}
 	if found {
 		if deliverable(state) {
-			return false, false, due, nil // woken by an earlier pass
+			return false, false, due, false, nil // woken by an earlier pass
 		}
 		// The id is spent: its worker died with it active, or it was
 		// archived. Enqueueing it again would be an id conflict, a silent
@@ -385,7 +517,7 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		// queued instead of adding another.
 		fresh, err := s.freshID(queue, sweepID)
 		if err != nil || fresh == "" {
-			return false, false, due, err
+			return false, false, due, false, err
 		}
 		w.ID = fresh
 	}
@@ -394,10 +526,10 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 	err = s.cfg.Enqueuer.Enqueue(tctx, w)
 	span.End()
 	if err != nil {
-		return false, false, due, err
+		return false, false, due, false, err
 	}
 	s.cfg.Logger.Info("woke a lost run", "event", "reactor.sweep.run", "run", id, "status", run.Status, "task", w.ID)
-	return true, false, due, nil
+	return true, false, due, false, nil
 }
 
 // freshID returns the first of id:r1, id:r2, id:r3 free for a new wake-up,

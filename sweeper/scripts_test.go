@@ -111,6 +111,29 @@ func TestEveryScriptKeepsToItsKeysInOneSlot(t *testing.T) {
 		require.Contains(t, rec.Body.String(), id)
 	})
 
+	t.Run("interrupt with a correlation id, paused run sweep, continue", func(t *testing.T) {
+		m := newMapEnv(t, rdb)
+		def := reactor.MustDefine("scripts_interrupt",
+			reactor.Interrupt("approve", reactor.InterruptConfig[reactor.Args, approval]{
+				Correlation: func(reactor.Args) (string, error) { return randomID("order"), nil },
+			}))
+		require.NoError(t, m.engine.Register(def))
+		// The pause claims the correlation id (corr.lua) and opens the
+		// interrupt (interrupt.lua).
+		res, err := m.engine.Run(m.ctx, def, nil, reactor.NoWait())
+		require.NoError(t, err)
+		require.Equal(t, reactor.StatusPaused, res.Status)
+		// A pass finds it waiting and moves its entry ahead, if unchanged
+		// (touch_if.lua).
+		require.NoError(t, rdb.ZAdd(m.ctx, m.activeKey(), redis.Z{Score: 1, Member: res.RunID}).Err())
+		rep, err := m.sweeper.Sweep(m.ctx)
+		require.NoError(t, err)
+		require.Equal(t, 1, rep.Paused, "%+v", rep)
+		run := m.awaitPaused(m.ctx, res.RunID)
+		_, err = m.engine.ContinueByCorrelation(m.ctx, run.Paused.Correlation, approval{By: "scripts"})
+		require.NoError(t, err)
+	})
+
 	t.Run("direct calls", func(t *testing.T) {
 		ctx := ctxTimeout(t, 10*time.Second)
 		k := keys.New(redistest.Prefix(t))

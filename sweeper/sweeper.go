@@ -32,6 +32,10 @@ type Config struct {
 	// StaleAfter is how long a run or map must have gone without progress
 	// before a pass examines it. Default 10 s.
 	StaleAfter time.Duration
+	// PausedRecheck is how long a paused run whose interrupt still waits
+	// is left before a pass examines it again (RunConfig.PausedRecheck).
+	// Default 1 h.
+	PausedRecheck time.Duration
 	// RunPage and MapPage bound the runs and maps examined per pass.
 	// Defaults 200 and 100.
 	RunPage, MapPage int
@@ -111,7 +115,7 @@ func New(cfg Config) (*Sweeper, error) {
 	}
 	rdb := engine.Client(cfg.Engine)
 	runs, err := NewRunSweeper(RunConfig{Engine: cfg.Engine, Client: rdb, Enqueuer: engine.EnqueuerOf(cfg.Engine), Queue: cfg.Queue,
-		StaleAfter: cfg.StaleAfter, Page: cfg.RunPage, Logger: cfg.Logger})
+		StaleAfter: cfg.StaleAfter, Page: cfg.RunPage, PausedRecheck: cfg.PausedRecheck, Logger: cfg.Logger})
 	if err != nil {
 		return nil, err
 	}
@@ -189,7 +193,7 @@ func (s *Sweeper) Once(ctx context.Context) (Report, error) {
 	}
 	t := s.Totals()
 	s.cfg.Logger.Info("sweep", "event", "reactor.sweep.pass", "duration_ms", rep.Duration.Milliseconds(),
-		"runs_examined", rep.Runs.Examined, "runs_woken", rep.Runs.Woken, "runs_dropped", rep.Runs.Dropped,
+		"runs_examined", rep.Runs.Examined, "runs_woken", rep.Runs.Woken, "runs_dropped", rep.Runs.Dropped, "runs_paused", rep.Runs.Paused,
 		"maps_examined", rep.Maps.Examined, "maps_live", rep.Maps.Live, "elements", rep.Maps.Elements,
 		"rollbacks", rep.Maps.Rollbacks, "claims", rep.Maps.Claims, "resumes", rep.Maps.Resumes,
 		"maps_removed", rep.Maps.Removed, "trim_examined", rep.Trim.Examined, "trimmed", rep.Trim.Trimmed,
