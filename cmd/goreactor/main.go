@@ -29,7 +29,8 @@
 //	-redis         REDIS_URL               redis://localhost:6379/0
 //	-redis-cluster REDIS_CLUSTER_ADDRS     "" (a Redis Cluster's seeds; not with -redis)
 //	-prefix        GOREACTOR_PREFIX        goreactor
-//	-queue         GOREACTOR_QUEUE         goreactor (the workers' queue list; a continue wakes the run on the first)
+//	-queue         GOREACTOR_QUEUE         goreactor (the workers' queue list; the first is where a run
+//	                                       stored without a queue of its own is woken)
 //	-queue-shards  GOREACTOR_QUEUE_SHARDS  1
 //
 // Flags may come before or after the arguments, with one dash or two.
@@ -111,7 +112,7 @@ type conn struct {
 
 func (c *conn) declare(fs *flag.FlagSet, env *envflag.Env) {
 	envflag.Connection(fs, env, &c.target, &c.prefix)
-	envflag.Queue(fs, env, &c.queues, "the workers' queues; a continue wakes the run on the first")
+	envflag.Queue(fs, env, &c.queues, "the workers' queues; a continue wakes the run on its own queue, or on the first for a run stored without one")
 	envflag.QueueShards(fs, env, &c.shards, "the workers'")
 }
 
