@@ -34,6 +34,7 @@ var refundFlow = reactor.MustDefine("refund",
 	reactor.Interrupt("approve", reactor.InterruptConfig[reactor.Args, Approval]{
 		Args:  reactor.Bindings{"refund": reactor.FromInput("refund")},
 		After: []string{"hold"},
+		// The id a webhook continues the run by, besides the run id.
 		Correlation: func(in reactor.Args) (string, error) {
 			return reactor.Arg[string](in, "refund")
 		},
@@ -43,6 +44,7 @@ var refundFlow = reactor.MustDefine("refund",
 			}
 			return nil
 		},
+		// No approval by then: the step fails, and the run rolls back.
 		Timeout: 24 * time.Hour,
 	}),
 	reactor.Step("pay_out", reactor.StepConfig[reactor.Args, string]{
