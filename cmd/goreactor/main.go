@@ -18,7 +18,8 @@
 // the interrupt's path: "approve", or "review/approve" inside a composed
 // child.
 //
-// list paused prints one line per paused run, those paused longest first:
+// list paused prints one line per paused run, oldest first (by when it
+// entered the paused status):
 // id, reactor, step, correlation id, since, deadline, payloads received of
 // those it accepts; --json prints a JSON array for scripts. show prints one
 // run's interrupt: the payloads it holds and its last refusal.
@@ -430,7 +431,7 @@ func showCmd(ctx context.Context, ev env, args []string) error {
 	if asJSON {
 		enc := json.NewEncoder(ev.stdout)
 		enc.SetIndent("", "  ")
-		return enc.Encode(info)
+		return enc.Encode(cli.InterruptOf(info))
 	}
 	cli.Show(ev.stdout, info)
 	return nil

@@ -225,6 +225,15 @@ func TestRefusedPayloadIsReported(t *testing.T) {
 	assert.Contains(t, r.stdout, "correlation o-3")
 	assert.Contains(t, r.stdout, "received    0 of 1")
 	assert.Contains(t, r.stdout, "names who approves")
+	r = f.cli("", "show", id, "--json")
+	require.Equal(t, 0, r.code, r.stderr)
+	var shown cli.Interrupt
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &shown), r.stdout)
+	assert.Equal(t, id, shown.RunID)
+	assert.Equal(t, "o-3", shown.Correlation)
+	assert.Contains(t, shown.Refused, "names who approves")
+	assert.Empty(t, shown.Payloads)
+	assert.Empty(t, shown.PayloadType, "the command has no definitions")
 
 	// A corrected payload goes through, past the earlier refusal.
 	r = f.cli("", "continue", id, "approve", "--payload", `{"by":"dee"}`)

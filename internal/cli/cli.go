@@ -191,12 +191,46 @@ type Paused struct {
 	RefusedAt   time.Time `json:"refused_at,omitzero"`
 }
 
+// Interrupt is a run's interrupt as `goreactor show --json` prints it: a
+// Paused with the payloads it holds and, when the engine has the
+// definition, the payload's type and an example.
+type Interrupt struct {
+	Paused
+	Payloads    []Payload       `json:"payloads"`
+	PayloadType string          `json:"payload_type,omitempty"`
+	Example     json.RawMessage `json:"example,omitempty"`
+}
+
+// Payload is one payload an interrupt holds.
+type Payload struct {
+	Payload json.RawMessage `json:"payload"`
+	At      time.Time       `json:"at"`
+	By      string          `json:"by,omitempty"`
+}
+
+// pausedOf is info's listing line.
+func pausedOf(info *reactor.InterruptInfo) Paused {
+	return Paused{RunID: info.RunID, Reactor: info.Reactor, Step: info.Step, Correlation: info.Correlation,
+		Since: info.Since.UTC(), Deadline: info.Deadline.UTC(), Received: info.Received, Accepts: info.Accepts,
+		Refused: info.Refused, RefusedAt: info.RefusedAt.UTC()}
+}
+
+// InterruptOf is info for printing as JSON.
+func InterruptOf(info *reactor.InterruptInfo) Interrupt {
+	out := Interrupt{Paused: pausedOf(info), Payloads: []Payload{}, PayloadType: info.PayloadType, Example: info.Example}
+	for _, p := range info.Payloads {
+		out.Payloads = append(out.Payloads, Payload{Payload: p.Payload, At: p.At.UTC(), By: p.By})
+	}
+	return out
+}
+
 // maxExamined bounds the index entries one List reads: entries of runs
 // that left the status a moment ago are skipped, not counted.
 const maxExamined = 5000
 
 // List returns up to limit paused runs, of reactor reactorName ("" for
-// every reactor), those paused longest first. It reads the listing index
+// every reactor), oldest first: in the order they entered the paused
+// status (a run woken by a payload it refused may enter it again). It reads the listing index
 // of paused runs (P:idx:status:paused, or P:idx:rs:<reactor>:paused), the
 // one the dashboard filters by status with, a chunk at a time.
 func List(ctx context.Context, e *reactor.Engine, reactorName string, limit int) ([]Paused, error) {
@@ -221,9 +255,7 @@ func List(ctx context.Context, e *reactor.Engine, reactorName string, limit int)
 			if err != nil {
 				return nil, err
 			}
-			out = append(out, Paused{RunID: id, Reactor: info.Reactor, Step: info.Step, Correlation: info.Correlation,
-				Since: info.Since.UTC(), Deadline: info.Deadline.UTC(), Received: info.Received, Accepts: info.Accepts,
-				Refused: info.Refused, RefusedAt: info.RefusedAt.UTC()})
+			out = append(out, pausedOf(info))
 			if len(out) == limit {
 				break
 			}
