@@ -19,10 +19,10 @@
 // child.
 //
 // list paused prints one line per paused run, oldest first (by when it
-// entered the paused status):
-// id, reactor, step, correlation id, since, deadline, payloads received of
-// those it accepts; --json prints a JSON array for scripts. show prints one
-// run's interrupt: the payloads it holds and its last refusal.
+// entered the paused status): id, reactor, step, correlation id, since,
+// deadline, payloads received of those it accepts; --json prints a JSON
+// array for scripts. show prints one run's interrupt: the payloads it holds
+// and its last refusal (--json too).
 //
 // Every subcommand takes the connection flags of the worker, with the same
 // environment variables and defaults (see worker.Main):
