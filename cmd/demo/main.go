@@ -1,6 +1,8 @@
 // Command demo shows goreactor in a few seconds: a checkout run in-process,
 // a checkout handed to a worker that fails at its last step and is rolled
-// back, and a composed trip that is undone afterwards.
+// back, a composed trip that is undone afterwards, fan-out maps, and a
+// refund that pauses at an interrupt until an operator continues it with
+// the goreactor command (cmd/goreactor), whose code the demo runs.
 //
 //	go run ./cmd/demo
 //	go run ./cmd/demo -version   # prints "goreactor <version>"
@@ -143,6 +145,15 @@ func run(target redisurl.Target) (err error) {
 	if err := examples.Register(engine); err != nil {
 		return err
 	}
+	if err := engine.Register(refundFlow); err != nil {
+		return err
+	}
+	// The operator's engine is the goreactor command's: the same Redis,
+	// prefix and queue, and no definitions.
+	operator, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: prefix, Logger: slog.New(slog.DiscardHandler), Enqueuer: client})
+	if err != nil {
+		return err
+	}
 	w := worker.New(engine, rdb, worker.Config{
 		Concurrency:     4,
 		Queues:          map[string]int{queue: 1},
@@ -154,7 +165,8 @@ func run(target redisurl.Target) (err error) {
 	}
 	fmt.Println("  worker  started in this process, 4 tasks at a time")
 
-	for _, part := range []func(context.Context, *reactor.Engine) error{checkoutInProcess, checkoutOnWorker, tripUndone, fulfilmentFanOut, fulfilmentRollback} {
+	approve := func(ctx context.Context, engine *reactor.Engine) error { return refundApproved(ctx, engine, operator) }
+	for _, part := range []func(context.Context, *reactor.Engine) error{checkoutInProcess, checkoutOnWorker, tripUndone, fulfilmentFanOut, fulfilmentRollback, approve} {
 		if err = part(ctx, engine); err != nil {
 			break
 		}
