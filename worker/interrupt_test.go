@@ -770,3 +770,30 @@ func TestInterruptCancelOfAnOwnerWithPausedElements(t *testing.T) {
 	_, err = e.ContinueByCorrelation(ctx, "c-1", approval{By: "late"})
 	require.Error(t, err, "a paused element's interrupt is closed with its map's rollback")
 }
+
+// A payload that comes after the deadline is late even when the timer has
+// not fired yet (asynq schedules to the second; the workers may be busy):
+// the continue times the interrupt out, and the timer's delivery then
+// fails the run.
+func TestInterruptPayloadPastTheDeadlineIsLate(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	def := approvalFlow("approval", tr, time.Hour, nil)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e)
+	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-late-payload"})
+	require.NoError(t, err)
+	run := awaitPaused(t, e, res.RunID)
+	// The deadline passes (on the server's clock the record keeps).
+	require.NoError(t, f.rdb.HSet(ctx, f.prefix+":{run:"+res.RunID+"}:ctx", "idl", 1).Err())
+	_, err = e.Continue(ctx, res.RunID, "approve", approval{By: "ann"})
+	require.ErrorIs(t, err, reactor.ErrInterruptTimedOut)
+	require.NoError(t, f.inspector.RunTask(f.queue, run.Wake), "deliver the timer now")
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, final.Status)
+	require.ErrorIs(t, final.Err(), reactor.ErrInterruptTimedOut)
+	assert.Equal(t, []string{"run:reserve", "undo:reserve"}, tr.all())
+}

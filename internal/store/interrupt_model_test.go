@@ -49,6 +49,9 @@ func (m *interruptModel) continueWant(path string, inst int) string {
 		return store.ContinueClosed
 	case m.state == store.InterruptAdopted, len(m.payloads) >= m.accepts:
 		return store.ContinueAlready
+	case m.expired:
+		m.state = store.InterruptTimedOut // the late continue times it out
+		return store.ContinueTimedOut
 	}
 	return store.ContinueOK
 }

@@ -22,7 +22,7 @@
 --        Returns {1 new | 0 kept, in, is, idl, now}.
 --   read ARGV[3] path, ARGV[4] instance: the record, and the timeout's side
 --        of the compare-and-set: waiting, short of payloads and past its
---        deadline becomes timed out. Returns {0, in, ia, is, idl, now,
+--        deadline becomes timed out (as a continue past it does). Returns {0, in, ia, is, idl, now,
 --        p1, t1, by1, p2, ...} or {-2} when another interrupt is on record.
 --   adopt ARGV[3] path, ARGV[4] instance: the run took the payloads (d).
 --   refuse ARGV[3] path, ARGV[4] instance, ARGV[5] k, ARGV[6] why: payload k
@@ -66,6 +66,14 @@ if mode == 'continue' then
   local n, a = tonumber(r[4]), tonumber(r[3])
   if r[5] == 'd' or n >= a then
     return {'already', r[7]}
+  end
+  -- the continue's side of the compare-and-set with the timeout: past the
+  -- deadline (server time) a payload is late, whether or not the timer has
+  -- fired yet, and the interrupt is timed out here and now
+  local dl = tonumber(r[6] or '0')
+  if dl > 0 and now >= dl then
+    redis.call('HSET', KEYS[1], 'is', 't')
+    return {'timedout', r[6]}
   end
   n = n + 1
   local k = tostring(n)
