@@ -15,6 +15,7 @@
 //	-queue-shards  GOREACTOR_QUEUE_SHARDS      1 (the workers' shard queues of the first queue, all swept)
 //	-interval      GOREACTOR_SWEEP_INTERVAL    10s
 //	-stale-after   GOREACTOR_STALE_AFTER       10s
+//	-paused-recheck GOREACTOR_PAUSED_RECHECK   1h (how long a paused run still waiting is left alone)
 //	-run-page      GOREACTOR_SWEEP_RUN_PAGE    200
 //	-map-page      GOREACTOR_SWEEP_MAP_PAGE    100
 //	-trim-page     GOREACTOR_SWEEP_TRIM_PAGE   100 (entries per listing index per pass)
@@ -85,6 +86,7 @@ type config struct {
 	once        bool
 	interval    time.Duration
 	staleAfter  time.Duration
+	pausedCheck time.Duration
 	runPage     int
 	mapPage     int
 	trimPage    int
@@ -113,6 +115,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		"time between passes; env GOREACTOR_SWEEP_INTERVAL")
 	fs.DurationVar(&cfg.staleAfter, "stale-after", env.Duration("GOREACTOR_STALE_AFTER", 10*time.Second),
 		"how long a run or map must go without progress before a pass looks at it; env GOREACTOR_STALE_AFTER")
+	fs.DurationVar(&cfg.pausedCheck, "paused-recheck", env.Duration("GOREACTOR_PAUSED_RECHECK", time.Hour),
+		"how long a run paused at an interrupt that still waits is left before a pass looks at it again (a pass looks at it at its deadline anyway); env GOREACTOR_PAUSED_RECHECK")
 	fs.IntVar(&cfg.runPage, "run-page", env.Int("GOREACTOR_SWEEP_RUN_PAGE", 200), "runs examined per pass; env GOREACTOR_SWEEP_RUN_PAGE")
 	fs.IntVar(&cfg.mapPage, "map-page", env.Int("GOREACTOR_SWEEP_MAP_PAGE", 100), "maps examined per pass; env GOREACTOR_SWEEP_MAP_PAGE")
 	fs.IntVar(&cfg.trimPage, "trim-page", env.Int("GOREACTOR_SWEEP_TRIM_PAGE", 100),
@@ -155,6 +159,8 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 		return cfg, fmt.Errorf("-interval %s: must be positive", cfg.interval)
 	case cfg.staleAfter <= 0:
 		return cfg, fmt.Errorf("-stale-after %s: must be positive", cfg.staleAfter)
+	case cfg.pausedCheck <= 0:
+		return cfg, fmt.Errorf("-paused-recheck %s: must be positive", cfg.pausedCheck)
 	case cfg.runPage < 1 || cfg.mapPage < 1 || cfg.trimPage < 1:
 		return cfg, errors.New("-run-page, -map-page and -trim-page: must be at least 1")
 	case cfg.retention <= 0:
@@ -228,7 +234,7 @@ func serve(loop, pass context.Context, cfg config, log *slog.Logger) error {
 		return fmt.Errorf("start engine: %w", err)
 	}
 	scfg := sweeper.Config{Engine: engine, Queue: cfg.queue, Interval: cfg.interval, StaleAfter: cfg.staleAfter,
-		RunPage: cfg.runPage, MapPage: cfg.mapPage, TrimPage: cfg.trimPage, Retention: cfg.retention, LeaderTTL: cfg.leaderTTL, Logger: log}
+		PausedRecheck: cfg.pausedCheck, RunPage: cfg.runPage, MapPage: cfg.mapPage, TrimPage: cfg.trimPage, Retention: cfg.retention, LeaderTTL: cfg.leaderTTL, Logger: log}
 	var m *metrics.Metrics
 	if cfg.metricsAddr != "" {
 		m = metrics.New(metrics.Options{Client: rdb, Prefix: cfg.prefix, Logger: log})
