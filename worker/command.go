@@ -46,6 +46,7 @@ import (
 //	-lock-expiry       GOREACTOR_LOCK_EXPIRY       3s
 //	-sweep-interval    GOREACTOR_SWEEP_INTERVAL    1s (0: no sweeper in this process)
 //	-stale-after       GOREACTOR_STALE_AFTER       2s
+//	-paused-recheck    GOREACTOR_PAUSED_RECHECK    1h (how long the sweeper leaves a paused run that still waits)
 //	-shutdown-timeout  GOREACTOR_SHUTDOWN_TIMEOUT  10s
 //	-log-level         GOREACTOR_LOG_LEVEL         info (debug, info, warn, error)
 //	-metrics-addr      GOREACTOR_METRICS_ADDR      "" (off; e.g. :9101 serves /metrics)
@@ -258,6 +259,7 @@ type settings struct {
 	logLevel        slog.Level
 	sweepInterval   time.Duration
 	staleAfter      time.Duration
+	pausedRecheck   time.Duration
 	metricsAddr     string
 	replicaAcks     int
 	replicaAckWait  time.Duration
@@ -296,6 +298,8 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 		"run the sweeper (runs, maps, indexes; one replica at a time) every interval in this process (0: off); env GOREACTOR_SWEEP_INTERVAL")
 	fs.DurationVar(&cfg.staleAfter, "stale-after", env.Duration("GOREACTOR_STALE_AFTER", DefaultStaleAfter),
 		"how long an unlocked run or map must go without progress before the sweeper recovers it; env GOREACTOR_STALE_AFTER")
+	fs.DurationVar(&cfg.pausedRecheck, "paused-recheck", env.Duration("GOREACTOR_PAUSED_RECHECK", time.Hour),
+		"how long the sweeper leaves a run paused at an interrupt that still waits before it looks again (at its deadline anyway); env GOREACTOR_PAUSED_RECHECK")
 	fs.StringVar(&cfg.metricsAddr, "metrics-addr", env.String("GOREACTOR_METRICS_ADDR", ""),
 		"serve Prometheus metrics at http://ADDR/metrics (empty: off); env GOREACTOR_METRICS_ADDR")
 	fs.IntVar(&cfg.replicaAcks, "replica-acks", env.Int("GOREACTOR_REPLICA_ACKS", 0),
@@ -343,6 +347,8 @@ func parseSettings(args []string, getenv func(string) string, stderr io.Writer) 
 		return usage(fmt.Errorf("-sweep-interval %s: must be 0 (off) or positive", cfg.sweepInterval))
 	case cfg.staleAfter <= 0:
 		return usage(fmt.Errorf("-stale-after %s: must be positive", cfg.staleAfter))
+	case cfg.pausedRecheck <= 0:
+		return usage(fmt.Errorf("-paused-recheck %s: must be positive", cfg.pausedRecheck))
 	case cfg.prefix == "":
 		return usage(errors.New("-prefix: must not be empty"))
 	case cfg.replicaAcks < 0:
@@ -437,7 +443,7 @@ func serve(ctx context.Context, opts Options, cfg settings, log *slog.Logger) er
 		// The leader lock lives as long as a run lock: a replica killed
 		// mid-pass holds up the others' sweeps no longer than its runs.
 		sw, err := sweeper.New(sweeper.Config{Engine: engine, Queue: cfg.firstQueue, Interval: cfg.sweepInterval,
-			StaleAfter: cfg.staleAfter, LeaderTTL: cfg.lockExpiry, Logger: log, Metrics: swMetrics})
+			StaleAfter: cfg.staleAfter, PausedRecheck: cfg.pausedRecheck, LeaderTTL: cfg.lockExpiry, Logger: log, Metrics: swMetrics})
 		if err != nil {
 			_ = w.Stop(context.Background())
 			return fmt.Errorf("worker: start the sweeper: %w", err)
