@@ -797,3 +797,41 @@ func TestInterruptPayloadPastTheDeadlineIsLate(t *testing.T) {
 	require.ErrorIs(t, final.Err(), reactor.ErrInterruptTimedOut)
 	assert.Equal(t, []string{"run:reserve", "undo:reserve"}, tr.all())
 }
+
+// A fan-out element's interrupt timer is its own task, delayed to the
+// deadline: with a Default, the elements go on without any payload and the
+// map completes.
+func TestInterruptTimeoutOfFanOutElements(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	element := reactor.MustDefine("approve-or-default",
+		reactor.Input[string]("order", reactor.Required()),
+		reactor.Interrupt("approve", reactor.InterruptConfig[reactor.Args, approval]{
+			Timeout: time.Second,
+			Default: func(reactor.Args) (approval, error) { return approval{By: "nobody"}, nil },
+		}),
+		reactor.Returns(reactor.FromStep("approve", "by")),
+	)
+	owner := reactor.MustDefine("approve-all",
+		reactor.Input[[]string]("orders"),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("orders"), Input: "order", FanOut: true}),
+		reactor.Returns(reactor.FromStep("each")),
+	)
+	e := f.engine("w")
+	require.NoError(t, e.Register(owner))
+	f.startWorker(e)
+	res, err := e.Enqueue(ctx, owner, map[string]any{"orders": []string{"t-0", "t-1", "t-2"}})
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	mr, err := reactor.ValueOf[mapstep.Result](final)
+	require.NoError(t, err)
+	els, err := mapstep.ReadWith[string](e, mr).All(ctx)
+	require.NoError(t, err)
+	require.Len(t, els, 3)
+	for _, el := range els {
+		assert.Equal(t, "nobody", el.Value)
+	}
+	assert.Len(t, f.events.steps("w", reactor.EventInterruptTimedOut), 3)
+}
