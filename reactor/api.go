@@ -656,6 +656,10 @@ func Compose(name string, child *Definition, cfg ComposeConfig) Part {
 //		Queue string
 //		// Delay postpones the task.
 //		Delay time.Duration
+//		// Element is true when RunID is a map element's run ("<map>.<i>",
+//		// paused at an interrupt): the wake-up is a delivery of that
+//		// element's task, on its map's queue.
+//		Element bool
 //		// Retain keeps the completed task visible this long (asynq retention),
 //		// so a sweeper can tell a wake-up that ran from one that was lost.
 //		// Zero: the task is forgotten when it completes.
