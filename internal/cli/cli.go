@@ -4,7 +4,7 @@
 //
 // It needs no reactor definitions: an engine without them records a payload
 // unchecked, and the worker that holds the definition validates it (see
-// reactor.Continuation.Checked). Wait tells the two outcomes apart.
+// engine.Continuation.Checked). Wait tells the two outcomes apart.
 package cli
 
 import (
@@ -18,7 +18,6 @@ import (
 
 	"github.com/goreactor/goreactor/internal/engine"
 	"github.com/goreactor/goreactor/internal/keys"
-	"github.com/goreactor/goreactor/reactor"
 )
 
 // Target names the interrupt a payload is for: a run and its interrupt
@@ -29,10 +28,10 @@ type Target struct {
 }
 
 // Continue records payload (JSON) for the interrupt t names, sent by by.
-func Continue(ctx context.Context, e *reactor.Engine, t Target, payload json.RawMessage, by string) (*reactor.Continuation, error) {
-	var opts []reactor.ContinueOption
+func Continue(ctx context.Context, e *engine.Engine, t Target, payload json.RawMessage, by string) (*engine.Continuation, error) {
+	var opts []engine.ContinueOption
 	if by != "" {
-		opts = append(opts, reactor.ContinueBy(by))
+		opts = append(opts, engine.ContinueBy(by))
 	}
 	if t.Correlation != "" {
 		return e.ContinueByCorrelation(ctx, t.Correlation, payload, opts...)
@@ -68,7 +67,7 @@ func shellQuote(s string) string {
 }
 
 // Recorded is one line saying what Continue recorded.
-func Recorded(c *reactor.Continuation) string {
+func Recorded(c *engine.Continuation) string {
 	woken := "the run was handed to a worker"
 	switch {
 	case c.Received < c.Accepts:
@@ -87,9 +86,9 @@ func Recorded(c *reactor.Continuation) string {
 // Explain says in an operator's words why a Continue was refused.
 func Explain(err error) string {
 	var (
-		already *reactor.AlreadyContinuedError
-		payload *reactor.PayloadError
-		ce      *reactor.ContinueError
+		already *engine.AlreadyContinuedError
+		payload *engine.PayloadError
+		ce      *engine.ContinueError
 	)
 	switch {
 	case errors.As(err, &already):
@@ -97,15 +96,15 @@ func Explain(err error) string {
 			already.RunID, already.Step, stamp(already.At))
 	case errors.As(err, &payload):
 		return fmt.Sprintf("payload refused by run %s, step %s: %v", payload.RunID, payload.Step, payload.Err)
-	case errors.As(err, &ce) && errors.Is(err, reactor.ErrInterruptTimedOut):
+	case errors.As(err, &ce) && errors.Is(err, engine.ErrInterruptTimedOut):
 		return fmt.Sprintf("timed out: run %s, step %s: %s", ce.RunID, ce.Step, ce.Reason)
-	case errors.As(err, &ce) && errors.Is(err, reactor.ErrAlreadyFinished):
+	case errors.As(err, &ce) && errors.Is(err, engine.ErrAlreadyFinished):
 		return fmt.Sprintf("not paused: run %s is %s (finished)", ce.RunID, ce.Status)
 	case errors.As(err, &ce):
 		return fmt.Sprintf("not paused: run %s is %s, and %s", ce.RunID, ce.Status, ce.Reason)
-	case errors.Is(err, reactor.ErrNoCorrelation):
+	case errors.Is(err, engine.ErrNoCorrelation):
 		return "no such correlation: " + strings.TrimPrefix(err.Error(), "reactor: ")
-	case errors.Is(err, reactor.ErrNotFound):
+	case errors.Is(err, engine.ErrNotFound):
 		return "no such run: " + strings.TrimPrefix(err.Error(), "reactor: ")
 	}
 	return err.Error()
@@ -116,7 +115,7 @@ type Outcome struct {
 	// Taken: the run no longer waits at that interrupt; Status is the
 	// run's status then.
 	Taken  bool
-	Status reactor.Status
+	Status engine.Status
 	// Refused is the worker's reason for refusing the payload ("" when it
 	// did not); the run still waits.
 	Refused string
@@ -134,7 +133,7 @@ const pollEvery = 50 * time.Millisecond
 // refusal at or after c.At). It returns ErrUndecided when neither happens in
 // time, and at once for a Continuation that wakes nothing (the interrupt
 // waits for more payloads), whose outcome is undecided by design.
-func Wait(ctx context.Context, e *reactor.Engine, c *reactor.Continuation, timeout time.Duration) (Outcome, error) {
+func Wait(ctx context.Context, e *engine.Engine, c *engine.Continuation, timeout time.Duration) (Outcome, error) {
 	if c.Received < c.Accepts {
 		return Outcome{}, ErrUndecided
 	}
@@ -160,7 +159,7 @@ func Wait(ctx context.Context, e *reactor.Engine, c *reactor.Continuation, timeo
 		}
 		info, err := e.Interrupt(ctx, c.RunID)
 		switch {
-		case errors.Is(err, reactor.ErrNotPaused):
+		case errors.Is(err, engine.ErrNotPaused):
 			continue // gone on: the next Get says where
 		case err != nil && ctx.Err() != nil:
 			return Outcome{}, ErrUndecided
@@ -209,14 +208,14 @@ type Payload struct {
 }
 
 // pausedOf is info's listing line.
-func pausedOf(info *reactor.InterruptInfo) Paused {
+func pausedOf(info *engine.InterruptInfo) Paused {
 	return Paused{RunID: info.RunID, Reactor: info.Reactor, Step: info.Step, Correlation: info.Correlation,
 		Since: info.Since.UTC(), Deadline: info.Deadline.UTC(), Received: info.Received, Accepts: info.Accepts,
 		Refused: info.Refused, RefusedAt: info.RefusedAt.UTC()}
 }
 
 // InterruptOf is info for printing as JSON.
-func InterruptOf(info *reactor.InterruptInfo) Interrupt {
+func InterruptOf(info *engine.InterruptInfo) Interrupt {
 	out := Interrupt{Paused: pausedOf(info), Payloads: []Payload{}, PayloadType: info.PayloadType, Example: info.Example}
 	for _, p := range info.Payloads {
 		out.Payloads = append(out.Payloads, Payload{Payload: p.Payload, At: p.At.UTC(), By: p.By})
@@ -233,11 +232,11 @@ const maxExamined = 5000
 // status (a run woken by a payload it refused may enter it again). It reads the listing index
 // of paused runs (P:idx:status:paused, or P:idx:rs:<reactor>:paused), the
 // one the dashboard filters by status with, a chunk at a time.
-func List(ctx context.Context, e *reactor.Engine, reactorName string, limit int) ([]Paused, error) {
+func List(ctx context.Context, e *engine.Engine, reactorName string, limit int) ([]Paused, error) {
 	k := keys.New(engine.Prefix(e))
-	index := k.Status(string(reactor.StatusPaused))
+	index := k.Status(string(engine.StatusPaused))
 	if reactorName != "" {
-		index = k.ReactorStatus(reactorName, string(reactor.StatusPaused))
+		index = k.ReactorStatus(reactorName, string(engine.StatusPaused))
 	}
 	rdb := engine.Client(e)
 	chunk := int64(max(limit, 100))
@@ -249,7 +248,7 @@ func List(ctx context.Context, e *reactor.Engine, reactorName string, limit int)
 		}
 		for _, id := range ids {
 			info, err := e.Interrupt(ctx, id)
-			if errors.Is(err, reactor.ErrNotPaused) || errors.Is(err, reactor.ErrNotFound) {
+			if errors.Is(err, engine.ErrNotPaused) || errors.Is(err, engine.ErrNotFound) {
 				continue // it went on since the index was read, or is gone
 			}
 			if err != nil {
@@ -294,7 +293,7 @@ func PrintList(w io.Writer, runs []Paused, asJSON bool) error {
 
 // Show writes the interrupt run id waits at: its step, correlation, times,
 // the payloads it holds and its last refusal.
-func Show(w io.Writer, info *reactor.InterruptInfo) {
+func Show(w io.Writer, info *engine.InterruptInfo) {
 	fmt.Fprintf(w, "run         %s (%s)\n", info.RunID, info.Reactor)
 	fmt.Fprintf(w, "step        %s\n", info.Step)
 	fmt.Fprintf(w, "correlation %s\n", orDash(info.Correlation))
