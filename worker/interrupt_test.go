@@ -61,6 +61,15 @@ func approvalFlow(name string, tr *trail, timeout time.Duration, deflt func(reac
 	)
 }
 
+// serve returns an engine with defs registered, and a worker on it.
+func (f *fixture) serve(defs ...*reactor.Definition) *reactor.Engine {
+	f.t.Helper()
+	e := f.engine("w")
+	require.NoError(f.t, e.Register(defs...))
+	f.startWorker(e)
+	return e
+}
+
 // awaitPaused waits until run id is paused and returns it.
 func awaitPaused(t *testing.T, e *reactor.Engine, id string) *reactor.Run {
 	t.Helper()
@@ -87,9 +96,7 @@ func TestInterruptContinueByRunID(t *testing.T) {
 	ctx := ctxTimeout(t)
 	tr := &trail{}
 	def := approvalFlow("approval", tr, 0, nil)
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e)
+	e := f.serve(def)
 
 	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-1"}, reactor.WithRunID("ap-1"))
 	require.NoError(t, err)
@@ -169,9 +176,7 @@ func TestInterruptContinueByCorrelation(t *testing.T) {
 	ctx := ctxTimeout(t)
 	tr := &trail{}
 	def := approvalFlow("approval", tr, 0, nil)
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e)
+	e := f.serve(def)
 
 	first, err := e.Enqueue(ctx, def, map[string]any{"order": "o-7"}, reactor.WithRunID("corr-1"))
 	require.NoError(t, err)
@@ -221,9 +226,7 @@ func TestInterruptConcurrentContinuesOneWins(t *testing.T) {
 	f := newFixture(t)
 	ctx := ctxTimeout(t)
 	def := approvalFlow("approval", &trail{}, 0, nil)
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e)
+	e := f.serve(def)
 	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-50"})
 	require.NoError(t, err)
 	awaitPaused(t, e, res.RunID)
@@ -284,9 +287,7 @@ func TestInterruptContinueWhileLockedIsNotLost(t *testing.T) {
 	f := newFixture(t)
 	ctx := ctxTimeout(t)
 	def := approvalFlow("approval", &trail{}, 0, nil)
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e)
+	e := f.serve(def)
 	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-lock"})
 	require.NoError(t, err)
 	awaitPaused(t, e, res.RunID)
@@ -358,9 +359,7 @@ func TestInterruptTimeoutTakesTheDefaultPath(t *testing.T) {
 	def := approvalFlow("approval", tr, time.Second, func(reactor.Args) (approval, error) {
 		return approval{By: "auto-approved"}, nil
 	})
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e)
+	e := f.serve(def)
 	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-auto"})
 	require.NoError(t, err)
 	final, err := e.Wait(ctx, res.RunID)
@@ -376,9 +375,7 @@ func TestInterruptBadPayloadLeavesTheRunPaused(t *testing.T) {
 	f := newFixture(t)
 	ctx := ctxTimeout(t)
 	def := approvalFlow("approval", &trail{}, 0, nil)
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e)
+	e := f.serve(def)
 	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-bad"})
 	require.NoError(t, err)
 	awaitPaused(t, e, res.RunID)
@@ -432,9 +429,7 @@ func TestInterruptInAComposedChild(t *testing.T) {
 			Args: reactor.Bindings{"order": reactor.FromInput("order")}, After: []string{"charge"}}),
 		reactor.Returns(reactor.FromStep("review")),
 	)
-	e := f.engine("w")
-	require.NoError(t, e.Register(parent))
-	f.startWorker(e)
+	e := f.serve(parent)
 	res, err := e.Enqueue(ctx, parent, map[string]any{"order": "o-child"})
 	require.NoError(t, err)
 	run := awaitPaused(t, e, res.RunID)
@@ -464,9 +459,7 @@ func TestInterruptCancelOfAPausedRunRollsBack(t *testing.T) {
 		reactor.Compose("review", child, reactor.ComposeConfig{
 			Args: reactor.Bindings{"order": reactor.FromInput("order")}, After: []string{"charge"}}),
 	)
-	e := f.engine("w")
-	require.NoError(t, e.Register(parent))
-	f.startWorker(e)
+	e := f.serve(parent)
 	res, err := e.Enqueue(ctx, parent, map[string]any{"order": "o-cancel"})
 	require.NoError(t, err)
 	awaitPaused(t, e, res.RunID)
@@ -492,9 +485,7 @@ func TestInterruptAcceptsSeveralPayloads(t *testing.T) {
 		reactor.Interrupt("approve", reactor.InterruptConfig[reactor.Args, approval]{Accepts: 2, Validate: validApproval}),
 		reactor.Returns(reactor.FromStep("approve")),
 	)
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e)
+	e := f.serve(def)
 	res, err := e.Enqueue(ctx, def, nil)
 	require.NoError(t, err)
 	awaitPaused(t, e, res.RunID)
@@ -629,9 +620,7 @@ func TestDeadlineBindsAPausedRun(t *testing.T) {
 	ctx := ctxTimeout(t)
 	tr := &trail{}
 	def := approvalFlow("approval", tr, 0, nil)
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e)
+	e := f.serve(def)
 	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-dl"}, reactor.WithTimeout(time.Second))
 	require.NoError(t, err)
 	final, err := e.Wait(ctx, res.RunID)
@@ -695,9 +684,7 @@ func TestInterruptCancelWhileHeldIsActedOn(t *testing.T) {
 	ctx := ctxTimeout(t)
 	tr := &trail{}
 	def := approvalFlow("approval", tr, 0, nil)
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e)
+	e := f.serve(def)
 	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-held"})
 	require.NoError(t, err)
 	run := awaitPaused(t, e, res.RunID)
@@ -741,9 +728,7 @@ func TestInterruptCancelOfAnOwnerWithPausedElements(t *testing.T) {
 		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("orders"), Input: "order",
 			FanOut: true, After: []string{"hold"}}),
 	)
-	e := f.engine("w")
-	require.NoError(t, e.Register(owner))
-	f.startWorker(e)
+	e := f.serve(owner)
 	orders := []string{"c-0", "c-1", "c-2"}
 	res, err := e.Enqueue(ctx, owner, map[string]any{"orders": orders})
 	require.NoError(t, err)
@@ -780,9 +765,7 @@ func TestInterruptPayloadPastTheDeadlineIsLate(t *testing.T) {
 	ctx := ctxTimeout(t)
 	tr := &trail{}
 	def := approvalFlow("approval", tr, time.Hour, nil)
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e)
+	e := f.serve(def)
 	res, err := e.Enqueue(ctx, def, map[string]any{"order": "o-late-payload"})
 	require.NoError(t, err)
 	run := awaitPaused(t, e, res.RunID)
@@ -817,9 +800,7 @@ func TestInterruptTimeoutOfFanOutElements(t *testing.T) {
 		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("orders"), Input: "order", FanOut: true}),
 		reactor.Returns(reactor.FromStep("each")),
 	)
-	e := f.engine("w")
-	require.NoError(t, e.Register(owner))
-	f.startWorker(e)
+	e := f.serve(owner)
 	res, err := e.Enqueue(ctx, owner, map[string]any{"orders": []string{"t-0", "t-1", "t-2"}})
 	require.NoError(t, err)
 	final, err := e.Wait(ctx, res.RunID)
