@@ -417,18 +417,23 @@ func TestInterruptBadPayloadLeavesTheRunPaused(t *testing.T) {
 	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
 }
 
+// reviewedOrder charges, then composes approvalFlow as its step "review",
+// returning the child's value.
+func reviewedOrder(tr *trail) *reactor.Definition {
+	return reactor.MustDefine("order",
+		reactor.Input[string]("order", reactor.Required()),
+		step(tr, "charge", nil),
+		reactor.Compose("review", approvalFlow("approval", tr, 0, nil), reactor.ComposeConfig{
+			Args: reactor.Bindings{"order": reactor.FromInput("order")}, After: []string{"charge"}}),
+		reactor.Returns(reactor.FromStep("review")),
+	)
+}
+
 func TestInterruptInAComposedChild(t *testing.T) {
 	f := newFixture(t)
 	ctx := ctxTimeout(t)
 	tr := &trail{}
-	child := approvalFlow("approval", tr, 0, nil)
-	parent := reactor.MustDefine("order",
-		reactor.Input[string]("order", reactor.Required()),
-		step(tr, "charge", nil),
-		reactor.Compose("review", child, reactor.ComposeConfig{
-			Args: reactor.Bindings{"order": reactor.FromInput("order")}, After: []string{"charge"}}),
-		reactor.Returns(reactor.FromStep("review")),
-	)
+	parent := reviewedOrder(tr)
 	e := f.serve(parent)
 	res, err := e.Enqueue(ctx, parent, map[string]any{"order": "o-child"})
 	require.NoError(t, err)
@@ -452,13 +457,7 @@ func TestInterruptCancelOfAPausedRunRollsBack(t *testing.T) {
 	f := newFixture(t)
 	ctx := ctxTimeout(t)
 	tr := &trail{}
-	child := approvalFlow("approval", tr, 0, nil)
-	parent := reactor.MustDefine("order",
-		reactor.Input[string]("order", reactor.Required()),
-		step(tr, "charge", nil),
-		reactor.Compose("review", child, reactor.ComposeConfig{
-			Args: reactor.Bindings{"order": reactor.FromInput("order")}, After: []string{"charge"}}),
-	)
+	parent := reviewedOrder(tr)
 	e := f.serve(parent)
 	res, err := e.Enqueue(ctx, parent, map[string]any{"order": "o-cancel"})
 	require.NoError(t, err)
