@@ -815,3 +815,52 @@ func TestInterruptTimeoutOfFanOutElements(t *testing.T) {
 	}
 	assert.Len(t, f.events.steps("w", reactor.EventInterruptTimedOut), 3)
 }
+
+// An interrupt's Undo receives the payloads it took: when a later step
+// fails, and when the finished run is undone.
+func TestInterruptUndoGetsThePayloads(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	withUndo := func(name string, fail bool) *reactor.Definition {
+		return reactor.MustDefine(name,
+			reactor.Interrupt("approve", reactor.InterruptConfig[reactor.Args, approval]{
+				Undo: func(_ context.Context, _ reactor.Args, got []approval) error {
+					for _, a := range got {
+						tr.add("undo:approve:" + a.By)
+					}
+					return nil
+				},
+			}),
+			reactor.Step("after", reactor.StepConfig[reactor.Args, string]{
+				After: []string{"approve"},
+				Run: func(context.Context, reactor.Args) (string, error) {
+					if fail {
+						return "", reactor.Permanent(errors.New("declined later"))
+					}
+					return "ok", nil
+				},
+			}),
+		)
+	}
+	failing, passing := withUndo("undo-on-failure", true), withUndo("undo-on-request", false)
+	e := f.serve(failing, passing)
+	for _, def := range []*reactor.Definition{failing, passing} {
+		res, err := e.Enqueue(ctx, def, nil)
+		require.NoError(t, err)
+		awaitPaused(t, e, res.RunID)
+		_, err = e.Continue(ctx, res.RunID, "approve", approval{By: def.Name()})
+		require.NoError(t, err)
+		final, err := e.Wait(ctx, res.RunID)
+		require.NoError(t, err)
+		if def == passing {
+			require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+			final, err = e.Undo(ctx, res.RunID)
+			require.NoError(t, err)
+			require.Equal(t, reactor.StatusCancelled, final.Status)
+		} else {
+			require.Equal(t, reactor.StatusFailed, final.Status)
+		}
+	}
+	assert.Equal(t, []string{"undo:approve:undo-on-failure", "undo:approve:undo-on-request"}, tr.all())
+}
