@@ -598,6 +598,12 @@ func Returns(r Ref) Part { return engine.Returns(r) }
 //		// before or after this step. Ignored where the run already executes in
 //		// a worker, and when the engine has no Enqueuer. Default NoHandOff.
 //		HandOff HandOff
+//		// Limits bound the step across every worker: how many attempts run at
+//		// once per key (a Lock is one), how many start per key in a window.
+//		// Each attempt takes them before its Run and gives them back after. A
+//		// full limit makes the run wait at its checkpoint: its worker snoozes
+//		// the task (an in-process Run returns a *LimitError). Default none.
+//		Limits []Limit
 //	}
 type StepConfig[In, Out any] = engine.StepConfig[In, Out]
 
@@ -1279,6 +1285,12 @@ const (
 	// EventMapRollbackBatchClaimed: a fan-out map's rollback claimed its
 	// next batch of element rollback jobs.
 	EventMapRollbackBatchClaimed = engine.EventMapRollbackBatchClaimed
+	// EventLimitWaited: a step's attempt found a limit full (Err is the
+	// *LimitError, Delay its RetryAfter); it waits a little, then the run
+	// waits at its checkpoint.
+	EventLimitWaited = engine.EventLimitWaited
+	// EventLimitTaken: a step's attempt took its limits and runs.
+	EventLimitTaken = engine.EventLimitTaken
 	// EventRunPaused: the run saved itself paused at an interrupt step
 	// (Step) and left its worker.
 	EventRunPaused = engine.EventRunPaused
@@ -1739,6 +1751,60 @@ type CorrelationTakenError = engine.CorrelationTakenError
 //
 //	func (e *InterruptTimeoutError) Unwrap() error
 type InterruptTimeoutError = engine.InterruptTimeoutError
+
+// Limit declares a limit on a step (StepConfig.Limits). Steps (of any
+// reactor) that declare the same Name share it, key by key.
+//
+//	type Limit struct {
+//		// Name names the limit; required. Keys of different limits never meet.
+//		Name string
+//		// Key computes the key from the step's arguments: a tenant, an account,
+//		// a partner. Default: one key for the whole limit.
+//		Key func(args Args) (string, error)
+//		// Concurrency is how many attempts may run at once per key, across
+//		// every worker (1: a lock). 0: none.
+//		Concurrency int
+//		// Rates bound how many attempts may start per key in any window of
+//		// their Per (several at once: 100 a second and 2,000 a minute).
+//		Rates []Rate
+//		// Lease is how long a slot outlives a holder that stopped renewing it
+//		// (a dead process). Default 30 s; the holder renews it every third.
+//		Lease time.Duration
+//	}
+type Limit = engine.Limit
+
+// Rate is a rate limit: at most N starts in any window of Per.
+//
+//	type Rate struct {
+//		N   int
+//		Per time.Duration
+//	}
+type Rate = engine.Rate
+
+// Lock is the limit of one holder per key at a time.
+func Lock(name string, key func(args Args) (string, error)) Limit { return engine.Lock(name, key) }
+
+// LimitError is an attempt that found a limit full: the run waits at its
+// checkpoint for room (a worker snoozes its task; Resume goes on later).
+//
+//	type LimitError struct {
+//		RunID, Step string
+//		// Limit and Key name what was full; Kind is "concurrency" or "rate".
+//		Limit, Key, Kind string
+//		// RetryAfter is when room may come: the earliest lease's end
+//		// (concurrency; a holder that finishes frees it sooner), or when the
+//		// fullest window has room (rate).
+//		RetryAfter time.Duration
+//	}
+//
+//	func (e *LimitError) Error() string
+//
+//	func (e *LimitError) Is(target error) bool
+//	    Is makes errors.Is(err, ErrLimited) hold.
+type LimitError = engine.LimitError
+
+// ErrLimited: a step's limit was full (see *LimitError).
+var ErrLimited = engine.ErrLimited
 
 // RollbackFailureKind was the type of RollbackFailure.Kind and
 // StepRollback.Kind.

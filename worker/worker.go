@@ -133,6 +133,8 @@ type SnoozeError struct {
 	// Cluster, when set, is the Redis Cluster error the task waits out
 	// (a slot moving, a failover); RunID is then the task's id.
 	Cluster error
+	// Limit, when set, is the step limit the task waits for room in.
+	Limit *reactor.LimitError
 }
 
 func (e *SnoozeError) Error() string {
@@ -141,6 +143,9 @@ func (e *SnoozeError) Error() string {
 	}
 	if e.Cluster != nil {
 		return fmt.Sprintf("worker: task %s met redis cluster moving a slot or failing over (%v); snoozing", e.RunID, e.Cluster)
+	}
+	if e.Limit != nil {
+		return fmt.Sprintf("worker: %v; snoozing", e.Limit)
 	}
 	return fmt.Sprintf("worker: run %s is locked by another process; snoozing", e.RunID)
 }
@@ -376,6 +381,9 @@ func (w *Worker) handleRun(ctx context.Context, t *asynq.Task) (err error) {
 	}
 	ctx = withTraceparent(ctx, p.TP)
 	res, err := engine.Process(w.engine, ctx, p.RunID)
+	if le, ok := errors.AsType[*reactor.LimitError](err); ok {
+		return limitSnooze(p.RunID, le)
+	}
 	switch {
 	case errors.Is(err, reactor.ErrRunLocked):
 		return &SnoozeError{RunID: p.RunID, Base: w.cfg.Snooze}
@@ -420,6 +428,9 @@ func (w *Worker) handleElement(ctx context.Context, t *asynq.Task) (err error) {
 	err = mapcore.ProcessElement(ctx, w.engine, maptask.ElementTask{MapID: p.MapID, Index: p.Index, Input: p.Input, Meta: p.Meta})
 	if errors.Is(err, reactor.ErrUnknownReactor) {
 		w.unknownReactor(ctx, "", "element", mapstep.ElementID(p.MapID, p.Index))
+	}
+	if le, ok := errors.AsType[*reactor.LimitError](err); ok {
+		return limitSnooze(mapstep.ElementID(p.MapID, p.Index), le)
 	}
 	switch {
 	case errors.Is(err, reactor.ErrDefinitionMismatch):
@@ -523,6 +534,13 @@ func (w *Worker) unknownReactor(ctx context.Context, name, kind, id string) {
 
 func (w *Worker) retryDelay(n int, err error, t *asynq.Task) time.Duration {
 	return RetryDelay(n, err, t)
+}
+
+// limitSnooze is the snooze of a task whose step found a limit full: about
+// half the time until room may come (a holder that finishes frees it
+// sooner), between 100 ms and 5 s, jittered by RetryDelay.
+func limitSnooze(id string, le *reactor.LimitError) *SnoozeError {
+	return &SnoozeError{RunID: id, Base: min(max(le.RetryAfter/2, 100*time.Millisecond), 5*time.Second), Limit: le}
 }
 
 // RetryDelay is the asynq RetryDelayFunc goreactor needs: a snooze waits its

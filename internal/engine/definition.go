@@ -315,6 +315,7 @@ type stepDef struct {
 	child     *Definition // compose
 	construct Construct
 	intr      *interruptDef // an interrupt step's declaration
+	limits    []Limit       // StepConfig.Limits
 	// inType and outType are a plain step's In and Out (nil otherwise):
 	// what Define checks bindings and result types against.
 	inType, outType reflect.Type
@@ -361,6 +362,12 @@ type StepConfig[In, Out any] struct {
 	// before or after this step. Ignored where the run already executes in
 	// a worker, and when the engine has no Enqueuer. Default NoHandOff.
 	HandOff HandOff
+	// Limits bound the step across every worker: how many attempts run at
+	// once per key (a Lock is one), how many start per key in a window.
+	// Each attempt takes them before its Run and gives them back after. A
+	// full limit makes the run wait at its checkpoint: its worker snoozes
+	// the task (an in-process Run returns a *LimitError). Default none.
+	Limits []Limit
 }
 
 var argsType = reflect.TypeFor[Args]()
@@ -425,9 +432,14 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 		} else if cfg.Resource != nil && cfg.Undo == nil {
 			return &DefinitionError{Reactor: d.name, Step: name, Reason: "Resource names what the step's Undo reverses, and the step has no Undo"}
 		}
+		for _, l := range cfg.Limits {
+			if err := l.validate(); err != nil {
+				return &DefinitionError{Reactor: d.name, Step: name, Reason: err.Error()}
+			}
+		}
 		s := &stepDef{name: name, kind: kindPlain, args: cfg.Args, after: cfg.After,
 			retry: cfg.Retry, timeout: cfg.Timeout, undoTO: cfg.UndoTimeout, handoff: cfg.HandOff,
-			inType: reflect.TypeFor[In](), outType: reflect.TypeFor[Out](), guard: cfg.Guard}
+			inType: reflect.TypeFor[In](), outType: reflect.TypeFor[Out](), guard: cfg.Guard, limits: cfg.Limits}
 		s.run = func(ctx context.Context, raw Raw) (Raw, error) {
 			in, err := decodeIn[In](raw)
 			if err != nil {

@@ -47,6 +47,12 @@ const (
 	// EventMapRollbackBatchClaimed: a fan-out map's rollback claimed its
 	// next batch of element rollback jobs.
 	EventMapRollbackBatchClaimed EventKind = "reactor.map.rollback.batch_claimed"
+	// EventLimitWaited: a step's attempt found a limit full (Err is the
+	// *LimitError, Delay its RetryAfter); it waits a little, then the run
+	// waits at its checkpoint.
+	EventLimitWaited EventKind = "reactor.limit.waited"
+	// EventLimitTaken: a step's attempt took its limits and runs.
+	EventLimitTaken EventKind = "reactor.limit.taken"
 	// EventRunPaused: the run saved itself paused at an interrupt step
 	// (Step) and left its worker.
 	EventRunPaused EventKind = "reactor.run.paused"

@@ -119,6 +119,7 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 	bg := context.WithoutCancel(ctx)
 	var ho *errHandOff
 	var pz *errPause
+	var lim *errLimited
 	switch {
 	case err == nil:
 		// The terminal write released the lock.
@@ -152,6 +153,10 @@ func (x *execution) conclude(ctx context.Context, err error) (*Result, error) {
 			}
 		}
 		return x.st.result(), nil
+	case errors.As(err, &lim):
+		// Saved at its checkpoint, waiting for room in a limit.
+		_ = x.lease.Release(bg)
+		return nil, lim.le
 	case errors.As(err, &ho):
 		// Saved (with its wake-up id) before the lock goes: a crash before
 		// the enqueue leaves a running, unlocked run for the sweeper.
@@ -584,6 +589,28 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		}
 	}
 	for attempt := first; ; attempt++ {
+		holds, err := x.takeLimits(ctx, f, s, args)
+		if le, ok := errors.AsType[*LimitError](err); ok {
+			// Full: wait at the checkpoint, the attempt not started (a
+			// scheduled intent, so the resume counts no interruption).
+			f.st.Intent = &intentRec{Step: s.name, Attempt: attempt, Scheduled: true}
+			if err := x.checkpoint(ctx); err != nil {
+				return stepOutcome{}, err
+			}
+			if x.cancel {
+				return stepOutcome{kind: outCancel, failure: newCancelFailure("cancelled on request")}, nil
+			}
+			return stepOutcome{}, &errLimited{le: le}
+		}
+		if err != nil {
+			if ierr := interrupted(ctx); ierr != nil {
+				return stepOutcome{}, ierr
+			}
+			if IsPermanent(err) {
+				return stepOutcome{kind: outFail, failure: newFailure(path, err), err: err}, nil
+			}
+			return stepOutcome{}, err
+		}
 		x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt})
 		began := time.Now()
 		startedAt := x.e.now()
@@ -596,7 +623,7 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		if s.guard != nil {
 			effects = &effectRecorder{guard: s.guard}
 		}
-		err := x.call(ctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt}, s.timeout, func(cctx context.Context) error {
+		err = x.call(ctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt}, s.timeout, func(cctx context.Context) error {
 			if effects != nil {
 				cctx = context.WithValue(cctx, effectKey{}, effects)
 			}
@@ -604,6 +631,7 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 			val, rerr = s.run(cctx, args)
 			return rerr
 		})
+		holds.release(ctx)
 		// After a lost lock nothing the step returned counts: no record, no
 		// compensation. Another process owns the run.
 		if lock.Lost(ctx) {

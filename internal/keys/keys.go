@@ -277,3 +277,11 @@ func (k Keys) NeedsHuman() string { return k.prefix + ":idx:needs_human" }
 // of its own: the claim and the run it names are kept consistent by a
 // protocol (engine/interrupt.go), not by one script.
 func (k Keys) Corr(id string) string { return k.prefix + ":{corr:" + id + "}" }
+
+// Slots is the semaphore of concurrency limit name for key (a lock is a
+// limit of one): its holders and their leases, in a slot of its own.
+func (k Keys) Slots(name, key string) string { return k.prefix + ":{lim:" + name + ":" + key + "}" }
+
+// Rate is the admissions of rate limit name for key within its longest
+// window.
+func (k Keys) Rate(name, key string) string { return k.prefix + ":{rate:" + name + ":" + key + "}" }

@@ -1,0 +1,121 @@
+package store
+
+import (
+	"context"
+	_ "embed"
+	"fmt"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var (
+	//go:embed lua/slot.lua
+	slotSrc    string
+	slotScript = redis.NewScript(slotSrc)
+	//go:embed lua/rate.lua
+	rateSrc    string
+	rateScript = redis.NewScript(rateSrc)
+)
+
+// SlotGrant is what an acquire of a semaphore slot found.
+type SlotGrant struct {
+	// Held is true when the holder has a slot now.
+	Held bool
+	// Holders counts the holders after the call.
+	Holders int
+	// Wait is how long until the earliest lease ends (refused only): the
+	// latest a slot frees up if no holder releases first.
+	Wait time.Duration
+}
+
+func (s *Store) slot(ctx context.Context, key string, args ...any) ([]any, error) {
+	var res []any
+	err := rideOut(ctx, func() (err error) {
+		res, err = slotScript.Run(ctx, s.rdb, []string{key}, args...).Slice()
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: limit %s: %w", args[0], err)
+	}
+	return res, nil
+}
+
+// AcquireSlot takes one of n slots of semaphore key for holder, with a lease
+// (a holder that has one renews it).
+func (s *Store) AcquireSlot(ctx context.Context, key, holder string, n int, lease time.Duration) (SlotGrant, error) {
+	res, err := s.slot(ctx, key, "acquire", holder, n, max(1, lease.Milliseconds()))
+	if err != nil {
+		return SlotGrant{}, err
+	}
+	g := SlotGrant{Held: toInt(res[0]) == 1, Holders: int(toInt(res[1]))}
+	if !g.Held && len(res) > 2 {
+		g.Wait = time.Duration(toInt(res[2])) * time.Millisecond
+	}
+	return g, nil
+}
+
+// RenewSlot extends holder's lease; false once the holder lost its slot
+// (its lease ended and another took it).
+func (s *Store) RenewSlot(ctx context.Context, key, holder string, lease time.Duration) (bool, error) {
+	res, err := s.slot(ctx, key, "renew", holder, max(1, lease.Milliseconds()))
+	if err != nil {
+		return false, err
+	}
+	return toInt(res[0]) == 1, nil
+}
+
+// ReleaseSlot gives holder's slot back.
+func (s *Store) ReleaseSlot(ctx context.Context, key, holder string) error {
+	_, err := s.slot(ctx, key, "release", holder)
+	return err
+}
+
+// SlotHolder is one holder of a semaphore and when its lease ends.
+type SlotHolder struct {
+	Holder string
+	Until  time.Time
+}
+
+// SlotHolders lists the holders of semaphore key, leases ended or not.
+func (s *Store) SlotHolders(ctx context.Context, key string) ([]SlotHolder, error) {
+	zs, err := s.rdb.ZRangeWithScores(ctx, key, 0, -1).Result()
+	if err != nil {
+		return nil, fmt.Errorf("store: read limit holders: %w", err)
+	}
+	out := make([]SlotHolder, len(zs))
+	for i, z := range zs {
+		m, _ := z.Member.(string)
+		out[i] = SlotHolder{Holder: m, Until: time.UnixMilli(int64(z.Score))}
+	}
+	return out, nil
+}
+
+// Window is one rate limit: at most N admissions in any Per.
+type Window struct {
+	N   int
+	Per time.Duration
+}
+
+// Admit records admission member under the rate limits of key if every
+// window has room; else it records nothing and returns how long until the
+// fullest has room again.
+func (s *Store) Admit(ctx context.Context, key, member string, windows []Window) (bool, time.Duration, error) {
+	args := make([]any, 0, 2+2*len(windows))
+	args = append(args, member, len(windows))
+	for _, w := range windows {
+		args = append(args, w.N, max(1, w.Per.Milliseconds()))
+	}
+	var res []any
+	err := rideOut(ctx, func() (err error) {
+		res, err = rateScript.Run(ctx, s.rdb, []string{key}, args...).Slice()
+		return err
+	})
+	if err != nil {
+		return false, 0, fmt.Errorf("store: rate limit: %w", err)
+	}
+	if toInt(res[0]) == 1 {
+		return true, 0, nil
+	}
+	return false, time.Duration(toInt(res[1])) * time.Millisecond, nil
+}

@@ -1,0 +1,49 @@
+-- slot.lua: a counting semaphore with leases, for a concurrency limit (a
+-- lock is one of one slot). One sorted set per limit and key,
+-- P:{lim:<name>:<key>}: members are the holders, scores the server time
+-- (ms) their lease ends. A holder that dies is reclaimed when its lease
+-- ends: every acquire first drops the expired ones. Single key, so one
+-- slot of a Redis Cluster; the server's clock for every lease.
+-- KEYS[1] the semaphore
+-- ARGV[1] mode: acquire | renew | release
+-- acquire ARGV[2] holder, ARGV[3] slots (N), ARGV[4] lease ms. Returns
+--         {1, holders} when held (a holder that holds already renews), or
+--         {0, holders, ms until the earliest lease ends}.
+-- renew   ARGV[2] holder, ARGV[3] lease ms. {1} while held, {0} once lost.
+-- release ARGV[2] holder. {1} if it held, else {0}.
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+local mode = ARGV[1]
+if mode == 'acquire' then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+  local lease = tonumber(ARGV[4])
+  if redis.call('ZSCORE', KEYS[1], ARGV[2]) then
+    redis.call('ZADD', KEYS[1], now + lease, ARGV[2])
+    redis.call('PEXPIRE', KEYS[1], lease)
+    return {1, redis.call('ZCARD', KEYS[1])}
+  end
+  local n = redis.call('ZCARD', KEYS[1])
+  if n < tonumber(ARGV[3]) then
+    redis.call('ZADD', KEYS[1], now + lease, ARGV[2])
+    -- the set lives as long as its longest lease
+    if redis.call('PTTL', KEYS[1]) < lease then
+      redis.call('PEXPIRE', KEYS[1], lease)
+    end
+    return {1, n + 1}
+  end
+  local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+  return {0, n, math.max(0, tonumber(first[2]) - now)}
+elseif mode == 'renew' then
+  if not redis.call('ZSCORE', KEYS[1], ARGV[2]) then
+    return {0}
+  end
+  local lease = tonumber(ARGV[3])
+  redis.call('ZADD', KEYS[1], 'XX', now + lease, ARGV[2])
+  if redis.call('PTTL', KEYS[1]) < lease then
+    redis.call('PEXPIRE', KEYS[1], lease)
+  end
+  return {1}
+elseif mode == 'release' then
+  return {redis.call('ZREM', KEYS[1], ARGV[2])}
+end
+return redis.error_reply('slot.lua: unknown mode ' .. tostring(mode))
