@@ -148,6 +148,18 @@ func TestEveryScriptKeepsToItsKeysInOneSlot(t *testing.T) {
 		// The server's clock, read on a run's node (a step's time window).
 		_, err = st.ServerTime(ctx, st.RunTarget(randomID("run")))
 		require.NoError(t, err)
+		// A step's limits: a leased slot (slot.lua) and a rate window
+		// (rate.lua).
+		slots := k.Slots("scripts-test", randomID("key"))
+		g, err := st.AcquireSlot(ctx, slots, "holder", 1, time.Second)
+		require.NoError(t, err)
+		require.True(t, g.Held)
+		_, err = st.RenewSlot(ctx, slots, "holder", time.Second)
+		require.NoError(t, err)
+		require.NoError(t, st.ReleaseSlot(ctx, slots, "holder"))
+		ok, _, err := st.Admit(ctx, k.Rate("scripts-test", randomID("key")), "a", []store.Window{{N: 1, Per: time.Second}})
+		require.NoError(t, err)
+		require.True(t, ok)
 	})
 
 	runs, err := mon.Stop()
