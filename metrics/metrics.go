@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
 
@@ -94,6 +95,9 @@ type Metrics struct {
 	continued         *prometheus.CounterVec
 	interruptTimeouts *prometheus.CounterVec
 	pausedDuration    *prometheus.HistogramVec
+	limitWaits        *prometheus.CounterVec
+	limitRefusals     *prometheus.CounterVec
+	limitHolds        *prometheus.CounterVec
 	replicaAcksShort  prometheus.Counter
 
 	runTasks     *prometheus.CounterVec
@@ -164,6 +168,11 @@ func New(opts Options) *Metrics {
 		Help: "How long runs were paused at an interrupt step before it took its payloads.", Buckets: opts.PauseBuckets},
 		[]string{"reactor", "step"})
 	m.collectors = append(m.collectors, m.pausedDuration)
+	m.limitWaits = counter("limit_waits_total", "Tries of a step's attempt that found a limit full, by limit and kind "+
+		"(concurrency, rate); the attempt tries again a little later.", "limit", "kind")
+	m.limitRefusals = counter("limit_refusals_total", "Attempts that stopped waiting in-process for a full limit: the run "+
+		"waits at its checkpoint and its task is snoozed.", "limit", "kind")
+	m.limitHolds = counter("limit_holds_total", "Attempts of limited steps that took their limits and ran.", "reactor", "step")
 	m.lockLost = counter0("lock_lost_total", "Executions (runs and element runs) that lost their run lock mid-way.")
 
 	m.runTasks = counter("run_tasks_total", "Run tasks handled by workers, by outcome (done, snoozed, dropped, error).", "outcome")
@@ -281,6 +290,16 @@ func (m *Metrics) OnEvent(_ context.Context, e reactor.Event) {
 		m.pausedDuration.WithLabelValues(e.Reactor, e.Step).Observe(e.Duration.Seconds())
 	case reactor.EventInterruptTimedOut:
 		m.interruptTimeouts.WithLabelValues(e.Reactor, e.Step).Inc()
+	case reactor.EventLimitWaited, reactor.EventLimitRefused:
+		if le, ok := errors.AsType[*reactor.LimitError](e.Err); ok {
+			c := m.limitWaits
+			if e.Kind == reactor.EventLimitRefused {
+				c = m.limitRefusals
+			}
+			c.WithLabelValues(le.Limit, le.Kind).Inc()
+		}
+	case reactor.EventLimitTaken:
+		m.limitHolds.WithLabelValues(e.Reactor, e.Step).Inc()
 	case reactor.EventMapBatchClaimed:
 		m.batches.WithLabelValues(e.Reactor, ResumeForward).Inc()
 	case reactor.EventMapRollbackBatchClaimed:

@@ -240,3 +240,22 @@ func TestInterruptEventsCounted(t *testing.T) {
 		}
 	}
 }
+
+func TestLimitEventsCounted(t *testing.T) {
+	t.Parallel()
+	m := metrics.New(metrics.Options{})
+	ctx := context.Background()
+	full := &reactor.LimitError{Limit: "partner", Key: "acme", Kind: "concurrency"}
+	for _, e := range []reactor.Event{
+		{Kind: reactor.EventLimitWaited, Reactor: "call", Step: "post", Err: full},
+		{Kind: reactor.EventLimitWaited, Reactor: "call", Step: "post", Err: full},
+		{Kind: reactor.EventLimitRefused, Reactor: "call", Step: "post", Err: full},
+		{Kind: reactor.EventLimitTaken, Reactor: "call", Step: "post"},
+	} {
+		m.OnEvent(ctx, e)
+	}
+	l := map[string]string{"limit": "partner", "kind": "concurrency"}
+	require.Equal(t, 2.0, value(t, m, "goreactor_limit_waits_total", l))
+	require.Equal(t, 1.0, value(t, m, "goreactor_limit_refusals_total", l))
+	require.Equal(t, 1.0, value(t, m, "goreactor_limit_holds_total", map[string]string{"reactor": "call", "step": "post"}))
+}

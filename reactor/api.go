@@ -1289,6 +1289,10 @@ const (
 	// *LimitError, Delay its RetryAfter); it waits a little, then the run
 	// waits at its checkpoint.
 	EventLimitWaited = engine.EventLimitWaited
+	// EventLimitRefused: an attempt gave up waiting in-process for a full
+	// limit (Err is the *LimitError): the run waits at its checkpoint and
+	// its worker snoozes the task.
+	EventLimitRefused = engine.EventLimitRefused
 	// EventLimitTaken: a step's attempt took its limits and runs.
 	EventLimitTaken = engine.EventLimitTaken
 	// EventRunPaused: the run saved itself paused at an interrupt step

@@ -189,6 +189,7 @@ func TestLimitDeadHolderIsReclaimedByItsLease(t *testing.T) {
 	assert.False(t, done.Before(until), "the lock was taken only after the dead holder's lease ended")
 	assert.Less(t, done.Sub(until), 8*time.Second, "and soon after it (a snooze or two)")
 	assert.NotEmpty(t, f.events.steps("w", reactor.EventLimitWaited), "the run waited for the lock")
+	assert.NotEmpty(t, f.events.steps("w", reactor.EventLimitRefused), "and its task was snoozed")
 }
 
 // In-process, a full limit is a typed error saying what was full; the run

@@ -51,6 +51,10 @@ const (
 	// *LimitError, Delay its RetryAfter); it waits a little, then the run
 	// waits at its checkpoint.
 	EventLimitWaited EventKind = "reactor.limit.waited"
+	// EventLimitRefused: an attempt gave up waiting in-process for a full
+	// limit (Err is the *LimitError): the run waits at its checkpoint and
+	// its worker snoozes the task.
+	EventLimitRefused EventKind = "reactor.limit.refused"
 	// EventLimitTaken: a step's attempt took its limits and runs.
 	EventLimitTaken EventKind = "reactor.limit.taken"
 	// EventRunPaused: the run saved itself paused at an interrupt step

@@ -185,6 +185,7 @@ func (x *execution) takeLimits(ctx context.Context, f *frame, s *stepDef, args R
 		}
 		x.emit(ctx, Event{Kind: EventLimitWaited, RunID: x.st.ID, Reactor: f.def.name, Step: f.path + s.name, Err: lerr, Delay: lerr.RetryAfter})
 		if time.Now().Add(delay).After(deadline) {
+			x.emit(ctx, Event{Kind: EventLimitRefused, RunID: x.st.ID, Reactor: f.def.name, Step: f.path + s.name, Err: lerr, Delay: lerr.RetryAfter})
 			return nil, lerr
 		}
 		if err := x.e.sleep(ctx, delay+mrand.N(delay)); err != nil {
