@@ -454,6 +454,10 @@ var ErrDeadlineExceeded = engine.ErrDeadlineExceeded
 //	    construct's Validate can check its bindings into an element reactor
 //	    against them.
 //
+//	func (d *Definition) StepLimits() []StepLimits
+//	    StepLimits lists the limits d's steps declare, and those of the children
+//	    it composes, in execution order: what a dashboard offers to look at.
+//
 //	func (d *Definition) ResultType() reflect.Type
 //	    ResultType returns the Go type of what a run of d returns, when Define can
 //	    tell: Returns naming a step's whole result (its Out type, or a construct's
@@ -1809,6 +1813,15 @@ type LimitError = engine.LimitError
 
 // ErrLimited: a step's limit was full (see *LimitError).
 var ErrLimited = engine.ErrLimited
+
+// StepLimits are the limits one step declares.
+//
+//	type StepLimits struct {
+//		// Step is the step's path ("post", "book/post" inside a composed child).
+//		Step   string
+//		Limits []Limit
+//	}
+type StepLimits = engine.StepLimits
 
 // RollbackFailureKind was the type of RollbackFailure.Kind and
 // StepRollback.Kind.

@@ -151,7 +151,7 @@ func TestEveryScriptKeepsToItsKeysInOneSlot(t *testing.T) {
 		// A step's limits: a leased slot (slot.lua) and a rate window
 		// (rate.lua).
 		slots := k.Slots("scripts-test", randomID("key"))
-		g, err := st.AcquireSlot(ctx, slots, "holder", 1, time.Second)
+		g, err := st.AcquireSlot(ctx, slots, "holder", "run|step", 1, time.Second)
 		require.NoError(t, err)
 		require.True(t, g.Held)
 		_, err = st.RenewSlot(ctx, slots, "holder", time.Second)

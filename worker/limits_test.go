@@ -224,12 +224,14 @@ func TestLimitInProcessReturnsALimitError(t *testing.T) {
 	run, err := e.Get(ctx, "post-1")
 	require.NoError(t, err)
 	assert.Equal(t, reactor.StatusRunning, run.Status)
+	assert.Equal(t, []string{"post-1|post"}, f.rdb.ZRange(ctx, key+":w", 0, -1).Val(), "the waiter is on record")
 
 	require.NoError(t, f.rdb.ZRem(ctx, key, "someone").Err())
 	final, err := e.Resume(ctx, "post-1")
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
 	assert.Zero(t, f.rdb.Exists(ctx, key).Val()+f.rdb.ZCard(ctx, key).Val(), "the slot was given back")
+	assert.Zero(t, f.rdb.ZCard(ctx, key+":w").Val(), "and the waiter left the record when it got the slot")
 }
 
 // A fan-out map's elements take their step's limit per element task:

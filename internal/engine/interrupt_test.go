@@ -1,6 +1,7 @@
 package engine_test
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -102,4 +103,20 @@ func TestInterruptInProcessWithoutAnEnqueuer(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, engine.StatusCancelled, final.Status)
 	assert.Equal(t, []string{"run:before", "run:before", "undo:before"}, ev.trail.all())
+}
+
+func TestStepLimitsListsDeclaredLimits(t *testing.T) {
+	post := engine.Step("post", engine.StepConfig[engine.Args, int]{
+		Limits: []engine.Limit{engine.Lock("ledger", nil), {Name: "api", Rates: []engine.Rate{{N: 10, Per: time.Second}}}},
+		Run:    func(context.Context, engine.Args) (int, error) { return 0, nil },
+	})
+	child := engine.MustDefine("child", post)
+	parent := engine.MustDefine("parent", engine.Compose("book", child, engine.ComposeConfig{}),
+		engine.Step("free", engine.StepConfig[engine.Args, int]{Run: func(context.Context, engine.Args) (int, error) { return 0, nil }}))
+	got := parent.StepLimits()
+	require.Len(t, got, 1)
+	assert.Equal(t, "book/post", got[0].Step)
+	require.Len(t, got[0].Limits, 2)
+	assert.Equal(t, "ledger", got[0].Limits[0].Name)
+	assert.Equal(t, 1, got[0].Limits[0].Concurrency)
 }

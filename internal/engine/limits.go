@@ -215,8 +215,9 @@ func (x *execution) tryLimits(ctx context.Context, f *frame, s *stepDef, wants [
 			continue
 		}
 		key := k.Slots(w.l.Name, w.key)
-		holder := x.st.ID + "|" + path + "|" + newHolder()
-		g, err := x.e.store.AcquireSlot(ctx, key, holder, w.l.Concurrency, w.l.lease())
+		waiter := x.st.ID + "|" + path
+		holder := waiter + "|" + newHolder()
+		g, err := x.e.store.AcquireSlot(ctx, key, holder, waiter, w.l.Concurrency, w.l.lease())
 		if err != nil {
 			giveBack()
 			return nil, nil, err
@@ -280,4 +281,30 @@ func (h *limitHolds) renew(ctx context.Context, e *Engine) {
 			}
 		}
 	}
+}
+
+// StepLimits are the limits one step declares.
+type StepLimits struct {
+	// Step is the step's path ("post", "book/post" inside a composed child).
+	Step   string
+	Limits []Limit
+}
+
+// StepLimits lists the limits d's steps declare, and those of the children
+// it composes, in execution order: what a dashboard offers to look at.
+func (d *Definition) StepLimits() []StepLimits {
+	var out []StepLimits
+	var walk func(d *Definition, prefix string)
+	walk = func(d *Definition, prefix string) {
+		for _, s := range d.order {
+			if len(s.limits) > 0 {
+				out = append(out, StepLimits{Step: prefix + s.name, Limits: s.limits})
+			}
+			if s.child != nil {
+				walk(s.child, prefix+s.name+"/")
+			}
+		}
+	}
+	walk(d, "")
+	return out
 }

@@ -31,8 +31,12 @@ type SlotGrant struct {
 
 func (s *Store) slot(ctx context.Context, key string, args ...any) ([]any, error) {
 	var res []any
+	keys := []string{key}
+	if args[0] == "acquire" {
+		keys = append(keys, key+":w")
+	}
 	err := rideOut(ctx, func() (err error) {
-		res, err = slotScript.Run(ctx, s.rdb, []string{key}, args...).Slice()
+		res, err = slotScript.Run(ctx, s.rdb, keys, args...).Slice()
 		return err
 	})
 	if err != nil {
@@ -42,9 +46,10 @@ func (s *Store) slot(ctx context.Context, key string, args ...any) ([]any, error
 }
 
 // AcquireSlot takes one of n slots of semaphore key for holder, with a lease
-// (a holder that has one renews it).
-func (s *Store) AcquireSlot(ctx context.Context, key, holder string, n int, lease time.Duration) (SlotGrant, error) {
-	res, err := s.slot(ctx, key, "acquire", holder, n, max(1, lease.Milliseconds()))
+// (a holder that has one renews it). waiter names who waits when it is full
+// (recorded in key+":w", see slot.lua).
+func (s *Store) AcquireSlot(ctx context.Context, key, holder, waiter string, n int, lease time.Duration) (SlotGrant, error) {
+	res, err := s.slot(ctx, key, "acquire", holder, n, max(1, lease.Milliseconds()), waiter)
 	if err != nil {
 		return SlotGrant{}, err
 	}

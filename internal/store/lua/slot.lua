@@ -5,8 +5,13 @@
 -- ends: every acquire first drops the expired ones. Single key, so one
 -- slot of a Redis Cluster; the server's clock for every lease.
 -- KEYS[1] the semaphore
+-- KEYS[2] its waiters, P:{lim:<name>:<key>}:w (acquire only): who found it
+--         full lately (a run and step, scored by the server ms of its last
+--         try), for the dashboard; at most 100, gone a minute after the
+--         last refusal, and a waiter leaves it when it gets a slot
 -- ARGV[1] mode: acquire | renew | release
--- acquire ARGV[2] holder, ARGV[3] slots (N), ARGV[4] lease ms. Returns
+-- acquire ARGV[2] holder, ARGV[3] slots (N), ARGV[4] lease ms, ARGV[5] the
+--         waiter the holder is ("<run>|<step>"). Returns
 --         {1, holders} when held (a holder that holds already renews), or
 --         {0, holders, ms until the earliest lease ends}.
 -- renew   ARGV[2] holder, ARGV[3] lease ms. {1} while held, {0} once lost.
@@ -24,6 +29,7 @@ if mode == 'acquire' then
   end
   local n = redis.call('ZCARD', KEYS[1])
   if n < tonumber(ARGV[3]) then
+    redis.call('ZREM', KEYS[2], ARGV[5])
     redis.call('ZADD', KEYS[1], now + lease, ARGV[2])
     -- the set lives as long as its longest lease
     if redis.call('PTTL', KEYS[1]) < lease then
@@ -31,6 +37,9 @@ if mode == 'acquire' then
     end
     return {1, n + 1}
   end
+  redis.call('ZADD', KEYS[2], now, ARGV[5])
+  redis.call('ZREMRANGEBYRANK', KEYS[2], 0, -101)
+  redis.call('PEXPIRE', KEYS[2], 60000)
   local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
   return {0, n, math.max(0, tonumber(first[2]) - now)}
 elseif mode == 'renew' then
