@@ -288,3 +288,49 @@ func TestLimitDefinitionErrors(t *testing.T) {
 		assert.Contains(t, err.Error(), want)
 	}
 }
+
+// The undo of a limited step takes its limits too: a rollback that finds
+// the step's lock held waits for it (its task snoozed), never failing for
+// it, and undoes the step once it has the lock.
+func TestLimitContendedRollbackWaitsForTheLock(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	tr := &trail{}
+	gate := make(chan struct{})
+	def := reactor.MustDefine("post-then-fail",
+		reactor.Step("post", reactor.StepConfig[reactor.Args, string]{
+			Limits: []reactor.Limit{reactor.Lock("ledger-rb", nil)},
+			Run:    func(context.Context, reactor.Args) (string, error) { tr.add("run:post"); return "posted", nil },
+			Undo:   func(context.Context, reactor.Args, string) error { tr.add("undo:post"); return nil },
+		}),
+		reactor.Step("fail", reactor.StepConfig[reactor.Args, string]{
+			After: []string{"post"},
+			Run: func(context.Context, reactor.Args) (string, error) {
+				<-gate
+				return "", reactor.Permanent(fmt.Errorf("declined"))
+			},
+		}),
+	)
+	e := f.serve(def)
+	res, err := e.Enqueue(ctx, def, nil)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return slices.Contains(tr.all(), "run:post") }, 10*time.Second, time.Millisecond)
+	// Someone else takes the ledger lock (and dies holding it: nobody
+	// renews its lease of 1.5 s).
+	key := f.prefix + ":{lim:ledger-rb:}"
+	tm, err := f.rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	until := tm.Add(1500 * time.Millisecond)
+	require.Eventually(t, func() bool { return f.rdb.ZCard(ctx, key).Val() == 0 }, 5*time.Second, time.Millisecond)
+	require.NoError(t, f.rdb.ZAdd(ctx, key, redis.Z{Score: float64(until.UnixMilli()), Member: "other|post|x"}).Err())
+	close(gate)
+
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, final.Status)
+	require.Empty(t, final.Failure.RollbackFailures, "the rollback waited for the lock instead of failing")
+	assert.Equal(t, []string{"run:post", "undo:post"}, tr.all())
+	done, err := f.rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	assert.False(t, done.Before(until), "the undo ran only once the other holder's lease ended")
+}

@@ -461,6 +461,9 @@ func (w *Worker) handleRollback(ctx context.Context, t *asynq.Task) (err error) 
 	defer func() { endTask(span, err) }()
 	err = mapcore.ProcessRollback(ctx, w.engine, maptask.RollbackTask{MapID: p.MapID, Gen: p.Gen, Pos: p.Pos, Index: p.Index,
 		Meta: p.Meta, Fwd: p.Fwd, Total: p.Total, WindowAt: p.WA})
+	if le, ok := errors.AsType[*reactor.LimitError](err); ok {
+		return limitSnooze(fmt.Sprintf("%s rollback %d", p.MapID, p.Pos), le)
+	}
 	if errors.Is(err, reactor.ErrUnknownReactor) {
 		w.unknownReactor(ctx, "", "element rollback", mapstep.ElementID(p.MapID, p.Index))
 	}

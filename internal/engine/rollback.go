@@ -296,6 +296,26 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 	if s == nil || (s.undo == nil && s.kind != kindConstruct) {
 		err = fmt.Errorf("reactor: step %q is no longer undoable in definition %q", e.Step, d.name)
 	} else {
+		// A limited step's undo takes its limits as its attempts do (a
+		// lock's holder undoes under the lock): a full one leaves the
+		// entry on the stack and the rollback waits at its checkpoint.
+		holds, lerr := x.takeLimits(ctx, &frame{def: d, st: f.st, path: prefix}, s, e.Args)
+		if le, ok := errors.AsType[*LimitError](lerr); ok {
+			return &errLimited{le: le}
+		}
+		if lerr != nil {
+			if ierr := rollbackInterrupted(ctx); ierr != nil {
+				return ierr
+			}
+			if !IsPermanent(lerr) {
+				return lerr
+			}
+			// A key that cannot be computed: undone without its limits
+			// rather than never.
+			x.e.log.Warn("a step's undo ran without its limits: their key could not be computed",
+				"event", "reactor.limit.key_failed", "run", x.st.ID, "step", path, "error", lerr)
+		}
+		defer holds.release(ctx)
 		called = true
 		if e.Status != RollbackCompensating { // not a construct adopting its hand-off
 			x.auditCompensating(StepRollback{Step: path, Ordinal: e.Ordinal, Kind: ActionUndo,
