@@ -58,9 +58,13 @@ func TestReplicaAcksHoldTheNextStepUntilTheReplicaHasTheCheckpoint(t *testing.T)
 			return "a-done", nil
 		}}),
 		engine.Step("b", engine.StepConfig[engine.Args, string]{After: []string{"a"}, Run: func(ctx context.Context, _ engine.Args) (string, error) {
+			// The replica answers the checkpoint's WAIT as soon as it wakes;
+			// the stalling client's reply (which closes back) may come a
+			// moment later. A checkpoint that did not wait would have b
+			// here within microseconds, with 500 ms of stall to go.
 			select {
 			case <-back:
-			default:
+			case <-time.After(100 * time.Millisecond):
 				return "", errors.New("step b runs while the replica is stalled: a's checkpoint did not wait for it")
 			}
 			st, err := rc.HGet(ctx, "acks:{run:r1}:ctx", "d").Result()
@@ -77,7 +81,7 @@ func TestReplicaAcksHoldTheNextStepUntilTheReplicaHasTheCheckpoint(t *testing.T)
 	require.NoError(t, err)
 	res, err := e.Run(ctx, def, nil, engine.WithRunID("r1"))
 	require.NoError(t, err)
-	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Err)
+	require.Equal(t, engine.StatusCompleted, res.Status, "%v", res.Err())
 	after, err := redistest.CommandCalls(ctx, mc, "wait")
 	require.NoError(t, err)
 	require.GreaterOrEqual(t, after-waits, 3, "the start and the two checkpoints each waited")
