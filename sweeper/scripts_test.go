@@ -160,6 +160,9 @@ func TestEveryScriptKeepsToItsKeysInOneSlot(t *testing.T) {
 		ok, _, err := st.Admit(ctx, k.Rate("scripts-test", randomID("key")), "a", []store.Window{{N: 1, Per: time.Second}})
 		require.NoError(t, err)
 		require.True(t, ok)
+		holder, _, err := st.ClaimPeriod(ctx, k.Once("scripts-test", randomID("key")), "run", time.Minute)
+		require.NoError(t, err)
+		require.Empty(t, holder)
 	})
 
 	runs, err := mon.Stop()

@@ -334,3 +334,48 @@ func TestLimitContendedRollbackWaitsForTheLock(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, done.Before(until), "the undo ran only once the other holder's lease ended")
 }
+
+// Once per period: the first run for a key runs the step; a second run in
+// the same period halts there, naming the first; another key runs.
+func TestLimitOncePerPeriodHaltsTheSecondRun(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	var ran atomic.Int32
+	var attempts atomic.Int32
+	def := reactor.MustDefine("daily-report",
+		reactor.Input[string]("tenant", reactor.Required()),
+		reactor.Step("send", reactor.StepConfig[reactor.Args, string]{
+			Args: reactor.Bindings{"tenant": reactor.FromInput("tenant")},
+			Limits: []reactor.Limit{{Name: "daily-report", OncePer: time.Hour,
+				Key: func(a reactor.Args) (string, error) { return reactor.Arg[string](a, "tenant") }}},
+			Retry: reactor.Retry{MaxAttempts: 2},
+			Run: func(context.Context, reactor.Args) (string, error) {
+				if attempts.Add(1) == 1 {
+					return "", fmt.Errorf("a hiccup: the holder's own retry still runs")
+				}
+				ran.Add(1)
+				return "sent", nil
+			},
+		}),
+	)
+	e := f.serve(def)
+	first, err := e.Enqueue(ctx, def, map[string]any{"tenant": "acme"})
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, first.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+
+	second, err := e.Enqueue(ctx, def, map[string]any{"tenant": "acme"})
+	require.NoError(t, err)
+	final, err = e.Wait(ctx, second.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusHalted, final.Status)
+	assert.Contains(t, final.Reason, "run "+first.RunID+" ran it in this period")
+
+	other, err := e.Enqueue(ctx, def, map[string]any{"tenant": "globex"})
+	require.NoError(t, err)
+	final, err = e.Wait(ctx, other.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	assert.Equal(t, int32(2), ran.Load())
+}

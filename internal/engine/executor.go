@@ -589,7 +589,10 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		}
 	}
 	for attempt := first; ; attempt++ {
-		holds, err := x.takeLimits(ctx, f, s, args)
+		holds, err := x.takeLimits(ctx, f, s, args, false)
+		if oh, ok := errors.AsType[*onceHeld](err); ok {
+			return stepOutcome{kind: outHalt, reason: oh.reason}, nil
+		}
 		if le, ok := errors.AsType[*LimitError](err); ok {
 			// Full: wait at the checkpoint, the attempt not started (a
 			// scheduled intent, so the resume counts no interruption).

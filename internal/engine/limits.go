@@ -44,6 +44,12 @@ type Limit struct {
 	// Lease is how long a slot outlives a holder that stopped renewing it
 	// (a dead process). Default 30 s; the holder renews it every third.
 	Lease time.Duration
+	// OncePer lets one run per key run the step in each period of this
+	// length (periods aligned to the Unix epoch, on the Redis server's
+	// clock): a second run in the same period halts at the step, with a
+	// reason naming the run that holds the period. The holder's own
+	// retries and resumes run. 0: none.
+	OncePer time.Duration
 }
 
 // Rate is a rate limit: at most N starts in any window of Per.
@@ -71,10 +77,14 @@ func (l Limit) validate() error {
 		return fmt.Errorf("limit name %q: %v", l.Name, keys.ValidateID(l.Name))
 	case l.Concurrency < 0:
 		return fmt.Errorf("limit %q: Concurrency is negative", l.Name)
-	case l.Concurrency == 0 && len(l.Rates) == 0:
-		return fmt.Errorf("limit %q limits nothing: set Concurrency or Rates", l.Name)
+	case l.Concurrency == 0 && len(l.Rates) == 0 && l.OncePer == 0:
+		return fmt.Errorf("limit %q limits nothing: set Concurrency, Rates or OncePer", l.Name)
 	case l.Lease < 0:
 		return fmt.Errorf("limit %q: Lease is negative", l.Name)
+	case l.OncePer < 0:
+		return fmt.Errorf("limit %q: OncePer is negative", l.Name)
+	case l.OncePer > 0 && l.OncePer < time.Millisecond:
+		return fmt.Errorf("limit %q: OncePer %s is under a millisecond", l.Name, l.OncePer)
 	}
 	for _, r := range l.Rates {
 		if r.N < 1 || r.Per <= 0 {
@@ -156,7 +166,7 @@ func newHolder() string {
 // then every rate admission. It returns the holds to release after the
 // attempt, or a *LimitError when one stayed full for limitSpin (nothing is
 // held then).
-func (x *execution) takeLimits(ctx context.Context, f *frame, s *stepDef, args Raw) (*limitHolds, error) {
+func (x *execution) takeLimits(ctx context.Context, f *frame, s *stepDef, args Raw, undo bool) (*limitHolds, error) {
 	if len(s.limits) == 0 {
 		return nil, nil
 	}
@@ -176,6 +186,11 @@ func (x *execution) takeLimits(ctx context.Context, f *frame, s *stepDef, args R
 		}
 		wants = append(wants, limitWant{l, key})
 	}
+	if !undo {
+		if err := x.claimPeriods(ctx, f, s, wants); err != nil {
+			return nil, err
+		}
+	}
 	deadline := time.Now().Add(limitSpin)
 	delay := 5 * time.Millisecond
 	for {
@@ -193,6 +208,30 @@ func (x *execution) takeLimits(ctx context.Context, f *frame, s *stepDef, args R
 		}
 		delay = min(delay*2, 100*time.Millisecond)
 	}
+}
+
+// onceHeld halts a run at a once-per-period step another run holds.
+type onceHeld struct{ reason string }
+
+func (e *onceHeld) Error() string { return e.reason }
+
+// claimPeriods claims the current period of each once-per-period limit for
+// this run, or returns why the run halts.
+func (x *execution) claimPeriods(ctx context.Context, f *frame, s *stepDef, wants []limitWant) error {
+	for _, w := range wants {
+		if w.l.OncePer == 0 {
+			continue
+		}
+		holder, left, err := x.e.store.ClaimPeriod(ctx, x.e.store.Keys().Once(w.l.Name, w.key), x.st.ID, w.l.OncePer)
+		if err != nil {
+			return err
+		}
+		if holder != "" {
+			return &onceHeld{reason: fmt.Sprintf("step %s runs once per %s for key %q (limit %q), and run %s ran it in this period (it ends in %s)",
+				f.path+s.name, w.l.OncePer, w.key, w.l.Name, holder, left.Round(time.Millisecond))}
+		}
+	}
+	return nil
 }
 
 // limitWant is a limit and the key an attempt takes it for.

@@ -299,7 +299,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 		// A limited step's undo takes its limits as its attempts do (a
 		// lock's holder undoes under the lock): a full one leaves the
 		// entry on the stack and the rollback waits at its checkpoint.
-		holds, lerr := x.takeLimits(ctx, &frame{def: d, st: f.st, path: prefix}, s, e.Args)
+		holds, lerr := x.takeLimits(ctx, &frame{def: d, st: f.st, path: prefix}, s, e.Args, true)
 		if le, ok := errors.AsType[*LimitError](lerr); ok {
 			return &errLimited{le: le}
 		}

@@ -285,3 +285,7 @@ func (k Keys) Slots(name, key string) string { return k.prefix + ":{lim:" + name
 // Rate is the admissions of rate limit name for key within its longest
 // window.
 func (k Keys) Rate(name, key string) string { return k.prefix + ":{rate:" + name + ":" + key + "}" }
+
+// Once is the once-per-period guard of limit name for key: which run holds
+// the current period.
+func (k Keys) Once(name, key string) string { return k.prefix + ":{once:" + name + ":" + key + "}" }

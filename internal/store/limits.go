@@ -124,3 +124,27 @@ func (s *Store) Admit(ctx context.Context, key, member string, windows []Window)
 	}
 	return false, time.Duration(toInt(res[1])) * time.Millisecond, nil
 }
+
+var (
+	//go:embed lua/once.lua
+	onceSrc    string
+	onceScript = redis.NewScript(onceSrc)
+)
+
+// ClaimPeriod claims the current period of once-per-period guard key for
+// run: "" when run holds it, else the run that does and how long until the
+// period ends.
+func (s *Store) ClaimPeriod(ctx context.Context, key, run string, period time.Duration) (string, time.Duration, error) {
+	var res []any
+	err := rideOut(ctx, func() (err error) {
+		res, err = onceScript.Run(ctx, s.rdb, []string{key}, run, max(1, period.Milliseconds())).Slice()
+		return err
+	})
+	if err != nil {
+		return "", 0, fmt.Errorf("store: once per period: %w", err)
+	}
+	if toInt(res[0]) == 1 {
+		return "", 0, nil
+	}
+	return toStr(res[1]), time.Duration(toInt(res[2])) * time.Millisecond, nil
+}
