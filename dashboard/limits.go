@@ -170,13 +170,13 @@ func (h *Handler) readLimit(ctx context.Context, name, key string) (*limitsView,
 	// The keys sit in slots of their own (a pipeline of a Redis Cluster
 	// client splits by slot); each read is one command.
 	_, err = h.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
-		holders = p.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: slots, Start: 0, Stop: maxLimitHolders})
+		holders = p.ZRangeWithScores(ctx, slots, 0, maxLimitHolders)
 		since := func(d time.Duration) string { return fmt.Sprintf("(%d", ms-d.Milliseconds()) }
 		c1 = p.ZCount(ctx, rate, since(time.Second), "+inf")
 		c10 = p.ZCount(ctx, rate, since(10*time.Second), "+inf")
 		c60 = p.ZCount(ctx, rate, since(time.Minute), "+inf")
 		kept = p.ZCard(ctx, rate)
-		recent = p.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: rate, Start: 0, Stop: maxLimitRecent - 1, Rev: true})
+		recent = p.ZRevRangeWithScores(ctx, rate, 0, maxLimitRecent-1)
 		slotWaiters = readWaiters(ctx, p, slots+waitersSuffix)
 		rateWts = readWaiters(ctx, p, rate+waitersSuffix)
 		return nil
@@ -241,7 +241,7 @@ type waitersRead struct {
 
 func readWaiters(ctx context.Context, p redis.Pipeliner, key string) waitersRead {
 	return waitersRead{exists: p.Exists(ctx, key), count: p.ZCard(ctx, key),
-		members: p.ZRangeArgsWithScores(ctx, redis.ZRangeArgs{Key: key, Start: 0, Stop: maxLimitWaiters - 1, Rev: true})}
+		members: p.ZRevRangeWithScores(ctx, key, 0, maxLimitWaiters-1)}
 }
 
 // view renders the record as of server ms now; holding names the run|step
