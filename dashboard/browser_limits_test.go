@@ -53,7 +53,17 @@ func TestBrowserLimitsPage(t *testing.T) {
 		chromedp.SendKeys(chromedp.ID("limit-name"), "partner-api"),
 		chromedp.SendKeys(chromedp.ID("limit-key"), "acme"),
 		chromedp.Click(chromedp.ID("limit-show"))))
-	poll("the form named the limit in the URL", `location.search === '?name=partner-api&key=acme' && document.getElementById('limit-name').value === 'partner-api'`)
+	// The form's GET loads /limits?name=&key=; a poll across that navigation
+	// fails, so wait for the new page first.
+	var search string
+	for deadline := time.Now().Add(20 * time.Second); search != "?name=partner-api&key=acme"; {
+		require.True(t, time.Now().Before(deadline), "the form loads /limits?name=partner-api&key=acme (at %q)", search)
+		time.Sleep(100 * time.Millisecond)
+		if v, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.readyState === 'complete' ? location.search : ''`)); err == nil {
+			search = v
+		}
+	}
+	poll("the form keeps the limit named", `document.getElementById('limit-name').value === 'partner-api' && document.getElementById('limit-key').value === 'acme'`)
 	poll("the holders are listed", `document.querySelectorAll('#holders tr.limit-holder').length === 2`)
 	poll("the live one holds, the other's lease ended", `(r => r[0].dataset.id === 'order-9' && r[0].dataset.expired === 'true' && r[0].textContent.includes('lease ended') &&
 		r[1].dataset.id === 'order-8' && r[1].dataset.expired === 'false' && r[1].textContent.includes('left'))([...document.querySelectorAll('#holders tr.limit-holder')])`)
