@@ -14,7 +14,7 @@
   function waitersEl(ws, none) {
     if (!ws.recorded) {
       return h('p', { class: 'muted small waiters-unrecorded' }, 'Waiters are not recorded: ' + none +
-        ' An attempt that finds the limit full waits in its worker for up to a second, then its task is snoozed; the workers\' events (limit_waited, limit_refused) and the goreactor_limit_* metrics count them.');
+        ' An attempt that finds the limit full waits in its worker for up to a second, then its task is snoozed; the workers\' events (reactor.limit.waited, reactor.limit.refused) and their metrics goreactor_limit_waits_total and goreactor_limit_refusals_total count them.');
     }
     var rows = (ws.waiters || []).map(function (x) {
       return h('tr', { class: 'limit-waiter', dataset: { id: x.run_id } },
