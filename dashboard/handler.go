@@ -229,6 +229,8 @@ func (h *Handler) route(w http.ResponseWriter, r *http.Request) {
 		get(h.stalls)
 	case len(seg) == 1 && seg[0] == "paused":
 		get(h.pausedRuns)
+	case len(seg) == 1 && seg[0] == "limits":
+		get(h.limits)
 	case len(seg) == 3 && seg[0] == "runs" && seg[2] == continueAction:
 		post(func(w http.ResponseWriter, r *http.Request) { h.continueRun(w, r, seg[1]) })
 	case len(seg) == 3 && seg[0] == "runs" && seg[2] == redispatchAction:

@@ -39,7 +39,7 @@ type uiAsset struct {
 // uiPage is the data of a page shell.
 type uiPage struct {
 	Title string
-	Page  string // "overview", "run", "workers", "paused" or "notfound": selects the script's view
+	Page  string // "overview", "run", "workers", "paused", "limits" or "notfound": selects the script's view
 	RunID string
 	Base  string // path prefix the dashboard is mounted under, "" at the root
 }
@@ -51,7 +51,8 @@ type uiHandler struct {
 
 // newUI returns the handler of the HTML status view: GET / (overview and run
 // list), GET /runs/{id} (run detail), GET /workers (the workers and what
-// they run), GET /paused (the runs paused at an interrupt) and GET
+// they run), GET /paused (the runs paused at an interrupt), GET /limits
+// (who holds a step limit's key) and GET
 // /static/... (embedded assets).
 // Every other path answers 404 and every method but GET and HEAD 405. It
 // panics if the embedded templates do not parse, which a test catches.
@@ -85,7 +86,7 @@ func newUI() http.Handler {
 		},
 	}
 	layout := template.Must(template.New("layout.html").Funcs(funcs).ParseFS(uiFiles, "templates/layout.html"))
-	for _, name := range []string{"overview", "run", "workers", "paused", "notfound"} {
+	for _, name := range []string{"overview", "run", "workers", "paused", "limits", "notfound"} {
 		t := template.Must(template.Must(layout.Clone()).ParseFS(uiFiles, "templates/"+name+".html"))
 		u.pages[name] = t
 	}
@@ -100,7 +101,7 @@ func (u *uiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Frame-Options", "DENY")
 
 	p := r.URL.Path
-	known := p == "/" || p == "/workers" || p == "/paused" || strings.HasPrefix(p, "/static/") || (strings.HasPrefix(p, "/runs/") && len(p) > len("/runs/"))
+	known := p == "/" || p == "/workers" || p == "/paused" || p == "/limits" || strings.HasPrefix(p, "/static/") || (strings.HasPrefix(p, "/runs/") && len(p) > len("/runs/"))
 	if known && r.Method != http.MethodGet && r.Method != http.MethodHead {
 		h.Set("Allow", "GET, HEAD")
 		http.Error(w, "method not allowed: the dashboard's pages are read with GET", http.StatusMethodNotAllowed)
@@ -114,6 +115,8 @@ func (u *uiHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		u.render(w, r, http.StatusOK, uiPage{Title: "Workers", Page: "workers", Base: base})
 	case p == "/paused":
 		u.render(w, r, http.StatusOK, uiPage{Title: "Paused", Page: "paused", Base: base})
+	case p == "/limits":
+		u.render(w, r, http.StatusOK, uiPage{Title: "Limits", Page: "limits", Base: base})
 	case strings.HasPrefix(p, "/runs/") && len(p) > len("/runs/"):
 		// Run ids may hold slashes (element runs of a map under a composed
 		// step), so the rest of the path is the id.
