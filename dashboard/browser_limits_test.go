@@ -27,13 +27,13 @@ func TestBrowserLimitsPage(t *testing.T) {
 	s, err := store.New(bg, st.rdb, k)
 	require.NoError(t, err)
 	slots := k.Slots("partner-api", "acme")
-	_, err = s.AcquireSlot(bg, slots, "order-7|book/charge|aa", 2, 30*time.Millisecond)
+	_, err = s.AcquireSlot(bg, slots, "order-7|book/charge|aa", "order-7|book/charge", 2, 30*time.Millisecond)
 	require.NoError(t, err)
 	time.Sleep(50 * time.Millisecond)
-	_, err = s.AcquireSlot(bg, slots, "order-8|charge|bb", 3, time.Minute)
+	_, err = s.AcquireSlot(bg, slots, "order-8|charge|bb", "order-8|charge", 3, time.Minute)
 	require.NoError(t, err)
 	// that acquire dropped order-7's ended lease; one more that ends
-	_, err = s.AcquireSlot(bg, slots, "order-9|charge|cc", 3, 30*time.Millisecond)
+	_, err = s.AcquireSlot(bg, slots, "order-9|charge|cc", "order-9|charge", 3, 30*time.Millisecond)
 	require.NoError(t, err)
 	time.Sleep(50 * time.Millisecond)
 	for _, m := range []string{"order-8|charge|r1", "order-9|charge|r2"} {

@@ -117,6 +117,50 @@ type limitsView struct {
 	Now         string          `json:"now"`
 	Concurrency concurrencyView `json:"concurrency"`
 	Rate        rateView        `json:"rate"`
+	// Declared lists the limits the steps of Config.Definitions declare
+	// (absent without definitions).
+	Declared []declaredLimit `json:"declared,omitempty"`
+}
+
+// declaredLimit is a limit as the definitions the dashboard was given
+// declare it, with the steps that take it.
+type declaredLimit struct {
+	Name        string   `json:"name"`
+	Concurrency int      `json:"concurrency,omitempty"`
+	Rates       []string `json:"rates,omitempty"` // "100 per 1s"
+	OncePer     string   `json:"once_per,omitempty"`
+	// Keyed: a step computes a key (else the limit has the one key "").
+	Keyed bool `json:"keyed"`
+	// Steps are "<reactor>/<step path>".
+	Steps []string `json:"steps"`
+}
+
+// declaredLimits reads Config.Definitions' step limits, by name, in the
+// order first declared.
+func (h *Handler) declaredLimits() []declaredLimit {
+	var out []declaredLimit
+	at := map[string]int{}
+	for _, d := range h.cfg.Definitions {
+		for _, sl := range d.StepLimits() {
+			for _, l := range sl.Limits {
+				i, ok := at[l.Name]
+				if !ok {
+					dl := declaredLimit{Name: l.Name, Concurrency: l.Concurrency, Keyed: l.Key != nil}
+					for _, r := range l.Rates {
+						dl.Rates = append(dl.Rates, fmt.Sprintf("%d per %s", r.N, r.Per))
+					}
+					if l.OncePer > 0 {
+						dl.OncePer = l.OncePer.String()
+					}
+					i = len(out)
+					at[l.Name] = i
+					out = append(out, dl)
+				}
+				out[i].Steps = append(out[i].Steps, d.Name()+"/"+sl.Step)
+			}
+		}
+	}
+	return out
 }
 
 // limits serves GET /api/limits?name=&key=: the holders of concurrency
@@ -135,6 +179,10 @@ func (h *Handler) limits(w http.ResponseWriter, r *http.Request) {
 	}
 	name, key := q.Get("name"), q.Get("key")
 	switch {
+	case name == "" && len(h.cfg.Definitions) > 0:
+		// What the definitions declare, to choose from.
+		writeJSON(w, http.StatusOK, map[string]any{"declared": h.declaredLimits()})
+		return
 	case name == "":
 		writeError(w, http.StatusBadRequest, `name is empty: name the limit (reactor.Limit's Name, "partner-api"), and its key with key= ("" for a limit without a Key)`)
 		return
@@ -184,7 +232,7 @@ func (h *Handler) readLimit(ctx context.Context, name, key string) (*limitsView,
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("read limit %s: %w", name, err)
 	}
-	out := &limitsView{Name: name, Key: key, Now: stamp(now)}
+	out := &limitsView{Name: name, Key: key, Now: stamp(now), Declared: h.declaredLimits()}
 
 	c := &out.Concurrency
 	c.RedisKey, c.Holders = slots, []limitHolderView{}

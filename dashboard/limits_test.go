@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/dashboard"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/reactor"
@@ -96,15 +98,15 @@ func TestLimitsHoldersRatesAndWaiters(t *testing.T) {
 	assert.Equal(t, k.Slots("partner-api", "acme")+":w", empty.Concurrency.Waiters.RedisKey)
 
 	slots := k.Slots("partner-api", "acme")
-	g, err := st.AcquireSlot(ctx, slots, "order-1|book/charge|aa11", 3, 20*time.Second)
+	g, err := st.AcquireSlot(ctx, slots, "order-1|book/charge|aa11", "order-1|book/charge", 3, 20*time.Second)
 	require.NoError(t, err)
 	require.True(t, g.Held)
-	g, err = st.AcquireSlot(ctx, slots, "order-2|charge|bb22", 3, 30*time.Millisecond)
+	g, err = st.AcquireSlot(ctx, slots, "order-2|charge|bb22", "order-2|charge", 3, 30*time.Millisecond)
 	require.NoError(t, err)
 	require.True(t, g.Held)
 	time.Sleep(60 * time.Millisecond) // order-2's lease ends; nothing acquires since
 	// Another key of the same limit is not this one's.
-	_, err = st.AcquireSlot(ctx, k.Slots("partner-api", "globex"), "order-9|charge|cc33", 3, 20*time.Second)
+	_, err = st.AcquireSlot(ctx, k.Slots("partner-api", "globex"), "order-9|charge|cc33", "order-9|charge", 3, 20*time.Second)
 	require.NoError(t, err)
 
 	rate := k.Rate("partner-api", "acme")
@@ -175,7 +177,7 @@ func TestLimitsHoldersRatesAndWaiters(t *testing.T) {
 	assert.Equal(t, "order-30", rw.Waiters[0].RunID)
 
 	// The limit without a Key: key "".
-	_, err = st.AcquireSlot(ctx, k.Slots("one-lock", ""), "order-5|sync|dd44", 1, 20*time.Second)
+	_, err = st.AcquireSlot(ctx, k.Slots("one-lock", ""), "order-5|sync|dd44", "order-5|sync", 1, 20*time.Second)
 	require.NoError(t, err)
 	var lock limitsDoc
 	e.get("/api/limits?name=one-lock", http.StatusOK, &lock)
@@ -286,4 +288,55 @@ func TestLimitsRequests(t *testing.T) {
 	assert.Contains(t, string(page.body), "/static/limits.js?v=")
 	assert.Contains(t, string(page.body), `id="nav-limits"`)
 	assert.Equal(t, http.StatusMethodNotAllowed, e.do(http.MethodPost, "/limits", "", "").code)
+}
+
+// With Config.Definitions, the answer lists the limits their steps
+// declare, and /api/limits without a name lists only those.
+func TestLimitsDeclaredByTheDefinitions(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	def := reactor.MustDefine("declared-limits",
+		reactor.Input[string]("tenant"),
+		reactor.Step("call", reactor.StepConfig[reactor.Args, int]{
+			Args: reactor.Bindings{"tenant": reactor.FromInput("tenant")},
+			Limits: []reactor.Limit{{Name: "partner", Concurrency: 5, Rates: []reactor.Rate{{N: 100, Per: time.Second}},
+				Key: func(a reactor.Args) (string, error) { return reactor.Arg[string](a, "tenant") }}},
+			Run: func(context.Context, reactor.Args) (int, error) { return 0, nil },
+		}),
+		reactor.Step("report", reactor.StepConfig[reactor.Args, int]{
+			Limits: []reactor.Limit{{Name: "daily", OncePer: 24 * time.Hour}},
+			Run:    func(context.Context, reactor.Args) (int, error) { return 0, nil },
+		}),
+	)
+	dash, err := dashboard.New(dashboard.Config{Client: e.rdb, Prefix: e.prefix, Queues: []string{e.queue}, Logger: discard,
+		Definitions: []*reactor.Definition{def}})
+	require.NoError(t, err)
+	e.dash, e.srv = dash, httptest.NewServer(dash)
+	t.Cleanup(e.srv.Close)
+
+	var only struct {
+		Declared []struct {
+			Name        string   `json:"name"`
+			Concurrency int      `json:"concurrency"`
+			Rates       []string `json:"rates"`
+			OncePer     string   `json:"once_per"`
+			Keyed       bool     `json:"keyed"`
+			Steps       []string `json:"steps"`
+		} `json:"declared"`
+	}
+	e.get("/api/limits", http.StatusOK, &only)
+	require.Len(t, only.Declared, 2)
+	assert.Equal(t, "partner", only.Declared[0].Name)
+	assert.Equal(t, 5, only.Declared[0].Concurrency)
+	assert.Equal(t, []string{"100 per 1s"}, only.Declared[0].Rates)
+	assert.True(t, only.Declared[0].Keyed)
+	assert.Equal(t, []string{"declared-limits/call"}, only.Declared[0].Steps)
+	assert.Equal(t, "24h0m0s", only.Declared[1].OncePer)
+	var one struct {
+		Name     string `json:"name"`
+		Declared []any  `json:"declared"`
+	}
+	e.get("/api/limits?name=partner&key=acme", http.StatusOK, &one)
+	assert.Equal(t, "partner", one.Name)
+	assert.Len(t, one.Declared, 2)
 }
