@@ -379,3 +379,34 @@ func TestLimitOncePerPeriodHaltsTheSecondRun(t *testing.T) {
 	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
 	assert.Equal(t, int32(2), ran.Load())
 }
+
+// A fan-out element whose limit stays full past the in-process wait is
+// snoozed like a run and completes once there is room.
+func TestLimitSnoozesAFanOutElement(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	element := reactor.MustDefine("locked-element",
+		reactor.Input[int]("item"),
+		reactor.Step("call", reactor.StepConfig[reactor.Args, int]{
+			Limits: []reactor.Limit{reactor.Lock("element-lock", nil)},
+			Run:    func(context.Context, reactor.Args) (int, error) { return 1, nil },
+		}),
+	)
+	owner := reactor.MustDefine("locked-map",
+		reactor.Input[[]int]("items"),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.FromInput("items"), FanOut: true}),
+	)
+	key := f.prefix + ":{lim:element-lock:}"
+	tm, err := f.rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	until := tm.Add(1500 * time.Millisecond)
+	require.NoError(t, f.rdb.ZAdd(ctx, key, redis.Z{Score: float64(until.UnixMilli()), Member: "dead|call|x"}).Err())
+	require.NoError(t, f.rdb.PExpire(ctx, key, time.Minute).Err())
+	e := f.serve(owner)
+	res, err := e.Enqueue(ctx, owner, map[string]any{"items": []int{1, 2, 3}})
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	assert.NotEmpty(t, f.events.steps("w", reactor.EventLimitRefused), "an element's task was snoozed")
+}
