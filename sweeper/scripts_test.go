@@ -163,6 +163,9 @@ func TestEveryScriptKeepsToItsKeysInOneSlot(t *testing.T) {
 		holder, _, err := st.ClaimPeriod(ctx, k.Once("scripts-test", randomID("key")), "run", time.Minute)
 		require.NoError(t, err)
 		require.Empty(t, holder)
+		g, err = st.AcquireOrdered(ctx, k.Slots("scripts-test", randomID("key")), "holder", "run|step", 1, 1, time.Second)
+		require.NoError(t, err)
+		require.True(t, g.Held)
 	})
 
 	runs, err := mon.Stop()

@@ -410,3 +410,55 @@ func TestLimitSnoozesAFanOutElement(t *testing.T) {
 	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
 	assert.NotEmpty(t, f.events.steps("w", reactor.EventLimitRefused), "an element's task was snoozed")
 }
+
+// An ordered lock: the runs waiting for a key get in in the order they were
+// enqueued, and a waiter that died (its place not renewed for a lease)
+// does not block the key.
+func TestLimitOrderedRunsInEnqueueOrder(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	var mu sync.Mutex
+	var order []string
+	def := reactor.MustDefine("ordered",
+		reactor.Input[string]("n", reactor.Required()),
+		reactor.Step("apply", reactor.StepConfig[reactor.Args, string]{
+			Args:   reactor.Bindings{"n": reactor.FromInput("n")},
+			Limits: []reactor.Limit{{Name: "ledger-order", Concurrency: 1, Ordered: true, Lease: 5 * time.Second}},
+			Run: func(_ context.Context, a reactor.Args) (string, error) {
+				n, err := reactor.Arg[string](a, "n")
+				mu.Lock()
+				order = append(order, n)
+				mu.Unlock()
+				time.Sleep(5 * time.Millisecond)
+				return n, err
+			},
+		}),
+	)
+	// A waiter that died long ago holds the first place, and a holder
+	// holds the lock for 1.5 s more: the runs below all queue up meanwhile.
+	key := f.prefix + ":{lim:ledger-order:}"
+	require.NoError(t, f.rdb.ZAdd(ctx, key+":q", redis.Z{Score: 1, Member: "dead-run|apply"}).Err())
+	require.NoError(t, f.rdb.HSet(ctx, key+":qs", "dead-run|apply", 1).Err())
+	tm, err := f.rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	require.NoError(t, f.rdb.ZAdd(ctx, key, redis.Z{Score: float64(tm.Add(1500 * time.Millisecond).UnixMilli()), Member: "holder|apply|x"}).Err())
+	require.NoError(t, f.rdb.PExpire(ctx, key, time.Minute).Err())
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e, func(c *worker.Config) { c.Concurrency = 8 })
+	var ids, want []string
+	for i := range 8 {
+		res, err := e.Enqueue(ctx, def, map[string]any{"n": fmt.Sprint(i)})
+		require.NoError(t, err)
+		ids, want = append(ids, res.RunID), append(want, fmt.Sprint(i))
+		time.Sleep(2 * time.Millisecond) // distinct creation times: the order's key
+	}
+	for _, id := range ids {
+		final, err := e.Wait(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, want, order)
+}

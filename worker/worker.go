@@ -539,11 +539,17 @@ func (w *Worker) retryDelay(n int, err error, t *asynq.Task) time.Duration {
 	return RetryDelay(n, err, t)
 }
 
-// limitSnooze is the snooze of a task whose step found a limit full: about
-// half the time until room may come (a holder that finishes frees it
-// sooner), between 100 ms and 5 s, jittered by RetryDelay.
+// limitSnooze is the snooze of a task whose step found a limit full. A
+// concurrency slot frees up when a holder finishes, which is usually long
+// before the lease end the limit reports: 100 ms (jittered to 200 ms by
+// RetryDelay; asynq forwards retries every 200 ms or so). A rate limit's
+// RetryAfter is exact: about half of it, between 100 ms and 5 s.
 func limitSnooze(id string, le *reactor.LimitError) *SnoozeError {
-	return &SnoozeError{RunID: id, Base: min(max(le.RetryAfter/2, 100*time.Millisecond), 5*time.Second), Limit: le}
+	base := 100 * time.Millisecond
+	if le.Kind == "rate" {
+		base = min(max(le.RetryAfter/2, base), 5*time.Second)
+	}
+	return &SnoozeError{RunID: id, Base: base, Limit: le}
 }
 
 // RetryDelay is the asynq RetryDelayFunc goreactor needs: a snooze waits its

@@ -44,6 +44,13 @@ type Limit struct {
 	// Lease is how long a slot outlives a holder that stopped renewing it
 	// (a dead process). Default 30 s; the holder renews it every third.
 	Lease time.Duration
+	// Ordered makes the concurrency slots go to the waiting runs in the
+	// order they were created (enqueued), among the runs that reached the
+	// step: with Concurrency 1, runs for a key execute the step in enqueue
+	// order. A waiter keeps its place by trying again; a run that died
+	// loses its place a Lease after its last try, so it never blocks the
+	// key for ever. Requires Concurrency.
+	Ordered bool
 	// OncePer lets one run per key run the step in each period of this
 	// length (periods aligned to the Unix epoch, on the Redis server's
 	// clock): a second run in the same period halts at the step, with a
@@ -81,6 +88,8 @@ func (l Limit) validate() error {
 		return fmt.Errorf("limit %q limits nothing: set Concurrency, Rates or OncePer", l.Name)
 	case l.Lease < 0:
 		return fmt.Errorf("limit %q: Lease is negative", l.Name)
+	case l.Ordered && l.Concurrency == 0:
+		return fmt.Errorf("limit %q: Ordered orders the holders of Concurrency slots, and it has none", l.Name)
 	case l.OncePer < 0:
 		return fmt.Errorf("limit %q: OncePer is negative", l.Name)
 	case l.OncePer > 0 && l.OncePer < time.Millisecond:
@@ -256,7 +265,13 @@ func (x *execution) tryLimits(ctx context.Context, f *frame, s *stepDef, wants [
 		key := k.Slots(w.l.Name, w.key)
 		waiter := x.st.ID + "|" + path
 		holder := waiter + "|" + newHolder()
-		g, err := x.e.store.AcquireSlot(ctx, key, holder, waiter, w.l.Concurrency, w.l.lease())
+		var g store.SlotGrant
+		var err error
+		if w.l.Ordered {
+			g, err = x.e.store.AcquireOrdered(ctx, key, holder, waiter, x.st.CreatedAt, w.l.Concurrency, w.l.lease())
+		} else {
+			g, err = x.e.store.AcquireSlot(ctx, key, holder, waiter, w.l.Concurrency, w.l.lease())
+		}
 		if err != nil {
 			giveBack()
 			return nil, nil, err

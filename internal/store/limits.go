@@ -148,3 +148,29 @@ func (s *Store) ClaimPeriod(ctx context.Context, key, run string, period time.Du
 	}
 	return toStr(res[1]), time.Duration(toInt(res[2])) * time.Millisecond, nil
 }
+
+var (
+	//go:embed lua/ordered.lua
+	orderedSrc    string
+	orderedScript = redis.NewScript(orderedSrc)
+)
+
+// AcquireOrdered is AcquireSlot for a limit whose waiters get in in order
+// of place (their runs' creation time, ms): waiter keeps its place in
+// key+":q" by trying again within a lease.
+func (s *Store) AcquireOrdered(ctx context.Context, key, holder, waiter string, place int64, n int, lease time.Duration) (SlotGrant, error) {
+	var res []any
+	err := rideOut(ctx, func() (err error) {
+		res, err = orderedScript.Run(ctx, s.rdb, []string{key, key + ":q", key + ":qs"},
+			holder, n, max(1, lease.Milliseconds()), waiter, place).Slice()
+		return err
+	})
+	if err != nil {
+		return SlotGrant{}, fmt.Errorf("store: ordered limit: %w", err)
+	}
+	g := SlotGrant{Held: toInt(res[0]) == 1, Holders: int(toInt(res[1]))}
+	if !g.Held && len(res) > 2 {
+		g.Wait = time.Duration(toInt(res[2])) * time.Millisecond
+	}
+	return g, nil
+}
