@@ -50,6 +50,7 @@ type limitedIn struct {
 type limitedWorld struct {
 	inFlight, maxInFlight atomic.Int64
 	done                  atomic.Int64
+	runNS                 atomic.Int64   // the steps' time in Run, summed
 	ran                   []atomic.Int32 // per item: times its step ran
 
 	waited, refused, taken atomic.Int64
@@ -68,7 +69,9 @@ func (w *limitedWorld) work(ctx context.Context, in limitedIn) (int, error) {
 			break
 		}
 	}
+	began := time.Now()
 	err := sleep(ctx, time.Duration(in.WorkNS))
+	w.runNS.Add(int64(time.Since(began)))
 	w.inFlight.Add(-1)
 	if err != nil {
 		return 0, err
@@ -176,6 +179,8 @@ type limitedReport struct {
 	IdleSlotShare    float64  `json:"idle_slot_share"`
 	FullSampleShare  float64  `json:"full_sample_share"`
 	Samples          int      `json:"samples"`
+	MeanHoldMS       float64  `json:"mean_slot_hold_ms"`
+	MeanRunMS        float64  `json:"mean_run_ms"`
 	MaxSnoozed       int      `json:"max_snoozed_tasks"`
 	Waited           int64    `json:"limit_waits"`
 	Refused          int64    `json:"limit_refusals"`
@@ -211,6 +216,7 @@ func (r *limitedReport) print(w io.Writer) {
 	fmt.Fprintf(tw, "max in flight: redis ZCARD / in-process\t%d / %d\t(limit %d)\n", r.MaxInFlightRedis, r.MaxInFlightProc, r.Limit)
 	fmt.Fprintf(tw, "slots held, mean (element phase, %d samples)\t%.1f of %d; idle share %.1f %%; samples full %.1f %%\n",
 		r.Samples, r.MeanHeldRedis, r.Limit, 100*r.IdleSlotShare, 100*r.FullSampleShare)
+	fmt.Fprintf(tw, "mean slot hold (mean held / phase rate) / mean Run\t%.2f / %.2f ms\n", r.MeanHoldMS, r.MeanRunMS)
 	fmt.Fprintf(tw, "limit events: waits / refusals (= snoozes) / takes\t%d / %d / %d\n", r.Waited, r.Refused, r.Taken)
 	fmt.Fprintf(tw, "refusals' RetryAfter, median\t%.0f ms\n", r.RetryAfterMedian)
 	fmt.Fprintf(tw, "snoozed tasks at once (asynq retry set), max\t%d\n", r.MaxSnoozed)
@@ -368,6 +374,12 @@ func (b *bench) limitedRun(ctx context.Context) (*limitedReport, error) {
 		r.MeanHeldRedis = float64(held) / float64(r.Samples)
 		r.IdleSlotShare = 1 - r.MeanHeldRedis/float64(c.limit)
 		r.FullSampleShare = float64(full) / float64(r.Samples)
+		if r.PhasePerSecond > 0 {
+			r.MeanHoldMS = 1000 * r.MeanHeldRedis / r.PhasePerSecond
+		}
+	}
+	if d := w.done.Load(); d > 0 {
+		r.MeanRunMS = float64(w.runNS.Load()) / float64(d) / 1e6
 	}
 	r.Waited, r.Refused, r.Taken = w.waited.Load(), w.refused.Load(), w.taken.Load()
 	r.RetryAfterMedian = ms(quantile(refusedAfter, 0.5))
