@@ -58,6 +58,8 @@ type limitedWorld struct {
 	firstTaken, lastDone   time.Time
 	refusedAfter           []time.Duration // RetryAfter of each refusal
 	firstWait              map[string]time.Time
+	waitingNow             map[string]bool // attempts waiting in-process for a slot now
+	waiting                atomic.Int64    // len(waitingNow)
 	waits                  []time.Duration // first wait to take, per attempt that waited
 }
 
@@ -95,15 +97,20 @@ func (w *limitedWorld) OnEvent(_ context.Context, e reactor.Event) {
 		if _, ok := w.firstWait[e.RunID]; !ok {
 			w.firstWait[e.RunID] = time.Now()
 		}
+		if !w.waitingNow[e.RunID] {
+			w.waitingNow[e.RunID] = true
+			w.waiting.Add(1)
+		}
 		w.mu.Unlock()
 	case reactor.EventLimitRefused:
 		w.refused.Add(1)
 		var le *reactor.LimitError
+		w.mu.Lock()
 		if errors.As(e.Err, &le) {
-			w.mu.Lock()
 			w.refusedAfter = append(w.refusedAfter, le.RetryAfter)
-			w.mu.Unlock()
 		}
+		w.notWaiting(e.RunID)
+		w.mu.Unlock()
 	case reactor.EventLimitTaken:
 		w.taken.Add(1)
 		now := time.Now()
@@ -111,11 +118,19 @@ func (w *limitedWorld) OnEvent(_ context.Context, e reactor.Event) {
 		if w.firstTaken.IsZero() {
 			w.firstTaken = now
 		}
+		w.notWaiting(e.RunID)
 		if t, ok := w.firstWait[e.RunID]; ok {
 			w.waits = append(w.waits, now.Sub(t))
 			delete(w.firstWait, e.RunID)
 		}
 		w.mu.Unlock()
+	}
+}
+
+func (w *limitedWorld) notWaiting(id string) {
+	if w.waitingNow[id] {
+		delete(w.waitingNow, id)
+		w.waiting.Add(-1)
 	}
 }
 
@@ -173,26 +188,29 @@ type limitedReport struct {
 	Ratio           float64 `json:"ratio_to_ideal"`
 	PhaseRatio      float64 `json:"element_phase_ratio_to_ideal"`
 
-	MaxInFlightRedis int      `json:"max_in_flight_redis"`
-	MaxInFlightProc  int      `json:"max_in_flight_in_process"`
-	MeanHeldRedis    float64  `json:"mean_slots_held_redis"`
-	IdleSlotShare    float64  `json:"idle_slot_share"`
-	FullSampleShare  float64  `json:"full_sample_share"`
-	Samples          int      `json:"samples"`
-	MeanHoldMS       float64  `json:"mean_slot_hold_ms"`
-	MeanRunMS        float64  `json:"mean_run_ms"`
-	MaxSnoozed       int      `json:"max_snoozed_tasks"`
-	Waited           int64    `json:"limit_waits"`
-	Refused          int64    `json:"limit_refusals"`
-	Taken            int64    `json:"limit_takes"`
-	RetryAfterMedian float64  `json:"refusal_retry_after_median_ms"`
-	WaitedAttempts   int      `json:"attempts_that_waited"`
-	WaitToTakeMedian float64  `json:"wait_to_take_median_ms"`
-	WaitToTakeP99    float64  `json:"wait_to_take_p99_ms"`
-	WaitToTakeMax    float64  `json:"wait_to_take_max_ms"`
-	RanOnce          int      `json:"elements_run_once"`
-	OK               bool     `json:"ok"`
-	Failures         []string `json:"check_failures"`
+	MaxInFlightRedis      int      `json:"max_in_flight_redis"`
+	MaxInFlightProc       int      `json:"max_in_flight_in_process"`
+	MeanHeldRedis         float64  `json:"mean_slots_held_redis"`
+	IdleSlotShare         float64  `json:"idle_slot_share"`
+	FullSampleShare       float64  `json:"full_sample_share"`
+	Samples               int      `json:"samples"`
+	IdleWhileWaitingShare float64  `json:"samples_idle_while_waiting_share"`
+	IdleSlotsWhileWaiting float64  `json:"idle_slot_share_while_waiting"`
+	MeanWaiting           float64  `json:"mean_attempts_waiting"`
+	MeanHoldMS            float64  `json:"mean_slot_hold_ms"`
+	MeanRunMS             float64  `json:"mean_run_ms"`
+	MaxSnoozed            int      `json:"max_snoozed_tasks"`
+	Waited                int64    `json:"limit_waits"`
+	Refused               int64    `json:"limit_refusals"`
+	Taken                 int64    `json:"limit_takes"`
+	RetryAfterMedian      float64  `json:"refusal_retry_after_median_ms"`
+	WaitedAttempts        int      `json:"attempts_that_waited"`
+	WaitToTakeMedian      float64  `json:"wait_to_take_median_ms"`
+	WaitToTakeP99         float64  `json:"wait_to_take_p99_ms"`
+	WaitToTakeMax         float64  `json:"wait_to_take_max_ms"`
+	RanOnce               int      `json:"elements_run_once"`
+	OK                    bool     `json:"ok"`
+	Failures              []string `json:"check_failures"`
 }
 
 func (r *limitedReport) missed() []string {
@@ -216,6 +234,9 @@ func (r *limitedReport) print(w io.Writer) {
 	fmt.Fprintf(tw, "max in flight: redis ZCARD / in-process\t%d / %d\t(limit %d)\n", r.MaxInFlightRedis, r.MaxInFlightProc, r.Limit)
 	fmt.Fprintf(tw, "slots held, mean (element phase, %d samples)\t%.1f of %d; idle share %.1f %%; samples full %.1f %%\n",
 		r.Samples, r.MeanHeldRedis, r.Limit, 100*r.IdleSlotShare, 100*r.FullSampleShare)
+	fmt.Fprintf(tw, "attempts waiting in-process, mean\t%.1f\n", r.MeanWaiting)
+	fmt.Fprintf(tw, "samples with a slot idle while an attempt waits\t%.1f %% (%.1f %% of slot time idle while someone waits)\n",
+		100*r.IdleWhileWaitingShare, 100*r.IdleSlotsWhileWaiting)
 	fmt.Fprintf(tw, "mean slot hold (mean held / phase rate) / mean Run\t%.2f / %.2f ms\n", r.MeanHoldMS, r.MeanRunMS)
 	fmt.Fprintf(tw, "limit events: waits / refusals (= snoozes) / takes\t%d / %d / %d\n", r.Waited, r.Refused, r.Taken)
 	fmt.Fprintf(tw, "refusals' RetryAfter, median\t%.0f ms\n", r.RetryAfterMedian)
@@ -238,6 +259,7 @@ func (r *limitedReport) print(w io.Writer) {
 type limitedSample struct {
 	at            time.Time
 	held, snoozed int
+	waiting       int
 }
 
 // limitedRun is the -limited run.
@@ -248,7 +270,7 @@ func (b *bench) limitedRun(ctx context.Context) (*limitedReport, error) {
 		ElementMS: int(c.elementWork / time.Millisecond), Workers: c.workers, WorkerSets: min(c.workerSets, c.workers), Batch: c.batch}
 	r.IdealPerSecond = float64(c.limit) * float64(time.Second) / float64(c.elementWork)
 	b.bar.note("limited: %d elements, limit %d, %v each, %d workers in %d worker.Worker(s)\n", n, c.limit, c.elementWork, c.workers, r.WorkerSets)
-	w := &limitedWorld{ran: make([]atomic.Int32, n), firstWait: map[string]time.Time{}}
+	w := &limitedWorld{ran: make([]atomic.Int32, n), firstWait: map[string]time.Time{}, waitingNow: map[string]bool{}}
 	owner, element, err := w.definitions(c.limit+c.limitSlack, c.batch)
 	if err != nil {
 		return nil, err
@@ -320,7 +342,7 @@ func (b *bench) limitedRun(ctx context.Context) (*limitedReport, error) {
 			if _, err := p.Exec(sctx); err != nil {
 				continue
 			}
-			samples = append(samples, limitedSample{at: time.Now(), held: int(h.Val()), snoozed: int(s.Val())})
+			samples = append(samples, limitedSample{at: time.Now(), held: int(h.Val()), snoozed: int(s.Val()), waiting: int(w.waiting.Load())})
 		}
 	}()
 	stopBar := b.bar.track("limited map", func(ctx context.Context) (string, int, int) {
@@ -357,7 +379,7 @@ func (b *bench) limitedRun(ctx context.Context) (*limitedReport, error) {
 		r.PhaseRatio = r.PhasePerSecond / r.IdealPerSecond
 	}
 	r.MaxInFlightProc = int(w.maxInFlight.Load())
-	held, full := 0, 0
+	held, full, idleWaited, idleWaitedSlots, waiting := 0, 0, 0, 0, 0
 	for _, s := range samples {
 		r.MaxInFlightRedis = max(r.MaxInFlightRedis, s.held)
 		r.MaxSnoozed = max(r.MaxSnoozed, s.snoozed)
@@ -368,12 +390,19 @@ func (b *bench) limitedRun(ctx context.Context) (*limitedReport, error) {
 		held += s.held
 		if s.held >= c.limit {
 			full++
+		} else if s.waiting > 0 {
+			idleWaited++
+			idleWaitedSlots += c.limit - s.held
 		}
+		waiting += s.waiting
 	}
 	if r.Samples > 0 {
 		r.MeanHeldRedis = float64(held) / float64(r.Samples)
 		r.IdleSlotShare = 1 - r.MeanHeldRedis/float64(c.limit)
 		r.FullSampleShare = float64(full) / float64(r.Samples)
+		r.IdleWhileWaitingShare = float64(idleWaited) / float64(r.Samples)
+		r.IdleSlotsWhileWaiting = float64(idleWaitedSlots) / float64(r.Samples*c.limit)
+		r.MeanWaiting = float64(waiting) / float64(r.Samples)
 		if r.PhasePerSecond > 0 {
 			r.MeanHoldMS = 1000 * r.MeanHeldRedis / r.PhasePerSecond
 		}
