@@ -36,6 +36,12 @@
 // performance target, once the whole report is printed; -no-fail reports
 // missed targets without failing.
 //
+// -limited N runs one fan-out map of N elements whose element step has a
+// concurrency limit of -limit and does -element-ms of work, on -workers
+// slots in -worker-sets worker.Workers in this process, and reports its
+// rate against the ideal (limit x 1000 / element-ms) and the most holders
+// at once, in Redis and in-process; more than the limit is a wrong result.
+//
 // Redis: -redis or REDIS_URL (one Redis), or -redis-cluster or
 // REDIS_CLUSTER_ADDRS (a Redis Cluster's seeds, as worker.Main reads them),
 // else 127.0.0.1:6379 if it answers, else an embedded miniredis (whose figures say little; GOREACTOR_EMBEDDED=1 forces
