@@ -457,6 +457,18 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, cfg.version)
 
+	// -limited defaults to 50 workers, limit 20, 10 ms elements; -workers wins.
+	cfg, err = parseFlags([]string{"-limited", "10000"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	require.Equal(t, 10000, cfg.limited)
+	require.Equal(t, 50, cfg.workers)
+	require.Equal(t, 20, cfg.limit)
+	require.Equal(t, 10*time.Millisecond, cfg.elementWork)
+	require.Equal(t, 5, cfg.workerSets)
+	cfg, err = parseFlags([]string{"-limited", "100", "-workers", "8"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	require.Equal(t, 8, cfg.workers)
+
 	cfg, err = parseFlags([]string{"-heap", "10000, 100000"}, &bytes.Buffer{})
 	require.NoError(t, err)
 	require.Equal(t, []int{10000, 100000}, cfg.heap)
@@ -476,6 +488,10 @@ func TestParseFlags(t *testing.T) {
 		"-interrupts -1":              "cannot be negative",
 		"-interrupts 5 -sweep":        "a run of its own",
 		"-interrupts 5 -continuers 0": "-continuers >= 1",
+		"-limited -1":                 "cannot be negative",
+		"-limited 5 -interrupts 5":    "a run of its own",
+		"-limited 5 -limit 0":         "-limit >= 1",
+		"-limited 5 -element-ms 0":    "-element-ms >= 1",
 		"-elements 10 extra":          "unexpected arguments",
 		"-redis redis://x -nb":        "flag provided but not defined",
 	} {
