@@ -5,6 +5,7 @@
 //	go run ./bench -sweep -plot docs/bench-sweep.svg
 //	go run ./bench -heap 10000,100000               # owner heap, 10k vs 100k elements
 //	go run ./bench -interrupts 10000                # 10k paused runs: idle cost, then continue them all
+//	go run ./bench -limited 10000                   # a 10k fan-out map under a 20-at-a-time step limit
 //
 // The default run rolls back the same reactor twice on the same Redis: with
 // an inline map and with a fan-out map over -elements items, each followed
@@ -34,6 +35,12 @@
 // queue at once. A wrong result exits with status 1, and so does a missed
 // performance target, once the whole report is printed; -no-fail reports
 // missed targets without failing.
+//
+// -limited N runs one fan-out map of N elements whose element step has a
+// concurrency limit of -limit and does -element-ms of work, on -workers
+// slots in -worker-sets worker.Workers in this process, and reports its
+// rate against the ideal (limit x 1000 / element-ms) and the most holders
+// at once, in Redis and in-process; more than the limit is a wrong result.
 //
 // Redis: -redis or REDIS_URL (one Redis), or -redis-cluster or
 // REDIS_CLUSTER_ADDRS (a Redis Cluster's seeds, as worker.Main reads them),
@@ -124,9 +131,15 @@ type config struct {
 	continuers int           // goroutines continuing them (and enqueueing bare asynq's tasks)
 	idleWindow time.Duration // the idle window of the -interrupts run
 
+	limited     int           // > 0: the -limited run, a fan-out map of that many elements
+	limit       int           // its element step's concurrency limit
+	elementWork time.Duration // each element's work (-element-ms)
+	workerSets  int           // worker.Worker instances sharing -workers in the -limited run
+
 	// Not flags: tests set them.
 	doubleUndo int // >= 0: that element's undo is recorded twice
 	fakeBurst  int // > 0: element 0's action also notes this many fake enqueues
+	limitSlack int // the -limited run's step declares -limit + limitSlack: the check must catch it
 }
 
 var defaultSweep = []int{1, 2, 5, 10, 20, 50}
@@ -157,6 +170,11 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		"pause this many runs at an interrupt, measure what they cost idle (worker slots, Redis commands, a sweeper pass), then continue them all (docs/bench.md)")
 	fs.IntVar(&cfg.continuers, "continuers", 8, "with -interrupts: goroutines that continue the runs (and enqueue bare asynq's tasks)")
 	fs.DurationVar(&cfg.idleWindow, "idle-window", 5*time.Second, "with -interrupts: how long the paused runs are watched idle")
+	fs.IntVar(&cfg.limited, "limited", 0,
+		"run a fan-out map of this many elements whose element step has a concurrency limit of -limit, on -workers slots, against the ideal rate (docs/bench.md)")
+	fs.IntVar(&cfg.limit, "limit", 20, "with -limited: the element step's concurrency limit")
+	elementMS := fs.Int("element-ms", 10, "with -limited: each element's work in milliseconds")
+	fs.IntVar(&cfg.workerSets, "worker-sets", 5, "with -limited: worker.Worker instances (each with its engine and Redis client) in this process sharing -workers")
 	fs.StringVar(&heap, "heap", "", "compare the owner's heap during rollbacks of these sizes (e.g. 10000,100000), no undo latency")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: go run ./bench [flags]   (see the package comment, or docs/bench.md)")
@@ -170,6 +188,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if cfg.version {
 		return cfg, nil
+	}
+	cfg.elementWork = time.Duration(*elementMS) * time.Millisecond
+	if cfg.limited > 0 {
+		set := map[string]bool{}
+		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+		if !set["workers"] {
+			cfg.workers = 50 // the limited run's default: more slots than the limit
+		}
 	}
 	cfg.sweepWorkers = nil
 	for _, f := range splitList(sweepWorkers) {
@@ -217,6 +243,12 @@ func (c config) validate() error {
 		return errors.New("-interrupts is a run of its own: not with -sweep or -heap")
 	case c.interrupts > 0 && (c.continuers < 1 || c.idleWindow <= 0):
 		return errors.New("-interrupts needs -continuers >= 1 and a positive -idle-window")
+	case c.limited < 0:
+		return fmt.Errorf("-limited %d: cannot be negative", c.limited)
+	case c.limited > 0 && (c.sweep || len(c.heap) > 0 || c.interrupts > 0):
+		return errors.New("-limited is a run of its own: not with -sweep, -heap or -interrupts")
+	case c.limited > 0 && (c.limit < 1 || c.elementWork <= 0 || c.workerSets < 1):
+		return errors.New("-limited needs -limit >= 1, -element-ms >= 1 and -worker-sets >= 1")
 	case len(c.heap) == 1:
 		return errors.New("-heap compares sizes: give at least two, like 10000,100000")
 	}
@@ -316,6 +348,8 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 		out, err = b.sweepRun(ctx)
 	case cfg.interrupts > 0:
 		out, err = b.interruptRun(ctx)
+	case cfg.limited > 0:
+		out, err = b.limitedRun(ctx)
 	default:
 		out, err = b.defaultRun(ctx)
 	}

@@ -457,6 +457,18 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, cfg.version)
 
+	// -limited defaults to 50 workers, limit 20, 10 ms elements; -workers wins.
+	cfg, err = parseFlags([]string{"-limited", "10000"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	require.Equal(t, 10000, cfg.limited)
+	require.Equal(t, 50, cfg.workers)
+	require.Equal(t, 20, cfg.limit)
+	require.Equal(t, 10*time.Millisecond, cfg.elementWork)
+	require.Equal(t, 5, cfg.workerSets)
+	cfg, err = parseFlags([]string{"-limited", "100", "-workers", "8"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	require.Equal(t, 8, cfg.workers)
+
 	cfg, err = parseFlags([]string{"-heap", "10000, 100000"}, &bytes.Buffer{})
 	require.NoError(t, err)
 	require.Equal(t, []int{10000, 100000}, cfg.heap)
@@ -476,6 +488,10 @@ func TestParseFlags(t *testing.T) {
 		"-interrupts -1":              "cannot be negative",
 		"-interrupts 5 -sweep":        "a run of its own",
 		"-interrupts 5 -continuers 0": "-continuers >= 1",
+		"-limited -1":                 "cannot be negative",
+		"-limited 5 -interrupts 5":    "a run of its own",
+		"-limited 5 -limit 0":         "-limit >= 1",
+		"-limited 5 -element-ms 0":    "-element-ms >= 1",
 		"-elements 10 extra":          "unexpected arguments",
 		"-redis redis://x -nb":        "flag provided but not defined",
 	} {
@@ -577,4 +593,39 @@ func TestSpread(t *testing.T) {
 	summarize(in)
 	require.Equal(t, []float64{3, 1, 2}, in, "summarize must not sort its input")
 	require.Equal(t, []float64{2, 0.5}, ratios([]float64{4, 1, 7}, []float64{2, 2}))
+}
+
+// The -limited run, small: the map completes, every element runs once, and
+// no more than the limit run at once, in Redis or in-process; a step that
+// declares a looser limit than the run checks fails it.
+func TestLimitedRun(t *testing.T) {
+	t.Parallel()
+	for _, slack := range []int{0, 3} {
+		t.Run(fmt.Sprintf("slack=%d", slack), func(t *testing.T) {
+			t.Parallel()
+			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+			defer cancel()
+			cfg := tiny(t)
+			cfg.limited, cfg.limit, cfg.elementWork, cfg.workers, cfg.workerSets = 150, 3, 5*time.Millisecond, 10, 2
+			cfg.limitSlack = slack
+			out, stderr, err := runJSON(t, ctx, cfg)
+			requireNoKeys(t, out)
+			require.EqualValues(t, 150, out["elements_run_once"], stderr)
+			require.Greater(t, out["elements_per_second"].(float64), 0.0)
+			require.EqualValues(t, 600, out["ideal_per_second"])
+			require.Greater(t, out["samples"].(float64), 0.0)
+			require.Greater(t, out["limit_waits"].(float64), 0.0, "10 workers on 3 slots wait")
+			if slack == 0 {
+				require.NoError(t, err, stderr)
+				require.Equal(t, true, out["ok"], "check failures: %v", out["check_failures"])
+				require.LessOrEqual(t, out["max_in_flight_redis"].(float64), 3.0)
+				require.LessOrEqual(t, out["max_in_flight_in_process"].(float64), 3.0)
+				require.GreaterOrEqual(t, out["max_in_flight_in_process"].(float64), 2.0)
+				return
+			}
+			require.ErrorIs(t, err, errChecks)
+			require.Equal(t, false, out["ok"])
+			require.Greater(t, out["max_in_flight_in_process"].(float64), 3.0)
+		})
+	}
 }
