@@ -1778,6 +1778,19 @@ type InterruptTimeoutError = engine.InterruptTimeoutError
 //		// Lease is how long a slot outlives a holder that stopped renewing it
 //		// (a dead process). Default 30 s; the holder renews it every third.
 //		Lease time.Duration
+//		// Ordered makes the concurrency slots go to the waiting runs in the
+//		// order they were created (enqueued), among the runs that reached the
+//		// step: with Concurrency 1, runs for a key execute the step in enqueue
+//		// order. A waiter keeps its place by trying again; a run that died
+//		// loses its place a Lease after its last try, so it never blocks the
+//		// key for ever. Requires Concurrency.
+//		Ordered bool
+//		// OncePer lets one run per key run the step in each period of this
+//		// length (periods aligned to the Unix epoch, on the Redis server's
+//		// clock): a second run in the same period halts at the step, with a
+//		// reason naming the run that holds the period. The holder's own
+//		// retries and resumes run. 0: none.
+//		OncePer time.Duration
 //	}
 type Limit = engine.Limit
 
