@@ -35,6 +35,30 @@ func (c *inFlight) enter() {
 
 func (c *inFlight) leave() { c.now.Add(-1) }
 
+// processes starts n engines with def, each with a worker of conc slots, as
+// n worker processes of one deployment would be.
+func (f *fixture) processes(n, conc int, def *reactor.Definition) []*reactor.Engine {
+	f.t.Helper()
+	var engines []*reactor.Engine
+	for i := range n {
+		e := f.engine(fmt.Sprintf("w%d", i))
+		require.NoError(f.t, e.Register(def))
+		f.startWorker(e, func(c *worker.Config) { c.Concurrency = conc })
+		engines = append(engines, e)
+	}
+	return engines
+}
+
+// awaitCompleted waits for each run and requires it completed.
+func awaitCompleted(ctx context.Context, t *testing.T, e *reactor.Engine, ids ...string) {
+	t.Helper()
+	for _, id := range ids {
+		final, err := e.Wait(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	}
+}
+
 // sampleMax reads the cardinality of key every millisecond until stop is
 // closed and returns the largest it saw: the limit's ground truth in Redis.
 func sampleMax(t *testing.T, rdb redis.UniversalClient, key string, stop <-chan struct{}) <-chan int64 {
@@ -80,13 +104,7 @@ func TestLimitConcurrencyAcrossWorkers(t *testing.T) {
 			},
 		}),
 	)
-	var engines []*reactor.Engine
-	for i := range 3 {
-		e := f.engine(fmt.Sprintf("w%d", i))
-		require.NoError(t, e.Register(def))
-		f.startWorker(e, func(c *worker.Config) { c.Concurrency = 4 })
-		engines = append(engines, e)
-	}
+	engines := f.processes(3, 4, def)
 	stop := make(chan struct{})
 	most := sampleMax(t, f.rdb, f.prefix+":{lim:partner-api:acme}", stop)
 	var ids []string
@@ -95,11 +113,7 @@ func TestLimitConcurrencyAcrossWorkers(t *testing.T) {
 		require.NoError(t, err)
 		ids = append(ids, res.RunID)
 	}
-	for _, id := range ids {
-		final, err := engines[0].Wait(ctx, id)
-		require.NoError(t, err)
-		require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
-	}
+	awaitCompleted(ctx, t, engines[0], ids...)
 	close(stop)
 	assert.LessOrEqual(t, c.most.Load(), int32(3), "never more than 3 attempts at once")
 	assert.Equal(t, int32(3), c.most.Load(), "the limit was reached (12 slots wanted it)")
@@ -124,24 +138,14 @@ func TestLimitRateAcrossWorkers(t *testing.T) {
 			},
 		}),
 	)
-	var engines []*reactor.Engine
-	for i := range 2 {
-		e := f.engine(fmt.Sprintf("w%d", i))
-		require.NoError(t, e.Register(def))
-		f.startWorker(e, func(c *worker.Config) { c.Concurrency = 5 })
-		engines = append(engines, e)
-	}
+	engines := f.processes(2, 5, def)
 	var ids []string
 	for i := range 15 {
 		res, err := engines[i%2].Enqueue(ctx, def, nil)
 		require.NoError(t, err)
 		ids = append(ids, res.RunID)
 	}
-	for _, id := range ids {
-		final, err := engines[0].Wait(ctx, id)
-		require.NoError(t, err)
-		require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
-	}
+	awaitCompleted(ctx, t, engines[0], ids...)
 	mu.Lock()
 	defer mu.Unlock()
 	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
