@@ -107,6 +107,8 @@ func TestWorkerProcess(t *testing.T) {
 			t.Fatal(err)
 		}
 		return
+	case "limit-kill":
+		def, level = limitKillDefinition(rdb, prefix, true), slog.LevelError
 	case "rbmap":
 		k := rbkKeys{prefix}
 		def, cfg.LockExpiry, level = rbkOwner(rdb, k), rbkLockExpiry, slog.LevelError
