@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 )
 
 // Construct is a step kind with a protocol of its own, declared with
@@ -285,19 +284,9 @@ func asFailure(path string, err error) *Failure {
 // "book/items" inside a composed child), so that a worker can reach a
 // construct's configuration from its owner's definition.
 func (d *Definition) constructAt(path string) (Construct, bool) {
-	def := d
-	for {
-		name, rest, nested := strings.Cut(path, "/")
-		s, ok := def.byName[name]
-		if !ok {
-			return nil, false
-		}
-		if !nested {
-			return s.construct, s.construct != nil
-		}
-		if s.child == nil {
-			return nil, false
-		}
-		def, path = s.child, rest
+	s := d.stepAt(path)
+	if s == nil || s.construct == nil {
+		return nil, false
 	}
+	return s.construct, true
 }
