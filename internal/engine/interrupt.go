@@ -853,17 +853,28 @@ type ReceivedPayload struct {
 // Interrupt reads the interrupt run id waits at. A run that is not paused
 // is a *ContinueError wrapping ErrNotPaused.
 func (e *Engine) Interrupt(ctx context.Context, id string) (*InterruptInfo, error) {
-	st, t, err := e.loadInterrupted(ctx, id)
+	if err := validateRunID(id); err != nil {
+		return nil, err
+	}
+	t, err := e.interruptTarget(ctx, id)
+	if err != nil {
+		return nil, err
+	}
+	// The state and the interrupt's record in one read.
+	f, err := e.store.InterruptFields(ctx, t)
+	if errors.Is(err, store.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, err
+	}
+	st, err := decodeState([]byte(f["d"]))
 	if err != nil {
 		return nil, err
 	}
 	p := st.Pause
 	if p == nil {
 		return nil, &ContinueError{RunID: id, Status: st.Status, Reason: "it waits at no interrupt", Err: ErrNotPaused}
-	}
-	f, err := e.store.InterruptFields(ctx, t)
-	if err != nil {
-		return nil, err
 	}
 	info := &InterruptInfo{RunID: id, Reactor: st.Reactor, Step: p.Path, Correlation: p.Corr, Since: msTime(p.Since),
 		Deadline: msTime(p.Deadline), Accepts: p.Accepts}

@@ -179,14 +179,18 @@ func (s *Store) ContinueInterrupt(ctx context.Context, t Target, path string, in
 	return r, nil
 }
 
-// InterruptFields reads the interrupt record of run t as it stands, without
-// the lock and without changing it (a reader's view: a dashboard, a sweeper).
+// InterruptFields reads run t's state hash whole, as it stands, without the
+// lock and without changing it (a reader's view: a dashboard, the CLI): the
+// encoded state (field d) and the interrupt's record beside it, in one
+// command. ErrNotFound when the run has no state.
 func (s *Store) InterruptFields(ctx context.Context, t Target) (map[string]string, error) {
 	m, err := s.rdb.HGetAll(ctx, t.State).Result()
 	if err != nil {
 		return nil, fmt.Errorf("store: read interrupt: %w", err)
 	}
-	delete(m, "d")
+	if _, ok := m["d"]; !ok {
+		return nil, ErrNotFound
+	}
 	return m, nil
 }
 
