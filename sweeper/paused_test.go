@@ -242,7 +242,7 @@ func TestSweepWakesAFullInterruptWhoseContinueWakeIsLost(t *testing.T) {
 
 	// The continue's wake-up queued (a slow enqueue that went through
 	// after all): the pass leaves the run to it.
-	wake := fmt.Sprintf("resume:%s:continue:approve:1", id)
+	wake := fmt.Sprintf("resume:%s:continue:approve:1:1", id)
 	require.NoError(t, e.client.Enqueue(ctx, reactor.Wake{ID: wake, RunID: id, Reactor: run.Reactor}))
 	e.waitStale(ctx, id)
 	rep, err := e.sweeper.Sweep(ctx)

@@ -120,7 +120,7 @@ type RunReport struct {
 //   - past its deadline short of payloads, it is woken unless its timer
 //     wake-up (Run.Wake) is still deliverable: the resume times it out;
 //   - when the interrupt holds every payload it accepts, it is woken
-//     unless the continue's wake-up (resume:<run>:continue:<step>:<n>) is
+//     unless the continue's wake-up (resume:<run>:continue:<step>:<n>:<fill>) is
 //     still deliverable: a Continue whose enqueue failed is recovered;
 //   - in any other case (the record was adopted, timed out or closed by a
 //     process that died before saving the run) it is a lost run like any.
@@ -318,19 +318,20 @@ type pauseRecord struct {
 	path, instance    string
 	accepts, received int
 	state             string
-	deadline          int64 // server ms; 0: none
+	deadline          int64  // server ms; 0: none
+	fills             string // times it filled up: its continue wake-up's id
 }
 
 // readPause reads run id's interrupt record and last write time.
 func (s *RunSweeper) readPause(ctx context.Context, id string) (pauseRecord, error) {
-	v, err := s.cfg.Client.HMGet(ctx, s.keys.RunState(id), "at", "iw", "ii", "ia", "in", "is", "idl").Result()
+	v, err := s.cfg.Client.HMGet(ctx, s.keys.RunState(id), "at", "iw", "ii", "ia", "in", "is", "idl", "if").Result()
 	if err != nil {
 		return pauseRecord{}, fmt.Errorf("sweeper: read the interrupt of run %s: %w", id, err)
 	}
 	str := func(i int) string { x, _ := v[i].(string); return x }
 	num := func(i int) int64 { n, _ := strconv.ParseInt(str(i), 10, 64); return n }
 	return pauseRecord{at: num(0), path: str(1), instance: str(2), accepts: int(num(3)), received: int(num(4)),
-		state: str(5), deadline: num(6)}, nil
+		state: str(5), deadline: num(6), fills: str(7)}, nil
 }
 
 // sweepRun examines run id, woken when it enqueued a wake-up and dropped
@@ -426,7 +427,7 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		case waits && p.received >= p.accepts:
 			// Every payload is in: the Continue that recorded the last
 			// one enqueued this (or failed to).
-			full = fmt.Sprintf("resume:%s:continue:%s:%s", id, p.path, p.instance)
+			full = fmt.Sprintf("resume:%s:continue:%s:%s:%s", id, p.path, p.instance, p.fills)
 		}
 		// Past its deadline short of payloads: its timer (Run.Wake) wakes
 		// it, or this pass does. Adopted, timed out or closed while still

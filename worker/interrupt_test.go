@@ -300,7 +300,7 @@ func TestInterruptContinueWhileLockedIsNotLost(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, c.Woken)
 	// The wake-up finds the run held and waits for it (snoozed, not lost).
-	wake := "resume:" + res.RunID + ":continue:approve:1"
+	wake := "resume:" + res.RunID + ":continue:approve:1:1"
 	require.Eventually(t, func() bool {
 		info, err := f.taskInfo(wake)
 		return err == nil && info != nil && info.State == asynq.TaskStateRetry

@@ -713,7 +713,9 @@ func (e *Engine) continueAt(ctx context.Context, runID, path string, instance in
 	if rep.Received < rep.Accepts || e.cfg.Enqueuer == nil {
 		return c, nil
 	}
-	w := Wake{ID: wakeID(runID, fmt.Sprintf("continue:%s:%d", path, rep.Instance)), RunID: runID, Reactor: st.Reactor, Queue: st.Queue,
+	// One id per fill: after a refusal the interrupt fills again, and its
+	// wake-up must not share an id with a delivery that may still be active.
+	w := Wake{ID: wakeID(runID, fmt.Sprintf("continue:%s:%d:%d", path, rep.Instance, rep.Fills)), RunID: runID, Reactor: st.Reactor, Queue: st.Queue,
 		Element: st.Elem != nil}
 	if err := e.cfg.Enqueuer.Enqueue(ctx, w); err != nil {
 		// Recorded: the run sweeper wakes a paused run whose interrupt

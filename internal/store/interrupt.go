@@ -143,8 +143,9 @@ type ContinueReply struct {
 	Outcome string
 	// Received and Accepts count the interrupt's payloads after an ok.
 	Received, Accepts int
-	// Instance is the interrupt's instance (ok).
-	Instance int
+	// Instance is the interrupt's instance (ok); Fills how many times it
+	// has been full, this payload's included (0 while it is not).
+	Instance, Fills int
 	// At is the server time of the recorded payload (ok), of the first
 	// payload (already), or the deadline (timedout), ms.
 	At int64
@@ -170,7 +171,7 @@ func (s *Store) ContinueInterrupt(ctx context.Context, t Target, path string, in
 	r := ContinueReply{Outcome: toStr(res[0])}
 	switch r.Outcome {
 	case ContinueOK:
-		r.Received, r.Accepts, r.At, r.Instance = int(toInt(res[1])), int(toInt(res[2])), toInt(res[3]), int(toInt(res[4]))
+		r.Received, r.Accepts, r.At, r.Instance, r.Fills = int(toInt(res[1])), int(toInt(res[2])), toInt(res[3]), int(toInt(res[4])), int(toInt(res[5]))
 	case ContinueAlready, ContinueTimedOut:
 		if len(res) > 1 {
 			r.At = toInt(res[1])

@@ -13,6 +13,7 @@
 --   idl  the deadline, server time in ms (0: none)
 --   ip<k> it<k> iby<k>  payload k (1-based): its bytes, server time, sender
 --   irf irt  the last payload the run refused: why, and when
+--   if   how many times the interrupt filled up (its continue wake-ups' ids)
 --   ih:<path>  when the first payload of that step's adopted interrupt came
 --              (what a duplicate continue is told)
 -- Modes (ARGV[1]); the lock-holding ones take KEYS[2] = the run's lock and
@@ -32,7 +33,7 @@
 --   continue (no lock; KEYS[2] = the run's audit stream) ARGV[2] path,
 --        ARGV[3] instance ('' : whichever is on record), ARGV[4] payload,
 --        ARGV[5] sender, ARGV[6] audit cap, ARGV[7] payload digest, ARGV[8]
---        trace id. Returns {'ok', in, ia, now, instance}, {'already', t},
+--        trace id. Returns {'ok', in, ia, now, instance, fills}, {'already', t},
 --        {'timedout', idl}, {'closed'}, {'notpaused'}, {'finished'}, {'gone'}.
 local mode = ARGV[1]
 local t = redis.call('TIME')
@@ -85,7 +86,14 @@ if mode == 'continue' then
     e[#e + 1] = ARGV[5]
   end
   redis.call(unpack(e))
-  return {'ok', n, a, now, tonumber(r[2])}
+  -- if counts the times the interrupt filled up (a refused payload empties
+  -- a place again): the wake-up of each fill has an id of its own, never one
+  -- a delivery still active holds
+  local fills = 0
+  if n == a then
+    fills = redis.call('HINCRBY', KEYS[1], 'if', 1)
+  end
+  return {'ok', n, a, now, tonumber(r[2]), fills}
 end
 
 if redis.call('GET', KEYS[2]) ~= ARGV[2] then
@@ -102,7 +110,7 @@ if mode == 'open' then
   for k = 1, old do
     redis.call('HDEL', KEYS[1], 'ip' .. k, 'it' .. k, 'iby' .. k)
   end
-  redis.call('HDEL', KEYS[1], 'irf', 'irt')
+  redis.call('HDEL', KEYS[1], 'irf', 'irt', 'if')
   local dl = 0
   if tonumber(ARGV[6]) > 0 then
     dl = now + tonumber(ARGV[6])
