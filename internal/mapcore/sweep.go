@@ -409,6 +409,18 @@ func (sw *mapSweep) redeliver(ctx context.Context, ps sweepPass, open []int, bud
 		if err != nil {
 			return budget, err
 		}
+		if fate != maptask.TaskLive {
+			// The outcome was read before the lock and the task: a job
+			// that released the element lock, settled and completed in
+			// between is not lost. Looked at again before any redelivery.
+			settled, err := sw.ms.rdb.HExists(ctx, ps.results, strconv.Itoa(p)).Result()
+			if err != nil {
+				return budget, fmt.Errorf("mapstep: read the outcome of %s position %d: %w", sw.mapID, p, err)
+			}
+			if settled {
+				continue
+			}
+		}
 		fresh := ""
 		switch fate {
 		case maptask.TaskLive:

@@ -143,7 +143,10 @@ type TaskInspector interface {
 	// lease extensions. A delivery that is running holds the lock from its
 	// first round trip to its settle, which releases it in the same script,
 	// so an active delivery that holds no lock for that long has stopped:
-	// its worker died and the lock lapsed. Should a live delivery be slower
+	// its worker died and the lock lapsed. (A rollback job releases the
+	// element's lock when its undo ends, a moment before it settles; the
+	// sweeper reads the outcome again before it redelivers, so a job that
+	// settled in that moment is not taken for lost.) Should a live delivery be slower
 	// than that to take the lock, the redelivery is a duplicate, which the
 	// element lock serializes and the settle's first-writer-wins absorbs.
 	// When a look at an active task was not yet enough for a verdict, again
