@@ -1785,6 +1785,15 @@ type InterruptTimeoutError = engine.InterruptTimeoutError
 //		// loses its place a Lease after its last try, so it never blocks the
 //		// key for ever. Requires Concurrency.
 //		Ordered bool
+//		// Fair makes Concurrency the limit's total across all its keys, shared
+//		// fairly among the keys that want it: each key's share is Concurrency
+//		// divided among the keys holding or waiting (at least one each). A key
+//		// below its share gets the next free slot; a key at or above it gets
+//		// one only while no waiting key lacks its share, so one tenant's
+//		// 100,000 queued elements cannot starve another tenant's ten, and a
+//		// key alone may use every slot. Requires Concurrency; not with
+//		// Ordered.
+//		Fair bool
 //		// OncePer lets one run per key run the step in each period of this
 //		// length (periods aligned to the Unix epoch, on the Redis server's
 //		// clock): a second run in the same period halts at the step, with a

@@ -166,6 +166,18 @@ func TestEveryScriptKeepsToItsKeysInOneSlot(t *testing.T) {
 		g, err = st.AcquireOrdered(ctx, k.Slots("scripts-test", randomID("key")), "holder", "run|step", 1, 1, time.Second)
 		require.NoError(t, err)
 		require.True(t, g.Held)
+		// A fair-shared limit (fair.lua): a grant, a refusal, a renewal
+		// and a release.
+		fair := k.Fair(randomID("scripts-test"))
+		g, err = st.AcquireFair(ctx, fair, "holder", "a", "run|step", 1, time.Second)
+		require.NoError(t, err)
+		require.True(t, g.Held)
+		g, err = st.AcquireFair(ctx, fair, "other", "b", "run2|step", 1, time.Second)
+		require.NoError(t, err)
+		require.False(t, g.Held)
+		_, err = st.RenewFair(ctx, fair, "holder", time.Second)
+		require.NoError(t, err)
+		require.NoError(t, st.ReleaseFair(ctx, fair, "holder"))
 	})
 
 	runs, err := mon.Stop()

@@ -163,6 +163,8 @@ type Engine struct {
 	// Warn about them, ackWarned is when that Warn was logged (Unix ns).
 	ackShort  atomic.Int64
 	ackWarned atomic.Int64
+	// slotWaits are this process's attempts waiting for a limit's slot.
+	slotWaits slotWaits
 }
 
 // MinClusterRedirects is the least ClusterOptions.MaxRedirects that lets

@@ -51,6 +51,15 @@ type Limit struct {
 	// loses its place a Lease after its last try, so it never blocks the
 	// key for ever. Requires Concurrency.
 	Ordered bool
+	// Fair makes Concurrency the limit's total across all its keys, shared
+	// fairly among the keys that want it: each key's share is Concurrency
+	// divided among the keys holding or waiting (at least one each). A key
+	// below its share gets the next free slot; a key at or above it gets
+	// one only while no waiting key lacks its share, so one tenant's
+	// 100,000 queued elements cannot starve another tenant's ten, and a
+	// key alone may use every slot. Requires Concurrency; not with
+	// Ordered.
+	Fair bool
 	// OncePer lets one run per key run the step in each period of this
 	// length (periods aligned to the Unix epoch, on the Redis server's
 	// clock): a second run in the same period halts at the step, with a
@@ -90,6 +99,10 @@ func (l Limit) validate() error {
 		return fmt.Errorf("limit %q: Lease is negative", l.Name)
 	case l.Ordered && l.Concurrency == 0:
 		return fmt.Errorf("limit %q: Ordered orders the holders of Concurrency slots, and it has none", l.Name)
+	case l.Fair && l.Concurrency == 0:
+		return fmt.Errorf("limit %q: Fair shares Concurrency slots among keys, and it has none", l.Name)
+	case l.Fair && l.Ordered:
+		return fmt.Errorf("limit %q: Fair and Ordered are two ways to hand out slots; choose one", l.Name)
 	case l.OncePer < 0:
 		return fmt.Errorf("limit %q: OncePer is negative", l.Name)
 	case l.OncePer > 0 && l.OncePer < time.Millisecond:
@@ -143,11 +156,27 @@ func (e *errLimited) Error() string { return e.le.Error() }
 type heldSlot struct {
 	key, holder string
 	lease       time.Duration
+	fair        bool // of a fair-shared semaphore (fair.lua)
+}
+
+func (s heldSlot) release(ctx context.Context, st *store.Store) error {
+	if s.fair {
+		return st.ReleaseFair(ctx, s.key, s.holder)
+	}
+	return st.ReleaseSlot(ctx, s.key, s.holder)
+}
+
+func (s heldSlot) renew(ctx context.Context, st *store.Store) (bool, error) {
+	if s.fair {
+		return st.RenewFair(ctx, s.key, s.holder, s.lease)
+	}
+	return st.RenewSlot(ctx, s.key, s.holder, s.lease)
 }
 
 // limitHolds are the slots one attempt holds, renewed until released.
 type limitHolds struct {
 	st    *store.Store
+	waits *slotWaits
 	slots []heldSlot
 	stop  chan struct{}
 	done  sync.WaitGroup
@@ -161,7 +190,9 @@ func (h *limitHolds) release(ctx context.Context) {
 	close(h.stop)
 	h.done.Wait()
 	for _, s := range h.slots {
-		_ = h.st.ReleaseSlot(context.WithoutCancel(ctx), s.key, s.holder)
+		if s.release(context.WithoutCancel(ctx), h.st) == nil {
+			h.waits.wake(s.key)
+		}
 	}
 }
 
@@ -203,19 +234,88 @@ func (x *execution) takeLimits(ctx context.Context, f *frame, s *stepDef, args R
 	deadline := time.Now().Add(limitSpin)
 	delay := 5 * time.Millisecond
 	for {
+		// Registered before the try, so that a release in this process
+		// between a refusal and the wait is not missed.
+		ws := x.watchSlots(wants)
 		h, lerr, err := x.tryLimits(ctx, f, s, wants)
 		if err != nil || lerr == nil {
+			ws.done()
 			return h, err
 		}
 		x.emit(ctx, Event{Kind: EventLimitWaited, RunID: x.st.ID, Reactor: f.def.name, Step: f.path + s.name, Err: lerr, Delay: lerr.RetryAfter})
 		if time.Now().Add(delay).After(deadline) {
+			ws.done()
 			x.emit(ctx, Event{Kind: EventLimitRefused, RunID: x.st.ID, Reactor: f.def.name, Step: f.path + s.name, Err: lerr, Delay: lerr.RetryAfter})
 			return nil, lerr
 		}
-		if err := x.e.sleep(ctx, delay+mrand.N(delay)); err != nil {
+		woken, err := ws.await(ctx, x.e, delay+mrand.N(delay), lerr.Kind == "concurrency")
+		ws.done()
+		if err != nil {
 			return nil, err
 		}
-		delay = min(delay*2, 100*time.Millisecond)
+		if !woken {
+			delay = min(delay*2, 100*time.Millisecond)
+		}
+	}
+}
+
+// slotWatch is an attempt's registration as a waiter for the semaphores
+// of its concurrency limits in this process: a release of any of them
+// here sends on ch.
+type slotWatch struct {
+	waits *slotWaits
+	keys  []string
+	ws    []*slotWaiter
+	ch    chan struct{}
+}
+
+func (x *execution) watchSlots(wants []limitWant) *slotWatch {
+	w := &slotWatch{waits: &x.e.slotWaits, ch: make(chan struct{}, 1)}
+	k := x.e.store.Keys()
+	for _, want := range wants {
+		if want.l.Concurrency == 0 {
+			continue
+		}
+		key, tenant := k.Slots(want.l.Name, want.key), ""
+		if want.l.Fair {
+			key, tenant = k.Fair(want.l.Name), want.key
+		}
+		w.keys = append(w.keys, key)
+		w.ws = append(w.ws, w.waits.wait(key, tenant, w.ch))
+	}
+	return w
+}
+
+// await waits d, or less when a release in this process wakes the watch
+// (only after a concurrency refusal: a rate limit's room comes with time).
+func (w *slotWatch) await(ctx context.Context, e *Engine, d time.Duration, concurrency bool) (woken bool, err error) {
+	if !concurrency || len(w.ws) == 0 {
+		return false, e.sleep(ctx, d)
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-w.ch:
+		return true, nil
+	case <-t.C:
+		return false, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
+}
+
+// done unregisters the watch. A wake-up it took but did not use is passed
+// on to the next waiter, so that no release's hint is lost.
+func (w *slotWatch) done() {
+	for i, sw := range w.ws {
+		w.waits.done(w.keys[i], sw)
+	}
+	select {
+	case <-w.ch:
+		for _, key := range w.keys {
+			w.waits.wake(key)
+		}
+	default:
 	}
 }
 
@@ -251,10 +351,12 @@ type limitWant struct {
 
 func (x *execution) tryLimits(ctx context.Context, f *frame, s *stepDef, wants []limitWant) (*limitHolds, *LimitError, error) {
 	k := x.e.store.Keys()
-	h := &limitHolds{st: x.e.store, stop: make(chan struct{})}
+	h := &limitHolds{st: x.e.store, waits: &x.e.slotWaits, stop: make(chan struct{})}
 	giveBack := func() {
 		for _, sl := range h.slots {
-			_ = x.e.store.ReleaseSlot(context.WithoutCancel(ctx), sl.key, sl.holder)
+			if sl.release(context.WithoutCancel(ctx), x.e.store) == nil {
+				x.e.slotWaits.wake(sl.key)
+			}
 		}
 	}
 	path := f.path + s.name
@@ -267,9 +369,13 @@ func (x *execution) tryLimits(ctx context.Context, f *frame, s *stepDef, wants [
 		holder := waiter + "|" + newHolder()
 		var g store.SlotGrant
 		var err error
-		if w.l.Ordered {
+		switch {
+		case w.l.Fair:
+			key = k.Fair(w.l.Name)
+			g, err = x.e.store.AcquireFair(ctx, key, holder, w.key, waiter, w.l.Concurrency, w.l.lease())
+		case w.l.Ordered:
 			g, err = x.e.store.AcquireOrdered(ctx, key, holder, waiter, x.st.CreatedAt, w.l.Concurrency, w.l.lease())
-		} else {
+		default:
 			g, err = x.e.store.AcquireSlot(ctx, key, holder, waiter, w.l.Concurrency, w.l.lease())
 		}
 		if err != nil {
@@ -280,7 +386,7 @@ func (x *execution) tryLimits(ctx context.Context, f *frame, s *stepDef, wants [
 			giveBack()
 			return nil, &LimitError{RunID: x.st.ID, Step: path, Limit: w.l.Name, Key: w.key, Kind: "concurrency", RetryAfter: g.Wait}, nil
 		}
-		h.slots = append(h.slots, heldSlot{key: key, holder: holder, lease: w.l.lease()})
+		h.slots = append(h.slots, heldSlot{key: key, holder: holder, lease: w.l.lease(), fair: w.l.Fair})
 	}
 	// Rates last: an admission is spent once taken, so it is taken only
 	// when every slot is held. Two rate limits where the second refuses
@@ -328,7 +434,7 @@ func (h *limitHolds) renew(ctx context.Context, e *Engine) {
 			return
 		case <-t.C:
 			for _, s := range h.slots {
-				if ok, err := h.st.RenewSlot(ctx, s.key, s.holder, s.lease); err == nil && !ok {
+				if ok, err := s.renew(ctx, h.st); err == nil && !ok {
 					e.log.Warn("a step's limit slot was lost while the step ran (its lease ended before it was renewed); the limit may be exceeded once",
 						"event", "reactor.limit.lost", "limit_key", s.key, "holder", s.holder)
 				}

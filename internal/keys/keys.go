@@ -282,6 +282,10 @@ func (k Keys) Corr(id string) string { return k.prefix + ":{corr:" + id + "}" }
 // limit of one): its holders and their leases, in a slot of its own.
 func (k Keys) Slots(name, key string) string { return k.prefix + ":{lim:" + name + ":" + key + "}" }
 
+// Fair is the slots of fair-shared limit name, which all its keys share
+// (store/lua/fair.lua): one hash slot per limit.
+func (k Keys) Fair(name string) string { return k.prefix + ":{fair:" + name + "}" }
+
 // Rate is the admissions of rate limit name for key within its longest
 // window.
 func (k Keys) Rate(name, key string) string { return k.prefix + ":{rate:" + name + ":" + key + "}" }

@@ -4,6 +4,7 @@ import (
 	"context"
 	_ "embed"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -173,4 +174,78 @@ func (s *Store) AcquireOrdered(ctx context.Context, key, holder, waiter string, 
 		g.Wait = time.Duration(toInt(res[2])) * time.Millisecond
 	}
 	return g, nil
+}
+
+var (
+	//go:embed lua/fair.lua
+	fairSrc    string
+	fairScript = redis.NewScript(fairSrc)
+)
+
+// fairWindow is how long a waiter refused a fair-shared slot counts as
+// waiting without trying again: longer than a waiter's retry interval
+// (in-process 200 ms at most; a snoozed task's return, when the queue is
+// short).
+const fairWindow = 2 * time.Second
+
+func fairKeys(key string) []string {
+	return []string{key, key + ":hk", key + ":n", key + ":w", key + ":wk", key + ":wn"}
+}
+
+func (s *Store) fair(ctx context.Context, key string, args ...any) ([]any, error) {
+	var res []any
+	err := rideOut(ctx, func() (err error) {
+		res, err = fairScript.Run(ctx, s.rdb, fairKeys(key), args...).Slice()
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: fair limit %s: %w", args[0], err)
+	}
+	return res, nil
+}
+
+// AcquireFair takes one of the n slots of fair-shared semaphore key for
+// holder on behalf of tenant (the limit's key): a tenant below its share
+// (n among the tenants holding or waiting) gets a free slot, one above it
+// only while no waiting tenant lacks its share (fair.lua).
+func (s *Store) AcquireFair(ctx context.Context, key, holder, tenant, waiter string, n int, lease time.Duration) (SlotGrant, error) {
+	res, err := s.fair(ctx, key, "acquire", holder, tenant, n, max(1, lease.Milliseconds()), fairWindow.Milliseconds(), waiter)
+	if err != nil {
+		return SlotGrant{}, err
+	}
+	g := SlotGrant{Held: toInt(res[0]) == 1, Holders: int(toInt(res[1]))}
+	if !g.Held && len(res) > 2 {
+		g.Wait = time.Duration(toInt(res[2])) * time.Millisecond
+	}
+	return g, nil
+}
+
+// RenewFair is RenewSlot for a fair-shared semaphore.
+func (s *Store) RenewFair(ctx context.Context, key, holder string, lease time.Duration) (bool, error) {
+	res, err := s.fair(ctx, key, "renew", holder, max(1, lease.Milliseconds()))
+	if err != nil {
+		return false, err
+	}
+	return toInt(res[0]) == 1, nil
+}
+
+// ReleaseFair is ReleaseSlot for a fair-shared semaphore.
+func (s *Store) ReleaseFair(ctx context.Context, key, holder string) error {
+	_, err := s.fair(ctx, key, "release", holder)
+	return err
+}
+
+// FairCounts reads how many slots each tenant of fair-shared semaphore key
+// holds (leases that ended and were not yet reclaimed included).
+func (s *Store) FairCounts(ctx context.Context, key string) (map[string]int, error) {
+	h, err := s.rdb.HGetAll(ctx, key+":n").Result()
+	if err != nil {
+		return nil, fmt.Errorf("store: read fair limit counts: %w", err)
+	}
+	out := make(map[string]int, len(h))
+	for k, v := range h {
+		n, _ := strconv.Atoi(v)
+		out[k] = n
+	}
+	return out, nil
 }
