@@ -97,6 +97,7 @@ type Metrics struct {
 	pausedDuration    *prometheus.HistogramVec
 	limitWaits        *prometheus.CounterVec
 	limitRefusals     *prometheus.CounterVec
+	limitCancels      *prometheus.CounterVec
 	limitHolds        *prometheus.CounterVec
 	replicaAcksShort  prometheus.Counter
 
@@ -172,6 +173,8 @@ func New(opts Options) *Metrics {
 		"(concurrency, rate); the attempt tries again a little later.", "limit", "kind")
 	m.limitRefusals = counter("limit_refusals_total", "Attempts that stopped waiting in-process for a full limit: the run "+
 		"waits at its checkpoint and its task is snoozed.", "limit", "kind")
+	m.limitCancels = counter("limit_cancels_total", "Runs a full limit's OnFull policy cancelled, by limit and policy "+
+		"(cancel-newest: the run that found it full; cancel-oldest: the oldest holder).", "limit", "policy")
 	m.limitHolds = counter("limit_holds_total", "Attempts of limited steps that took their limits and ran.", "reactor", "step")
 	m.lockLost = counter0("lock_lost_total", "Executions (runs and element runs) that lost their run lock mid-way.")
 
@@ -300,6 +303,14 @@ func (m *Metrics) OnEvent(_ context.Context, e reactor.Event) {
 		}
 	case reactor.EventLimitTaken:
 		m.limitHolds.WithLabelValues(e.Reactor, e.Step).Inc()
+	case reactor.EventLimitCancelled:
+		if le, ok := errors.AsType[*reactor.LimitError](e.Err); ok {
+			policy := reactor.CancelNewest
+			if le.RunID != e.RunID {
+				policy = reactor.CancelOldest
+			}
+			m.limitCancels.WithLabelValues(le.Limit, policy.String()).Inc()
+		}
 	case reactor.EventMapBatchClaimed:
 		m.batches.WithLabelValues(e.Reactor, ResumeForward).Inc()
 	case reactor.EventMapRollbackBatchClaimed:

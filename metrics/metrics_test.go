@@ -3,6 +3,7 @@ package metrics_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -245,8 +246,11 @@ func TestLimitEventsCounted(t *testing.T) {
 	t.Parallel()
 	m := metrics.New(metrics.Options{})
 	ctx := context.Background()
-	full := &reactor.LimitError{Limit: "partner", Key: "acme", Kind: "concurrency"}
+	full := &reactor.LimitError{RunID: "r1", Limit: "partner", Key: "acme", Kind: "concurrency"}
 	for _, e := range []reactor.Event{
+		{Kind: reactor.EventLimitCancelled, RunID: "r1", Reactor: "call", Step: "post", Err: full},
+		{Kind: reactor.EventLimitCancelled, RunID: "r0", Reactor: "call", Step: "post", Err: fmt.Errorf("cancelled by run r1: %w", full)},
+		{Kind: reactor.EventLimitCancelled, RunID: "r9", Reactor: "call", Step: "post", Err: fmt.Errorf("cancelled by run r1: %w", full)},
 		{Kind: reactor.EventLimitWaited, Reactor: "call", Step: "post", Err: full},
 		{Kind: reactor.EventLimitWaited, Reactor: "call", Step: "post", Err: full},
 		{Kind: reactor.EventLimitRefused, Reactor: "call", Step: "post", Err: full},
@@ -258,4 +262,6 @@ func TestLimitEventsCounted(t *testing.T) {
 	require.Equal(t, 2.0, value(t, m, "goreactor_limit_waits_total", l))
 	require.Equal(t, 1.0, value(t, m, "goreactor_limit_refusals_total", l))
 	require.Equal(t, 1.0, value(t, m, "goreactor_limit_holds_total", map[string]string{"reactor": "call", "step": "post"}))
+	require.Equal(t, 1.0, value(t, m, "goreactor_limit_cancels_total", map[string]string{"limit": "partner", "policy": "cancel-newest"}))
+	require.Equal(t, 2.0, value(t, m, "goreactor_limit_cancels_total", map[string]string{"limit": "partner", "policy": "cancel-oldest"}))
 }

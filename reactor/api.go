@@ -1299,6 +1299,10 @@ const (
 	EventLimitRefused = engine.EventLimitRefused
 	// EventLimitTaken: a step's attempt took its limits and runs.
 	EventLimitTaken = engine.EventLimitTaken
+	// EventLimitCancelled: a full limit's OnFull cancelled a run: RunID's
+	// own (CancelNewest) or the oldest holder's (CancelOldest; Err names
+	// the run that asked). Err wraps the *LimitError.
+	EventLimitCancelled = engine.EventLimitCancelled
 	// EventRunPaused: the run saved itself paused at an interrupt step
 	// (Step) and left its worker.
 	EventRunPaused = engine.EventRunPaused
@@ -1794,6 +1798,12 @@ type InterruptTimeoutError = engine.InterruptTimeoutError
 //		// key alone may use every slot. Requires Concurrency; not with
 //		// Ordered.
 //		Fair bool
+//		// OnFull is what an attempt that finds the limit's Concurrency full
+//		// does: wait for a slot (WaitForSlot, the default), cancel its own run
+//		// (CancelNewest), or cancel the oldest run holding a slot and wait
+//		// for that slot (CancelOldest). Not with Fair or Ordered; an undo
+//		// always waits.
+//		OnFull FullPolicy
 //		// OncePer lets one run per key run the step in each period of this
 //		// length (periods aligned to the Unix epoch, on the Redis server's
 //		// clock): a second run in the same period halts at the step, with a
@@ -1802,6 +1812,34 @@ type InterruptTimeoutError = engine.InterruptTimeoutError
 //		OncePer time.Duration
 //	}
 type Limit = engine.Limit
+
+// FullPolicy is what an attempt that finds a concurrency limit full does
+// (Limit.OnFull).
+//
+//	type FullPolicy int
+//
+//	func (p FullPolicy) String() string
+type FullPolicy = engine.FullPolicy
+
+const (
+	// WaitForSlot waits for a slot: in-process for a moment, then at the
+	// run's checkpoint (a worker snoozes the task).
+	WaitForSlot = engine.WaitForSlot
+	// CancelNewest cancels the run that finds the key full, at once: it
+	// rolls back what it completed and ends cancelled, its failure naming
+	// the limit, the key and a holder. For work where the run in
+	// progress covers the newcomers (a sync already running). A fan-out
+	// element cancelled this way fails its map.
+	CancelNewest = engine.CancelNewest
+	// CancelOldest cancels the oldest run holding a slot of the key
+	// (created before this one) and waits for the slot: for work where
+	// only the latest request matters (a newer price, a newer deploy). The
+	// cancelled run stops at its next checkpoint, after the step it is in
+	// returns, and rolls back what it completed; the undo of this step
+	// waits for the slot like any undo. Holders that are fan-out elements,
+	// or newer than this run, are waited for, never cancelled.
+	CancelOldest = engine.CancelOldest
+)
 
 // Rate is a rate limit: at most N starts in any window of Per.
 //
@@ -1825,6 +1863,7 @@ func Lock(name string, key func(args Args) (string, error)) Limit { return engin
 //		// (concurrency; a holder that finishes frees it sooner), or when the
 //		// fullest window has room (rate).
 //		RetryAfter time.Duration
+//		// Has unexported fields.
 //	}
 //
 //	func (e *LimitError) Error() string

@@ -57,6 +57,10 @@ const (
 	EventLimitRefused EventKind = "reactor.limit.refused"
 	// EventLimitTaken: a step's attempt took its limits and runs.
 	EventLimitTaken EventKind = "reactor.limit.taken"
+	// EventLimitCancelled: a full limit's OnFull cancelled a run: RunID's
+	// own (CancelNewest) or the oldest holder's (CancelOldest; Err names
+	// the run that asked). Err wraps the *LimitError.
+	EventLimitCancelled EventKind = "reactor.limit.cancelled"
 	// EventRunPaused: the run saved itself paused at an interrupt step
 	// (Step) and left its worker.
 	EventRunPaused EventKind = "reactor.run.paused"

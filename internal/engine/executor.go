@@ -593,6 +593,9 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 		if oh, ok := errors.AsType[*onceHeld](err); ok {
 			return stepOutcome{kind: outHalt, reason: oh.reason}, nil
 		}
+		if lc, ok := errors.AsType[*limitCancel](err); ok {
+			return stepOutcome{kind: outCancel, failure: newCancelFailure(lc.reason)}, nil
+		}
 		if le, ok := errors.AsType[*LimitError](err); ok {
 			// Full: wait at the checkpoint, the attempt not started (a
 			// scheduled intent, so the resume counts no interruption).

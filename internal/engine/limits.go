@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
+	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,12 +62,54 @@ type Limit struct {
 	// key alone may use every slot. Requires Concurrency; not with
 	// Ordered.
 	Fair bool
+	// OnFull is what an attempt that finds the limit's Concurrency full
+	// does: wait for a slot (WaitForSlot, the default), cancel its own run
+	// (CancelNewest), or cancel the oldest run holding a slot and wait
+	// for that slot (CancelOldest). Not with Fair or Ordered; an undo
+	// always waits.
+	OnFull FullPolicy
 	// OncePer lets one run per key run the step in each period of this
 	// length (periods aligned to the Unix epoch, on the Redis server's
 	// clock): a second run in the same period halts at the step, with a
 	// reason naming the run that holds the period. The holder's own
 	// retries and resumes run. 0: none.
 	OncePer time.Duration
+}
+
+// FullPolicy is what an attempt that finds a concurrency limit full does
+// (Limit.OnFull).
+type FullPolicy int
+
+const (
+	// WaitForSlot waits for a slot: in-process for a moment, then at the
+	// run's checkpoint (a worker snoozes the task).
+	WaitForSlot FullPolicy = iota
+	// CancelNewest cancels the run that finds the key full, at once: it
+	// rolls back what it completed and ends cancelled, its failure naming
+	// the limit, the key and a holder. For work where the run in
+	// progress covers the newcomers (a sync already running). A fan-out
+	// element cancelled this way fails its map.
+	CancelNewest
+	// CancelOldest cancels the oldest run holding a slot of the key
+	// (created before this one) and waits for the slot: for work where
+	// only the latest request matters (a newer price, a newer deploy). The
+	// cancelled run stops at its next checkpoint, after the step it is in
+	// returns, and rolls back what it completed; the undo of this step
+	// waits for the slot like any undo. Holders that are fan-out elements,
+	// or newer than this run, are waited for, never cancelled.
+	CancelOldest
+)
+
+func (p FullPolicy) String() string {
+	switch p {
+	case WaitForSlot:
+		return "wait"
+	case CancelNewest:
+		return "cancel-newest"
+	case CancelOldest:
+		return "cancel-oldest"
+	}
+	return "FullPolicy(" + strconv.Itoa(int(p)) + ")"
 }
 
 // Rate is a rate limit: at most N starts in any window of Per.
@@ -103,6 +147,12 @@ func (l Limit) validate() error {
 		return fmt.Errorf("limit %q: Fair shares Concurrency slots among keys, and it has none", l.Name)
 	case l.Fair && l.Ordered:
 		return fmt.Errorf("limit %q: Fair and Ordered are two ways to hand out slots; choose one", l.Name)
+	case l.OnFull < WaitForSlot || l.OnFull > CancelOldest:
+		return fmt.Errorf("limit %q: OnFull %s is not a policy", l.Name, l.OnFull)
+	case l.OnFull != WaitForSlot && l.Concurrency == 0:
+		return fmt.Errorf("limit %q: OnFull %s acts when Concurrency is full, and it has none", l.Name, l.OnFull)
+	case l.OnFull != WaitForSlot && (l.Fair || l.Ordered):
+		return fmt.Errorf("limit %q: OnFull %s cancels runs, and Fair or Ordered hands slots to waiters; choose one", l.Name, l.OnFull)
 	case l.OncePer < 0:
 		return fmt.Errorf("limit %q: OncePer is negative", l.Name)
 	case l.OncePer > 0 && l.OncePer < time.Millisecond:
@@ -133,6 +183,9 @@ type LimitError struct {
 	// (concurrency; a holder that finishes frees it sooner), or when the
 	// fullest window has room (rate).
 	RetryAfter time.Duration
+
+	want    limitWant // what was full
+	slotKey string    // its semaphore (concurrency)
 }
 
 func (e *LimitError) Error() string {
@@ -196,11 +249,38 @@ func (h *limitHolds) release(ctx context.Context) {
 	}
 }
 
-func newHolder() string {
-	var b [8]byte
+// newHolder is a holder's tag: the holder's run's creation time (ms,
+// base 36: CancelOldest compares it) and random bytes.
+func newHolder(createdAt int64) string {
+	var b [6]byte
 	_, _ = rand.Read(b[:])
-	return hex.EncodeToString(b[:])
+	return strconv.FormatInt(createdAt, 36) + "." + hex.EncodeToString(b[:])
 }
+
+// holderRun parses a holder "<run>|<step>|<created>.<random>" into its run
+// id and its run's creation time (ok false for a holder of another form).
+// A run id is read up to the first "|".
+func holderRun(holder string) (run string, created int64, ok bool) {
+	i := strings.LastIndexByte(holder, '|')
+	if i < 0 {
+		return "", 0, false
+	}
+	ts, _, ok := strings.Cut(holder[i+1:], ".")
+	if !ok {
+		return "", 0, false
+	}
+	created, err := strconv.ParseInt(ts, 36, 64)
+	if err != nil {
+		return "", 0, false
+	}
+	run, _, ok = strings.Cut(holder[:i], "|")
+	return run, created, ok
+}
+
+// limitCancel ends a run whose limit, full, says CancelNewest.
+type limitCancel struct{ reason string }
+
+func (e *limitCancel) Error() string { return e.reason }
 
 // takeLimits takes step s's limits for one attempt: every concurrency slot,
 // then every rate admission. It returns the holds to release after the
@@ -233,6 +313,7 @@ func (x *execution) takeLimits(ctx context.Context, f *frame, s *stepDef, args R
 	}
 	deadline := time.Now().Add(limitSpin)
 	delay := 5 * time.Millisecond
+	cancelled := false // CancelOldest cancels one holder per attempt
 	for {
 		// Registered before the try, so that a release in this process
 		// between a refusal and the wait is not missed.
@@ -241,6 +322,16 @@ func (x *execution) takeLimits(ctx context.Context, f *frame, s *stepDef, args R
 		if err != nil || lerr == nil {
 			ws.done()
 			return h, err
+		}
+		if !undo && lerr.Kind == "concurrency" {
+			if w := lerr.want; w.l.OnFull == CancelNewest {
+				ws.done()
+				x.emit(ctx, Event{Kind: EventLimitCancelled, RunID: x.st.ID, Reactor: f.def.name, Step: f.path + s.name, Err: lerr})
+				return nil, &limitCancel{reason: fmt.Sprintf("cancelled: limit %q is full for key %q, and it cancels the newest run (CancelNewest)", w.l.Name, w.key)}
+			} else if w.l.OnFull == CancelOldest && !cancelled {
+				cancelled = true
+				x.cancelOldest(ctx, f, s, lerr)
+			}
 		}
 		x.emit(ctx, Event{Kind: EventLimitWaited, RunID: x.st.ID, Reactor: f.def.name, Step: f.path + s.name, Err: lerr, Delay: lerr.RetryAfter})
 		if time.Now().Add(delay).After(deadline) {
@@ -319,6 +410,35 @@ func (w *slotWatch) done() {
 	}
 }
 
+// cancelOldest cancels the oldest root run holding a slot of the limit le
+// found full, if it was created before this run.
+func (x *execution) cancelOldest(ctx context.Context, f *frame, s *stepDef, le *LimitError) {
+	holders, err := x.e.store.SlotHolders(ctx, le.slotKey)
+	if err != nil {
+		return // waited for instead
+	}
+	victim, oldest := "", int64(0)
+	for _, h := range holders {
+		run, created, ok := holderRun(h.Holder)
+		if !ok || run == x.st.ID || created > x.st.CreatedAt || (created == x.st.CreatedAt && run >= x.st.ID) {
+			continue
+		}
+		if victim == "" || created < oldest {
+			victim, oldest = run, created
+		}
+	}
+	if victim == "" {
+		return
+	}
+	if err := x.e.Cancel(ctx, victim); err != nil {
+		// An element (not a root run), or one that finished or is rolling
+		// back already: its slot comes back as it ends.
+		return
+	}
+	x.emit(ctx, Event{Kind: EventLimitCancelled, RunID: victim, Reactor: f.def.name, Step: f.path + s.name,
+		Err: fmt.Errorf("cancelled by run %s, which found the limit full and cancels the oldest run (CancelOldest): %w", x.st.ID, le)})
+}
+
 // onceHeld halts a run at a once-per-period step another run holds.
 type onceHeld struct{ reason string }
 
@@ -366,7 +486,7 @@ func (x *execution) tryLimits(ctx context.Context, f *frame, s *stepDef, wants [
 		}
 		key := k.Slots(w.l.Name, w.key)
 		waiter := x.st.ID + "|" + path
-		holder := waiter + "|" + newHolder()
+		holder := waiter + "|" + newHolder(x.st.CreatedAt)
 		var g store.SlotGrant
 		var err error
 		switch {
@@ -384,7 +504,8 @@ func (x *execution) tryLimits(ctx context.Context, f *frame, s *stepDef, wants [
 		}
 		if !g.Held {
 			giveBack()
-			return nil, &LimitError{RunID: x.st.ID, Step: path, Limit: w.l.Name, Key: w.key, Kind: "concurrency", RetryAfter: g.Wait}, nil
+			return nil, &LimitError{RunID: x.st.ID, Step: path, Limit: w.l.Name, Key: w.key, Kind: "concurrency", RetryAfter: g.Wait,
+				want: w, slotKey: key}, nil
 		}
 		h.slots = append(h.slots, heldSlot{key: key, holder: holder, lease: w.l.lease(), fair: w.l.Fair})
 	}
@@ -400,14 +521,14 @@ func (x *execution) tryLimits(ctx context.Context, f *frame, s *stepDef, wants [
 		for i, r := range w.l.Rates {
 			ws[i] = store.Window{N: r.N, Per: r.Per}
 		}
-		ok, wait, err := x.e.store.Admit(ctx, k.Rate(w.l.Name, w.key), x.st.ID+"|"+path+"|"+newHolder(), ws)
+		ok, wait, err := x.e.store.Admit(ctx, k.Rate(w.l.Name, w.key), x.st.ID+"|"+path+"|"+newHolder(x.st.CreatedAt), ws)
 		if err != nil {
 			giveBack()
 			return nil, nil, err
 		}
 		if !ok {
 			giveBack()
-			return nil, &LimitError{RunID: x.st.ID, Step: path, Limit: w.l.Name, Key: w.key, Kind: "rate", RetryAfter: wait}, nil
+			return nil, &LimitError{RunID: x.st.ID, Step: path, Limit: w.l.Name, Key: w.key, Kind: "rate", RetryAfter: wait, want: w}, nil
 		}
 	}
 	if len(h.slots) > 0 {
