@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -60,6 +62,8 @@ type limitWaiterView struct {
 	AgoMS       int64  `json:"ago_ms"`
 	// Holds: the same run and step holds a slot now (it got in since).
 	Holds bool `json:"holds"`
+	// Key is the key it waits for (a fair-shared limit's waiters only).
+	Key string `json:"key,omitempty"`
 }
 
 // limitWaiters are the waiters a worker recorded for a limit's key.
@@ -109,6 +113,35 @@ type rateView struct {
 	Waiters      limitWaiters    `json:"waiters"`
 }
 
+// fairTenant is one key of a fair-shared limit.
+type fairTenant struct {
+	Key string `json:"key"`
+	// Holds counts its slots, Waiting its attempts refused lately.
+	Holds   int `json:"holds"`
+	Waiting int `json:"waiting"`
+}
+
+// fairView is what a fair-shared limit (reactor.Limit.Fair) holds: its
+// slots are shared by all its keys, in P:{fair:<name>} (holders), :hk
+// (holder -> key), :n (key -> slots held), :w (waiters, by last refusal),
+// :wk (waiter -> key) and :wn (key -> waiters).
+type fairView struct {
+	RedisKey string `json:"redis_key"`
+	// Held counts the holders whose lease has not ended, of every key.
+	Held int `json:"held"`
+	// Tenants are the keys holding or waiting, by key.
+	Tenants []fairTenant `json:"tenants"`
+	// Holders are the slots' holders (at most maxLimitHolders), with the
+	// key each holds for.
+	Holders []fairHolderView `json:"holders"`
+	Waiters limitWaiters     `json:"waiters"`
+}
+
+type fairHolderView struct {
+	limitHolderView
+	Key string `json:"key"`
+}
+
 // limitsView is GET /api/limits.
 type limitsView struct {
 	Name string `json:"name"`
@@ -117,6 +150,9 @@ type limitsView struct {
 	Now         string          `json:"now"`
 	Concurrency concurrencyView `json:"concurrency"`
 	Rate        rateView        `json:"rate"`
+	// Fair is the limit's fair-shared slots, when it has any (absent
+	// otherwise): the key's share among the keys that want it.
+	Fair *fairView `json:"fair,omitempty"`
 	// Declared lists the limits the steps of Config.Definitions declare
 	// (absent without definitions).
 	Declared []declaredLimit `json:"declared,omitempty"`
@@ -127,6 +163,9 @@ type limitsView struct {
 type declaredLimit struct {
 	Name        string   `json:"name"`
 	Concurrency int      `json:"concurrency,omitempty"`
+	Fair        bool     `json:"fair,omitempty"`
+	Ordered     bool     `json:"ordered,omitempty"`
+	OnFull      string   `json:"on_full,omitempty"` // cancel-newest, cancel-oldest
 	Rates       []string `json:"rates,omitempty"` // "100 per 1s"
 	OncePer     string   `json:"once_per,omitempty"`
 	// Keyed: a step computes a key (else the limit has the one key "").
@@ -145,7 +184,10 @@ func (h *Handler) declaredLimits() []declaredLimit {
 			for _, l := range sl.Limits {
 				i, ok := at[l.Name]
 				if !ok {
-					dl := declaredLimit{Name: l.Name, Concurrency: l.Concurrency, Keyed: l.Key != nil}
+					dl := declaredLimit{Name: l.Name, Concurrency: l.Concurrency, Keyed: l.Key != nil, Fair: l.Fair, Ordered: l.Ordered}
+					if l.OnFull != 0 {
+						dl.OnFull = l.OnFull.String()
+					}
 					for _, r := range l.Rates {
 						dl.Rates = append(dl.Rates, fmt.Sprintf("%d per %s", r.N, r.Per))
 					}
@@ -214,6 +256,7 @@ func (h *Handler) readLimit(ctx context.Context, name, key string) (*limitsView,
 		c1, c10, c60, kept   *redis.IntCmd
 		recent               *redis.ZSliceCmd
 		slotWaiters, rateWts waitersRead
+		fair                 fairRead
 	)
 	// The keys sit in slots of their own (a pipeline of a Redis Cluster
 	// client splits by slot); each read is one command.
@@ -227,6 +270,7 @@ func (h *Handler) readLimit(ctx context.Context, name, key string) (*limitsView,
 		recent = p.ZRevRangeWithScores(ctx, rate, 0, maxLimitRecent-1)
 		slotWaiters = readWaiters(ctx, p, slots+waitersSuffix)
 		rateWts = readWaiters(ctx, p, rate+waitersSuffix)
+		fair = readFair(ctx, p, h.keys.Fair(name))
 		return nil
 	})
 	if err != nil && !errors.Is(err, redis.Nil) {
@@ -277,7 +321,75 @@ func (h *Handler) readLimit(ctx context.Context, name, key string) (*limitsView,
 		rv.Recent = append(rv.Recent, admissionView{RunID: run, Step: step, At: stamp(at)})
 	}
 	rv.Waiters = rateWts.view(rate+waitersSuffix, ms, nil)
+	out.Fair = fair.view(h.keys.Fair(name), ms)
 	return out, nil
+}
+
+// fairRead is the pipelined read of a fair-shared limit's keys: each
+// bounded by its slots (holders, counts) or by the waiters of the last
+// few seconds.
+type fairRead struct {
+	holders           *redis.ZSliceCmd
+	holderKeys        *redis.MapStringStringCmd
+	counts, waitCount *redis.MapStringStringCmd
+	waiters           waitersRead
+	waiterKeys        *redis.MapStringStringCmd
+}
+
+func readFair(ctx context.Context, p redis.Pipeliner, key string) fairRead {
+	return fairRead{holders: p.ZRangeWithScores(ctx, key, 0, maxLimitHolders-1), holderKeys: p.HGetAll(ctx, key+":hk"),
+		counts: p.HGetAll(ctx, key+":n"), waitCount: p.HGetAll(ctx, key+":wn"),
+		waiters: readWaiters(ctx, p, key+waitersSuffix), waiterKeys: p.HGetAll(ctx, key+":wk")}
+}
+
+// view renders the read as of server ms now, or nil when the limit has
+// no fair-shared slot held or wanted.
+func (fr fairRead) view(key string, now int64) *fairView {
+	zs, counts, waiting := fr.holders.Val(), fr.counts.Val(), fr.waitCount.Val()
+	if len(zs) == 0 && len(counts) == 0 && len(waiting) == 0 {
+		return nil
+	}
+	out := &fairView{RedisKey: key, Tenants: []fairTenant{}, Holders: []fairHolderView{}}
+	tenants := map[string]*fairTenant{}
+	tenant := func(k string) *fairTenant {
+		if t, ok := tenants[k]; ok {
+			return t
+		}
+		t := &fairTenant{Key: k}
+		tenants[k] = t
+		return t
+	}
+	for k, v := range counts {
+		tenant(k).Holds, _ = strconv.Atoi(v)
+	}
+	for k, v := range waiting {
+		tenant(k).Waiting, _ = strconv.Atoi(v)
+	}
+	hk := fr.holderKeys.Val()
+	holding := map[string]bool{}
+	for _, z := range zs {
+		m, _ := z.Member.(string)
+		run, step, _ := splitHolder(m, true)
+		end := int64(z.Score)
+		v := fairHolderView{limitHolderView: limitHolderView{RunID: run, Step: step, Holder: m,
+			LeaseEnds: stamp(time.UnixMilli(end)), LeaseLeftMS: max(0, end-now), Expired: end <= now}, Key: hk[m]}
+		if !v.Expired {
+			out.Held++
+			holding[run+"|"+step] = true
+		}
+		out.Holders = append(out.Holders, v)
+	}
+	for _, t := range tenants {
+		out.Tenants = append(out.Tenants, *t)
+	}
+	slices.SortFunc(out.Tenants, func(a, b fairTenant) int { return strings.Compare(a.Key, b.Key) })
+	out.Waiters = fr.waiters.view(key+waitersSuffix, now, holding)
+	wk := fr.waiterKeys.Val()
+	for i := range out.Waiters.Waiters {
+		w := &out.Waiters.Waiters[i]
+		w.Key = wk[w.RunID+"|"+w.Step]
+	}
+	return out
 }
 
 // waitersRead is the pipelined read of a waiters' record.

@@ -340,3 +340,72 @@ func TestLimitsDeclaredByTheDefinitions(t *testing.T) {
 	assert.Equal(t, "partner", one.Name)
 	assert.Len(t, one.Declared, 2)
 }
+
+// A fair-shared limit's view: every key's slots and waiters, the holders
+// with the key each holds for, and the waiters with theirs; a limit whose
+// fair-shared keys hold nothing has no fair view.
+func TestLimitsFairShare(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t, "")
+	ctx := ctxTimeout(t, 30*time.Second)
+	k := keys.New(e.prefix)
+	st, err := store.New(ctx, e.rdb, k)
+	require.NoError(t, err)
+	type fairDoc struct {
+		Fair *struct {
+			RedisKey string `json:"redis_key"`
+			Held     int    `json:"held"`
+			Tenants  []struct {
+				Key     string `json:"key"`
+				Holds   int    `json:"holds"`
+				Waiting int    `json:"waiting"`
+			} `json:"tenants"`
+			Holders []struct {
+				RunID string `json:"run_id"`
+				Step  string `json:"step"`
+				Key   string `json:"key"`
+			} `json:"holders"`
+			Waiters struct {
+				Recorded bool `json:"recorded"`
+				Waiters  []struct {
+					RunID string `json:"run_id"`
+					Key   string `json:"key"`
+				} `json:"waiters"`
+			} `json:"waiters"`
+		} `json:"fair"`
+	}
+	var none fairDoc
+	e.get(limitsPath("tenants", "big"), http.StatusOK, &none)
+	assert.Nil(t, none.Fair, "no fair-shared slot held or wanted")
+
+	fair := k.Fair("tenants")
+	for i := range 2 {
+		g, err := st.AcquireFair(ctx, fair, fmt.Sprintf("big-%d|call|t%d", i, i), "big", fmt.Sprintf("big-%d|call", i), 2, 20*time.Second)
+		require.NoError(t, err)
+		require.True(t, g.Held)
+	}
+	g, err := st.AcquireFair(ctx, fair, "small-0|call|s0", "small", "small-0|call", 2, 20*time.Second)
+	require.NoError(t, err)
+	require.False(t, g.Held, "full")
+
+	var got fairDoc
+	e.get(limitsPath("tenants", "small"), http.StatusOK, &got)
+	require.NotNil(t, got.Fair)
+	f := got.Fair
+	assert.Equal(t, fair, f.RedisKey)
+	assert.Equal(t, 2, f.Held)
+	require.Len(t, f.Tenants, 2)
+	assert.Equal(t, "big", f.Tenants[0].Key)
+	assert.Equal(t, 2, f.Tenants[0].Holds)
+	assert.Equal(t, "small", f.Tenants[1].Key)
+	assert.Equal(t, 1, f.Tenants[1].Waiting)
+	require.Len(t, f.Holders, 2)
+	for _, h := range f.Holders {
+		assert.Equal(t, "big", h.Key)
+		assert.Equal(t, "call", h.Step)
+	}
+	require.True(t, f.Waiters.Recorded)
+	require.Len(t, f.Waiters.Waiters, 1)
+	assert.Equal(t, "small-0", f.Waiters.Waiters[0].RunID)
+	assert.Equal(t, "small", f.Waiters.Waiters[0].Key)
+}

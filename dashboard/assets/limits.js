@@ -48,6 +48,26 @@
     he.hidden = (c.holders || []).length !== 0;
     GR.clear($('waiters')).appendChild(waitersEl(c.waiters, 'the workers do not note refused attempts in ' + c.waiters.redis_key + ', or none was refused lately.'));
 
+    var fp = $('fair-panel'), f = d.fair;
+    fp.hidden = !f;
+    if (f) {
+      $('fair-text').textContent = f.held + ' of its slots held, ' + f.tenants.length + ' key(s) holding or waiting';
+      var tb = GR.clear($('fair-tenants'));
+      f.tenants.forEach(function (x) {
+        tb.appendChild(h('tr', { class: 'limit-tenant' + (x.key === d.key ? ' strong' : ''), dataset: { key: x.key } },
+          h('td', { class: 'mono' }, x.key === '' ? h('span', { class: 'muted' }, '(none)') : x.key),
+          h('td', null, String(x.holds)), h('td', null, String(x.waiting))));
+      });
+      var fb = GR.clear($('fair-holders'));
+      f.holders.forEach(function (x) {
+        fb.appendChild(h('tr', { class: 'limit-fair-holder' + (x.expired ? ' muted' : ''), dataset: { id: x.run_id } },
+          h('td', null, GR.runLink(x.run_id)), stepCell(x.step), h('td', { class: 'mono' }, x.key),
+          h('td', { title: x.holder }, GR.timeEl(x.lease_ends, 'short'), ' ',
+            h('span', { class: 'muted small' }, x.expired ? '(ended)' : '(' + GR.fmtDur(x.lease_left_ms) + ' left)'))));
+      });
+      GR.clear($('fair-waiters')).appendChild(waitersEl(f.waiters, 'none was refused in the last few seconds.'));
+    }
+
     var r = d.rate;
     GR.clear($('rate-counts')).appendChild(h('ul', { class: 'limit-count-list' },
       [['last 1 s', r.last_1s, 'count-1s'], ['last 10 s', r.last_10s, 'count-10s'], ['last 60 s', r.last_60s, 'count-60s']].map(function (x) {
@@ -70,7 +90,7 @@
     return GR.api('/api/limits' + GR.query({ name: name, key: key })).then(function (res) {
       $('limits-error').hidden = true;
       var d = res.data || {};
-      var text = JSON.stringify([d.concurrency, d.rate, Math.floor(Date.now() / 1000)]);
+      var text = JSON.stringify([d.concurrency, d.rate, d.fair, Math.floor(Date.now() / 1000)]);
       if (text === last) return;
       last = text;
       render(d);
