@@ -166,7 +166,7 @@ type declaredLimit struct {
 	Fair        bool     `json:"fair,omitempty"`
 	Ordered     bool     `json:"ordered,omitempty"`
 	OnFull      string   `json:"on_full,omitempty"` // cancel-newest, cancel-oldest
-	Rates       []string `json:"rates,omitempty"` // "100 per 1s"
+	Rates       []string `json:"rates,omitempty"`   // "100 per 1s"
 	OncePer     string   `json:"once_per,omitempty"`
 	// Keyed: a step computes a key (else the limit has the one key "").
 	Keyed bool `json:"keyed"`
