@@ -13,6 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/goreactor/goreactor/internal/keys"
+	"github.com/goreactor/goreactor/internal/store"
+	"github.com/goreactor/goreactor/reactor"
 )
 
 // Limits: a step's limits (reactor.StepConfig.Limits) live in Redis one key
@@ -51,6 +53,21 @@ type limitHolderView struct {
 	// Expired: the lease ended (the holder died or stopped renewing); the
 	// next acquire drops it, so it no longer counts against the limit.
 	Expired bool `json:"expired"`
+	// Parked: a run's own limit (reactor.RunLimits) held while the run
+	// waits with no process (paused, on a fan-out map, at a checkpoint):
+	// no lease; released when the run ends. LeaseEnds is "" then.
+	Parked bool `json:"parked,omitempty"`
+}
+
+// holderView is the view of holder m, whose lease ends at server ms end,
+// as of server ms now.
+func holderView(m string, end, now int64) limitHolderView {
+	run, step, _ := splitHolder(m, true)
+	if end >= store.ParkedScore {
+		return limitHolderView{RunID: run, Step: step, Holder: m, Parked: true}
+	}
+	return limitHolderView{RunID: run, Step: step, Holder: m, LeaseEnds: stamp(time.UnixMilli(end)),
+		LeaseLeftMS: max(0, end-now), Expired: end <= now}
 }
 
 // limitWaiterView is one attempt a worker recorded waiting for the limit.
@@ -180,7 +197,11 @@ func (h *Handler) declaredLimits() []declaredLimit {
 	var out []declaredLimit
 	at := map[string]int{}
 	for _, d := range h.cfg.Definitions {
-		for _, sl := range d.StepLimits() {
+		sls := d.StepLimits()
+		if rl := d.RunLimits(); len(rl) > 0 {
+			sls = append([]reactor.StepLimits{{Step: "(run)", Limits: rl}}, sls...)
+		}
+		for _, sl := range sls {
 			for _, l := range sl.Limits {
 				i, ok := at[l.Name]
 				if !ok {
@@ -287,15 +308,12 @@ func (h *Handler) readLimit(ctx context.Context, name, key string) (*limitsView,
 	holding := map[string]bool{}
 	for _, z := range zs {
 		m, _ := z.Member.(string)
-		run, step, _ := splitHolder(m, true)
-		end := int64(z.Score)
-		v := limitHolderView{RunID: run, Step: step, Holder: m, LeaseEnds: stamp(time.UnixMilli(end)),
-			LeaseLeftMS: max(0, end-ms), Expired: end <= ms}
+		v := holderView(m, int64(z.Score), ms)
 		if v.Expired {
 			c.Expired++
 		} else {
 			c.Held++
-			holding[run+"|"+step] = true
+			holding[v.RunID+"|"+v.Step] = true
 		}
 		c.Holders = append(c.Holders, v)
 	}
@@ -369,13 +387,10 @@ func (fr fairRead) view(key string, now int64) *fairView {
 	holding := map[string]bool{}
 	for _, z := range zs {
 		m, _ := z.Member.(string)
-		run, step, _ := splitHolder(m, true)
-		end := int64(z.Score)
-		v := fairHolderView{limitHolderView: limitHolderView{RunID: run, Step: step, Holder: m,
-			LeaseEnds: stamp(time.UnixMilli(end)), LeaseLeftMS: max(0, end-now), Expired: end <= now}, Key: hk[m]}
+		v := fairHolderView{limitHolderView: holderView(m, int64(z.Score), now), Key: hk[m]}
 		if !v.Expired {
 			out.Held++
-			holding[run+"|"+step] = true
+			holding[v.RunID+"|"+v.Step] = true
 		}
 		out.Holders = append(out.Holders, v)
 	}

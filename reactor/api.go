@@ -464,6 +464,9 @@ var ErrDeadlineExceeded = engine.ErrDeadlineExceeded
 //	    result type), or an input. It is nil when d returns nothing or a value
 //	    whose type is not known before it runs (a path into a result, a constant).
 //
+//	func (d *Definition) RunLimits() []Limit
+//	    RunLimits returns the limits d's runs take as a whole (RunLimits).
+//
 //	func (d *Definition) Version() int
 //	    Version returns the definition's version (Version; default 1).
 //
@@ -2297,6 +2300,18 @@ func RunInfoFrom(ctx context.Context) (info RunInfo, ok bool) { return engine.Ru
 // trace. id must be 32 lowercase hex digits, not all zero; otherwise the
 // call that starts the run fails.
 func WithTraceID(ctx context.Context, id string) context.Context { return engine.WithTraceID(ctx, id) }
+
+// RunLimits declares limits each run of the definition takes as a whole:
+// from before its first step to its end, across pauses and waits, and
+// again for its rollback. Key computes the key from the run's inputs.
+// Concurrency (a Lock is RunLimits(Lock(name, key))), Ordered (runs for a
+// key execute one after another in the order they were created: enqueue
+// order) and Rates (at most N runs start per window) apply; Fair, OnFull
+// and OncePer are for step limits. A definition with run limits cannot be
+// composed into another (the parent's run would hold them), and none of
+// its steps may declare a limit of the same name (it would wait for its
+// own run).
+func RunLimits(limits ...Limit) Part { return engine.RunLimits(limits...) }
 
 // Sensitive marks the input as sensitive: runs of the definition are
 // sensitive runs (see Run.Sensitive), whose inputs and guarded-undo values

@@ -36,11 +36,13 @@
     lt.appendChild(GR.timeEl(d.now, 'short'));
     var c = d.concurrency, body = GR.clear($('holders'));
     (c.holders || []).forEach(function (x) {
-      body.appendChild(h('tr', { class: 'limit-holder' + (x.expired ? ' muted' : ''), dataset: { id: x.run_id, expired: String(x.expired) } },
+      body.appendChild(h('tr', { class: 'limit-holder' + (x.expired ? ' muted' : ''), dataset: { id: x.run_id, expired: String(x.expired), parked: String(!!x.parked) } },
         h('td', null, GR.runLink(x.run_id)), stepCell(x.step),
-        h('td', { title: x.holder }, GR.timeEl(x.lease_ends, 'short'), ' ',
-          h('span', { class: 'muted small' }, x.expired ? '(ended)' : '(' + GR.fmtDur(x.lease_left_ms) + ' left)')),
-        h('td', null, x.expired ? h('span', { class: 'warn small', title: 'The holder stopped renewing its lease (its process died?): the next acquire drops it' }, 'lease ended') : 'holding')));
+        x.parked ? h('td', { title: x.holder }, h('span', { class: 'muted small' }, 'no lease: the run waits (paused, on a map, at a checkpoint)'))
+          : h('td', { title: x.holder }, GR.timeEl(x.lease_ends, 'short'), ' ',
+            h('span', { class: 'muted small' }, x.expired ? '(ended)' : '(' + GR.fmtDur(x.lease_left_ms) + ' left)')),
+        h('td', null, x.expired ? h('span', { class: 'warn small', title: 'The holder stopped renewing its lease (its process died?): the next acquire drops it' }, 'lease ended')
+          : x.parked ? h('span', { class: 'small', title: 'A run limit (reactor.RunLimits): held until the run ends' }, 'held by a waiting run') : 'holding')));
     });
     $('holders-text').textContent = c.held + ' holding' + (c.expired ? ', ' + c.expired + ' with an ended lease' : '') + (c.truncated ? ' (the first ' + c.holders.length + ' listed)' : '');
     var he = $('holders-empty');

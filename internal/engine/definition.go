@@ -33,6 +33,8 @@ type Definition struct {
 	// compatible lists the fingerprints of the earlier shapes whose runs
 	// this definition also executes (Compatible).
 	compatible []string
+	// runLimits are the limits its runs take as a whole (RunLimits).
+	runLimits []Limit
 }
 
 // Name returns the definition's name.
@@ -84,6 +86,9 @@ func Define(name string, parts ...Part) (*Definition, error) {
 		}
 	}
 	if err := d.validate(); err != nil {
+		return nil, err
+	}
+	if err := d.validateRunLimits(); err != nil {
 		return nil, err
 	}
 	d.sensitive = d.hasSensitive()
@@ -516,6 +521,9 @@ func Compose(name string, child *Definition, cfg ComposeConfig) Part {
 	return partFunc(func(d *Definition) error {
 		if child == nil {
 			return &DefinitionError{Reactor: d.name, Step: name, Reason: "compose of a nil definition"}
+		}
+		if len(child.runLimits) > 0 {
+			return &DefinitionError{Reactor: d.name, Step: name, Reason: fmt.Sprintf("composes %q, which declares run limits (RunLimits): a composed child runs inside its parent's run; declare them on the parent, or on the child's steps", child.name)}
 		}
 		s := &stepDef{name: name, kind: kindCompose, args: cfg.Args, after: cfg.After, child: child}
 		return d.addStep(s)

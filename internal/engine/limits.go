@@ -311,6 +311,21 @@ func (x *execution) takeLimits(ctx context.Context, f *frame, s *stepDef, args R
 			return nil, err
 		}
 	}
+	return x.waitLimits(ctx, limitCall{reactor: f.def.name, path: f.path + s.name, undo: undo, rates: true}, wants)
+}
+
+// limitCall is who takes limits: a step's attempt (path the step's), or a
+// run (path "(run)", with a holder of its own that every execution of the
+// run shares, fixed).
+type limitCall struct {
+	reactor, path string
+	undo          bool   // an undo: never cancels anybody
+	rates         bool   // take the rate limits' admissions
+	fixed         string // the holder's tag ("": a fresh one per try)
+}
+
+// waitLimits takes wants for c, waiting in-process up to limitSpin.
+func (x *execution) waitLimits(ctx context.Context, c limitCall, wants []limitWant) (*limitHolds, error) {
 	deadline := time.Now().Add(limitSpin)
 	delay := 5 * time.Millisecond
 	cancelled := false // CancelOldest cancels one holder per attempt
@@ -318,25 +333,25 @@ func (x *execution) takeLimits(ctx context.Context, f *frame, s *stepDef, args R
 		// Registered before the try, so that a release in this process
 		// between a refusal and the wait is not missed.
 		ws := x.watchSlots(wants)
-		h, lerr, err := x.tryLimits(ctx, f, s, wants)
+		h, lerr, err := x.tryLimits(ctx, c, wants)
 		if err != nil || lerr == nil {
 			ws.done()
 			return h, err
 		}
-		if !undo && lerr.Kind == "concurrency" {
+		if !c.undo && lerr.Kind == "concurrency" {
 			if w := lerr.want; w.l.OnFull == CancelNewest {
 				ws.done()
-				x.emit(ctx, Event{Kind: EventLimitCancelled, RunID: x.st.ID, Reactor: f.def.name, Step: f.path + s.name, Err: lerr})
+				x.emit(ctx, Event{Kind: EventLimitCancelled, RunID: x.st.ID, Reactor: c.reactor, Step: c.path, Err: lerr})
 				return nil, &limitCancel{reason: fmt.Sprintf("cancelled: limit %q is full for key %q, and it cancels the newest run (CancelNewest)", w.l.Name, w.key)}
 			} else if w.l.OnFull == CancelOldest && !cancelled {
 				cancelled = true
-				x.cancelOldest(ctx, f, s, lerr)
+				x.cancelOldest(ctx, c, lerr)
 			}
 		}
-		x.emit(ctx, Event{Kind: EventLimitWaited, RunID: x.st.ID, Reactor: f.def.name, Step: f.path + s.name, Err: lerr, Delay: lerr.RetryAfter})
+		x.emit(ctx, Event{Kind: EventLimitWaited, RunID: x.st.ID, Reactor: c.reactor, Step: c.path, Err: lerr, Delay: lerr.RetryAfter})
 		if time.Now().Add(delay).After(deadline) {
 			ws.done()
-			x.emit(ctx, Event{Kind: EventLimitRefused, RunID: x.st.ID, Reactor: f.def.name, Step: f.path + s.name, Err: lerr, Delay: lerr.RetryAfter})
+			x.emit(ctx, Event{Kind: EventLimitRefused, RunID: x.st.ID, Reactor: c.reactor, Step: c.path, Err: lerr, Delay: lerr.RetryAfter})
 			return nil, lerr
 		}
 		woken, err := ws.await(ctx, x.e, delay+mrand.N(delay), lerr.Kind == "concurrency")
@@ -412,7 +427,7 @@ func (w *slotWatch) done() {
 
 // cancelOldest cancels the oldest root run holding a slot of the limit le
 // found full, if it was created before this run.
-func (x *execution) cancelOldest(ctx context.Context, f *frame, s *stepDef, le *LimitError) {
+func (x *execution) cancelOldest(ctx context.Context, c limitCall, le *LimitError) {
 	holders, err := x.e.store.SlotHolders(ctx, le.slotKey)
 	if err != nil {
 		return // waited for instead
@@ -435,7 +450,7 @@ func (x *execution) cancelOldest(ctx context.Context, f *frame, s *stepDef, le *
 		// back already: its slot comes back as it ends.
 		return
 	}
-	x.emit(ctx, Event{Kind: EventLimitCancelled, RunID: victim, Reactor: f.def.name, Step: f.path + s.name,
+	x.emit(ctx, Event{Kind: EventLimitCancelled, RunID: victim, Reactor: c.reactor, Step: c.path,
 		Err: fmt.Errorf("cancelled by run %s, which found the limit full and cancels the oldest run (CancelOldest): %w", x.st.ID, le)})
 }
 
@@ -469,7 +484,7 @@ type limitWant struct {
 	key string
 }
 
-func (x *execution) tryLimits(ctx context.Context, f *frame, s *stepDef, wants []limitWant) (*limitHolds, *LimitError, error) {
+func (x *execution) tryLimits(ctx context.Context, c limitCall, wants []limitWant) (*limitHolds, *LimitError, error) {
 	k := x.e.store.Keys()
 	h := &limitHolds{st: x.e.store, waits: &x.e.slotWaits, stop: make(chan struct{})}
 	giveBack := func() {
@@ -479,14 +494,20 @@ func (x *execution) tryLimits(ctx context.Context, f *frame, s *stepDef, wants [
 			}
 		}
 	}
-	path := f.path + s.name
+	path := c.path
+	tag := func() string {
+		if c.fixed != "" {
+			return c.fixed
+		}
+		return newHolder(x.st.CreatedAt)
+	}
 	for _, w := range wants {
 		if w.l.Concurrency == 0 {
 			continue
 		}
 		key := k.Slots(w.l.Name, w.key)
 		waiter := x.st.ID + "|" + path
-		holder := waiter + "|" + newHolder(x.st.CreatedAt)
+		holder := waiter + "|" + tag()
 		var g store.SlotGrant
 		var err error
 		switch {
@@ -514,7 +535,7 @@ func (x *execution) tryLimits(ctx context.Context, f *frame, s *stepDef, wants [
 	// leave the first's admission spent (the window over-counts; never
 	// under-counts).
 	for _, w := range wants {
-		if len(w.l.Rates) == 0 {
+		if len(w.l.Rates) == 0 || !c.rates {
 			continue
 		}
 		ws := make([]store.Window, len(w.l.Rates))
@@ -535,7 +556,7 @@ func (x *execution) tryLimits(ctx context.Context, f *frame, s *stepDef, wants [
 		h.done.Add(1)
 		go h.renew(context.WithoutCancel(ctx), x.e)
 	}
-	x.emit(ctx, Event{Kind: EventLimitTaken, RunID: x.st.ID, Reactor: f.def.name, Step: path})
+	x.emit(ctx, Event{Kind: EventLimitTaken, RunID: x.st.ID, Reactor: c.reactor, Step: path})
 	return h, nil, nil
 }
 

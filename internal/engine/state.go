@@ -84,6 +84,9 @@ type runState struct {
 	// and Pauses numbers the run's pauses (interrupt.go).
 	Pause  *pauseRec `msgpack:"pz,omitempty"`
 	Pauses int       `msgpack:"pzn,omitempty"`
+	// RunAdmitted: the run's own rate limits admitted it (RunLimits),
+	// once; later executions take only their slots.
+	RunAdmitted bool `msgpack:"rla,omitempty"`
 
 	// Wake is the id of the last wake-up task enqueued for the run, saved
 	// before the enqueue, so the sweeper can tell whether it is still queued.

@@ -39,7 +39,7 @@ func (x *execution) traceRun(ctx context.Context, fn func(context.Context) (*Res
 	}
 	// Else tracing is off (a no-op provider): the execution carries no
 	// span context, so its tasks carry no traceparent.
-	res, err := fn(ctx)
+	res, err := x.withRunLimits(ctx, fn)
 	switch {
 	case err != nil:
 		span.RecordError(err)

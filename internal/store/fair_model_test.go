@@ -180,3 +180,34 @@ func TestFairSlotLeaseEnds(t *testing.T) {
 		require.Greater(t, ttl, time.Duration(0), "%s expires", k)
 	}
 }
+
+// A parked holder (a run's own limit while the run waits) has no lease: it
+// outlives any lease, the semaphore keeps no expiry while it is in it
+// (another holder's acquire or renewal does not bring one back), and its
+// release restores the expiry of the holders left.
+func TestParkedSlot(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	key := f.k.Slots("park", "k")
+	g, err := f.st.AcquireSlot(f.ctx, key, "run|(run)|x.run", "run|(run)", 2, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.True(t, g.Held)
+	ok, err := f.st.ParkSlot(f.ctx, key, "run|(run)|x.run")
+	require.NoError(t, err)
+	require.True(t, ok)
+	require.Equal(t, time.Duration(-1), f.rdb.PTTL(f.ctx, key).Val())
+	g, err = f.st.AcquireSlot(f.ctx, key, "other", "o|s", 2, time.Minute)
+	require.NoError(t, err)
+	require.True(t, g.Held)
+	require.Equal(t, time.Duration(-1), f.rdb.PTTL(f.ctx, key).Val(), "still no expiry")
+	g, err = f.st.AcquireSlot(f.ctx, key, "third", "t|s", 2, time.Minute)
+	require.NoError(t, err)
+	require.False(t, g.Held, "the parked holder still counts")
+	require.InDelta(t, time.Minute, g.Wait, float64(5*time.Second), "the earliest lease end, the other holder's")
+	require.NoError(t, f.st.ReleaseSlot(f.ctx, key, "run|(run)|x.run"))
+	ttl := f.rdb.PTTL(f.ctx, key).Val()
+	require.Greater(t, ttl, 50*time.Second, "the expiry of the holder left")
+	ok, err = f.st.ParkSlot(f.ctx, key, "gone")
+	require.NoError(t, err)
+	require.False(t, ok, "parking a slot one does not hold")
+}

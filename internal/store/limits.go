@@ -77,6 +77,20 @@ func (s *Store) ReleaseSlot(ctx context.Context, key, holder string) error {
 	return err
 }
 
+// ParkSlot parks holder's slot: held with no lease while its run waits
+// with no process (a run's own limits; slot.lua). False when the holder
+// does not hold it (its lease ended and another took it).
+func (s *Store) ParkSlot(ctx context.Context, key, holder string) (bool, error) {
+	res, err := s.slot(ctx, key, "park", holder)
+	if err != nil {
+		return false, err
+	}
+	return toInt(res[0]) == 1, nil
+}
+
+// ParkedScore is a parked holder's score in a semaphore (slot.lua).
+const ParkedScore = 1_000_000_000_000_000
+
 // SlotHolder is one holder of a semaphore and when its lease ends.
 type SlotHolder struct {
 	Holder string

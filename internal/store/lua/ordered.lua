@@ -14,9 +14,25 @@
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 local lease = tonumber(ARGV[3])
+local PARKED = 1000000000000000 -- a parked holder's score (slot.lua)
+-- expiry: as slot.lua's (as long as the longest lease; for ever while a
+-- parked holder is in the set).
+local function expiry(key)
+  local top = redis.call('ZRANGE', key, -1, -1, 'WITHSCORES')
+  if #top == 0 then
+    return
+  end
+  local last = tonumber(top[2])
+  if last >= PARKED then
+    redis.call('PERSIST', key)
+  else
+    redis.call('PEXPIRE', key, math.max(1, last - now))
+  end
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then
   redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
+  expiry(KEYS[1])
   return {1, redis.call('ZCARD', KEYS[1])}
 end
 redis.call('ZADD', KEYS[2], 'NX', ARGV[5], ARGV[4])
@@ -46,14 +62,12 @@ if free > 0 and pos < free then
   redis.call('ZREM', KEYS[2], ARGV[4])
   redis.call('HDEL', KEYS[3], ARGV[4])
   redis.call('ZADD', KEYS[1], now + lease, ARGV[1])
-  if redis.call('PTTL', KEYS[1]) < lease then
-    redis.call('PEXPIRE', KEYS[1], lease)
-  end
+  expiry(KEYS[1])
   return {1, n + 1}
 end
 local wait = 0
 local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-if #first > 0 then
+if #first > 0 and tonumber(first[2]) < PARKED then
   wait = math.max(0, tonumber(first[2]) - now)
 end
 return {0, n, wait, pos}
