@@ -6,6 +6,7 @@
 //	go run ./bench -heap 10000,100000               # owner heap, 10k vs 100k elements
 //	go run ./bench -interrupts 10000                # 10k paused runs: idle cost, then continue them all
 //	go run ./bench -limited 10000                   # a 10k fan-out map under a 20-at-a-time step limit
+//	go run ./bench -fair 10000                      # a small tenant's map beside a 10k one under one fair limit
 //
 // The default run rolls back the same reactor twice on the same Redis: with
 // an inline map and with a fan-out map over -elements items, each followed
@@ -136,6 +137,10 @@ type config struct {
 	elementWork time.Duration // each element's work (-element-ms)
 	workerSets  int           // worker.Worker instances sharing -workers in the -limited run
 
+	fair       int // > 0: the -fair run, the big tenant's map of that many elements
+	fairSmall  int // the small tenant's elements
+	fairRounds int // small maps timed alone, then under load
+
 	// Not flags: tests set them.
 	doubleUndo int // >= 0: that element's undo is recorded twice
 	fakeBurst  int // > 0: element 0's action also notes this many fake enqueues
@@ -175,6 +180,10 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.IntVar(&cfg.limit, "limit", 20, "with -limited: the element step's concurrency limit")
 	elementMS := fs.Int("element-ms", 10, "with -limited: each element's work in milliseconds")
 	fs.IntVar(&cfg.workerSets, "worker-sets", 5, "with -limited: worker.Worker instances (each with its engine and Redis client) in this process sharing -workers")
+	fs.IntVar(&cfg.fair, "fair", 0,
+		"two tenants under one fair-shared limit of -limit (10 in this mode): a big map of this many elements, and a small tenant's map timed alone and under it, against a plain limit (docs/bench.md)")
+	fs.IntVar(&cfg.fairSmall, "fair-small", 10, "with -fair: the small tenant's elements")
+	fs.IntVar(&cfg.fairRounds, "fair-rounds", 5, "with -fair: small maps timed alone, then as many under the big one")
 	fs.StringVar(&heap, "heap", "", "compare the owner's heap during rollbacks of these sizes (e.g. 10000,100000), no undo latency")
 	fs.Usage = func() {
 		fmt.Fprintln(stderr, "usage: go run ./bench [flags]   (see the package comment, or docs/bench.md)")
@@ -190,11 +199,20 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 		return cfg, nil
 	}
 	cfg.elementWork = time.Duration(*elementMS) * time.Millisecond
-	if cfg.limited > 0 {
+	if cfg.limited > 0 || cfg.fair > 0 {
 		set := map[string]bool{}
 		fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 		if !set["workers"] {
-			cfg.workers = 50 // the limited run's default: more slots than the limit
+			cfg.workers = 50 // the limited runs' default: more slots than the limit
+		}
+		if cfg.fair > 0 && !set["limit"] {
+			cfg.limit = 10 // the fairness figure: one 10-at-a-time limit
+		}
+		if cfg.fair > 0 && !set["batch"] {
+			// A map under a limit gains nothing from dispatching further
+			// ahead than the limit: its elements would only wait in the
+			// queue, ahead of the other tenant's (docs/limits.md).
+			cfg.batch = cfg.limit
 		}
 	}
 	cfg.sweepWorkers = nil
@@ -249,6 +267,12 @@ func (c config) validate() error {
 		return errors.New("-limited is a run of its own: not with -sweep, -heap or -interrupts")
 	case c.limited > 0 && (c.limit < 1 || c.elementWork <= 0 || c.workerSets < 1):
 		return errors.New("-limited needs -limit >= 1, -element-ms >= 1 and -worker-sets >= 1")
+	case c.fair < 0:
+		return fmt.Errorf("-fair %d: cannot be negative", c.fair)
+	case c.fair > 0 && (c.sweep || len(c.heap) > 0 || c.interrupts > 0 || c.limited > 0):
+		return errors.New("-fair is a run of its own: not with -sweep, -heap, -interrupts or -limited")
+	case c.fair > 0 && (c.limit < 1 || c.elementWork <= 0 || c.workerSets < 1 || c.fairSmall < 1 || c.fairRounds < 1):
+		return errors.New("-fair needs -limit >= 1, -element-ms >= 1, -worker-sets >= 1, -fair-small >= 1 and -fair-rounds >= 1")
 	case len(c.heap) == 1:
 		return errors.New("-heap compares sizes: give at least two, like 10000,100000")
 	}
@@ -350,6 +374,8 @@ func run(ctx context.Context, cfg config, stdout, stderr io.Writer) (err error) 
 		out, err = b.interruptRun(ctx)
 	case cfg.limited > 0:
 		out, err = b.limitedRun(ctx)
+	case cfg.fair > 0:
+		out, err = b.fairRun(ctx)
 	default:
 		out, err = b.defaultRun(ctx)
 	}

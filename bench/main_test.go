@@ -492,6 +492,9 @@ func TestParseFlags(t *testing.T) {
 		"-limited 5 -interrupts 5":    "a run of its own",
 		"-limited 5 -limit 0":         "-limit >= 1",
 		"-limited 5 -element-ms 0":    "-element-ms >= 1",
+		"-fair -1":                    "cannot be negative",
+		"-fair 5 -limited 5":          "a run of its own",
+		"-fair 5 -fair-rounds 0":      "-fair-rounds >= 1",
 		"-elements 10 extra":          "unexpected arguments",
 		"-redis redis://x -nb":        "flag provided but not defined",
 	} {
@@ -628,4 +631,29 @@ func TestLimitedRun(t *testing.T) {
 			require.Greater(t, out["max_in_flight_in_process"].(float64), 3.0)
 		})
 	}
+}
+
+// The -fair run, small: both limits' small maps complete alone and under
+// the big map, every element runs once, and no more than the limit hold
+// its slots in Redis or run in-process.
+func TestFairRun(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cfg := tiny(t)
+	cfg.fair, cfg.fairSmall, cfg.fairRounds = 300, 4, 2
+	cfg.limit, cfg.elementWork, cfg.workers, cfg.workerSets, cfg.batch = 3, 5*time.Millisecond, 10, 2, 3
+	out, stderr, err := runJSON(t, ctx, cfg)
+	require.NoError(t, err, stderr)
+	requireNoKeys(t, out)
+	require.Equal(t, true, out["ok"], "check failures: %v", out["check_failures"])
+	for _, c := range []string{"fair", "plain"} {
+		fc := out[c].(map[string]any)
+		require.Len(t, fc["alone_ms"], 2, c)
+		require.Len(t, fc["under_load_ms"], 2, c)
+		require.Greater(t, fc["ratio"].(float64), 0.0, c)
+		require.LessOrEqual(t, fc["max_held_redis"].(float64), 3.0, c)
+		require.Greater(t, fc["max_held_redis"].(float64), 0.0, c)
+	}
+	require.LessOrEqual(t, out["max_in_flight_in_process"].(float64), 3.0)
 }

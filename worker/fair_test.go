@@ -54,26 +54,6 @@ type tenantCounts struct {
 	order           []string // the tenant of each attempt, in order of entry
 }
 
-// bigWhileSmall counts the big tenant's attempts that entered Run between
-// the small tenant's first and last.
-func (c *tenantCounts) bigWhileSmall() (n int) {
-	first, last := -1, -1
-	for i, tn := range c.order {
-		if tn == "small" {
-			if first < 0 {
-				first = i
-			}
-			last = i
-		}
-	}
-	for _, tn := range c.order[max(0, first):max(0, last)] {
-		if tn == "big" {
-			n++
-		}
-	}
-	return n
-}
-
 func (c *tenantCounts) enter(tenant string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
