@@ -2,6 +2,7 @@ package sweeper_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -87,4 +88,95 @@ func TestKilledHoldersLimitSlotIsReclaimedByItsLease(t *testing.T) {
 	final, err := eng.Wait(ctx, "lk-second")
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+}
+
+// orderedKillDefinition holds the ordered run lock "ordered-kill" (one run
+// at a time, in creation order, lease limitKillLease) for its whole run;
+// its one step records the run (list <prefix>:signal) and, in the first
+// worker process, the run "ok-0" hangs there until the process is killed.
+func orderedKillDefinition(rdb redis.UniversalClient, prefix string, hang bool) *reactor.Definition {
+	return reactor.MustDefine("ordered-kill",
+		reactor.Input[string]("who", reactor.Required()),
+		reactor.RunLimits(reactor.Limit{Name: "ordered-kill", Concurrency: 1, Ordered: true, Lease: limitKillLease}),
+		reactor.Step("apply", reactor.StepConfig[reactor.Args, string]{
+			Args: reactor.Bindings{"who": reactor.FromInput("who")},
+			Run: func(ctx context.Context, a reactor.Args) (string, error) {
+				who, err := reactor.Arg[string](a, "who")
+				if err != nil {
+					return "", err
+				}
+				rdb.RPush(context.Background(), prefix+":signal", who)
+				if hang && who == "ok-0" {
+					<-ctx.Done() // killed here
+				}
+				return who, nil
+			},
+		}),
+	)
+}
+
+// An ordered run lock across a worker kill: the first run dies holding the
+// lock (its process killed mid-step); the runs enqueued after it, on a
+// worker of this process, wait in creation order, get the lock once the
+// dead holder's lease ends, and run one at a time in that order; the
+// sweeper recovers the first run, which takes the lock again, by its
+// creation time ahead of the runs still waiting, and completes.
+func TestOrderedRunLockAcrossAWorkerKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills a worker process")
+	}
+	t.Parallel()
+	rdb := redistest.Client(t)
+	prefix := redistest.Prefix(t)
+	queue := redistest.Queue(t)
+	ctx := ctxTimeout(t, 60*time.Second)
+	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: prefix, Enqueuer: worker.NewClient(rdb, queue), Logger: discard})
+	require.NoError(t, err)
+	def := orderedKillDefinition(rdb, prefix, false)
+	require.NoError(t, eng.Register(def))
+
+	first := startWorkerProcess(t, prefix, queue, workerSpec{set: "ordered-kill"})
+	_, err = eng.Enqueue(ctx, def, map[string]any{"who": "ok-0"}, reactor.WithRunID("ok-0"))
+	require.NoError(t, err)
+	require.Equal(t, "ok-0", first.await(ctx, rdb, prefix+":signal", 30*time.Second))
+	first.kill()
+
+	ids := []string{"ok-0"}
+	for i := 1; i <= 4; i++ {
+		id := "ok-" + strconv.Itoa(i)
+		_, err := eng.Enqueue(ctx, def, map[string]any{"who": id}, reactor.WithRunID(id))
+		require.NoError(t, err)
+		ids = append(ids, id)
+	}
+	w := worker.New(eng, rdb, worker.Config{Queues: map[string]int{queue: 1}, Concurrency: 8, Logger: discard})
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	sw := newEagerSweeper(t, ctx, eng)
+
+	var got []string
+	for len(got) < 5 {
+		v, err := rdb.BLPop(ctx, 30*time.Second, prefix+":signal").Result()
+		require.NoError(t, err, "ran so far: %v", got)
+		got = append(got, v[1])
+	}
+	for _, id := range ids {
+		final, err := eng.Wait(ctx, id)
+		require.NoError(t, err)
+		require.Equal(t, reactor.StatusCompleted, final.Status, "%s: %v", id, final.Err())
+	}
+	sw.stop()
+	t.Logf("ran, in order: %v", got)
+	// ok-0 ran again once recovered; the others ran once each, in order.
+	var later []string
+	zero := 0
+	for _, g := range got {
+		if g == "ok-0" {
+			zero++
+			continue
+		}
+		later = append(later, g)
+	}
+	assert.Equal(t, 1, zero, "ok-0 ran once more, after its recovery: %v", got)
+	assert.Equal(t, ids[1:], later, "the runs after it in creation order: %v", got)
+	assert.Zero(t, rdb.Exists(ctx, prefix+":{lim:ordered-kill:}").Val(), "the lock is free at the end")
 }
