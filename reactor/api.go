@@ -248,6 +248,12 @@ type OperatorRequest = engine.OperatorRequest
 //	    IsZero reports whether nothing is held.
 type Held = engine.Held
 
+// MaxConcurrency lets up to n independent steps of a run execute at once
+// (default 1: one after another, in dependency order). Only plain steps
+// join: no limits, no guard, no hand-off; composed children, fan-out maps
+// and interrupts run alone. A step's retries run alone too.
+func MaxConcurrency(n int) Part { return engine.MaxConcurrency(n) }
+
 // Construct is a step kind with a protocol of its own, declared with
 // ConstructStep. Package mapstep implements map steps with it; reactor knows
 // nothing of maps.
@@ -442,6 +448,10 @@ var ErrDeadlineExceeded = engine.ErrDeadlineExceeded
 //	type Definition struct {
 //		// Has unexported fields.
 //	}
+//
+//	func (d *Definition) MaxConcurrency() int
+//	    MaxConcurrency returns how many of d's steps may run at once (1 unless
+//	    declared).
 //
 //	func (d *Definition) Name() string
 //	    Name returns the definition's name.

@@ -165,6 +165,8 @@ func TestEveryScriptKeepsToItsKeysInOneSlot(t *testing.T) {
 		holder, _, err := st.ClaimPeriod(ctx, k.Once("scripts-test", randomID("key")), "run", time.Minute)
 		require.NoError(t, err)
 		require.Empty(t, holder)
+		// A run's place at enqueue (place.lua), in a queue of its own.
+		require.NoError(t, st.PlaceOrdered(ctx, k.Slots("scripts-test", randomID("key")), "run|(run)", 1, time.Second))
 		g, err = st.AcquireOrdered(ctx, k.Slots("scripts-test", randomID("key")), "holder", "run|step", 1, 1, time.Second)
 		require.NoError(t, err)
 		require.True(t, g.Held)

@@ -170,6 +170,18 @@ func (r *recorder) steps(engine string, kind reactor.EventKind) []string {
 	return out
 }
 
+// ran reports whether any engine emitted kind for run id.
+func (r *recorder) ran(id string, kind reactor.EventKind) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.events {
+		if e.ev.RunID == id && e.ev.Kind == kind {
+			return true
+		}
+	}
+	return false
+}
+
 // trail records what user code ran, in order.
 type trail struct {
 	mu  sync.Mutex

@@ -772,6 +772,12 @@ func TestInterruptPayloadPastTheDeadlineIsLate(t *testing.T) {
 	require.NoError(t, f.rdb.HSet(ctx, f.prefix+":{run:"+res.RunID+"}:ctx", "idl", 1).Err())
 	_, err = e.Continue(ctx, res.RunID, "approve", approval{By: "ann"})
 	require.ErrorIs(t, err, reactor.ErrInterruptTimedOut)
+	// The timer is enqueued after the paused run's save, as its worker
+	// leaves it.
+	require.Eventually(t, func() bool {
+		info, err := f.taskInfo(run.Wake)
+		return err == nil && info != nil
+	}, 10*time.Second, 5*time.Millisecond, "the timer is scheduled")
 	require.NoError(t, f.inspector.RunTask(f.queue, run.Wake), "deliver the timer now")
 	final, err := e.Wait(ctx, res.RunID)
 	require.NoError(t, err)

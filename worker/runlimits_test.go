@@ -101,7 +101,9 @@ func TestRunLockIsHeldAcrossAPause(t *testing.T) {
 	require.NoError(t, err)
 	awaitCompleted(ctx, t, e, "second")
 	assert.Equal(t, []string{"first debit", "first credit", "second debit", "second credit"}, log.all())
-	assert.Zero(t, f.rdb.Exists(ctx, lockKey).Val(), "released: nobody holds the lock")
+	// Released after the run's terminal write, which Wait hears first.
+	assert.Eventually(t, func() bool { return f.rdb.Exists(ctx, lockKey).Val() == 0 }, 10*time.Second, 5*time.Millisecond,
+		"released: nobody holds the lock")
 }
 
 // The rollback of a finished run takes its run lock again: an Undo while
@@ -173,7 +175,9 @@ func TestRunLockIsTakenByTheRollback(t *testing.T) {
 }
 
 // An ordered run lock: runs for a key execute one at a time in the order
-// they were created (enqueued), whichever worker picks which up first.
+// they were created (enqueued), whichever worker picks which up first: a
+// run takes its place when it is enqueued, so the first run, enqueued
+// with a start delay and so picked up last, still goes first.
 func TestRunLockOrderedRunsInEnqueueOrder(t *testing.T) {
 	f := newFixture(t)
 	ctx := ctxTimeout(t)
@@ -203,14 +207,22 @@ func TestRunLockOrderedRunsInEnqueueOrder(t *testing.T) {
 	var ids []string
 	for i := range 6 {
 		id := fmt.Sprintf("deploy-%d", i)
-		_, err := engines[i%3].Enqueue(ctx, def, map[string]any{"service": "api", "id": id}, reactor.WithRunID(id))
+		opts := []reactor.RunOption{reactor.WithRunID(id)}
+		if i == 0 {
+			opts = append(opts, reactor.WithDelay(500*time.Millisecond))
+		}
+		_, err := engines[i%3].Enqueue(ctx, def, map[string]any{"service": "api", "id": id}, opts...)
 		require.NoError(t, err)
 		ids = append(ids, id)
 	}
-	// Every later run has taken its place behind the first.
-	require.Eventually(t, func() bool {
-		return f.rdb.ZCard(ctx, f.prefix+":{lim:service:api}:q").Val() == 5
-	}, 10*time.Second, 5*time.Millisecond)
+	// The later runs, picked up first, wait: every one has tried.
+	for _, id := range ids[1:] {
+		require.Eventually(t, func() bool { return f.events.ran(id, reactor.EventLimitWaited) },
+			10*time.Second, 5*time.Millisecond, "%s tried and waits", id)
+	}
+	assert.Empty(t, log.all(), "nobody runs before the first run")
+	// The first run gets in when its delay ends, and holds the lock.
+	require.Eventually(t, func() bool { return len(log.all()) == 1 }, 10*time.Second, 5*time.Millisecond)
 	close(gate)
 	awaitCompleted(ctx, t, engines[0], ids...)
 	assert.Equal(t, ids, log.all(), "in enqueue order")

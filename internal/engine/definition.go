@@ -35,6 +35,9 @@ type Definition struct {
 	compatible []string
 	// runLimits are the limits its runs take as a whole (RunLimits).
 	runLimits []Limit
+	// maxConc is how many independent steps may run at once
+	// (MaxConcurrency; 0: one at a time).
+	maxConc int
 }
 
 // Name returns the definition's name.

@@ -175,6 +175,14 @@ func (e *Engine) Enqueue(ctx context.Context, def *Definition, inputs map[string
 		st = existing
 		w.Queue = st.Queue // the stored run's, whatever this call asked
 	}
+	if st.Status == StatusPending {
+		// An ordered run limit's place is taken now, so that the key's
+		// runs execute in enqueue order whichever worker picks which up
+		// first (runlimits.go).
+		if err := e.placeOrdered(ctx, def, st); err != nil {
+			return nil, err
+		}
+	}
 	// Saved first, then enqueued: a crash in between leaves a pending run
 	// that the run sweeper wakes.
 	if err := e.cfg.Enqueuer.Enqueue(ctx, w); err != nil {

@@ -76,6 +76,9 @@ type frame struct {
 	// step's Run yet, so a rollback from here has nothing of it to
 	// compensate. An intent read back from Redis is never known not started.
 	notStarted bool
+	// prefetch holds the first attempts of a wave's steps, called at once
+	// and not recorded yet (concurrent.go).
+	prefetch map[string]*prefetched
 }
 
 // frameResult is how a frame ended when it did not hit an infrastructure
@@ -371,6 +374,11 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 		if _, done := f.st.Steps[s.name]; done {
 			continue
 		}
+		if in := f.st.takeInflight(s.name); in != nil {
+			// A wave's step whose outcome a crash kept from the record:
+			// run again as a step cut short (its interruption counted).
+			f.st.Intent, f.notStarted = in, false
+		}
 		if err := interrupted(ctx); err != nil {
 			// Cut short between steps: the next step's intent was this
 			// execution's and its Run was never called, so an aborted run
@@ -402,49 +410,27 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 			// here instead of handing off.
 			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
 		}
-		f.st.stepStarted(s.name, x.e.now())
-		out, err := x.runStep(ctx, f, s)
-		if err != nil {
-			return nil, err
-		}
-		pending--
-		if out.kind == outOK || out.kind == outSkip {
-			now := x.e.now()
-			f.st.stepFinished(s.name, now)
-			// The next step's intent rides on this step's checkpoint, and
-			// so does its start (the dashboard's timeline).
-			f.st.Intent, f.notStarted = nextIntent(f), true
-			if f.st.Intent != nil {
-				f.st.stepStarted(f.st.Intent.Step, now)
-			}
-		}
-		if out.kind == outOK && s.handoff == HandOffAfter && pending > 0 && x.canHandOff() {
-			f.st.Intent = nil
-			if err := x.handOff(ctx, s.name, "after"); err != nil {
+		if w := x.wave(f, s); w != nil {
+			started, err := x.runWave(ctx, f, w)
+			if err != nil {
 				return nil, err
 			}
-			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
-		}
-		switch out.kind {
-		case outOK, outSkip:
-			// The last step's record rides on the terminal write.
-			if pending > 0 || !f.root {
-				if err := x.checkpoint(ctx); err != nil {
-					return nil, err
+			if started {
+				for _, t := range waveOrder(f, w) {
+					f.st.takeInflight(t.name)
+					f.st.Intent, f.notStarted = &intentRec{Step: t.name, Attempt: 1}, true
+					res, stop, err := x.stepInFrame(ctx, f, t, &pending)
+					if stop || err != nil {
+						f.prefetch = nil
+						return res, err
+					}
 				}
+				continue
 			}
-		case outHalt:
-			f.st.stopped(s.name, StopHalted)
-			f.st.Intent = nil
-			f.st.Status, f.st.Reason = StatusHalted, out.reason
-			return x.finish(ctx, f, EventRunHalted)
-		case outCancel:
-			return x.startRollback(ctx, f, TriggerUndo, "", out.failure, nil)
-		case outFail:
-			// The failing step is compensated as the rollback's trigger.
-			f.st.stopped(s.name, StopFailed)
-			f.st.Intent = nil
-			return x.startRollback(ctx, f, TriggerFailure, s.name, out.failure, out.err)
+		}
+		res, stop, err := x.stepInFrame(ctx, f, s, &pending)
+		if stop || err != nil {
+			return res, err
 		}
 	}
 	f.st.Status = StatusCompleted
@@ -456,6 +442,64 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 		f.st.Value = v
 	}
 	return x.finish(ctx, f, EventRunCompleted)
+}
+
+// stepInFrame runs step s of frame f and records its outcome; pending
+// counts f's steps not done. stop (or an error) ends the frame with res.
+func (x *execution) stepInFrame(ctx context.Context, f *frame, s *stepDef, pending *int) (res *frameResult, stop bool, err error) {
+	{
+		if f.prefetch[s.name] == nil {
+			f.st.stepStarted(s.name, x.e.now())
+		}
+		out, err := x.runStep(ctx, f, s)
+		if err != nil {
+			return nil, true, err
+		}
+		*pending--
+		if out.kind == outOK || out.kind == outSkip {
+			now := x.e.now()
+			f.st.stepFinished(s.name, now)
+			// The next step's intent rides on this step's checkpoint, and
+			// so does its start (the dashboard's timeline).
+			f.st.Intent, f.notStarted = nextIntent(f), true
+			if f.st.Intent != nil {
+				f.st.stepStarted(f.st.Intent.Step, now)
+			}
+		}
+		if out.kind == outOK && s.handoff == HandOffAfter && *pending > 0 && x.canHandOff() {
+			f.st.Intent = nil
+			if err := x.handOff(ctx, s.name, "after"); err != nil {
+				return nil, true, err
+			}
+			res, err := x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
+			return res, true, err
+		}
+		switch out.kind {
+		case outOK, outSkip:
+			// The last step's record rides on the terminal write.
+			if *pending > 0 || !f.root {
+				if err := x.checkpoint(ctx); err != nil {
+					return nil, true, err
+				}
+			}
+		case outHalt:
+			f.st.stopped(s.name, StopHalted)
+			f.st.Intent = nil
+			f.st.Status, f.st.Reason = StatusHalted, out.reason
+			res, err := x.finish(ctx, f, EventRunHalted)
+			return res, true, err
+		case outCancel:
+			res, err := x.startRollback(ctx, f, TriggerUndo, "", out.failure, nil)
+			return res, true, err
+		case outFail:
+			// The failing step is compensated as the rollback's trigger.
+			f.st.stopped(s.name, StopFailed)
+			f.st.Intent = nil
+			res, err := x.startRollback(ctx, f, TriggerFailure, s.name, out.failure, out.err)
+			return res, true, err
+		}
+	}
+	return nil, false, nil
 }
 
 func (x *execution) canHandOff() bool { return !x.inWorker && x.e.cfg.Enqueuer != nil }
@@ -617,26 +661,35 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 			}
 			return stepOutcome{}, err
 		}
-		x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt})
+		pre := f.prefetch[s.name]
+		delete(f.prefetch, s.name)
+		if pre == nil {
+			x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt})
+		}
 		began := time.Now()
 		startedAt := x.e.now()
 		var val Raw
 		f.notStarted = false
-		if hook := failpoints.beforeStepRun; hook != nil {
-			hook(x.st.ID, path, attempt)
-		}
 		var effects *effectRecorder
-		if s.guard != nil {
-			effects = &effectRecorder{guard: s.guard}
-		}
-		err = x.call(ctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt}, s.timeout, func(cctx context.Context) error {
-			if effects != nil {
-				cctx = context.WithValue(cctx, effectKey{}, effects)
+		if pre != nil {
+			// Called in a wave (concurrent.go): its first attempt's outcome.
+			val, err, began, startedAt = pre.val, pre.err, pre.began, pre.startedAt
+		} else {
+			if hook := failpoints.beforeStepRun; hook != nil {
+				hook(x.st.ID, path, attempt)
 			}
-			var rerr error
-			val, rerr = s.run(cctx, args)
-			return rerr
-		})
+			if s.guard != nil {
+				effects = &effectRecorder{guard: s.guard}
+			}
+			err = x.call(ctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt}, s.timeout, func(cctx context.Context) error {
+				if effects != nil {
+					cctx = context.WithValue(cctx, effectKey{}, effects)
+				}
+				var rerr error
+				val, rerr = s.run(cctx, args)
+				return rerr
+			})
+		}
 		holds.release(ctx)
 		// After a lost lock nothing the step returned counts: no record, no
 		// compensation. Another process owns the run.

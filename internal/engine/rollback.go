@@ -878,12 +878,26 @@ func (s *stepDef) childDef() *Definition {
 // rollback must compensate it rather than forget it. Its arguments are
 // resolved now; they depend only on what completed before it.
 func pushInterrupted(d *Definition, st *runState) {
+	// A wave's steps called at once whose outcomes were not recorded
+	// (concurrent.go) are cut short the same way, each.
+	inflight := st.Inflight
+	st.Inflight = nil
+	for _, in := range inflight {
+		if _, done := st.Steps[in.Step]; done || (st.Intent != nil && st.Intent.Step == in.Step) {
+			continue
+		}
+		pushInterruptedStep(d, st, in)
+	}
 	in := st.Intent
 	if in == nil {
 		return
 	}
-	st.stopped(in.Step, StopInterrupted)
 	st.Intent = nil
+	pushInterruptedStep(d, st, in)
+}
+
+func pushInterruptedStep(d *Definition, st *runState, in *intentRec) {
+	st.stopped(in.Step, StopInterrupted)
 	e := &LedgerEntry{Step: in.Step, Status: RollbackPending, Interrupted: true}
 	if d != nil {
 		if s := d.byName[in.Step]; s != nil {

@@ -158,3 +158,28 @@ func (h *limitHolds) leave(ctx context.Context, x *execution, err error) {
 		}
 	}
 }
+
+// placeOrdered takes run st's place in the queue of each Ordered run limit
+// of def, at enqueue: scored by its creation time, as its first execution
+// would. A place not renewed within the limit's lease (the run waits that
+// long in asynq's queue before a worker picks it up) lapses, as a dead
+// waiter's does, so a key is never blocked by a run that does not come.
+func (e *Engine) placeOrdered(ctx context.Context, def *Definition, st *runState) error {
+	for _, l := range def.runLimits {
+		if !l.Ordered {
+			continue
+		}
+		key := ""
+		if l.Key != nil {
+			k, err := l.Key(Args(st.Inputs))
+			if err != nil {
+				return fmt.Errorf("reactor: run %s: key of run limit %q: %w", st.ID, l.Name, err)
+			}
+			key = k
+		}
+		if err := e.store.PlaceOrdered(ctx, e.store.Keys().Slots(l.Name, key), st.ID+"|"+runPath, st.CreatedAt, l.lease()); err != nil {
+			return err
+		}
+	}
+	return nil
+}

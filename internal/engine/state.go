@@ -84,6 +84,9 @@ type runState struct {
 	// and Pauses numbers the run's pauses (interrupt.go).
 	Pause  *pauseRec `msgpack:"pz,omitempty"`
 	Pauses int       `msgpack:"pzn,omitempty"`
+	// Inflight are the intents of a wave of steps called at once
+	// (MaxConcurrency, concurrent.go) whose outcomes are not recorded yet.
+	Inflight []*intentRec `msgpack:"ifl,omitempty"`
 	// RunAdmitted: the run's own rate limits admitted it (RunLimits),
 	// once; later executions take only their slots.
 	RunAdmitted bool `msgpack:"rla,omitempty"`

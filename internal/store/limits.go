@@ -263,3 +263,24 @@ func (s *Store) FairCounts(ctx context.Context, key string) (map[string]int, err
 	}
 	return out, nil
 }
+
+var (
+	//go:embed lua/place.lua
+	placeSrc    string
+	placeScript = redis.NewScript(placeSrc)
+)
+
+// PlaceOrdered takes waiter's place in ordered semaphore key's queue
+// (key+":q", scored by place; key+":qs", last seen) without trying for a
+// slot: a run's place, taken at enqueue (place.lua). An existing place is
+// kept.
+func (s *Store) PlaceOrdered(ctx context.Context, key, waiter string, place int64, lease time.Duration) error {
+	keep := 4 * max(lease, time.Millisecond) // as ordered.lua keeps the queue
+	err := rideOut(ctx, func() error {
+		return placeScript.Run(ctx, s.rdb, []string{key + ":q", key + ":qs"}, waiter, place, keep.Milliseconds()).Err()
+	})
+	if err != nil {
+		return fmt.Errorf("store: ordered place: %w", err)
+	}
+	return nil
+}
