@@ -416,10 +416,15 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 				return nil, err
 			}
 			if started {
-				for _, t := range waveOrder(f, w) {
+				order := waveOrder(f, w)
+				for i, t := range order {
 					f.st.takeInflight(t.name)
 					f.st.Intent, f.notStarted = &intentRec{Step: t.name, Attempt: 1}, true
-					res, stop, err := x.stepInFrame(ctx, f, t, &pending)
+					// The wave's successes share one checkpoint, the last
+					// one's: a crash before it leaves them in Inflight, run
+					// again (at least once, as any step cut short).
+					batch := i+1 < len(order) && f.prefetch[t.name].err == nil && f.prefetch[order[i+1].name].err == nil
+					res, stop, err := x.stepInFrame(ctx, f, t, &pending, batch)
 					if stop || err != nil {
 						f.prefetch = nil
 						return res, err
@@ -428,7 +433,7 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 				continue
 			}
 		}
-		res, stop, err := x.stepInFrame(ctx, f, s, &pending)
+		res, stop, err := x.stepInFrame(ctx, f, s, &pending, false)
 		if stop || err != nil {
 			return res, err
 		}
@@ -446,7 +451,8 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 
 // stepInFrame runs step s of frame f and records its outcome; pending
 // counts f's steps not done. stop (or an error) ends the frame with res.
-func (x *execution) stepInFrame(ctx context.Context, f *frame, s *stepDef, pending *int) (res *frameResult, stop bool, err error) {
+// batch leaves a success's checkpoint to the next step's.
+func (x *execution) stepInFrame(ctx context.Context, f *frame, s *stepDef, pending *int, batch bool) (res *frameResult, stop bool, err error) {
 	{
 		if f.prefetch[s.name] == nil {
 			f.st.stepStarted(s.name, x.e.now())
@@ -477,7 +483,7 @@ func (x *execution) stepInFrame(ctx context.Context, f *frame, s *stepDef, pendi
 		switch out.kind {
 		case outOK, outSkip:
 			// The last step's record rides on the terminal write.
-			if *pending > 0 || !f.root {
+			if (*pending > 0 || !f.root) && !batch {
 				if err := x.checkpoint(ctx); err != nil {
 					return nil, true, err
 				}
