@@ -109,6 +109,8 @@ func TestWorkerProcess(t *testing.T) {
 		return
 	case "limit-kill":
 		def, level = limitKillDefinition(rdb, prefix, true), slog.LevelError
+	case "wave-kill":
+		def, cfg.LockExpiry, level = waveKillDefinition(rdb, prefix, true), limitKillLease, slog.LevelError
 	case "ordered-kill":
 		def, cfg.LockExpiry, level = orderedKillDefinition(rdb, prefix, true), limitKillLease, slog.LevelError
 	case "rbmap":
