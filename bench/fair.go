@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -227,37 +226,11 @@ func (b *bench) fairCase(ctx context.Context, r *fairReport, fair bool) (fairCas
 	if err != nil {
 		return out, err
 	}
-	var stops []func() error
-	defer func() {
-		for _, s := range stops {
-			if serr := s(); serr != nil {
-				b.log.Warn("stop a worker", "error", serr)
-			}
-		}
-	}()
-	log := slog.New(slog.NewTextHandler(b.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	for i := range r.WorkerSets {
-		conc := c.workers / r.WorkerSets
-		if i < c.workers%r.WorkerSets {
-			conc++
-		}
-		rdb := b.tgt.client(2*conc + 4)
-		e, err := newEngine(rdb)
-		if err != nil {
-			_ = rdb.Close()
-			return out, err
-		}
-		wk := worker.New(e, rdb, worker.Config{Concurrency: conc, Queues: map[string]int{b.queue: 1}, ShutdownTimeout: shutdownGrace, Logger: log})
-		if err := wk.Start(ctx); err != nil {
-			_ = rdb.Close()
-			return out, fmt.Errorf("start a worker: %w", err)
-		}
-		stops = append(stops, func() error {
-			sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
-			defer cancel()
-			return errors.Join(wk.Stop(sctx), rdb.Close())
-		})
+	stopWorkers, err := b.workerSets(ctx, r.WorkerSets, newEngine)
+	if err != nil {
+		return out, err
 	}
+	defer stopWorkers()
 	k := keys.New(b.prefix)
 	slots := k.Slots(name, "")
 	if fair {

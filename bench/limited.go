@@ -288,37 +288,11 @@ func (b *bench) limitedRun(ctx context.Context) (*limitedReport, error) {
 	if err != nil {
 		return nil, err
 	}
-	var stops []func() error
-	defer func() {
-		for _, s := range stops {
-			if serr := s(); serr != nil {
-				b.log.Warn("stop a worker", "error", serr)
-			}
-		}
-	}()
-	log := slog.New(slog.NewTextHandler(b.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	for i := range r.WorkerSets {
-		conc := c.workers / r.WorkerSets
-		if i < c.workers%r.WorkerSets {
-			conc++
-		}
-		rdb := b.tgt.client(2*conc + 4)
-		e, err := newEngine(rdb)
-		if err != nil {
-			_ = rdb.Close()
-			return nil, err
-		}
-		wk := worker.New(e, rdb, worker.Config{Concurrency: conc, Queues: map[string]int{b.queue: 1}, ShutdownTimeout: shutdownGrace, Logger: log})
-		if err := wk.Start(ctx); err != nil {
-			_ = rdb.Close()
-			return nil, fmt.Errorf("start a worker: %w", err)
-		}
-		stops = append(stops, func() error {
-			sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
-			defer cancel()
-			return errors.Join(wk.Stop(sctx), rdb.Close())
-		})
+	stopWorkers, err := b.workerSets(ctx, r.WorkerSets, newEngine)
+	if err != nil {
+		return nil, err
 	}
+	defer stopWorkers()
 
 	// The sampler: ZCARD of the limit's slots and of asynq's retry set,
 	// one pipelined round trip every millisecond.
@@ -449,4 +423,44 @@ func quantile(ds []time.Duration, q float64) time.Duration {
 	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
 	i := int(q*float64(len(s))+0.5) - 1
 	return s[min(max(i, 0), len(s)-1)]
+}
+
+// workerSets starts the limited runs' workers: c.workers slots split over
+// sets worker.Workers in this process, each with its engine (newEngine)
+// and Redis client, as separate processes would have. stop stops them all.
+func (b *bench) workerSets(ctx context.Context, sets int, newEngine func(redis.UniversalClient) (*reactor.Engine, error)) (stop func(), err error) {
+	var stops []func() error
+	stop = func() {
+		for _, s := range stops {
+			if serr := s(); serr != nil {
+				b.log.Warn("stop a worker", "error", serr)
+			}
+		}
+	}
+	log := slog.New(slog.NewTextHandler(b.stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	for i := range sets {
+		conc := b.cfg.workers / sets
+		if i < b.cfg.workers%sets {
+			conc++
+		}
+		rdb := b.tgt.client(2*conc + 4)
+		e, err := newEngine(rdb)
+		if err != nil {
+			_ = rdb.Close()
+			stop()
+			return nil, err
+		}
+		wk := worker.New(e, rdb, worker.Config{Concurrency: conc, Queues: map[string]int{b.queue: 1}, ShutdownTimeout: shutdownGrace, Logger: log})
+		if err := wk.Start(ctx); err != nil {
+			_ = rdb.Close()
+			stop()
+			return nil, fmt.Errorf("start a worker: %w", err)
+		}
+		stops = append(stops, func() error {
+			sctx, cancel := context.WithTimeout(context.Background(), stopTimeout)
+			defer cancel()
+			return errors.Join(wk.Stop(sctx), rdb.Close())
+		})
+	}
+	return stop, nil
 }
