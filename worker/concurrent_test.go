@@ -191,3 +191,70 @@ func TestMaxConcurrencyDefinitionErrors(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 4, d.MaxConcurrency())
 }
+
+// The rollback of a checkout whose last step fails: the step that consumed
+// the three calls is undone first, then the three at once (each undo waits
+// until all three are in), then what came before them.
+func TestConcurrentUndoOfIndependentSteps(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	var mu sync.Mutex
+	var undone []string
+	note := func(s string) {
+		mu.Lock()
+		undone = append(undone, s)
+		mu.Unlock()
+	}
+	var inUndo, most atomic.Int32
+	gate := barrier(3)
+	call := func(name string) reactor.Part {
+		return reactor.Step(name, reactor.StepConfig[reactor.Args, string]{
+			After: []string{"open"},
+			Run:   func(context.Context, reactor.Args) (string, error) { return name, nil },
+			Undo: func(ctx context.Context, _ reactor.Args, _ string) error {
+				n := inUndo.Add(1)
+				defer inUndo.Add(-1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				if err := gate(ctx, name); err != nil {
+					return err
+				}
+				note(name)
+				return nil
+			},
+		})
+	}
+	plain := func(name string, after []string, fail bool) reactor.Part {
+		return reactor.Step(name, reactor.StepConfig[reactor.Args, string]{
+			After: after,
+			Run: func(context.Context, reactor.Args) (string, error) {
+				if fail {
+					return "", reactor.Permanent(errors.New("the notice bounced"))
+				}
+				return name, nil
+			},
+			Undo: func(context.Context, reactor.Args, string) error { note(name); return nil },
+		})
+	}
+	def := reactor.MustDefine("checkout-undo", reactor.MaxConcurrency(3),
+		plain("open", nil, false), call("reserve"), call("authorize"), call("score"),
+		plain("confirm", []string{"reserve", "authorize", "score"}, false),
+		plain("notify", []string{"confirm"}, true),
+	)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e)
+	res, err := e.Enqueue(ctx, def, nil)
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, final.Status)
+	require.Empty(t, final.Failure.RollbackFailures)
+	assert.Equal(t, int32(3), most.Load(), "the three undos at once")
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, undone, 5, "%v", undone)
+	assert.Equal(t, "confirm", undone[0], "the consumer first")
+	assert.ElementsMatch(t, []string{"reserve", "authorize", "score"}, undone[1:4])
+	assert.Equal(t, "open", undone[4])
+}

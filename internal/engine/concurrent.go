@@ -189,3 +189,85 @@ func (st *runState) takeInflight(name string) *intentRec {
 	}
 	return nil
 }
+
+// Concurrent undo: a rollback of a definition with MaxConcurrency > 1
+// undoes the top entries of its stack at once when they are independent:
+// plain steps of the frame's definition with an Undo, no guard, no limits,
+// no resource, not cut short, pending, none of them depending (through
+// their arguments or After, transitively) on another of the group. Their
+// Undo functions are called at once; the outcomes are then recorded entry
+// by entry, newest first, through the path an entry takes alone
+// (undoEntry), and the pops share one checkpoint. A crash before it leaves
+// every entry of the group on the stack: each is undone again, at least
+// once, as any entry in flight is.
+
+// undone is the outcome of an Undo called in a group.
+type undone struct {
+	err       error
+	began     time.Time
+	startedAt int64
+}
+
+// dependsOn reports whether step a of d depends on step b, directly or
+// through other steps.
+func (d *Definition) dependsOn(a, b string) bool {
+	seen := map[string]bool{}
+	var walk func(name string) bool
+	walk = func(name string) bool {
+		s := d.byName[name]
+		if s == nil || seen[name] {
+			return false
+		}
+		seen[name] = true
+		for _, dep := range s.deps {
+			if dep == b || walk(dep) {
+				return true
+			}
+		}
+		return false
+	}
+	return walk(a)
+}
+
+// undoWave calls the Undo functions of the independent entries on top of
+// f's stack at once, leaving their outcomes in f.undoPre; it does nothing
+// for fewer than two.
+func (x *execution) undoWave(ctx context.Context, f *frame) {
+	if f.def.maxConc <= 1 {
+		return
+	}
+	var g []*LedgerEntry
+	var steps []*stepDef
+	for i := len(f.st.Ledger) - 1; i >= 0 && len(g) < f.def.maxConc; i-- {
+		e := f.st.Ledger[i]
+		s := f.def.byName[e.Step]
+		if s == nil || !waveable(s) || s.undo == nil || e.Interrupted || e.Resource != "" || e.Effect != nil || e.Status != RollbackPending {
+			break
+		}
+		if slices.ContainsFunc(g, func(m *LedgerEntry) bool { return f.def.dependsOn(m.Step, e.Step) }) {
+			break // a newer entry of the group consumed it: undone after it
+		}
+		g, steps = append(g, e), append(steps, s)
+	}
+	if len(g) < 2 {
+		return
+	}
+	if f.undoPre == nil {
+		f.undoPre = map[int]*undone{}
+	}
+	out := make([]*undone, len(g))
+	var wg sync.WaitGroup
+	for i, e := range g {
+		s, path := steps[i], f.path+e.Step
+		u := &undone{began: time.Now(), startedAt: x.e.now().UnixMilli()}
+		out[i] = u
+		wg.Go(func() {
+			u.err = x.callUndo(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: f.def.name, Step: path}, x.undoTimeout(s),
+				func(cctx context.Context) error { return s.undo(cctx, e.Args, e.Result) })
+		})
+	}
+	wg.Wait()
+	for i, e := range g {
+		f.undoPre[e.Ordinal] = out[i]
+	}
+}

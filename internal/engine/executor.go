@@ -77,8 +77,10 @@ type frame struct {
 	// compensate. An intent read back from Redis is never known not started.
 	notStarted bool
 	// prefetch holds the first attempts of a wave's steps, called at once
-	// and not recorded yet (concurrent.go).
+	// and not recorded yet; undoPre the outcomes of a group of undos
+	// called at once, by ledger ordinal (concurrent.go).
 	prefetch map[string]*prefetched
+	undoPre  map[int]*undone
 }
 
 // frameResult is how a frame ended when it did not hit an infrastructure

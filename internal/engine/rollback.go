@@ -141,16 +141,22 @@ func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frame
 			return nil, ErrLockLost
 		}
 		e := f.st.Ledger[len(f.st.Ledger)-1]
+		if f.undoPre[e.Ordinal] == nil {
+			x.undoWave(ctx, f) // independent entries on top, undone at once
+		}
 		// Completed steps without an Undo newer than e come first: they
 		// are reported kept (no_compensation_registered), in their turn.
 		// (A targeted undo reports only the steps it was asked for.)
 		x.reportKept(f, e.Step)
 		if err := x.undoEntry(ctx, f, f.def, e, f.path, f.key); err != nil {
+			f.undoPre = nil
 			return nil, err
 		}
 		f.st.Ledger = f.st.Ledger[:len(f.st.Ledger)-1]
-		// The last pop of the root rides on the terminal write.
-		if len(f.st.Ledger) > 0 || !f.root {
+		// The pops of a group undone at once share one checkpoint; the
+		// last pop of the root rides on the terminal write.
+		batched := len(f.st.Ledger) > 0 && f.undoPre[f.st.Ledger[len(f.st.Ledger)-1].Ordinal] != nil
+		if (len(f.st.Ledger) > 0 || !f.root) && !batched {
 			if err := x.checkpoint(ctx); err != nil {
 				return nil, err
 			}
@@ -322,15 +328,21 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 				Attempt: x.attemptOf(entryID(path, e.Ordinal)), Generation: f.st.Rollback.generation()}, e.Ordinal)
 		}
 		e.Status = RollbackCompensating
-		err = x.callUndo(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
-			if s.kind == kindConstruct {
-				cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, OwnerDefinition: x.st.Def, RunID: f.st.ID,
-					Step: path, Nested: x.element, TraceID: x.st.Trace, Sensitive: f.st.Sensitive || x.st.Sensitive, state: e.Args, gen: x.rollbackGen(),
-					windowAt: rollbackWindowAt(f), hold: func(h Held) { x.hold(path, h) }}
-				return s.construct.Undo(cctx, cc)
-			}
-			return s.undo(cctx, e.Args, e.Result)
-		})
+		if u := f.undoPre[e.Ordinal]; u != nil && d == f.def {
+			// Called in a group at once (concurrent.go).
+			delete(f.undoPre, e.Ordinal)
+			err, began, startedAt = u.err, u.began, u.startedAt
+		} else {
+			err = x.callUndo(ctx, Call{Kind: CallUndo, RunID: x.st.ID, Reactor: d.name, Step: path}, x.undoTimeout(s), func(cctx context.Context) error {
+				if s.kind == kindConstruct {
+					cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, OwnerDefinition: x.st.Def, RunID: f.st.ID,
+						Step: path, Nested: x.element, TraceID: x.st.Trace, Sensitive: f.st.Sensitive || x.st.Sensitive, state: e.Args, gen: x.rollbackGen(),
+						windowAt: rollbackWindowAt(f), hold: func(h Held) { x.hold(path, h) }}
+					return s.construct.Undo(cctx, cc)
+				}
+				return s.undo(cctx, e.Args, e.Result)
+			})
+		}
 		// An undo cut short by the caller or a lost lock stays on the stack
 		// (pending) for whoever resumes the rollback.
 		if ierr := rollbackInterrupted(ctx); ierr != nil {
