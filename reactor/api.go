@@ -254,6 +254,26 @@ type Held = engine.Held
 // and interrupts run alone. A step's retries run alone too.
 func MaxConcurrency(n int) Part { return engine.MaxConcurrency(n) }
 
+// WavePolicy is what the other steps of a wave do when one of them fails
+// for good (a permanent error, or its last attempt).
+//
+//	type WavePolicy int
+type WavePolicy = engine.WavePolicy
+
+const (
+	// WaitForWave lets them run to their end (the default): those that
+	// complete are undone with the rest of the run.
+	WaitForWave = engine.WaitForWave
+	// CancelWave cancels their contexts: a step that returns, cut short,
+	// is compensated as a step cut short (its Compensate, if it has one);
+	// one that completes anyway is undone.
+	CancelWave = engine.CancelWave
+)
+
+// OnWaveFailure sets what the steps of a wave do when one of them fails
+// for good (see WavePolicy). It needs MaxConcurrency above 1.
+func OnWaveFailure(p WavePolicy) Part { return engine.OnWaveFailure(p) }
+
 // Construct is a step kind with a protocol of its own, declared with
 // ConstructStep. Package mapstep implements map steps with it; reactor knows
 // nothing of maps.

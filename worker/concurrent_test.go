@@ -28,7 +28,7 @@ type checkout struct {
 	fail           string
 }
 
-func (c *checkout) def(conc int) *reactor.Definition {
+func (c *checkout) def(conc int, extra ...reactor.Part) *reactor.Definition {
 	call := func(name string) reactor.Part {
 		return reactor.Step(name, reactor.StepConfig[reactor.Args, string]{
 			After: []string{"open"},
@@ -89,7 +89,7 @@ func (c *checkout) def(conc int) *reactor.Definition {
 	if conc > 0 {
 		parts = append(parts, reactor.MaxConcurrency(conc))
 	}
-	return reactor.MustDefine("checkout", parts...)
+	return reactor.MustDefine("checkout", append(parts, extra...)...)
 }
 
 // barrier returns a gate that holds every caller until n have arrived (or
@@ -187,6 +187,8 @@ func TestMaxConcurrencyDefinitionErrors(t *testing.T) {
 	assert.ErrorContains(t, err, "at least 1")
 	_, err = reactor.Define("bad", step, reactor.MaxConcurrency(2), reactor.MaxConcurrency(3))
 	assert.ErrorContains(t, err, "declared twice")
+	_, err = reactor.Define("bad", step, reactor.MaxConcurrency(2), reactor.OnWaveFailure(reactor.WavePolicy(9)))
+	assert.ErrorContains(t, err, "not a WavePolicy")
 	d, err := reactor.Define("ok", step, reactor.MaxConcurrency(4))
 	require.NoError(t, err)
 	assert.Equal(t, 4, d.MaxConcurrency())
@@ -257,4 +259,35 @@ func TestConcurrentUndoOfIndependentSteps(t *testing.T) {
 	assert.Equal(t, "confirm", undone[0], "the consumer first")
 	assert.ElementsMatch(t, []string{"reserve", "authorize", "score"}, undone[1:4])
 	assert.Equal(t, "open", undone[4])
+}
+
+// OnWaveFailure(CancelWave): when one call of the wave fails for good, the
+// others' contexts are cancelled: they stop (each would otherwise wait for
+// ever), the failed call is compensated as the rollback's trigger, the
+// cancelled ones as steps cut short, and what came before is undone.
+func TestConcurrentWaveCancelledOnFailure(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	c := &checkout{fail: "authorize"}
+	c.gate = func(ctx context.Context, name string) error {
+		if name == c.fail {
+			return nil
+		}
+		<-ctx.Done() // only a cancel ends it
+		return ctx.Err()
+	}
+	def := c.def(3, reactor.OnWaveFailure(reactor.CancelWave))
+	e := f.engine("in-process")
+	require.NoError(t, e.Register(def))
+	res, err := e.Run(ctx, def, nil)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, res.Status)
+	require.Equal(t, "authorize", res.Failure.Step)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	assert.NotContains(t, c.entered, "confirm")
+	assert.Equal(t, "authorize", c.compensated[0], "the failed call first, as the trigger")
+	assert.ElementsMatch(t, []string{"authorize", "reserve", "score"}, c.compensated, "the cancelled calls as cut short")
+	assert.Equal(t, []string{"open"}, c.undone, "nothing of the wave completed; what came before is undone")
+	assert.Empty(t, res.Failure.RollbackFailures)
 }

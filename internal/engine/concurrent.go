@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -48,6 +49,32 @@ func MaxConcurrency(n int) Part {
 // declared).
 func (d *Definition) MaxConcurrency() int { return max(1, d.maxConc) }
 
+// WavePolicy is what the other steps of a wave do when one of them fails
+// for good (a permanent error, or its last attempt).
+type WavePolicy int
+
+const (
+	// WaitForWave lets them run to their end (the default): those that
+	// complete are undone with the rest of the run.
+	WaitForWave WavePolicy = iota
+	// CancelWave cancels their contexts: a step that returns, cut short,
+	// is compensated as a step cut short (its Compensate, if it has one);
+	// one that completes anyway is undone.
+	CancelWave
+)
+
+// OnWaveFailure sets what the steps of a wave do when one of them fails
+// for good (see WavePolicy). It needs MaxConcurrency above 1.
+func OnWaveFailure(p WavePolicy) Part {
+	return partFunc(func(d *Definition) error {
+		if p != WaitForWave && p != CancelWave {
+			return &DefinitionError{Reactor: d.name, Reason: fmt.Sprintf("OnWaveFailure: %d is not a WavePolicy", p)}
+		}
+		d.wavePolicy = p
+		return nil
+	})
+}
+
 // waveable reports whether s may run in a wave.
 func waveable(s *stepDef) bool {
 	return s.kind == kindPlain && len(s.limits) == 0 && s.guard == nil && s.handoff == NoHandOff
@@ -59,6 +86,9 @@ type prefetched struct {
 	err       error
 	began     time.Time // wall clock, for durations
 	startedAt time.Time // the engine's clock, for the attempt log
+	// cut: it returned an error after a failed sibling cancelled the wave
+	// (CancelWave); its outcome is not recorded as an attempt.
+	cut bool
 }
 
 // wave returns the steps that may run at once from s: s and the steps
@@ -134,6 +164,13 @@ func (x *execution) runWave(ctx context.Context, f *frame, w []*stepDef) (bool, 
 		f.prefetch = map[string]*prefetched{}
 	}
 	out := make([]*prefetched, len(w))
+	wctx, cancelWave := ctx, context.CancelFunc(func() {})
+	if f.def.wavePolicy == CancelWave {
+		wctx, cancelWave = context.WithCancel(ctx)
+	}
+	defer cancelWave()
+	var mu sync.Mutex
+	failed := false
 	var wg sync.WaitGroup
 	for i, s := range w {
 		path := f.path + s.name
@@ -144,11 +181,28 @@ func (x *execution) runWave(ctx context.Context, f *frame, w []*stepDef) (bool, 
 		p := &prefetched{began: time.Now(), startedAt: x.e.now()}
 		out[i] = p
 		wg.Go(func() {
-			p.err = x.call(ctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1}, s.timeout, func(cctx context.Context) error {
+			p.err = x.call(wctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1}, s.timeout, func(cctx context.Context) error {
 				var rerr error
 				p.val, rerr = s.run(cctx, args[i])
 				return rerr
 			})
+			if p.err == nil {
+				return
+			}
+			var halt *haltError
+			var skip *skipError
+			if errors.As(p.err, &halt) || errors.As(p.err, &skip) {
+				return // not a failure
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			switch {
+			case failed && wctx.Err() != nil && ctx.Err() == nil:
+				p.cut = true // cancelled by a sibling's failure
+			case IsPermanent(p.err) || s.retry.attempts() <= 1:
+				failed = true
+				cancelWave()
+			}
 		})
 	}
 	wg.Wait()
@@ -162,16 +216,19 @@ func (x *execution) runWave(ctx context.Context, f *frame, w []*stepDef) (bool, 
 // first (in the definition's order), then the rest.
 func waveOrder(f *frame, w []*stepDef) []*stepDef {
 	out := slices.Clone(w)
-	ok := func(s *stepDef) bool { p := f.prefetch[s.name]; return p != nil && p.err == nil }
-	slices.SortStableFunc(out, func(a, b *stepDef) int {
-		switch {
-		case ok(a) && !ok(b):
-			return -1
-		case !ok(a) && ok(b):
-			return 1
+	// 0: completed, 1: failed, 2: cut short by a sibling's failure (never
+	// recorded: the failure before it rolls back, and it is compensated
+	// as cut short).
+	rank := func(s *stepDef) int {
+		switch p := f.prefetch[s.name]; {
+		case p == nil || p.err == nil:
+			return 0
+		case p.cut:
+			return 2
 		}
-		return 0
-	})
+		return 1
+	}
+	slices.SortStableFunc(out, func(a, b *stepDef) int { return rank(a) - rank(b) })
 	return out
 }
 

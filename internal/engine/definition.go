@@ -38,6 +38,8 @@ type Definition struct {
 	// maxConc is how many independent steps may run at once
 	// (MaxConcurrency; 0: one at a time).
 	maxConc int
+	// wavePolicy is what a wave's steps do when one fails (OnWaveFailure).
+	wavePolicy WavePolicy
 }
 
 // Name returns the definition's name.
