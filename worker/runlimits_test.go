@@ -249,3 +249,36 @@ func TestRunLimitsDefinitionErrors(t *testing.T) {
 		assert.Contains(t, err.Error(), want)
 	}
 }
+
+// A run waiting for its run lock (the holder paused) can be cancelled at
+// once: it never ran under the lock, so its cancel does not wait for it;
+// the holder keeps the lock.
+func TestRunLockWaiterCanBeCancelled(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	def := reactor.MustDefine("guarded-sync",
+		reactor.Input[string]("id", reactor.Required()),
+		reactor.RunLimits(reactor.Lock("sync", nil)),
+		reactor.Interrupt("hold", reactor.InterruptConfig[reactor.Args, string]{}),
+	)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e)
+	_, err := e.Enqueue(ctx, def, map[string]any{"id": "holder"}, reactor.WithRunID("sync-holder"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		run, err := e.Get(ctx, "sync-holder")
+		return err == nil && run.Status == reactor.StatusPaused
+	}, 10*time.Second, 5*time.Millisecond)
+	_, err = e.Enqueue(ctx, def, map[string]any{"id": "waiter"}, reactor.WithRunID("sync-waiter"))
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return f.events.ran("sync-waiter", reactor.EventLimitWaited) },
+		10*time.Second, 5*time.Millisecond, "the second run waits for the lock")
+	require.NoError(t, e.Cancel(ctx, "sync-waiter"))
+	final, err := e.Wait(ctx, "sync-waiter")
+	require.NoError(t, err)
+	assert.Equal(t, reactor.StatusCancelled, final.Status)
+	zs := f.rdb.ZRangeWithScores(ctx, f.prefix+":{lim:sync:}", 0, -1).Val()
+	require.Len(t, zs, 1, "the holder keeps the lock")
+	assert.Contains(t, zs[0].Member, "sync-holder|")
+}

@@ -29,6 +29,9 @@ type execution struct {
 	version int64
 	indexed Status // the status the listing indexes hold for this run
 	cancel  bool   // a cancel was requested (seen on a fenced write)
+	// undoing: the execution is an undo on request (Cancel, Undo); a run
+	// that never took its run limits undoes without them (runlimits.go).
+	undoing bool
 	// inWorker: executing as a worker does; hand-off points are passed
 	// through, and an ended context leaves the run for redelivery.
 	inWorker bool

@@ -92,6 +92,7 @@ func (x *execution) startRollback(ctx context.Context, f *frame, trigger Rollbac
 
 // undo rolls back a finished root run on request; it ends cancelled.
 func (x *execution) undo(ctx context.Context, msg string) (*Result, error) {
+	x.undoing = true
 	return x.traceRun(ctx, func(ctx context.Context) (*Result, error) { return x.undoTraced(ctx, msg) })
 }
 

@@ -93,7 +93,20 @@ func (x *execution) withRunLimits(ctx context.Context, fn func(context.Context) 
 	if x.def == nil || len(x.def.runLimits) == 0 {
 		return fn(ctx)
 	}
+	if x.undoing && !x.st.RunAdmitted {
+		// Cancelled before it ever ran under its limits (waiting for them,
+		// or still queued): nothing it did needs them to be undone.
+		return fn(ctx)
+	}
 	h, err := x.takeRunLimits(ctx)
+	if _, full := errors.AsType[*LimitError](err); full && !x.st.RunAdmitted {
+		if cancelled, _ := x.cancelRequested(ctx); cancelled {
+			// Cancelled while it waits for its limits, before it ever ran
+			// under them: it rolls back (nothing to undo) without them,
+			// before any step runs (x.cancel is set).
+			return fn(ctx)
+		}
+	}
 	if err != nil {
 		_ = x.lease.Release(context.WithoutCancel(ctx))
 		if le, ok := errors.AsType[*LimitError](err); ok {
