@@ -42,6 +42,36 @@ func limitKillDefinition(rdb redis.UniversalClient, prefix string, hang bool) *r
 	)
 }
 
+// killEnv is a kill test's Redis, prefix, queue and an engine in this
+// process with def registered (the parent's side of startWorkerProcess).
+type killEnv struct {
+	rdb           redis.UniversalClient
+	prefix, queue string
+	ctx           context.Context
+	eng           *reactor.Engine
+	def           *reactor.Definition
+}
+
+func newKillEnv(t *testing.T, timeout time.Duration, def func(rdb redis.UniversalClient, prefix string) *reactor.Definition) *killEnv {
+	t.Helper()
+	k := &killEnv{rdb: redistest.Client(t), prefix: redistest.Prefix(t), queue: redistest.Queue(t), ctx: ctxTimeout(t, timeout)}
+	var err error
+	k.eng, err = reactor.NewEngine(k.ctx, reactor.Config{Client: k.rdb, Prefix: k.prefix, Enqueuer: worker.NewClient(k.rdb, k.queue), Logger: discard})
+	require.NoError(t, err)
+	k.def = def(k.rdb, k.prefix)
+	require.NoError(t, k.eng.Register(k.def))
+	return k
+}
+
+// startWorker starts a worker of conc slots (0: the default) in this
+// process, stopped at the test's end.
+func (k *killEnv) startWorker(t *testing.T, conc int) {
+	t.Helper()
+	w := worker.New(k.eng, k.rdb, worker.Config{Queues: map[string]int{k.queue: 1}, Concurrency: conc, Logger: discard})
+	require.NoError(t, w.Start(k.ctx))
+	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+}
+
 // A worker process killed (SIGKILL) while its step holds a limit's lock
 // leaves the slot behind; it is reclaimed when its lease ends, and not
 // before: a run of another process waiting for the lock gets it then.
@@ -50,17 +80,13 @@ func TestKilledHoldersLimitSlotIsReclaimedByItsLease(t *testing.T) {
 		t.Skip("kills a worker process")
 	}
 	t.Parallel()
-	rdb := redistest.Client(t)
-	prefix := redistest.Prefix(t)
-	queue := redistest.Queue(t)
-	ctx := ctxTimeout(t, 40*time.Second)
-	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: prefix, Enqueuer: worker.NewClient(rdb, queue), Logger: discard})
-	require.NoError(t, err)
-	def := limitKillDefinition(rdb, prefix, false)
-	require.NoError(t, eng.Register(def))
+	k := newKillEnv(t, 40*time.Second, func(rdb redis.UniversalClient, prefix string) *reactor.Definition {
+		return limitKillDefinition(rdb, prefix, false)
+	})
+	rdb, prefix, queue, ctx, eng, def := k.rdb, k.prefix, k.queue, k.ctx, k.eng, k.def
 
 	first := startWorkerProcess(t, prefix, queue, workerSpec{set: "limit-kill"})
-	_, err = eng.Enqueue(ctx, def, map[string]any{"who": "first"}, reactor.WithRunID("lk-first"))
+	_, err := eng.Enqueue(ctx, def, map[string]any{"who": "first"}, reactor.WithRunID("lk-first"))
 	require.NoError(t, err)
 	require.Equal(t, "holding:first", first.await(ctx, rdb, prefix+":signal", 30*time.Second))
 	slots := prefix + ":{lim:kill-lock:}"
@@ -72,9 +98,7 @@ func TestKilledHoldersLimitSlotIsReclaimedByItsLease(t *testing.T) {
 	require.NoError(t, err)
 
 	// A second run, on a worker of this process, waits for the lock.
-	w := worker.New(eng, rdb, worker.Config{Queues: map[string]int{queue: 1}, Logger: discard})
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	k.startWorker(t, 0)
 	_, err = eng.Enqueue(ctx, def, map[string]any{"who": "second"}, reactor.WithRunID("lk-second"))
 	require.NoError(t, err)
 	got, err := rdb.BLPop(ctx, 20*time.Second, prefix+":signal").Result()
@@ -126,17 +150,13 @@ func TestOrderedRunLockAcrossAWorkerKill(t *testing.T) {
 		t.Skip("kills a worker process")
 	}
 	t.Parallel()
-	rdb := redistest.Client(t)
-	prefix := redistest.Prefix(t)
-	queue := redistest.Queue(t)
-	ctx := ctxTimeout(t, 60*time.Second)
-	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: prefix, Enqueuer: worker.NewClient(rdb, queue), Logger: discard})
-	require.NoError(t, err)
-	def := orderedKillDefinition(rdb, prefix, false)
-	require.NoError(t, eng.Register(def))
+	k := newKillEnv(t, 60*time.Second, func(rdb redis.UniversalClient, prefix string) *reactor.Definition {
+		return orderedKillDefinition(rdb, prefix, false)
+	})
+	rdb, prefix, queue, ctx, eng, def := k.rdb, k.prefix, k.queue, k.ctx, k.eng, k.def
 
 	first := startWorkerProcess(t, prefix, queue, workerSpec{set: "ordered-kill"})
-	_, err = eng.Enqueue(ctx, def, map[string]any{"who": "ok-0"}, reactor.WithRunID("ok-0"))
+	_, err := eng.Enqueue(ctx, def, map[string]any{"who": "ok-0"}, reactor.WithRunID("ok-0"))
 	require.NoError(t, err)
 	require.Equal(t, "ok-0", first.await(ctx, rdb, prefix+":signal", 30*time.Second))
 	first.kill()
@@ -148,9 +168,7 @@ func TestOrderedRunLockAcrossAWorkerKill(t *testing.T) {
 		require.NoError(t, err)
 		ids = append(ids, id)
 	}
-	w := worker.New(eng, rdb, worker.Config{Queues: map[string]int{queue: 1}, Concurrency: 8, Logger: discard})
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	k.startWorker(t, 8)
 	sw := newEagerSweeper(t, ctx, eng)
 
 	var got []string

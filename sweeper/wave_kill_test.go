@@ -9,9 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/goreactor/goreactor/internal/redistest"
 	"github.com/goreactor/goreactor/reactor"
-	"github.com/goreactor/goreactor/worker"
 )
 
 // waveKillDefinition: three independent calls run at once (MaxConcurrency
@@ -56,17 +54,13 @@ func TestWaveInFlightSurvivesAWorkerKill(t *testing.T) {
 		t.Skip("kills a worker process")
 	}
 	t.Parallel()
-	rdb := redistest.Client(t)
-	prefix := redistest.Prefix(t)
-	queue := redistest.Queue(t)
-	ctx := ctxTimeout(t, 60*time.Second)
-	eng, err := reactor.NewEngine(ctx, reactor.Config{Client: rdb, Prefix: prefix, Enqueuer: worker.NewClient(rdb, queue), Logger: discard})
-	require.NoError(t, err)
-	def := waveKillDefinition(rdb, prefix, false)
-	require.NoError(t, eng.Register(def))
+	k := newKillEnv(t, 60*time.Second, func(rdb redis.UniversalClient, prefix string) *reactor.Definition {
+		return waveKillDefinition(rdb, prefix, false)
+	})
+	rdb, prefix, queue, ctx, eng, def := k.rdb, k.prefix, k.queue, k.ctx, k.eng, k.def
 
 	first := startWorkerProcess(t, prefix, queue, workerSpec{set: "wave-kill", concurrency: 2})
-	_, err = eng.Enqueue(ctx, def, nil, reactor.WithRunID("wk-1"))
+	_, err := eng.Enqueue(ctx, def, nil, reactor.WithRunID("wk-1"))
 	require.NoError(t, err)
 	got := map[string]bool{}
 	for range 3 {
@@ -75,9 +69,7 @@ func TestWaveInFlightSurvivesAWorkerKill(t *testing.T) {
 	require.Equal(t, map[string]bool{"reserve": true, "authorize": true, "score": true}, got, "three calls in flight at once")
 	first.kill()
 
-	w := worker.New(eng, rdb, worker.Config{Queues: map[string]int{queue: 1}, Logger: discard})
-	require.NoError(t, w.Start(ctx))
-	t.Cleanup(func() { _ = w.Stop(context.Background()) })
+	k.startWorker(t, 0)
 	sw := newEagerSweeper(t, ctx, eng)
 	final, err := eng.Wait(ctx, "wk-1")
 	require.NoError(t, err)

@@ -458,57 +458,55 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 // counts f's steps not done. stop (or an error) ends the frame with res.
 // batch leaves a success's checkpoint to the next step's.
 func (x *execution) stepInFrame(ctx context.Context, f *frame, s *stepDef, pending *int, batch bool) (res *frameResult, stop bool, err error) {
-	{
-		if f.prefetch[s.name] == nil {
-			f.st.stepStarted(s.name, x.e.now())
+	if f.prefetch[s.name] == nil {
+		f.st.stepStarted(s.name, x.e.now())
+	}
+	out, err := x.runStep(ctx, f, s)
+	if err != nil {
+		return nil, true, err
+	}
+	*pending--
+	if out.kind == outOK || out.kind == outSkip {
+		now := x.e.now()
+		f.st.stepFinished(s.name, now)
+		// The next step's intent rides on this step's checkpoint, and
+		// so does its start (the dashboard's timeline).
+		f.st.Intent, f.notStarted = nextIntent(f), true
+		if f.st.Intent != nil {
+			f.st.stepStarted(f.st.Intent.Step, now)
 		}
-		out, err := x.runStep(ctx, f, s)
-		if err != nil {
+	}
+	if out.kind == outOK && s.handoff == HandOffAfter && *pending > 0 && x.canHandOff() {
+		f.st.Intent = nil
+		if err := x.handOff(ctx, s.name, "after"); err != nil {
 			return nil, true, err
 		}
-		*pending--
-		if out.kind == outOK || out.kind == outSkip {
-			now := x.e.now()
-			f.st.stepFinished(s.name, now)
-			// The next step's intent rides on this step's checkpoint, and
-			// so does its start (the dashboard's timeline).
-			f.st.Intent, f.notStarted = nextIntent(f), true
-			if f.st.Intent != nil {
-				f.st.stepStarted(f.st.Intent.Step, now)
-			}
-		}
-		if out.kind == outOK && s.handoff == HandOffAfter && *pending > 0 && x.canHandOff() {
-			f.st.Intent = nil
-			if err := x.handOff(ctx, s.name, "after"); err != nil {
+		res, err := x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
+		return res, true, err
+	}
+	switch out.kind {
+	case outOK, outSkip:
+		// The last step's record rides on the terminal write.
+		if (*pending > 0 || !f.root) && !batch {
+			if err := x.checkpoint(ctx); err != nil {
 				return nil, true, err
 			}
-			res, err := x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
-			return res, true, err
 		}
-		switch out.kind {
-		case outOK, outSkip:
-			// The last step's record rides on the terminal write.
-			if (*pending > 0 || !f.root) && !batch {
-				if err := x.checkpoint(ctx); err != nil {
-					return nil, true, err
-				}
-			}
-		case outHalt:
-			f.st.stopped(s.name, StopHalted)
-			f.st.Intent = nil
-			f.st.Status, f.st.Reason = StatusHalted, out.reason
-			res, err := x.finish(ctx, f, EventRunHalted)
-			return res, true, err
-		case outCancel:
-			res, err := x.startRollback(ctx, f, TriggerUndo, "", out.failure, nil)
-			return res, true, err
-		case outFail:
-			// The failing step is compensated as the rollback's trigger.
-			f.st.stopped(s.name, StopFailed)
-			f.st.Intent = nil
-			res, err := x.startRollback(ctx, f, TriggerFailure, s.name, out.failure, out.err)
-			return res, true, err
-		}
+	case outHalt:
+		f.st.stopped(s.name, StopHalted)
+		f.st.Intent = nil
+		f.st.Status, f.st.Reason = StatusHalted, out.reason
+		res, err := x.finish(ctx, f, EventRunHalted)
+		return res, true, err
+	case outCancel:
+		res, err := x.startRollback(ctx, f, TriggerUndo, "", out.failure, nil)
+		return res, true, err
+	case outFail:
+		// The failing step is compensated as the rollback's trigger.
+		f.st.stopped(s.name, StopFailed)
+		f.st.Intent = nil
+		res, err := x.startRollback(ctx, f, TriggerFailure, s.name, out.failure, out.err)
+		return res, true, err
 	}
 	return nil, false, nil
 }

@@ -294,17 +294,9 @@ func (x *execution) takeLimits(ctx context.Context, f *frame, s *stepDef, args R
 	if err := codec.Unmarshal(args, &a); err != nil {
 		return nil, Permanent(fmt.Errorf("reactor: step %q: limits: %w", f.path+s.name, err))
 	}
-	wants := make([]limitWant, 0, len(s.limits))
-	for _, l := range s.limits {
-		key := ""
-		if l.Key != nil {
-			k, err := l.Key(a)
-			if err != nil {
-				return nil, Permanent(fmt.Errorf("reactor: step %q: key of limit %q: %w", f.path+s.name, l.Name, err))
-			}
-			key = k
-		}
-		wants = append(wants, limitWant{l, key})
+	wants, err := limitWants(s.limits, a)
+	if err != nil {
+		return nil, Permanent(fmt.Errorf("reactor: step %q: %w", f.path+s.name, err))
 	}
 	if !undo {
 		if err := x.claimPeriods(ctx, f, s, wants); err != nil {
@@ -482,6 +474,24 @@ func (x *execution) claimPeriods(ctx context.Context, f *frame, s *stepDef, want
 type limitWant struct {
 	l   Limit
 	key string
+}
+
+// limitWants computes each limit's key from a (a step's arguments, or a
+// run's inputs).
+func limitWants(limits []Limit, a Args) ([]limitWant, error) {
+	wants := make([]limitWant, 0, len(limits))
+	for _, l := range limits {
+		key := ""
+		if l.Key != nil {
+			k, err := l.Key(a)
+			if err != nil {
+				return nil, fmt.Errorf("key of limit %q: %w", l.Name, err)
+			}
+			key = k
+		}
+		wants = append(wants, limitWant{l, key})
+	}
+	return wants, nil
 }
 
 func (x *execution) tryLimits(ctx context.Context, c limitCall, wants []limitWant) (*limitHolds, *LimitError, error) {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 )
 
@@ -121,18 +122,9 @@ func (x *execution) withRunLimits(ctx context.Context, fn func(context.Context) 
 
 // takeRunLimits takes the run's own limits for this execution.
 func (x *execution) takeRunLimits(ctx context.Context) (*limitHolds, error) {
-	a := Args(x.st.Inputs)
-	wants := make([]limitWant, 0, len(x.def.runLimits))
-	for _, l := range x.def.runLimits {
-		key := ""
-		if l.Key != nil {
-			k, err := l.Key(a)
-			if err != nil {
-				return nil, fmt.Errorf("reactor: run %s: key of run limit %q: %w", x.st.ID, l.Name, err)
-			}
-			key = k
-		}
-		wants = append(wants, limitWant{l, key})
+	wants, err := limitWants(x.def.runLimits, Args(x.st.Inputs))
+	if err != nil {
+		return nil, fmt.Errorf("reactor: run %s: run limits: %w", x.st.ID, err)
 	}
 	c := limitCall{reactor: x.def.name, path: runPath, rates: !x.st.RunAdmitted,
 		fixed: strconv.FormatInt(x.st.CreatedAt, 36) + ".run"}
@@ -178,19 +170,18 @@ func (h *limitHolds) leave(ctx context.Context, x *execution, err error) {
 // long in asynq's queue before a worker picks it up) lapses, as a dead
 // waiter's does, so a key is never blocked by a run that does not come.
 func (e *Engine) placeOrdered(ctx context.Context, def *Definition, st *runState) error {
-	for _, l := range def.runLimits {
-		if !l.Ordered {
+	if !slices.ContainsFunc(def.runLimits, func(l Limit) bool { return l.Ordered }) {
+		return nil
+	}
+	wants, err := limitWants(def.runLimits, Args(st.Inputs))
+	if err != nil {
+		return fmt.Errorf("reactor: run %s: run limits: %w", st.ID, err)
+	}
+	for _, w := range wants {
+		if !w.l.Ordered {
 			continue
 		}
-		key := ""
-		if l.Key != nil {
-			k, err := l.Key(Args(st.Inputs))
-			if err != nil {
-				return fmt.Errorf("reactor: run %s: key of run limit %q: %w", st.ID, l.Name, err)
-			}
-			key = k
-		}
-		if err := e.store.PlaceOrdered(ctx, e.store.Keys().Slots(l.Name, key), st.ID+"|"+runPath, st.CreatedAt, l.lease()); err != nil {
+		if err := e.store.PlaceOrdered(ctx, e.store.Keys().Slots(w.l.Name, w.key), st.ID+"|"+runPath, st.CreatedAt, w.l.lease()); err != nil {
 			return err
 		}
 	}
