@@ -635,6 +635,20 @@ func Returns(r Ref) Part { return engine.Returns(r) }
 //		// before or after this step. Ignored where the run already executes in
 //		// a worker, and when the engine has no Enqueuer. Default NoHandOff.
 //		HandOff HandOff
+//		// Task runs the step as an asynq task of its own on a worker, with its
+//		// own Timeout and Retry (each retry a new task after its Backoff): the
+//		// run saves, leaves its worker and waits, parked, holding no worker
+//		// slot, and goes on when the step has its outcome. Its Undo and
+//		// Compensate run as tasks too; a rollback (a cancel included) stops the
+//		// step first: no attempt begins after it, and an attempt in flight has
+//		// its context cancelled. Where the run has no workers (an engine with
+//		// no Enqueuer) or is a map element (already a task of its own), the
+//		// step runs in place. Not with Guard, Resource, Limits or HandOff.
+//		// Default false.
+//		Task bool
+//		// TaskQueue is the asynq queue of a Task step's tasks. Default: the
+//		// queue of the engine's Enqueuer.
+//		TaskQueue string
 //		// Limits bound the step across every worker: how many attempts run at
 //		// once per key (a Lock is one), how many start per key in a window.
 //		// Each attempt takes them before its Run and gives them back after. A
@@ -1080,6 +1094,11 @@ type Config = engine.Config
 //	    ErrNotRetryable or ErrAlreadyRetried. Retry waits up to
 //	    Config.UndoLockWait for the original's lock and returns ErrRunLocked if
 //	    it stays held.
+//
+//	func (e *Engine) StepTaskAttempts(ctx context.Context, id, step string) ([]StepTaskAttempt, error)
+//	    StepTaskAttempts returns the attempts of task step (a path: "charge",
+//	    "book/charge") of run id, in order, for its latest dispatch: which worker
+//	    ran each, when, and how it ended. Nil when the step never ran as a task.
 //
 //	func (e *Engine) RollbackReport(ctx context.Context, id string) (*RollbackReport, error)
 //	    RollbackReport reports run id's latest rollback, entry by entry, with its
@@ -2713,6 +2732,22 @@ const (
 
 // RollbackStatuses lists every rollback status, in lifecycle order.
 func RollbackStatuses() []RollbackStatus { return engine.RollbackStatuses() }
+
+// StepTaskAttempt is one attempt of a step that runs as its own task
+// (StepConfig.Task): where it ran and how it ended.
+//
+//	type StepTaskAttempt struct {
+//		Attempt int `msgpack:"n"`
+//		// Worker names the process that ran it ("host:pid").
+//		Worker string `msgpack:"w"`
+//		// StartedAt and EndedAt are Unix ms (EndedAt 0: it never ended, its
+//		// worker died).
+//		StartedAt int64 `msgpack:"s"`
+//		EndedAt   int64 `msgpack:"e,omitempty"`
+//		// Error is the attempt's error ("" when it succeeded).
+//		Error string `msgpack:"err,omitempty"`
+//	}
+type StepTaskAttempt = engine.StepTaskAttempt
 
 // RollbackOutcome is a rollback's summary, from a closed set; never
 // "partial": each outcome says what is still in place and who must act.

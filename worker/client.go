@@ -35,11 +35,12 @@ const DefaultMaxRetry = 25
 // Client enqueues goreactor tasks. It implements reactor.Enqueuer and
 // reactor.ServingReporter.
 type Client struct {
-	*mapSender // the map-task side, for package mapstep (maptask.Adapt)
-	c          *asynq.Client
-	insp       *asynq.Inspector
-	queue      string
-	shards     int
+	*mapSender  // the map-task side, for package mapstep (maptask.Adapt)
+	*stepSender // the step-task side, for the engine (StepConfig.Task)
+	c           *asynq.Client
+	insp        *asynq.Inspector
+	queue       string
+	shards      int
 }
 
 // MaxQueueShards is the most shards ClientConfig.Shards takes.
@@ -92,6 +93,7 @@ func NewClientWithConfig(rdb redis.UniversalClient, cfg ClientConfig) (*Client, 
 	c := &Client{c: asynq.NewClientFromRedisClient(rdb), insp: asynq.NewInspectorFromRedisClient(rdb),
 		queue: cfg.Queue, shards: cfg.Shards}
 	c.mapSender = maptask.NewSender(mapTasks{c})
+	c.stepSender = newStepSender(stepTasks{c})
 	return c, nil
 }
 

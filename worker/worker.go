@@ -217,6 +217,7 @@ func New(eng *reactor.Engine, rdb redis.UniversalClient, cfg Config) *Worker {
 	w.mux.HandleFunc(TypeElement, w.observe("element", w.transient(w.handleElement)))
 	w.mux.HandleFunc(TypeRollback, w.observe("rollback", w.transient(w.handleRollback)))
 	w.mux.HandleFunc(TypeControl, w.observe("control", w.transient(w.handleControl)))
+	w.mux.HandleFunc(TypeStep, w.observe("step", w.transient(w.handleStep)))
 	w.srv = asynq.NewServerFromRedisClient(rdb, asynq.Config{
 		Concurrency:              cfg.Concurrency,
 		Queues:                   cfg.Queues,

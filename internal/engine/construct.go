@@ -63,6 +63,9 @@ type ConstructContext struct {
 
 	state Raw
 	gen   int // the rollback generation (RollbackGeneration)
+	// queue is the owner run's queue (its wake-ups go there; "" for the
+	// Enqueuer's own).
+	queue string
 	// windowAt is the server time (ms) at which the run's rollback judges
 	// undo windows (UndoWindowAt).
 	windowAt int64
@@ -191,7 +194,7 @@ func (x *execution) constructContext(f *frame, s *stepDef, args Raw) *ConstructC
 		Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, OwnerDefinition: x.st.Def, RunID: f.st.ID,
 		Step: f.path + s.name, Args: args, Nested: x.element, TraceID: x.st.Trace, Sensitive: f.st.Sensitive || x.st.Sensitive,
 		state: f.st.Constructs[s.name], gen: x.rollbackGen(), windowAt: rollbackWindowAt(f),
-		hold: func(h Held) { x.hold(f.path+s.name, h) },
+		hold: func(h Held) { x.hold(f.path+s.name, h) }, queue: x.st.Queue,
 	}
 }
 

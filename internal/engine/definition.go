@@ -372,6 +372,20 @@ type StepConfig[In, Out any] struct {
 	// before or after this step. Ignored where the run already executes in
 	// a worker, and when the engine has no Enqueuer. Default NoHandOff.
 	HandOff HandOff
+	// Task runs the step as an asynq task of its own on a worker, with its
+	// own Timeout and Retry (each retry a new task after its Backoff): the
+	// run saves, leaves its worker and waits, parked, holding no worker
+	// slot, and goes on when the step has its outcome. Its Undo and
+	// Compensate run as tasks too; a rollback (a cancel included) stops the
+	// step first: no attempt begins after it, and an attempt in flight has
+	// its context cancelled. Where the run has no workers (an engine with
+	// no Enqueuer) or is a map element (already a task of its own), the
+	// step runs in place. Not with Guard, Resource, Limits or HandOff.
+	// Default false.
+	Task bool
+	// TaskQueue is the asynq queue of a Task step's tasks. Default: the
+	// queue of the engine's Enqueuer.
+	TaskQueue string
 	// Limits bound the step across every worker: how many attempts run at
 	// once per key (a Lock is one), how many start per key in a window.
 	// Each attempt takes them before its Run and gives them back after. A
@@ -507,8 +521,31 @@ func Step[In, Out any](name string, cfg StepConfig[In, Out]) Part {
 				return cfg.Compensate(ctx, in, cause)
 			}
 		}
+		if cfg.Task {
+			return d.addTaskStep(s, cfg.TaskQueue, cfg.Resource != nil)
+		}
 		return d.addStep(s)
 	})
+}
+
+// addTaskStep adds plain step s as a step that runs as its own task
+// (StepConfig.Task).
+func (d *Definition) addTaskStep(s *stepDef, queue string, resource bool) error {
+	refuse := func(what string) error {
+		return &DefinitionError{Reactor: d.name, Step: s.name, Reason: "a Task step cannot have " + what}
+	}
+	switch {
+	case s.guard != nil:
+		return refuse("a Guard (a guarded undo records its effect inside the run)")
+	case resource:
+		return refuse("a Resource (targeted undos of a task step are not supported)")
+	case len(s.limits) > 0:
+		return refuse("Limits (a task step's attempts do not take limits yet)")
+	case s.handoff != NoHandOff:
+		return refuse("a HandOff: it already runs on a worker")
+	}
+	return d.addStep(&stepDef{name: s.name, kind: kindConstruct, args: s.args, after: s.after,
+		construct: &taskStep{s: s, queue: queue}})
 }
 
 // ComposeConfig describes a step that runs a child reactor.

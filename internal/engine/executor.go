@@ -850,6 +850,12 @@ func (x *execution) call(ctx context.Context, c Call, timeout time.Duration, fn 
 	}
 	ctx = context.WithValue(ctx, engineKey{}, x.e)
 	ctx = context.WithValue(ctx, runInfoKey{}, x.runInfo(c))
+	return x.e.invoke(ctx, c, fn)
+}
+
+// invoke calls fn through the engine's middleware; a panic in fn or in a
+// middleware fails the call, not the process.
+func (e *Engine) invoke(ctx context.Context, c Call, fn func(context.Context) error) (err error) {
 	next := func(ctx context.Context) (err error) {
 		defer func() {
 			if r := recover(); r != nil {
@@ -858,7 +864,7 @@ func (x *execution) call(ctx context.Context, c Call, timeout time.Duration, fn 
 		}()
 		return fn(ctx)
 	}
-	mws := x.e.cfg.Middleware
+	mws := e.cfg.Middleware
 	for i := len(mws) - 1; i >= 0; i-- {
 		mw, inner := mws[i], next
 		next = func(ctx context.Context) error { return mw(ctx, c, inner) }

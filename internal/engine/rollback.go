@@ -338,7 +338,7 @@ func (x *execution) undoEntry(ctx context.Context, f *frame, d *Definition, e *L
 				if s.kind == kindConstruct {
 					cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, OwnerDefinition: x.st.Def, RunID: f.st.ID,
 						Step: path, Nested: x.element, TraceID: x.st.Trace, Sensitive: f.st.Sensitive || x.st.Sensitive, state: e.Args, gen: x.rollbackGen(),
-						windowAt: rollbackWindowAt(f), hold: func(h Held) { x.hold(path, h) }}
+						windowAt: rollbackWindowAt(f), hold: func(h Held) { x.hold(path, h) }, queue: x.st.Queue}
 					return s.construct.Undo(cctx, cc)
 				}
 				return s.undo(cctx, e.Args, e.Result)

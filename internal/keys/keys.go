@@ -74,6 +74,11 @@ func (k Keys) RunMaps(id string) string { return k.run(id, "maps") }
 // walk expires with it.
 func (k Keys) RunTree(id string) string { return k.run(id, "tree") }
 
+// RunTasks is the hash of run id's steps that run as tasks of their own
+// (StepConfig.Task): each dispatch's arguments, attempts, lease, outcome and
+// undo outcomes, by token. Part of the run's tree (it expires with the run).
+func (k Keys) RunTasks(id string) string { return k.run(id, "tasks") }
+
 // RunDone is the shard pub/sub channel on which a run's terminal write
 // announces that the run finished (SPUBLISH from the write script, in the
 // run's slot). It is a channel, not a key: nothing is stored under it.

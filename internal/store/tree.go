@@ -35,7 +35,7 @@ const treeChunk = 500
 // write, not here.
 func (s *Store) RetainTree(ctx context.Context, id string, ttl time.Duration) error {
 	k := s.keys
-	return s.retain(ctx, k.RunTree(id), []string{k.RunMaps(id), k.RunAudit(id)}, ttl)
+	return s.retain(ctx, k.RunTree(id), []string{k.RunMaps(id), k.RunAudit(id), k.RunTasks(id)}, ttl)
 }
 
 // retain walks the maps listed in tree, then sets ttl on own and on tree.

@@ -1,0 +1,217 @@
+package worker_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/hibiken/asynq"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/worker"
+)
+
+// taskLog records which asynq task each call of a task step ran in.
+type taskLog struct {
+	mu    sync.Mutex
+	calls []string // "<kind> <step> <attempt> <task id prefix>"
+}
+
+func (l *taskLog) add(ctx context.Context, kind, step string) {
+	id, _ := asynq.GetTaskID(ctx)
+	kindOf, _, _ := strings.Cut(id, ":")
+	info, _ := reactor.RunInfoFrom(ctx)
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.calls = append(l.calls, kind+" "+step+" "+itoa(info.Attempt)+" "+kindOf)
+}
+
+func (l *taskLog) all() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]string(nil), l.calls...)
+}
+
+func itoa(n int) string {
+	if n == 0 {
+		return "0"
+	}
+	s := ""
+	for ; n > 0; n /= 10 {
+		s = string(rune('0'+n%10)) + s
+	}
+	return s
+}
+
+// A Task step runs as an asynq task of its own: the run parks without its
+// worker slot (the worker has one slot, so a run that kept it would wait
+// for ever), a failed attempt is retried as a new task, and the step that
+// consumes its result runs after it, in the run.
+func TestTaskStepRunsAsItsOwnTask(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	log := &taskLog{}
+	def := reactor.MustDefine("ship",
+		reactor.Input[string]("order"),
+		reactor.Step("label", reactor.StepConfig[reactor.Args, string]{
+			Args:  reactor.Bindings{"order": reactor.FromInput("order")},
+			Task:  true,
+			Retry: reactor.Retry{MaxAttempts: 2},
+			Run: func(ctx context.Context, a reactor.Args) (string, error) {
+				log.add(ctx, "run", "label")
+				if info, _ := reactor.RunInfoFrom(ctx); info.Attempt == 1 {
+					return "", errors.New("printer jammed")
+				}
+				order, err := reactor.Arg[string](a, "order")
+				return "label-" + order, err
+			},
+		}),
+		reactor.Step("notify", reactor.StepConfig[reactor.Args, string]{
+			Args: reactor.Bindings{"label": reactor.FromStep("label")},
+			Run: func(ctx context.Context, a reactor.Args) (string, error) {
+				log.add(ctx, "run", "notify")
+				l, err := reactor.Arg[string](a, "label")
+				return "sent " + l, err
+			},
+		}),
+		reactor.Returns(reactor.FromStep("notify")),
+	)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e, func(c *worker.Config) { c.Concurrency = 1 })
+	res, err := e.Enqueue(ctx, def, map[string]any{"order": "42"})
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	got, err := reactor.ValueOf[string](final)
+	require.NoError(t, err)
+	assert.Equal(t, "sent label-42", got)
+	assert.Equal(t, []string{"run label 1 step", "run label 2 step", "run notify 1 resume"}, log.all(),
+		"each attempt of label in a step task of its own, notify in the run's")
+
+	attempts, err := e.StepTaskAttempts(ctx, res.RunID, "label")
+	require.NoError(t, err)
+	require.Len(t, attempts, 2)
+	assert.Equal(t, "printer jammed", attempts[0].Error)
+	assert.Empty(t, attempts[1].Error)
+	for _, a := range attempts {
+		assert.NotEmpty(t, a.Worker)
+		assert.LessOrEqual(t, a.StartedAt, a.EndedAt)
+	}
+}
+
+// A Task step whose run fails later is undone by a task of its own; one
+// that fails itself is compensated by one. The rollback reports both.
+func TestTaskStepUndoAndCompensateRunAsTasks(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	log := &taskLog{}
+	task := func(name string, fail bool) reactor.Part {
+		return reactor.Step(name, reactor.StepConfig[reactor.Args, string]{
+			Task: true,
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				log.add(ctx, "run", name)
+				if fail {
+					return "", reactor.Permanent(errors.New(name + " declined"))
+				}
+				return name + "-done", nil
+			},
+			Undo: func(ctx context.Context, _ reactor.Args, out string) error {
+				if out != name+"-done" {
+					return errors.New("undo got " + out)
+				}
+				log.add(ctx, "undo", name)
+				return nil
+			},
+			Compensate: func(ctx context.Context, _ reactor.Args, cause error) error {
+				if !strings.Contains(cause.Error(), "declined") {
+					return errors.New("compensate got " + cause.Error())
+				}
+				log.add(ctx, "compensate", name)
+				return nil
+			},
+		})
+	}
+	def := reactor.MustDefine("pay", task("reserve", false), task("charge", false),
+		reactor.Step("settle", reactor.StepConfig[reactor.Args, string]{
+			After: []string{"charge", "reserve"}, Task: true,
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				log.add(ctx, "run", "settle")
+				return "", reactor.Permanent(errors.New("settle declined"))
+			},
+			Compensate: func(ctx context.Context, _ reactor.Args, _ error) error {
+				log.add(ctx, "compensate", "settle")
+				return nil
+			},
+		}))
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e, func(c *worker.Config) { c.Concurrency = 1 })
+	res, err := e.Enqueue(ctx, def, nil)
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, final.Status)
+	require.Equal(t, "settle", final.Failure.Step)
+	assert.Empty(t, final.Failure.RollbackFailures)
+	assert.Equal(t, []string{
+		"run reserve 1 step", "run charge 1 step", "run settle 1 step",
+		"compensate settle 0 stepundo", "undo charge 0 stepundo", "undo reserve 0 stepundo",
+	}, log.all())
+	run, err := e.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	statuses := map[string]reactor.RollbackStatus{}
+	for _, s := range run.Rollbacks {
+		statuses[s.Step] = s.Status
+	}
+	assert.Equal(t, reactor.RollbackCompensated, statuses["charge"])
+	assert.Equal(t, reactor.RollbackCompensated, statuses["reserve"])
+}
+
+// Cancelling a run whose Task step is in flight reaches the step: its
+// attempt's context is cancelled, the step is compensated by its undo task,
+// and the run ends cancelled.
+func TestTaskStepCancelReachesTheAttemptInFlight(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	log := &taskLog{}
+	entered := make(chan struct{})
+	def := reactor.MustDefine("wait-for-it",
+		reactor.Step("hang", reactor.StepConfig[reactor.Args, string]{
+			Task: true,
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				log.add(ctx, "run", "hang")
+				close(entered)
+				<-ctx.Done()
+				return "", ctx.Err()
+			},
+			Compensate: func(ctx context.Context, _ reactor.Args, cause error) error {
+				log.add(ctx, "compensate", "hang")
+				return nil
+			},
+		}))
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e, func(c *worker.Config) { c.Concurrency = 2 })
+	res, err := e.Enqueue(ctx, def, nil)
+	require.NoError(t, err)
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatal("the step never started")
+	}
+	require.NoError(t, e.Cancel(ctx, res.RunID))
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCancelled, final.Status, "%v", final.Err())
+	assert.Equal(t, []string{"run hang 1 step", "compensate hang 0 stepundo"}, log.all())
+	attempts, err := e.StepTaskAttempts(ctx, res.RunID, "hang")
+	require.NoError(t, err)
+	require.Len(t, attempts, 1)
+	assert.Contains(t, attempts[0].Error, "context canceled")
+}
