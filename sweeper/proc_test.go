@@ -111,6 +111,8 @@ func TestWorkerProcess(t *testing.T) {
 		def, level = limitKillDefinition(rdb, prefix, true), slog.LevelError
 	case "wave-kill":
 		def, cfg.LockExpiry, level = waveKillDefinition(rdb, prefix, true), limitKillLease, slog.LevelError
+	case "task-kill":
+		def, cfg.LockExpiry, level = taskKillDefinition(rdb, prefix, true), limitKillLease, slog.LevelError
 	case "ordered-kill":
 		def, cfg.LockExpiry, level = orderedKillDefinition(rdb, prefix, true), limitKillLease, slog.LevelError
 	case "rbmap":

@@ -26,6 +26,10 @@ type StepTask struct {
 	// Undo is set for the undo task of rollback generation Gen.
 	Undo bool
 	Gen  int
+	// Redelivery, when set, makes a fresh task id for an attempt whose
+	// task is spent: its worker died with it active (asynq would recover
+	// it only once its own lease lapses).
+	Redelivery int
 	// Delay postpones the task (a retry's backoff).
 	Delay time.Duration
 	// Timeout is the step's own bound on the call (0: none).
@@ -38,6 +42,9 @@ type StepTask struct {
 func (t StepTask) TaskID() string {
 	if t.Undo {
 		return fmt.Sprintf("stepundo:%s:%s:%d", t.Owner, t.Token, t.Gen)
+	}
+	if t.Redelivery > 0 {
+		return fmt.Sprintf("step:%s:%s:%d:r%d", t.Owner, t.Token, t.Attempt, t.Redelivery)
 	}
 	return fmt.Sprintf("step:%s:%s:%d", t.Owner, t.Token, t.Attempt)
 }

@@ -31,15 +31,16 @@ import (
 // id per attempt, so a queued one is not doubled) every time it finds no
 // outcome.
 
-// stepLease is how long an attempt holds its step without renewing: a
-// worker killed mid-attempt leaves the step to the next delivery of its
-// task (asynq recovers the task) once this has passed. It is renewed every
-// stepRenew, which is also how soon a running attempt hears a stop (one
-// Redis command a second per attempt in flight).
-const (
-	stepLease = 15 * time.Second
-	stepRenew = time.Second
-)
+// An attempt holds its step under a lease as long as a run lock lives
+// without a heartbeat (Config.LockExpiry): a worker killed mid-attempt
+// leaves the step to a new delivery once it has lapsed (the run sweeper
+// wakes the run, which enqueues one). The lease is renewed every
+// stepRenew (or a third of it, when shorter), which is also how soon a
+// running attempt hears a stop: one Redis command a second per attempt in
+// flight.
+const stepRenew = time.Second
+
+func (e *Engine) stepRenew() time.Duration { return min(stepRenew, e.lockExpiry()/3) }
 
 // taskStep is the construct of a step declared with StepConfig.Task.
 type taskStep struct {
@@ -153,7 +154,7 @@ func (t *taskStep) Run(ctx context.Context, c *ConstructContext) (Raw, error) {
 		return nil, Dispatch()
 	}
 	ref := store.StepTask{Owner: c.OwnerID, Token: st.Token}
-	rec, err := e.store.ReadStep(ctx, ref, 0)
+	rec, err := e.store.LookStep(ctx, ref)
 	if err != nil {
 		return nil, err
 	}
@@ -166,9 +167,15 @@ func (t *taskStep) Run(ctx context.Context, c *ConstructContext) (Raw, error) {
 		return t.Run(ctx, c)
 	}
 	if rec.Outcome == nil {
-		// Not settled: its current attempt is queued, runs, or was lost
-		// (enqueued again here under the same id, a no-op otherwise).
-		if err := q.EnqueueStepTask(ctx, t.task(c, st.Token, max(rec.Next, 1))); err != nil {
+		// Not settled: its current attempt is queued, runs, or was lost.
+		// Enqueued again under its id, a no-op while asynq has it; under a
+		// fresh id when its worker died holding it (a spent id would wait
+		// for asynq's own recovery).
+		task := t.task(c, st.Token, max(rec.Next, 1))
+		if rec.Lease == "dead" {
+			task.Redelivery = rec.Tries
+		}
+		if err := q.EnqueueStepTask(ctx, task); err != nil {
 			return nil, err
 		}
 		return nil, Dispatch()
@@ -384,7 +391,7 @@ func (e *Engine) runStepTask(ctx context.Context, t StepTask) error {
 	ref := store.StepTask{Owner: t.Owner, Token: t.Token}
 	settled := func(ctx context.Context) error { return e.wakeOwner(ctx, t, "task:"+t.Token) }
 	holder := NewRunID()
-	v, err := e.store.BeginStepAttempt(ctx, ref, t.Attempt, holder, stepLease)
+	v, err := e.store.BeginStepAttempt(ctx, ref, t.Attempt, holder, e.lockExpiry())
 	if err != nil {
 		return err
 	}
@@ -430,7 +437,7 @@ func (e *Engine) runStepTask(ctx context.Context, t StepTask) error {
 	renewed := make(chan struct{})
 	go func() {
 		defer close(renewed)
-		tick := time.NewTicker(stepRenew)
+		tick := time.NewTicker(e.stepRenew())
 		defer tick.Stop()
 		for {
 			select {
@@ -438,7 +445,7 @@ func (e *Engine) runStepTask(ctx context.Context, t StepTask) error {
 				return
 			case <-tick.C:
 			}
-			rv, err := e.store.RenewStepLease(actx, ref, holder, stepLease)
+			rv, err := e.store.RenewStepLease(actx, ref, holder, e.lockExpiry())
 			switch {
 			case err != nil:
 				continue // the lease has time left; the next tick tries again

@@ -129,6 +129,37 @@ func (s *Store) StopStep(ctx context.Context, t StepTask) (StepVerdict, error) {
 	return s.stepTask(ctx, t, "stop")
 }
 
+// StepLook is where a dispatch stands, as its owner sees it.
+type StepLook struct {
+	Outcome []byte // nil until settled
+	Next    int
+	Tries   int
+	// Lease is "none", "live" or "dead" (an attempt's holder stopped
+	// renewing it, its worker gone).
+	Lease   string
+	Stopped bool
+}
+
+// LookStep reads where a dispatch stands, in one script.
+func (s *Store) LookStep(ctx context.Context, t StepTask) (StepLook, error) {
+	res, err := s.script(ctx, stepTaskScript, []string{s.keys.RunTasks(t.Owner)}, "look", t.Token)
+	if err != nil {
+		return StepLook{}, fmt.Errorf("store: look at step task %s of run %s: %w", t.Token, t.Owner, err)
+	}
+	if len(res) < 5 {
+		return StepLook{}, errors.New("store: steptask.lua look returned too little")
+	}
+	var l StepLook
+	if out, _ := res[0].(string); out != "" {
+		l.Outcome = []byte(out)
+	}
+	l.Next, _ = strconv.Atoi(fmt.Sprint(res[1]))
+	l.Tries, _ = strconv.Atoi(fmt.Sprint(res[2]))
+	l.Lease = fmt.Sprint(res[3])
+	l.Stopped = fmt.Sprint(res[4]) == "1"
+	return l, nil
+}
+
 // StepRecord is what a step task's record holds of one dispatch.
 type StepRecord struct {
 	Args, Outcome []byte

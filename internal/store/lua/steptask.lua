@@ -18,6 +18,7 @@
 --        ARGV[4] outcome. {'ok'} | {'settled'} | {'lost'} | {'busy', ms left}
 -- retry  ARGV[3] holder, ARGV[4] the next attempt. {'ok'} | {'settled'} | {'lost'}
 -- stop   {'settled'} | {'running', ms left} | {'dead'} | {'idle'}
+-- look   {outcome or '', next, tries, 'none' | 'live' | 'dead', stop 0|1}
 local mode, tok = ARGV[1], ARGV[2]
 local key = KEYS[1]
 local function f(name) return tok .. ':' .. name end
@@ -74,5 +75,15 @@ elseif mode == 'stop' then
   if holder and left > 0 then return {'running', left} end
   if holder then return {'dead'} end
   return {'idle'}
+end
+if mode == 'look' then
+  local holder, left = lease()
+  local l = 'none'
+  if holder then
+    l = 'dead'
+    if left > 0 then l = 'live' end
+  end
+  return {redis.call('HGET', key, f('out')) or '', redis.call('HGET', key, f('next')) or '1',
+    redis.call('HGET', key, f('tries')) or '0', l, redis.call('HEXISTS', key, f('stop'))}
 end
 return redis.error_reply('steptask.lua: unknown mode ' .. tostring(mode))

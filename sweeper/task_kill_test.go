@@ -1,0 +1,85 @@
+package sweeper_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hibiken/asynq"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/goreactor/goreactor/reactor"
+)
+
+// taskKillDefinition: a step that runs as its own task (StepConfig.Task),
+// then a step that consumes it. The task step notes its start in the list
+// <prefix>:signal and counts it in the hash <prefix>:starts; in the first
+// worker process it hangs until the process is killed.
+func taskKillDefinition(rdb redis.UniversalClient, prefix string, hang bool) *reactor.Definition {
+	return reactor.MustDefine("task-kill",
+		reactor.Step("label", reactor.StepConfig[reactor.Args, string]{
+			Task: true,
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				bg := context.Background()
+				rdb.HIncrBy(bg, prefix+":starts", "label", 1)
+				id, _ := asynq.GetTaskID(ctx)
+				rdb.RPush(bg, prefix+":ids", id)
+				rdb.RPush(bg, prefix+":signal", "label")
+				if hang {
+					<-ctx.Done() // killed here
+				}
+				return "label-1", nil
+			},
+		}),
+		reactor.Step("confirm", reactor.StepConfig[reactor.Args, string]{
+			Args: reactor.Bindings{"l": reactor.FromStep("label")},
+			Run: func(_ context.Context, a reactor.Args) (string, error) {
+				rdb.HIncrBy(context.Background(), prefix+":starts", "confirm", 1)
+				return reactor.Arg[string](a, "l")
+			},
+		}),
+		reactor.Returns(reactor.FromStep("confirm")),
+	)
+}
+
+// A worker process killed (SIGKILL) while a step that runs as its own task
+// is in flight: the step is not lost. Its lease lapses, the sweeper wakes
+// the parked run, which enqueues the attempt again under a fresh task id
+// (the dead worker's is spent), and a worker of this process runs it once
+// more; then the consumer runs once and the run completes.
+func TestTaskStepInFlightSurvivesAWorkerKill(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills a worker process")
+	}
+	t.Parallel()
+	k := newKillEnv(t, 60*time.Second, func(rdb redis.UniversalClient, prefix string) *reactor.Definition {
+		return taskKillDefinition(rdb, prefix, false)
+	})
+	rdb, prefix, queue, ctx, eng, def := k.rdb, k.prefix, k.queue, k.ctx, k.eng, k.def
+
+	first := startWorkerProcess(t, prefix, queue, workerSpec{set: "task-kill", concurrency: 2})
+	_, err := eng.Enqueue(ctx, def, nil, reactor.WithRunID("tk-1"))
+	require.NoError(t, err)
+	require.Equal(t, "label", first.await(ctx, rdb, prefix+":signal", 30*time.Second))
+	first.kill()
+
+	k.startWorker(t, 0)
+	sw := newEagerSweeper(t, ctx, eng)
+	final, err := eng.Wait(ctx, "tk-1")
+	require.NoError(t, err)
+	sw.stop()
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	got, err := reactor.ValueOf[string](final)
+	require.NoError(t, err)
+	assert.Equal(t, "label-1", got)
+	assert.Equal(t, map[string]string{"label": "2", "confirm": "1"}, rdb.HGetAll(ctx, prefix+":starts").Val(),
+		"the step in flight at the kill ran once more; the consumer once")
+	ids := rdb.LRange(ctx, prefix+":ids", 0, -1).Val()
+	require.Len(t, ids, 2)
+	assert.Equal(t, ids[0]+":r1", ids[1], "redelivered under a fresh id, not left to asynq's recovery of the spent one")
+	attempts, err := eng.StepTaskAttempts(ctx, "tk-1", "label")
+	require.NoError(t, err)
+	require.Len(t, attempts, 1, "the killed attempt never recorded its end")
+}
