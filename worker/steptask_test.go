@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/goreactor/goreactor/mapstep"
 	"github.com/goreactor/goreactor/reactor"
 	"github.com/goreactor/goreactor/worker"
 )
@@ -214,4 +215,44 @@ func TestTaskStepCancelReachesTheAttemptInFlight(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, attempts, 1)
 	assert.Contains(t, attempts[0].Error, "context canceled")
+}
+
+// A Task step inside a composed child runs as its own task under its path
+// ("book/label"); inside a fan-out map's element, which is already a task
+// of its own, it runs in place.
+func TestTaskStepInAChildAndInAMapElement(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	log := &taskLog{}
+	label := reactor.Step("label", reactor.StepConfig[reactor.Args, string]{
+		Args: reactor.Bindings{"item": reactor.FromInput("item")},
+		Task: true,
+		Run: func(ctx context.Context, a reactor.Args) (string, error) {
+			info, _ := reactor.RunInfoFrom(ctx)
+			log.add(ctx, "run", info.Step)
+			return reactor.Arg[string](a, "item")
+		},
+	})
+	child := reactor.MustDefine("book", reactor.Input[string]("item"), label, reactor.Returns(reactor.FromStep("label")))
+	element := reactor.MustDefine("book-each", reactor.Input[string]("item"), label)
+	def := reactor.MustDefine("books",
+		reactor.Compose("book", child, reactor.ComposeConfig{Args: reactor.Bindings{"item": reactor.Const("one")}}),
+		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.Const([]string{"two"}), FanOut: true, After: []string{"book"}}),
+		reactor.Returns(reactor.FromStep("book")),
+	)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e, func(c *worker.Config) { c.Concurrency = 1 })
+	res, err := e.Enqueue(ctx, def, nil)
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	got, err := reactor.ValueOf[string](final)
+	require.NoError(t, err)
+	assert.Equal(t, "one", got)
+	assert.Equal(t, []string{"run book/label 1 step", "run label 1 el"}, log.all())
+	attempts, err := e.StepTaskAttempts(ctx, res.RunID, "book/label")
+	require.NoError(t, err)
+	assert.Len(t, attempts, 1)
 }

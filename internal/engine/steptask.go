@@ -230,7 +230,10 @@ func (t *taskStep) runInline(ctx context.Context, c *ConstructContext) (Raw, err
 	if merr != nil {
 		return nil, merr
 	}
-	c.state = raw
+	// Saved: the run keeps a failing construct's state for its Compensate.
+	if serr := c.SaveState(context.WithoutCancel(ctx), raw); serr != nil {
+		return nil, serr
+	}
 	return nil, newFailure(c.Step, Permanent(err))
 }
 
