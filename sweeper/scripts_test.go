@@ -2,6 +2,7 @@ package sweeper_test
 
 import (
 	"context"
+	"errors"
 	"crypto/rand"
 	"encoding/hex"
 	"net/http"
@@ -134,6 +135,34 @@ func TestEveryScriptKeepsToItsKeysInOneSlot(t *testing.T) {
 		require.NoError(t, err)
 	})
 
+	t.Run("task steps through a worker, forward and back", func(t *testing.T) {
+		m := newMapEnv(t, rdb)
+		task := func(name string, fail bool) reactor.Part {
+			return reactor.Step(name, reactor.StepConfig[reactor.Args, string]{
+				Task: true,
+				Run: func(context.Context, reactor.Args) (string, error) {
+					if fail {
+						return "", reactor.Permanent(errors.New("declined"))
+					}
+					return name, nil
+				},
+				Undo: func(context.Context, reactor.Args, string) error { return nil },
+			})
+		}
+		def := reactor.MustDefine("scripts_task", task("reserve", false), task("charge", true))
+		require.NoError(t, m.engine.Register(def))
+		w := worker.New(m.engine, rdb, worker.Config{Queues: map[string]int{m.queue: 1}, Logger: discard})
+		require.NoError(t, w.Start(m.ctx))
+		t.Cleanup(func() { _ = w.Stop(context.Background()) })
+		// Each attempt begins and settles (steptask.lua); the owner looks
+		// at the record when it resumes; the undo task stops the step.
+		res, err := m.engine.Enqueue(m.ctx, def, nil)
+		require.NoError(t, err)
+		final, err := m.engine.Wait(m.ctx, res.RunID)
+		require.NoError(t, err)
+		require.Equal(t, reactor.StatusFailed, final.Status)
+	})
+
 	t.Run("direct calls", func(t *testing.T) {
 		ctx := ctxTimeout(t, 10*time.Second)
 		k := keys.New(redistest.Prefix(t))
@@ -182,6 +211,15 @@ func TestEveryScriptKeepsToItsKeysInOneSlot(t *testing.T) {
 		_, err = st.RenewFair(ctx, fair, "holder", time.Second)
 		require.NoError(t, err)
 		require.NoError(t, st.ReleaseFair(ctx, fair, "holder"))
+		// A step task's lease renewed, and a retry (steptask.lua).
+		ref := store.StepTask{Owner: randomID("run"), Token: "tok"}
+		require.NoError(t, st.StartStepTask(ctx, ref, "label", []byte("args")))
+		_, err = st.BeginStepAttempt(ctx, ref, 1, "holder", time.Minute)
+		require.NoError(t, err)
+		_, err = st.RenewStepLease(ctx, ref, "holder", time.Minute)
+		require.NoError(t, err)
+		_, err = st.RetryStep(ctx, ref, "holder", 2)
+		require.NoError(t, err)
 	})
 
 	runs, err := mon.Stop()
