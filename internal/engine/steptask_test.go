@@ -66,8 +66,10 @@ func TestTaskStepDefinitionErrors(t *testing.T) {
 		want string
 	}{
 		{"guard", engine.StepConfig[engine.Args, string]{Task: true, Run: run, Guard: engine.Guarded(engine.GuardConfig[string]{
-			Probe:   func(context.Context, string) (string, error) { return "", nil },
-			Restore: func(context.Context, string, string, string) (engine.RestoreResult, error) { return engine.RestoreWritten, nil },
+			Probe: func(context.Context, string) (string, error) { return "", nil },
+			Restore: func(context.Context, string, string, string) (engine.RestoreResult, error) {
+				return engine.RestoreWritten, nil
+			},
 		})}, "Guard"},
 		{"resource", engine.StepConfig[engine.Args, string]{Task: true, Run: run, Undo: func(context.Context, engine.Args, string) error { return nil },
 			Resource: func(engine.Args, string) string { return "r" }}, "Resource"},
