@@ -118,6 +118,11 @@ type stepView struct {
 	// 20); AttemptsDropped counts the older ones not kept.
 	AttemptLog      []attemptView `json:"attempt_log"`
 	AttemptsDropped int           `json:"attempts_dropped"`
+	// Task is set for a step that runs as its own task (StepConfig.Task):
+	// its attempt log is its tasks', each with the Worker that ran it, and
+	// Worker is the latest attempt's.
+	Task   bool   `json:"task,omitempty"`
+	Worker string `json:"worker,omitempty"`
 }
 
 // latestRollbacks is the run's rollback log reduced to each entry's
@@ -165,6 +170,8 @@ type attemptView struct {
 	DurationMS int64  `json:"duration_ms"`
 	Error      string `json:"error"`
 	Retryable  bool   `json:"retryable"`
+	// Worker names the process that ran the attempt of a task step.
+	Worker string `json:"worker,omitempty"`
 }
 
 // withLog puts what the run kept of the step's attempts on v.
@@ -363,6 +370,14 @@ func (h *Handler) runDetail(w http.ResponseWriter, r *http.Request, id string) {
 	}
 	d := detailOf(run, maps, time.Now())
 	d.Actions = acts
+	if run.Element == nil {
+		tasks, err := h.engine.StepTasks(ctx, id)
+		if err != nil {
+			h.serverError(w, r, err)
+			return
+		}
+		withStepTasks(d.Steps, tasks)
+	}
 	if d.Queue == "" && run.Element == nil {
 		d.Queue, d.QueueDefault = h.cfg.ControlQueue, true
 	}

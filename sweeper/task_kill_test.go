@@ -79,7 +79,12 @@ func TestTaskStepInFlightSurvivesAWorkerKill(t *testing.T) {
 	ids := rdb.LRange(ctx, prefix+":ids", 0, -1).Val()
 	require.Len(t, ids, 2)
 	assert.Equal(t, ids[0]+":r1", ids[1], "redelivered under a fresh id, not left to asynq's recovery of the spent one")
-	attempts, err := eng.StepTaskAttempts(ctx, "tk-1", "label")
+	tasks, err := eng.StepTasks(ctx, "tk-1")
 	require.NoError(t, err)
-	require.Len(t, attempts, 1, "the killed attempt never recorded its end")
+	attempts := tasks["label"]
+	require.Len(t, attempts, 2, "the killed delivery and the one that finished")
+	assert.Zero(t, attempts[0].EndedAt, "the killed one never ended")
+	assert.NotZero(t, attempts[1].EndedAt)
+	assert.Equal(t, 1, attempts[1].Attempt, "an interrupted attempt runs again as itself")
+	assert.NotEqual(t, attempts[0].Worker, attempts[1].Worker, "the killed process and this one")
 }

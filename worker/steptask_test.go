@@ -95,8 +95,9 @@ func TestTaskStepRunsAsItsOwnTask(t *testing.T) {
 	assert.Equal(t, []string{"run label 1 step", "run label 2 step", "run notify 1 resume"}, log.all(),
 		"each attempt of label in a step task of its own, notify in the run's")
 
-	attempts, err := e.StepTaskAttempts(ctx, res.RunID, "label")
+	tasks, err := e.StepTasks(ctx, res.RunID)
 	require.NoError(t, err)
+	attempts := tasks["label"]
 	require.Len(t, attempts, 2)
 	assert.Equal(t, "printer jammed", attempts[0].Error)
 	assert.Empty(t, attempts[1].Error)
@@ -211,8 +212,9 @@ func TestTaskStepCancelReachesTheAttemptInFlight(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCancelled, final.Status, "%v", final.Err())
 	assert.Equal(t, []string{"run hang 1 step", "compensate hang 0 stepundo"}, log.all())
-	attempts, err := e.StepTaskAttempts(ctx, res.RunID, "hang")
+	tasks, err := e.StepTasks(ctx, res.RunID)
 	require.NoError(t, err)
+	attempts := tasks["hang"]
 	require.Len(t, attempts, 1)
 	assert.Contains(t, attempts[0].Error, "context canceled")
 }
@@ -252,7 +254,8 @@ func TestTaskStepInAChildAndInAMapElement(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "one", got)
 	assert.Equal(t, []string{"run book/label 1 step", "run label 1 el"}, log.all())
-	attempts, err := e.StepTaskAttempts(ctx, res.RunID, "book/label")
+	tasks, err := e.StepTasks(ctx, res.RunID)
 	require.NoError(t, err)
+	attempts := tasks["book/label"]
 	assert.Len(t, attempts, 1)
 }

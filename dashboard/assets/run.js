@@ -157,6 +157,7 @@
       var row = h('div', { class: 'tl-row' + (s.needs_human ? ' tl-row-needs' : ''), dataset: { step: s.name, status: s.status, needsHuman: s.needs_human ? 'true' : 'false' } },
         name,
         h('div', { class: 'tl-status' }, GR.badge(s.status),
+          s.task ? h('span', { class: 'badge tl-task', title: 'runs as an asynq task of its own' + (s.worker ? '; latest attempt on ' + s.worker : '') }, 'task') : null,
           s.needs_human ? h('span', { class: 'badge st-needs-human tl-needs', title: 'an undo of this step waits for a person: see Action required' }, 'needs a person') : null),
         h('div', { class: 'tl-att num' }, s.attempts ? String(s.attempts) : ''),
         h('div', { class: 'tl-dur num' }, s.started_at ? GR.fmtDur(s.finished_at ? s.duration_ms : (s.status === 'running' || s.status === 'paused' ? now - Date.parse(s.started_at) : s.duration_ms)) : ''),
@@ -192,7 +193,8 @@
   function stepAttempts(s) {
     var log = s.attempt_log || [];
     var hasArgs = s.args !== null && s.args !== undefined;
-    var many = log.length > 1 || s.attempts_dropped > 0 || log.some(function (a) { return !!a.error; });
+    var many = log.length > 1 || s.attempts_dropped > 0 || log.some(function (a) { return !!a.error; }) || (s.task && log.length > 0);
+    var workers = log.some(function (a) { return !!a.worker; });
     if (!many && !hasArgs) return null;
     var box = h('div', { class: 'tl-attempts-box' });
     if (many) {
@@ -200,17 +202,18 @@
         return h('tr', { class: 'tl-attempt', dataset: { attempt: String(a.attempt), outcome: a.error ? 'error' : 'ok' } },
           h('td', { class: 'num' }, '#' + a.attempt),
           h('td', null, GR.h('time', { datetime: a.started_at, title: a.started_at }, GR.fmtClock(a.started_at))),
-          h('td', { class: 'num' }, GR.fmtDur(a.duration_ms)),
+          h('td', { class: 'num' }, a.ended_at ? GR.fmtDur(a.duration_ms) : h('span', { class: 'muted', title: 'no end recorded: its worker died, or it still runs' }, '…')),
+          workers ? h('td', { class: 'mono small tl-attempt-worker' }, a.worker || '') : null,
           h('td', { class: 'tl-attempt-error' }, a.error
             ? [h('span', { class: 'tl-error' }, a.error), a.retryable ? null : h('span', { class: 'muted small' }, ' (permanent)')]
             : h('span', { class: 'muted' }, 'ok')));
       });
       if (s.attempts_dropped > 0) {
-        rows.unshift(h('tr', { class: 'tl-attempt-dropped' }, h('td', { colspan: 4, class: 'muted small' },
+        rows.unshift(h('tr', { class: 'tl-attempt-dropped' }, h('td', { colspan: workers ? 5 : 4, class: 'muted small' },
           GR.fmtNum(s.attempts_dropped) + ' earlier attempt' + (s.attempts_dropped === 1 ? '' : 's') + ' not kept')));
       }
       box.appendChild(h('table', { class: 'table tl-attempts' },
-        h('thead', null, h('tr', null, ['attempt', 'started', 'took', 'error'].map(function (c) { return h('th', null, c); }))),
+        h('thead', null, h('tr', null, (workers ? ['attempt', 'started', 'took', 'worker', 'error'] : ['attempt', 'started', 'took', 'error']).map(function (c) { return h('th', null, c); }))),
         h('tbody', null, rows)));
     }
     if (hasArgs) box.appendChild(h('div', { class: 'tl-result tl-args' }, h('span', { class: 'muted small' }, 'args '), GR.valueEl(s.args)));

@@ -82,8 +82,9 @@ type taskUndoOutcome struct {
 	Message string `msgpack:"m,omitempty"`
 }
 
-// StepTaskAttempt is one attempt of a step that runs as its own task
-// (StepConfig.Task): where it ran and how it ended.
+// StepTaskAttempt is one delivery of an attempt of a step that runs as its
+// own task (StepConfig.Task): where it ran and how it ended. An attempt
+// whose worker died shows twice, once with no end.
 type StepTaskAttempt struct {
 	Attempt int `msgpack:"n"`
 	// Worker names the process that ran it ("host:pid").
@@ -433,6 +434,12 @@ func (e *Engine) runStepTask(ctx context.Context, t StepTask) error {
 	if err != nil {
 		return err
 	}
+	// Each delivery that begins gets a record of its own (numbered by the
+	// deliveries begun, so a killed attempt's stays, with no end), written
+	// at its start so that an operator sees where a long one runs.
+	started := e.now()
+	att := StepTaskAttempt{Attempt: t.Attempt, Worker: workerName(), StartedAt: started.UnixMilli()}
+	e.recordStepAttempt(ctx, ref, t, v.Tries, att)
 
 	// The attempt, under the lease: renewed while it runs, and the stop a
 	// rollback asks for cancels its context.
@@ -461,7 +468,6 @@ func (e *Engine) runStepTask(ctx context.Context, t StepTask) error {
 			}
 		}
 	}()
-	started := e.now()
 	var val Raw
 	runErr := e.callStepTask(actx, t.Owner, t.Reactor, t.Step, t.TraceID, CallRun, t.Attempt, ts.s.timeout, func(ctx context.Context) (err error) {
 		val, err = ts.s.run(ctx, rec.Args)
@@ -471,15 +477,11 @@ func (e *Engine) runStepTask(ctx context.Context, t StepTask) error {
 	cancel(nil)
 	<-renewed
 	bg := context.WithoutCancel(ctx)
-	att := StepTaskAttempt{Attempt: t.Attempt, Worker: workerName(), StartedAt: started.UnixMilli(), EndedAt: e.now().UnixMilli()}
+	att.EndedAt = e.now().UnixMilli()
 	if runErr != nil {
 		att.Error = runErr.Error()
 	}
-	if raw, err := codec.Marshal(att); err == nil {
-		if err := e.store.RecordStepAttempt(bg, ref, t.Attempt, raw); err != nil {
-			e.log.Debug("step task attempt not recorded", "event", "reactor.step_task.attempt_record", "run", t.Owner, "step", t.Step, "error", err)
-		}
-	}
+	e.recordStepAttempt(bg, ref, t, v.Tries, att)
 	var halt *haltError
 	switch {
 	case runErr == nil:
@@ -509,6 +511,18 @@ func (e *Engine) runStepTask(ctx context.Context, t StepTask) error {
 		return err
 	}
 	return settled(bg)
+}
+
+// recordStepAttempt writes the record of the n-th delivery begun. It is
+// the dashboard's view, not the protocol's: a failed write is only logged.
+func (e *Engine) recordStepAttempt(ctx context.Context, ref store.StepTask, t StepTask, n int, att StepTaskAttempt) {
+	raw, err := codec.Marshal(att)
+	if err == nil {
+		err = e.store.RecordStepAttempt(ctx, ref, n, raw)
+	}
+	if err != nil {
+		e.log.Debug("step task attempt not recorded", "event", "reactor.step_task.attempt_record", "run", t.Owner, "step", t.Step, "error", err)
+	}
 }
 
 // settleStepTask stores the outcome, holder still holding the lease ("":
@@ -609,20 +623,26 @@ func (e *Engine) undoStepTask(ctx context.Context, t StepTask) error {
 	return e.wakeOwner(ctx, t, cause)
 }
 
-// StepTaskAttempts returns the attempts of task step (a path: "charge",
-// "book/charge") of run id, in order, for its latest dispatch: which worker
-// ran each, when, and how it ended. Nil when the step never ran as a task.
-func (e *Engine) StepTaskAttempts(ctx context.Context, id, step string) ([]StepTaskAttempt, error) {
-	raws, err := e.store.StepAttempts(ctx, id, step)
+// StepTasks returns the attempts of run id's steps that run as tasks of
+// their own (StepConfig.Task), by step path ("label", "book/label"), each in
+// attempt order, for the step's latest dispatch: which worker ran each
+// attempt, when, and how it ended. An attempt whose worker died has no end.
+// Empty for a run with no such step.
+func (e *Engine) StepTasks(ctx context.Context, id string) (map[string][]StepTaskAttempt, error) {
+	raws, err := e.store.StepAttempts(ctx, id)
 	if err != nil {
 		return nil, err
 	}
-	out := make([]StepTaskAttempt, 0, len(raws))
-	for _, r := range raws {
-		var a StepTaskAttempt
-		if codec.Unmarshal(r, &a) == nil {
-			out = append(out, a)
+	out := make(map[string][]StepTaskAttempt, len(raws))
+	for path, recs := range raws {
+		as := make([]StepTaskAttempt, 0, len(recs))
+		for _, r := range recs {
+			var a StepTaskAttempt
+			if codec.Unmarshal(r, &a) == nil {
+				as = append(as, a)
+			}
 		}
+		out[path] = as
 	}
 	return out, nil
 }

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -216,8 +217,8 @@ func (s *Store) RecordStepUndo(ctx context.Context, t StepTask, gen int, outcome
 	return set, nil
 }
 
-// RecordStepAttempt stores attempt n's record (encoded by the engine), for
-// the dashboard and Engine.StepTasks.
+// RecordStepAttempt stores the record of the n-th delivery begun (encoded
+// by the engine), for the dashboard and Engine.StepTasks.
 func (s *Store) RecordStepAttempt(ctx context.Context, t StepTask, n int, rec []byte) error {
 	err := rideOut(ctx, func() error {
 		return s.rdb.HSet(ctx, s.keys.RunTasks(t.Owner), t.Token+":a"+strconv.Itoa(n), rec).Err()
@@ -228,27 +229,32 @@ func (s *Store) RecordStepAttempt(ctx context.Context, t StepTask, n int, rec []
 	return nil
 }
 
-// StepAttempts reads the attempt records of the latest dispatch of step
-// path of run owner, in attempt order.
-func (s *Store) StepAttempts(ctx context.Context, owner, path string) ([][]byte, error) {
+// StepAttempts reads the attempt records of the latest dispatch of each
+// task step of run owner, by step path, in attempt order: one HGETALL.
+func (s *Store) StepAttempts(ctx context.Context, owner string) (map[string][][]byte, error) {
 	var all map[string]string
 	err := rideOut(ctx, func() (err error) {
 		all, err = s.rdb.HGetAll(ctx, s.keys.RunTasks(owner)).Result()
 		return err
 	})
 	if err != nil {
-		return nil, fmt.Errorf("store: read the attempts of step %s of run %s: %w", path, owner, err)
+		return nil, fmt.Errorf("store: read the step tasks of run %s: %w", owner, err)
 	}
-	tok := all["step:"+path]
-	if tok == "" {
-		return nil, nil
-	}
-	var out [][]byte
-	for n := 1; ; n++ {
-		v, ok := all[tok+":a"+strconv.Itoa(n)]
+	out := map[string][][]byte{}
+	for field, tok := range all {
+		path, ok := strings.CutPrefix(field, "step:")
 		if !ok {
-			return out, nil
+			continue
 		}
-		out = append(out, []byte(v))
+		var recs [][]byte
+		for n := 1; ; n++ {
+			v, ok := all[tok+":a"+strconv.Itoa(n)]
+			if !ok {
+				break
+			}
+			recs = append(recs, []byte(v))
+		}
+		out[path] = recs
 	}
+	return out, nil
 }
