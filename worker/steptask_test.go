@@ -259,3 +259,82 @@ func TestTaskStepInAChildAndInAMapElement(t *testing.T) {
 	attempts := tasks["book/label"]
 	assert.Len(t, attempts, 1)
 }
+
+// With MaxConcurrency above 1, Task steps are dispatched side by side and
+// the steps that do not need them go on meanwhile: the checkout's three
+// calls run as three tasks at once (each waits until all three are in), a
+// plain step beside them runs while they are in flight (they wait for it),
+// and the step that consumes the three runs once all have settled. When a
+// later step fails, the three are undone, each by its task, after the
+// consumer.
+func TestTaskStepsRunSideBySide(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	log := &taskLog{}
+	meet := barrier(3)
+	noted := make(chan struct{})
+	call := func(name string) reactor.Part {
+		return reactor.Step(name, reactor.StepConfig[reactor.Args, string]{
+			Task: true,
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				if err := meet(ctx, name); err != nil {
+					return "", err
+				}
+				select {
+				case <-noted:
+				case <-ctx.Done():
+					return "", ctx.Err()
+				}
+				log.add(ctx, "run", name)
+				return name, nil
+			},
+			Undo: func(ctx context.Context, _ reactor.Args, _ string) error {
+				log.add(ctx, "undo", name)
+				return nil
+			},
+		})
+	}
+	def := reactor.MustDefine("side-by-side", reactor.MaxConcurrency(3),
+		call("reserve"), call("authorize"), call("score"),
+		reactor.Step("note", reactor.StepConfig[reactor.Args, string]{
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				log.add(ctx, "run", "note")
+				close(noted)
+				return "noted", nil
+			},
+		}),
+		reactor.Step("confirm", reactor.StepConfig[reactor.Args, string]{
+			Args: reactor.Bindings{"r": reactor.FromStep("reserve"), "a": reactor.FromStep("authorize"), "s": reactor.FromStep("score")},
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				log.add(ctx, "run", "confirm")
+				return "confirmed", nil
+			},
+			Undo: func(ctx context.Context, _ reactor.Args, _ string) error {
+				log.add(ctx, "undo", "confirm")
+				return nil
+			},
+		}),
+		reactor.Step("notify", reactor.StepConfig[reactor.Args, string]{
+			After: []string{"confirm"},
+			Run: func(context.Context, reactor.Args) (string, error) {
+				return "", reactor.Permanent(errors.New("mail server down"))
+			},
+		}),
+	)
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e, func(c *worker.Config) { c.Concurrency = 4 })
+	res, err := e.Enqueue(ctx, def, nil)
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, final.Status, "%v", final.Err())
+	require.Equal(t, "notify", final.Failure.Step)
+	all := log.all()
+	require.Len(t, all, 9, "%v", all)
+	assert.Equal(t, "run note 1 resume", all[0], "the plain step ran while the three were in flight")
+	assert.ElementsMatch(t, []string{"run reserve 1 step", "run authorize 1 step", "run score 1 step"}, all[1:4])
+	assert.Equal(t, "run confirm 1 resume", all[4])
+	assert.Equal(t, "undo confirm 0 resume", all[5], "the consumer is undone first")
+	assert.ElementsMatch(t, []string{"undo reserve 0 stepundo", "undo authorize 0 stepundo", "undo score 0 stepundo"}, all[6:])
+}

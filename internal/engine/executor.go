@@ -375,9 +375,15 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 			pending++
 		}
 	}
+	// Task steps dispatched and not settled (StepConfig.Task): with
+	// MaxConcurrency above 1 the steps that do not need them go on.
+	var parked []string
 	for _, s := range f.def.order {
 		if _, done := f.st.Steps[s.name]; done {
 			continue
+		}
+		if len(parked) > 0 && !f.depsDone(s) {
+			continue // waits for a parked task step, directly or through another
 		}
 		if in := f.st.takeInflight(s.name); in != nil {
 			// A wave's step whose outcome a crash kept from the record:
@@ -439,9 +445,18 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 			}
 		}
 		res, stop, err := x.stepInFrame(ctx, f, s, &pending, false)
+		if isDispatch(err) && f.def.maxConc > 1 && isTaskStep(s) {
+			parked = append(parked, s.name)
+			continue
+		}
 		if stop || err != nil {
 			return res, err
 		}
+	}
+	if len(parked) > 0 {
+		// Everything that could run ran: the run waits for its task steps
+		// (each wakes it when it settles).
+		return nil, errDispatch
 	}
 	f.st.Status = StatusCompleted
 	if f.def.returns != nil {

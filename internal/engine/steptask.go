@@ -646,3 +646,18 @@ func (e *Engine) StepTasks(ctx context.Context, id string) (map[string][]StepTas
 	}
 	return out, nil
 }
+
+func isTaskStep(s *stepDef) bool {
+	_, ok := s.construct.(*taskStep)
+	return ok
+}
+
+// depsDone reports whether every step s depends on has completed.
+func (f *frame) depsDone(s *stepDef) bool {
+	for _, d := range s.deps {
+		if _, done := f.st.Steps[d]; !done {
+			return false
+		}
+	}
+	return true
+}
