@@ -265,13 +265,13 @@ func TestTaskStepInAChildAndInAMapElement(t *testing.T) {
 // calls run as three tasks at once (each waits until all three are in), a
 // plain step beside them runs while they are in flight (they wait for it),
 // and the step that consumes the three runs once all have settled. When a
-// later step fails, the three are undone, each by its task, after the
-// consumer.
+// later step fails, the three are undone by their tasks after the
+// consumer, at once (each undo waits until all three are in).
 func TestTaskStepsRunSideBySide(t *testing.T) {
 	f := newFixture(t)
 	ctx := ctxTimeout(t)
 	log := &taskLog{}
-	meet := barrier(3)
+	meet, unmeet := barrier(3), barrier(3)
 	noted := make(chan struct{})
 	call := func(name string) reactor.Part {
 		return reactor.Step(name, reactor.StepConfig[reactor.Args, string]{
@@ -289,6 +289,9 @@ func TestTaskStepsRunSideBySide(t *testing.T) {
 				return name, nil
 			},
 			Undo: func(ctx context.Context, _ reactor.Args, _ string) error {
+				if err := unmeet(ctx, name); err != nil {
+					return err
+				}
 				log.add(ctx, "undo", name)
 				return nil
 			},

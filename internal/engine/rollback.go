@@ -143,7 +143,8 @@ func (x *execution) rollback(ctx context.Context, f *frame, cause error) (*frame
 		}
 		e := f.st.Ledger[len(f.st.Ledger)-1]
 		if f.undoPre[e.Ordinal] == nil {
-			x.undoWave(ctx, f) // independent entries on top, undone at once
+			x.undoWave(ctx, f)       // independent entries on top, undone at once
+			x.undoTasksAhead(ctx, f) // or, for task steps, their undo tasks started at once
 		}
 		// Completed steps without an Undo newer than e come first: they
 		// are reported kept (no_compensation_registered), in their turn.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"reflect"
+	"slices"
 	"strconv"
 	"time"
 
@@ -287,14 +288,63 @@ func (t *taskStep) rollBack(ctx context.Context, c *ConstructContext, cause erro
 		}
 		return nil
 	}
-	task := t.task(c, st.Token, 0)
-	task.Gen, task.Undo, task.Timeout = gen, true, t.undoTimeout(e)
-	if err := q.EnqueueStepTask(ctx, task); err != nil {
+	if err := q.EnqueueStepTask(ctx, t.undoTask(c, st.Token, gen, e)); err != nil {
 		return err
 	}
 	// The task wakes the owner when it has recorded its outcome; a wake-up
 	// that finds the owner still held waits for it (the worker snoozes).
 	return &RollbackHandedOff{}
+}
+
+func (t *taskStep) undoTask(c *ConstructContext, tok string, gen int, e *Engine) StepTask {
+	task := t.task(c, tok, 0)
+	task.Gen, task.Undo, task.Timeout = gen, true, t.undoTimeout(e)
+	return task
+}
+
+// undoAhead enqueues the undo task of a task step's entry that the
+// rollback will reach after the one it hands off now (undoTasksAhead):
+// the same task (one id per generation) the entry's turn enqueues, and
+// finds done or running then.
+func (t *taskStep) undoAhead(ctx context.Context, c *ConstructContext) error {
+	q := c.Engine.stepTasks()
+	st, err := decodeTaskState(c.State())
+	if err != nil || q == nil || st.Inline || st.Token == "" || (t.s.undo == nil && t.s.compensate == nil) {
+		return err
+	}
+	return q.EnqueueStepTask(ctx, t.undoTask(c, st.Token, max(c.RollbackGeneration(), 1), c.Engine))
+}
+
+// undoTasksAhead starts at once the undo tasks of the task-step entries on
+// top of f's stack that are independent of each other (none consumed
+// another's result, directly or through another step), up to
+// MaxConcurrency of them: each entry is then handed off and adopted in its
+// turn, newest first, as alone, but their undos ran side by side.
+func (x *execution) undoTasksAhead(ctx context.Context, f *frame) {
+	if f.def.maxConc <= 1 {
+		return
+	}
+	var g []*LedgerEntry
+	for i := len(f.st.Ledger) - 1; i >= 0 && len(g) < f.def.maxConc; i-- {
+		e := f.st.Ledger[i]
+		s := f.def.byName[e.Step]
+		if s == nil || !isTaskStep(s) || e.Interrupted || (e.Status != RollbackPending && e.Status != RollbackCompensating) {
+			break
+		}
+		if slices.ContainsFunc(g, func(m *LedgerEntry) bool { return f.def.dependsOn(m.Step, e.Step) }) {
+			break // a newer entry of the group consumed it: undone after it
+		}
+		g = append(g, e)
+	}
+	for _, e := range g[min(1, len(g)):] { // the top one is handed off in its turn
+		path := f.path + e.Step
+		cc := &ConstructContext{Engine: x.e, OwnerID: x.st.ID, OwnerReactor: x.st.Reactor, OwnerDefinition: x.st.Def, RunID: f.st.ID,
+			Step: path, TraceID: x.st.Trace, state: e.Args, gen: x.rollbackGen(), queue: x.st.Queue}
+		if err := f.def.byName[e.Step].construct.(*taskStep).undoAhead(ctx, cc); err != nil {
+			// Its turn enqueues it again.
+			x.e.log.Debug("a task step's undo not started ahead", "event", "reactor.step_task.undo_ahead", "run", x.st.ID, "step", path, "error", err)
+		}
+	}
 }
 
 // taskUndoError is a step task's failed undo or compensation, read back.
