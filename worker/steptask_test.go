@@ -341,3 +341,58 @@ func TestTaskStepsRunSideBySide(t *testing.T) {
 	assert.Equal(t, "undo confirm 0 resume", all[5], "the consumer is undone first")
 	assert.ElementsMatch(t, []string{"undo reserve 0 stepundo", "undo authorize 0 stepundo", "undo score 0 stepundo"}, all[6:])
 }
+
+// A Task step that returns Skip completes with no value (its reader sees
+// the zero value, and it is never undone); one that returns Halt halts the
+// run, which keeps what it did.
+func TestTaskStepSkipAndHalt(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	undone := make(chan string, 4)
+	task := func(name string, err error) reactor.Part {
+		return reactor.Step(name, reactor.StepConfig[reactor.Args, string]{
+			Task: true,
+			Run:  func(context.Context, reactor.Args) (string, error) { return name, err },
+			Undo: func(context.Context, reactor.Args, string) error { undone <- name; return nil },
+		})
+	}
+	read := reactor.Step("read", reactor.StepConfig[reactor.Args, string]{
+		Args: reactor.Bindings{"v": reactor.FromStep("maybe")},
+		Run: func(_ context.Context, a reactor.Args) (string, error) {
+			v, err := reactor.Arg[string](a, "v")
+			return "saw [" + v + "]", err
+		},
+	})
+	skip := reactor.MustDefine("task-skip", task("maybe", reactor.Skip("nothing to print")), read,
+		reactor.Step("fail", reactor.StepConfig[reactor.Args, string]{After: []string{"read"},
+			Run: func(context.Context, reactor.Args) (string, error) { return "", reactor.Permanent(errors.New("no")) }}))
+	halt := reactor.MustDefine("task-halt", task("first", nil), task("stop", reactor.Halt("out of stock")),
+		reactor.Step("never", reactor.StepConfig[reactor.Args, string]{After: []string{"stop"},
+			Run: func(context.Context, reactor.Args) (string, error) { return "", errors.New("ran after a halt") }}))
+	e := f.engine("w")
+	require.NoError(t, e.Register(skip, halt))
+	f.startWorker(e)
+
+	res, err := e.Enqueue(ctx, skip, nil)
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusFailed, final.Status, "%v", final.Err())
+	run, err := e.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	for _, s := range run.Steps {
+		if s.Name == "read" {
+			v, err := reactor.ValueOf[string](&reactor.Result{Value: s.Value})
+			require.NoError(t, err)
+			assert.Equal(t, "saw []", v)
+		}
+	}
+
+	res, err = e.Enqueue(ctx, halt, nil)
+	require.NoError(t, err)
+	final, err = e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusHalted, final.Status, "%v", final.Err())
+	assert.Equal(t, "out of stock", final.Reason)
+	assert.Empty(t, undone, "a skipped step is never undone, a halted run undoes nothing")
+}

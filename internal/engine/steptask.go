@@ -57,6 +57,10 @@ type taskState struct {
 	Inline bool   `msgpack:"i,omitempty"`
 	Args   Raw    `msgpack:"a,omitempty"`
 	Value  Raw    `msgpack:"v,omitempty"`
+	// Done is set when the step completed in place; Skipped when it
+	// returned Skip (nothing to undo).
+	Done    bool `msgpack:"d,omitempty"`
+	Skipped bool `msgpack:"s,omitempty"`
 }
 
 // Outcome kinds of a step task.
@@ -65,6 +69,8 @@ const (
 	taskFailed      = "failed"      // Run failed for good (or was stopped mid-attempt)
 	taskStopped     = "stopped"     // stopped before an attempt ran
 	taskInterrupted = "interrupted" // an attempt's worker died, and no attempt may follow
+	taskHalted      = "halted"      // Run returned Halt: the run halts
+	taskSkipped     = "skipped"     // Run returned Skip: the step completes with no value
 )
 
 // taskOutcome is a step task's settled outcome.
@@ -73,6 +79,7 @@ type taskOutcome struct {
 	Value    Raw      `msgpack:"v,omitempty"`
 	Failure  *Failure `msgpack:"f,omitempty"`
 	Attempts int      `msgpack:"n,omitempty"`
+	Reason   string   `msgpack:"r,omitempty"` // Halt's or Skip's
 }
 
 // taskUndoOutcome is what the undo task of one rollback generation did.
@@ -189,6 +196,12 @@ func (t *taskStep) Run(ctx context.Context, c *ConstructContext) (Raw, error) {
 	switch out.Kind {
 	case taskOK:
 		return out.Value, nil
+	case taskSkipped:
+		// Completed with no value: the steps that read it see the zero
+		// value, and its undo task calls nothing.
+		return nil, nil
+	case taskHalted:
+		return nil, Halt(out.Reason)
 	case taskFailed:
 		if out.Failure != nil {
 			return nil, out.Failure
@@ -213,8 +226,17 @@ func (t *taskStep) runInline(ctx context.Context, c *ConstructContext) (Raw, err
 			val, err = t.s.run(ctx, c.Args)
 			return err
 		})
+		var halt *haltError
+		var skip *skipError
+		skipped := errors.As(err, &skip)
+		switch {
+		case errors.As(err, &halt):
+			return nil, err
+		case skipped:
+			err, val = nil, nil // completed with no value, never undone
+		}
 		if err == nil {
-			raw, merr := codec.Marshal(taskState{Inline: true, Args: c.Args, Value: val})
+			raw, merr := codec.Marshal(taskState{Inline: true, Args: c.Args, Value: val, Done: true, Skipped: skipped})
 			if merr != nil {
 				return nil, merr
 			}
@@ -363,11 +385,12 @@ func (t *taskStep) undoInline(ctx context.Context, c *ConstructContext, st taskS
 	e := c.Engine
 	var err error
 	switch {
-	case st.Value != nil && t.s.undo != nil:
+	case st.Skipped:
+	case st.Done && t.s.undo != nil:
 		err = e.callStepTask(ctx, c.OwnerID, c.OwnerReactor, c.Step, c.TraceID, CallUndo, 0, t.undoTimeout(e), func(ctx context.Context) error {
 			return t.s.undo(ctx, st.Args, st.Value)
 		})
-	case st.Value == nil && t.s.compensate != nil:
+	case !st.Done && t.s.compensate != nil:
 		if cause == nil {
 			cause = errors.New("reactor: the step failed")
 		}
@@ -533,10 +556,15 @@ func (e *Engine) runStepTask(ctx context.Context, t StepTask) error {
 	}
 	e.recordStepAttempt(bg, ref, t, v.Tries, att)
 	var halt *haltError
+	var skip *skipError
 	switch {
 	case runErr == nil:
 		err = e.settleStepTask(bg, ref, holder, taskOutcome{Kind: taskOK, Value: val, Attempts: t.Attempt})
-	case errors.As(runErr, &halt), IsPermanent(runErr), t.Attempt >= ts.s.retry.attempts(), stopped:
+	case errors.As(runErr, &halt) && !stopped:
+		err = e.settleStepTask(bg, ref, holder, taskOutcome{Kind: taskHalted, Reason: halt.reason, Attempts: t.Attempt})
+	case errors.As(runErr, &skip) && !stopped:
+		err = e.settleStepTask(bg, ref, holder, taskOutcome{Kind: taskSkipped, Reason: skip.reason, Attempts: t.Attempt})
+	case IsPermanent(runErr), t.Attempt >= ts.s.retry.attempts(), stopped:
 		fl := newFailure(t.Step, runErr)
 		if stopped {
 			fl = newFailure(t.Step, fmt.Errorf("reactor: stopped by the run's rollback: %w", runErr))
