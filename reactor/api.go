@@ -1095,10 +1095,12 @@ type Config = engine.Config
 //	    Config.UndoLockWait for the original's lock and returns ErrRunLocked if
 //	    it stays held.
 //
-//	func (e *Engine) StepTaskAttempts(ctx context.Context, id, step string) ([]StepTaskAttempt, error)
-//	    StepTaskAttempts returns the attempts of task step (a path: "charge",
-//	    "book/charge") of run id, in order, for its latest dispatch: which worker
-//	    ran each, when, and how it ended. Nil when the step never ran as a task.
+//	func (e *Engine) StepTasks(ctx context.Context, id string) (map[string][]StepTaskAttempt, error)
+//	    StepTasks returns the attempts of run id's steps that run as tasks of
+//	    their own (StepConfig.Task), by step path ("label", "book/label"), each in
+//	    attempt order, for the step's latest dispatch: which worker ran each
+//	    attempt, when, and how it ended. An attempt whose worker died has no end.
+//	    Empty for a run with no such step.
 //
 //	func (e *Engine) RollbackReport(ctx context.Context, id string) (*RollbackReport, error)
 //	    RollbackReport reports run id's latest rollback, entry by entry, with its
@@ -2733,8 +2735,9 @@ const (
 // RollbackStatuses lists every rollback status, in lifecycle order.
 func RollbackStatuses() []RollbackStatus { return engine.RollbackStatuses() }
 
-// StepTaskAttempt is one attempt of a step that runs as its own task
-// (StepConfig.Task): where it ran and how it ended.
+// StepTaskAttempt is one delivery of an attempt of a step that runs as its
+// own task (StepConfig.Task): where it ran and how it ended. An attempt
+// whose worker died shows twice, once with no end.
 //
 //	type StepTaskAttempt struct {
 //		Attempt int `msgpack:"n"`
