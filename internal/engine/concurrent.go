@@ -13,20 +13,22 @@ import (
 // (MaxConcurrency). When the step the run is at is ready and others are
 // ready beside it (every step they depend on completed), up to the bound of
 // them form a wave: their intents are saved together (runState.Inflight)
-// in one checkpoint, their Run functions are called at once, and their
-// first attempts' outcomes are then recorded one at a time through the
-// same path a step takes alone (runStep), the successes first, so that a
-// failure's rollback finds every step of the wave that completed on the
-// stack. A later attempt (a retry) runs alone. A crash mid-wave leaves the
-// wave's steps in Inflight: the next execution runs each of them again as
-// a step cut short (its interruption counted), and a rollback from there
-// compensates them as interrupted, as it does a single intent.
+// in one checkpoint and their Run functions are called at once. Each
+// success is recorded as it lands, through the same path a step takes
+// alone (runStep), and the steps it freed start at once beside those still
+// running, their intents on its checkpoint: the wave rolls on. The first
+// failure stops new starts; when the steps in flight have returned, what
+// was not recorded is, the successes first, so that a failure's rollback
+// finds every step that completed on the stack. A later attempt (a retry)
+// runs alone. A crash leaves the steps in flight in Inflight: the next
+// execution runs each of them again as a step cut short (its interruption
+// counted), and a rollback from there compensates them as interrupted, as
+// it does a single intent.
 //
 // Which steps join a wave: plain steps with no limits, no guard and no
-// hand-off (the others run alone, in order, as before). The order they
-// are recorded in is the definition's order, so the undo stack keeps every
-// step above what it consumed: a consumer starts only after its producers
-// completed, in a later wave.
+// hand-off (the others run alone, in order, as before). A consumer starts
+// only once what it reads is recorded, so the undo stack keeps every step
+// above what it consumed.
 
 // MaxConcurrency lets up to n independent steps of a run execute at once
 // (default 1: one after another, in dependency order). Only plain steps
@@ -131,16 +133,24 @@ func (x *execution) wave(f *frame, s *stepDef) []*stepDef {
 	return w
 }
 
-// runWave saves the wave's intents and calls its steps' Run functions at
-// once, leaving their outcomes in f.prefetch. It returns false when the
-// wave did not start (a step's arguments could not be resolved, or the
-// checkpoint found a cancel request): the steps then run one at a time.
-func (x *execution) runWave(ctx context.Context, f *frame, w []*stepDef) (bool, error) {
+// runWave runs wave w and the steps that become ready while it runs: it
+// saves the wave's intents (Inflight) and calls its steps' Run functions
+// at once; each success is recorded as it lands, and the ready steps it
+// freed (up to the bound, with what still runs) have their intents saved
+// in that same checkpoint and start at once. The first failure (a Halt
+// too) stops new starts: the steps in flight end (or are cancelled, with
+// CancelWave), and what has not been recorded is then recorded in
+// waveOrder, through the path a step takes alone. started is false when
+// the wave did not start (a step's arguments could not be resolved, or the
+// first checkpoint found a cancel request): its steps then run one at a
+// time. res, stop and err are stepInFrame's, for the step that ended the
+// frame.
+func (x *execution) runWave(ctx context.Context, f *frame, w []*stepDef, pending *int) (res *frameResult, started, stop bool, err error) {
 	args := make([]Raw, len(w))
 	for i, s := range w {
 		a, err := resolveArgs(f.def, s, f.st)
 		if err != nil {
-			return false, nil // runStep fails it, alone
+			return nil, false, false, nil // runStep fails it, alone
 		}
 		args[i] = a
 	}
@@ -152,18 +162,22 @@ func (x *execution) runWave(ctx context.Context, f *frame, w []*stepDef) (bool, 
 		f.st.stepStarted(s.name, now)
 	}
 	if err := x.checkpoint(ctx); err != nil {
-		return false, err
+		return nil, false, true, err
 	}
 	if x.cancel {
 		// Nothing was called: the cancel's rollback has nothing of the
 		// wave to compensate.
 		f.st.Inflight = nil
-		return false, nil
+		return nil, false, false, nil
 	}
 	if f.prefetch == nil {
 		f.prefetch = map[string]*prefetched{}
 	}
-	out := make([]*prefetched, len(w))
+	type landed struct {
+		s *stepDef
+		p *prefetched
+	}
+	results := make(chan landed, len(f.def.order))
 	wctx, cancelWave := ctx, context.CancelFunc(func() {})
 	if f.def.wavePolicy == CancelWave {
 		wctx, cancelWave = context.WithCancel(ctx)
@@ -172,44 +186,156 @@ func (x *execution) runWave(ctx context.Context, f *frame, w []*stepDef) (bool, 
 	var mu sync.Mutex
 	failed := false
 	var wg sync.WaitGroup
-	for i, s := range w {
-		path := f.path + s.name
-		if hook := failpoints.beforeStepRun; hook != nil {
-			hook(x.st.ID, path, 1)
-		}
-		x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1})
-		p := &prefetched{began: time.Now(), startedAt: x.e.now()}
-		out[i] = p
-		wg.Go(func() {
-			p.err = x.call(wctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1}, s.timeout, func(cctx context.Context) error {
-				var rerr error
-				p.val, rerr = s.run(cctx, args[i])
-				return rerr
+	defer wg.Wait() // an early return (Redis trouble) leaves nothing running
+	inflight := map[string]bool{}
+	launch := func(batch []*stepDef, args []Raw) {
+		for i, s := range batch {
+			path := f.path + s.name
+			if hook := failpoints.beforeStepRun; hook != nil {
+				hook(x.st.ID, path, 1)
+			}
+			x.emit(ctx, Event{Kind: EventStepStarted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1})
+			p := &prefetched{began: time.Now(), startedAt: x.e.now()}
+			inflight[s.name] = true
+			a := args[i]
+			wg.Go(func() {
+				defer func() { results <- landed{s, p} }()
+				p.err = x.call(wctx, Call{Kind: CallRun, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: 1}, s.timeout, func(cctx context.Context) error {
+					var rerr error
+					p.val, rerr = s.run(cctx, a)
+					return rerr
+				})
+				if p.err == nil {
+					return
+				}
+				var halt *haltError
+				var skip *skipError
+				if errors.As(p.err, &halt) || errors.As(p.err, &skip) {
+					return // not a failure
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				switch {
+				case failed && wctx.Err() != nil && ctx.Err() == nil:
+					p.cut = true // cancelled by a sibling's failure
+				case IsPermanent(p.err) || s.retry.attempts() <= 1:
+					failed = true
+					cancelWave()
+				}
 			})
-			if p.err == nil {
-				return
+		}
+	}
+	launch(w, args)
+	var held []*stepDef // landed, to be recorded in waveOrder
+	stopping := false
+	for len(inflight) > 0 {
+		// What has landed by now, recorded together: one checkpoint for
+		// the completions that land at the same moment.
+		batch := []landed{<-results}
+		for more := true; more; {
+			select {
+			case l := <-results:
+				batch = append(batch, l)
+			default:
+				more = false
 			}
-			var halt *haltError
+		}
+		recorded := false
+		for _, l := range batch {
+			delete(inflight, l.s.name)
+			f.prefetch[l.s.name] = l.p
 			var skip *skipError
-			if errors.As(p.err, &halt) || errors.As(p.err, &skip) {
-				return // not a failure
+			if stopping || (l.p.err != nil && !errors.As(l.p.err, &skip)) {
+				stopping = true
+				held = append(held, l.s)
+				continue
 			}
-			mu.Lock()
-			defer mu.Unlock()
-			switch {
-			case failed && wctx.Err() != nil && ctx.Err() == nil:
-				p.cut = true // cancelled by a sibling's failure
-			case IsPermanent(p.err) || s.retry.attempts() <= 1:
-				failed = true
+			// A success (or a skip): recorded now.
+			f.st.takeInflight(l.s.name)
+			f.st.Intent, f.notStarted = &intentRec{Step: l.s.name, Attempt: 1}, true
+			res, stop, err := x.stepInFrame(ctx, f, l.s, pending, true)
+			if stop || err != nil {
 				cancelWave()
+				return res, true, true, err
 			}
-		})
+			recorded = true
+		}
+		if !recorded {
+			continue
+		}
+		// The steps the completions freed start, their intents on the
+		// completions' checkpoint (none once a failure stopped starts).
+		var next []*stepDef
+		var nextArgs []Raw
+		if !stopping {
+			next, nextArgs = x.freed(f, inflight)
+		}
+		if len(inflight)+len(next) > 0 {
+			// What runs is in Inflight; no single next intent rides.
+			f.st.Intent = nil
+		}
+		now := x.e.now()
+		for _, t := range next {
+			f.st.Inflight = append(f.st.Inflight, &intentRec{Step: t.name, Attempt: 1})
+			f.st.stepStarted(t.name, now)
+		}
+		if *pending > 0 || !f.root {
+			if err := x.checkpoint(ctx); err != nil {
+				cancelWave()
+				return nil, true, true, err
+			}
+		}
+		if x.cancel {
+			// Found by that checkpoint: nothing more starts; the steps
+			// freed were never called.
+			for _, t := range next {
+				f.st.takeInflight(t.name)
+			}
+			stopping = true
+			continue
+		}
+		launch(next, nextArgs)
 	}
 	wg.Wait()
-	for i, s := range w {
-		f.prefetch[s.name] = out[i]
+	order := waveOrder(f, held)
+	for i, t := range order {
+		f.st.takeInflight(t.name)
+		f.st.Intent, f.notStarted = &intentRec{Step: t.name, Attempt: 1}, true
+		// The successes that landed after a failure share one
+		// checkpoint, the last one's: a crash before it leaves them in
+		// Inflight, run again (at least once, as any step cut short).
+		batch := i+1 < len(order) && f.prefetch[t.name].err == nil && f.prefetch[order[i+1].name].err == nil
+		res, stop, err := x.stepInFrame(ctx, f, t, pending, batch)
+		if stop || err != nil {
+			f.prefetch = nil
+			return res, true, true, err
+		}
 	}
-	return true, nil
+	return nil, true, false, nil
+}
+
+// freed returns the steps that may start now beside those in flight: ready
+// (their dependencies done), waveable, not done, not in flight, in the
+// definition's order, up to the bound with those in flight; with their
+// arguments. A step whose arguments cannot be resolved is left to run
+// alone (runStep fails it).
+func (x *execution) freed(f *frame, inflight map[string]bool) ([]*stepDef, []Raw) {
+	var next []*stepDef
+	var args []Raw
+	for _, t := range f.def.order {
+		if len(inflight)+len(next) >= f.def.maxConc {
+			break
+		}
+		if _, done := f.st.Steps[t.name]; done || inflight[t.name] || !waveable(t) || !f.depsDone(t) {
+			continue
+		}
+		a, err := resolveArgs(f.def, t, f.st)
+		if err != nil {
+			continue
+		}
+		next, args = append(next, t), append(args, a)
+	}
+	return next, args
 }
 
 // waveOrder is the order a wave's outcomes are recorded in: the successes

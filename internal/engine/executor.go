@@ -422,25 +422,11 @@ func (x *execution) runFrame(ctx context.Context, f *frame) (*frameResult, error
 			return x.startRollback(ctx, f, TriggerUndo, "", newCancelFailure("cancelled on request"), nil)
 		}
 		if w := x.wave(f, s); w != nil {
-			started, err := x.runWave(ctx, f, w)
-			if err != nil {
-				return nil, err
+			res, started, stop, err := x.runWave(ctx, f, w, &pending)
+			if stop || err != nil {
+				return res, err
 			}
 			if started {
-				order := waveOrder(f, w)
-				for i, t := range order {
-					f.st.takeInflight(t.name)
-					f.st.Intent, f.notStarted = &intentRec{Step: t.name, Attempt: 1}, true
-					// The wave's successes share one checkpoint, the last
-					// one's: a crash before it leaves them in Inflight, run
-					// again (at least once, as any step cut short).
-					batch := i+1 < len(order) && f.prefetch[t.name].err == nil && f.prefetch[order[i+1].name].err == nil
-					res, stop, err := x.stepInFrame(ctx, f, t, &pending, batch)
-					if stop || err != nil {
-						f.prefetch = nil
-						return res, err
-					}
-				}
 				continue
 			}
 		}
