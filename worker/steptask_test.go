@@ -5,7 +5,9 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hibiken/asynq"
 	"github.com/stretchr/testify/assert"
@@ -395,4 +397,51 @@ func TestTaskStepSkipAndHalt(t *testing.T) {
 	require.Equal(t, reactor.StatusHalted, final.Status, "%v", final.Err())
 	assert.Equal(t, "out of stock", final.Reason)
 	assert.Empty(t, undone, "a skipped step is never undone, a halted run undoes nothing")
+}
+
+// A worker that shuts down while a Task step's attempt runs gives the step
+// back: the attempt's context ends, its lease is released, asynq delivers
+// the task again, and a worker that is up runs the same attempt at once
+// (no wait for a lease to lapse, no retry spent).
+func TestTaskStepGivenBackByAWorkerThatStops(t *testing.T) {
+	f := newFixture(t)
+	ctx := ctxTimeout(t)
+	entered := make(chan int, 2)
+	var n atomic.Int32
+	def := reactor.MustDefine("given-back",
+		reactor.Step("label", reactor.StepConfig[reactor.Args, string]{
+			Task: true,
+			Run: func(ctx context.Context, _ reactor.Args) (string, error) {
+				k := int(n.Add(1))
+				entered <- k
+				if k == 1 {
+					<-ctx.Done() // the first delivery waits for its worker's shutdown
+					return "", ctx.Err()
+				}
+				info, _ := reactor.RunInfoFrom(ctx)
+				return "label-" + itoa(info.Attempt), nil
+			},
+		}),
+		reactor.Returns(reactor.FromStep("label")))
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	first := f.newWorker(e, func(c *worker.Config) { c.ShutdownTimeout = 100 * time.Millisecond })
+	require.NoError(t, first.Start(ctx))
+	res, err := e.Enqueue(ctx, def, nil)
+	require.NoError(t, err)
+	require.Equal(t, 1, <-entered)
+	require.NoError(t, first.Stop(ctx))
+	f.startWorker(e)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+	got, err := reactor.ValueOf[string](final)
+	require.NoError(t, err)
+	assert.Equal(t, "label-1", got, "the same attempt, run again")
+	tasks, err := e.StepTasks(ctx, res.RunID)
+	require.NoError(t, err)
+	attempts := tasks["label"]
+	require.Len(t, attempts, 2)
+	assert.Contains(t, attempts[0].Error, "the delivery ended")
+	assert.Empty(t, attempts[1].Error)
 }

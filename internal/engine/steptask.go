@@ -133,14 +133,19 @@ func (e *Engine) stepTasks() StepTaskEnqueuer {
 func (t *taskStep) Run(ctx context.Context, c *ConstructContext) (Raw, error) {
 	e := c.Engine
 	q := e.stepTasks()
-	if c.Nested || q == nil {
-		// A map element is already a task of its own; an engine with no
-		// workers runs everything in its process.
-		return t.runInline(ctx, c)
-	}
 	st, err := decodeTaskState(c.State())
 	if err != nil {
 		return nil, Permanent(err)
+	}
+	switch {
+	case st.Token == "" && (c.Nested || q == nil):
+		// A map element is already a task of its own; an engine with no
+		// workers runs everything in its process.
+		return t.runInline(ctx, c)
+	case q == nil:
+		// Dispatched by a process with workers: only such a process
+		// adopts it (the run stays at its checkpoint).
+		return nil, fmt.Errorf("reactor: task step %q was dispatched to workers: %w", c.Step, ErrNoEnqueuer)
 	}
 	if st.Token == "" {
 		st.Token = NewRunID()
@@ -550,6 +555,17 @@ func (e *Engine) runStepTask(ctx context.Context, t StepTask) error {
 	cancel(nil)
 	<-renewed
 	bg := context.WithoutCancel(ctx)
+	if runErr != nil && ctx.Err() != nil && !stopped {
+		// The delivery ended (its worker shuts down, or asynq's timeout):
+		// not the step's verdict. The lease goes back, the attempt stays
+		// the current one, and asynq delivers the task again.
+		att.EndedAt, att.Error = e.now().UnixMilli(), "the delivery ended: "+ctx.Err().Error()
+		e.recordStepAttempt(bg, ref, t, v.Tries, att)
+		if _, err := e.store.RetryStep(bg, ref, holder, t.Attempt); err != nil {
+			return errors.Join(ctx.Err(), err)
+		}
+		return ctx.Err()
+	}
 	att.EndedAt = e.now().UnixMilli()
 	if runErr != nil {
 		att.Error = runErr.Error()
