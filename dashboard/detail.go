@@ -45,6 +45,10 @@ type runDetail struct {
 	Ledger    []ledgerView   `json:"ledger"`
 	RetryOf   string         `json:"retry_of"`
 	RetriedBy []string       `json:"retried_by"`
+	// SpawnedBy is the run whose spawn step started this run (with the
+	// step); Spawned the runs this run's spawn steps started.
+	SpawnedBy *spawnLinkView  `json:"spawned_by,omitempty"`
+	Spawned   []spawnLinkView `json:"spawned"`
 	Deadline  string         `json:"deadline,omitempty"`
 	Element   *elementOf     `json:"element,omitempty"`
 	// Actions says, for each action, whether the engine would accept it
@@ -432,6 +436,7 @@ func detailOf(run *reactor.Run, maps []inspect.Map, now time.Time) runDetail {
 		Maps: []mapView{}, Rollbacks: []rollbackView{}, Ledger: ledgerOf(run.Ledger, "", []ledgerView{}), RetryOf: run.RetryOf, RetriedBy: []string{},
 		Sensitive: run.Sensitive, Definition: run.Definition}
 	d.RetriedBy = append(d.RetriedBy, run.RetriedBy...)
+	d.SpawnedBy, d.Spawned = spawnLinks(run)
 	for k, v := range run.Inputs {
 		d.Inputs[k] = decode(v)
 	}

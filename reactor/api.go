@@ -2372,6 +2372,74 @@ func RunLimits(limits ...Limit) Part { return engine.RunLimits(limits...) }
 // quote the value either.
 func Sensitive() InputOption { return engine.Sensitive() }
 
+// SpawnUndo is what the spawning run's rollback does to a run it spawned.
+//
+//	type SpawnUndo uint8
+type SpawnUndo = engine.SpawnUndo
+
+const (
+	// SpawnKept (the default): the spawned run is left alone. The spawn
+	// step has no undo: a rollback reports it kept
+	// (no_compensation_registered), as any step without an Undo.
+	SpawnKept = engine.SpawnKept
+	// SpawnCancelled: the rollback cancels the spawned run if it has not
+	// finished (it rolls itself back, Engine.Cancel), undoes it if it
+	// completed (Engine.Undo), and leaves it if it already failed or was
+	// cancelled.
+	SpawnCancelled = engine.SpawnCancelled
+)
+
+// SpawnConfig describes a step that starts an independent run of another
+// reactor.
+//
+//	type SpawnConfig struct {
+//		// Args binds the spawned run's inputs.
+//		Args Bindings
+//		// After lists steps that must complete first.
+//		After []string
+//		// Queue is the asynq queue of the spawned run (WithQueue). Default: the
+//		// queue of the engine's Enqueuer.
+//		Queue string
+//		// Undo is what the spawning run's rollback does to the spawned run.
+//		// Default SpawnKept.
+//		Undo SpawnUndo
+//	}
+type SpawnConfig = engine.SpawnConfig
+
+// Spawned is a spawn step's result, what later steps bind with FromStep:
+// the run it started.
+//
+//	type Spawned struct {
+//		RunID   string `msgpack:"run" json:"run_id"`
+//		Reactor string `msgpack:"reactor" json:"reactor"`
+//	}
+type Spawned = engine.Spawned
+
+// SpawnLink links a run to a run one of its steps spawned, or to the run
+// that spawned it (Run.Spawned, Run.SpawnedBy).
+//
+//	type SpawnLink struct {
+//		// Run is the other run's id. Reactor is the spawned run's reactor in
+//		// Run.Spawned, and in Run.SpawnedBy the definition the spawning step
+//		// belongs to (a composed child's, for a step of the child).
+//		Run     string `msgpack:"r"`
+//		Reactor string `msgpack:"re"`
+//		// Step is the spawning step's path in the spawning run ("notify",
+//		// "book/notify").
+//		Step string `msgpack:"s"`
+//	}
+type SpawnLink = engine.SpawnLink
+
+// SpawnID is the id of the run that step (a path) of run id spawns.
+func SpawnID(id, step string) string { return engine.SpawnID(id, step) }
+
+// Spawn declares a step that starts an independent run of child, with its
+// inputs bound by cfg.Args, on the queue cfg.Queue. It needs workers (an
+// engine with an Enqueuer). Its result is a Spawned.
+func Spawn(name string, child *Definition, cfg SpawnConfig) Part {
+	return engine.Spawn(name, child, cfg)
+}
+
 // StopKind says how a step stopped without completing.
 //
 //	type StopKind string
@@ -2576,6 +2644,12 @@ type StepRollback = engine.StepRollback
 //		// RetriedBy lists the ids of the runs that retry this one, oldest
 //		// first.
 //		RetriedBy []string
+//		// SpawnedBy is the run (and its step) that spawned this run with a
+//		// spawn step (Spawn); nil for a run started otherwise.
+//		SpawnedBy *SpawnLink
+//		// Spawned lists the runs this run's spawn steps started, in the order
+//		// they did (composed children's included, Step being their path).
+//		Spawned []SpawnLink
 //		// Held counts what the run's rollbacks left in place that someone must
 //		// know of (see Result.Held).
 //		Held Held

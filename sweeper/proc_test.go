@@ -113,6 +113,9 @@ func TestWorkerProcess(t *testing.T) {
 		def, cfg.LockExpiry, level = waveKillDefinition(rdb, prefix, true), limitKillLease, slog.LevelError
 	case "task-kill":
 		def, cfg.LockExpiry, level = taskKillDefinition(rdb, prefix, true), limitKillLease, slog.LevelError
+	case "spawn-kill":
+		def, cfg.LockExpiry, level = spawnKillDefinition(rdb, prefix), limitKillLease, slog.LevelError
+		cfg.Middleware = []reactor.Middleware{spawnThenHang(rdb, prefix)}
 	case "ordered-kill":
 		def, cfg.LockExpiry, level = orderedKillDefinition(rdb, prefix, true), limitKillLease, slog.LevelError
 	case "rbmap":

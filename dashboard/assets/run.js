@@ -48,6 +48,12 @@
         wf.have.map(function (v) { return 'v' + v.version + ' (' + v.fingerprint + ')'; }).join(', ') : '')) : '');
     fact(dl, 'retry of', r.retry_of ? GR.runLink(r.retry_of, 'retry-of') : '');
     fact(dl, 'retried by', (r.retried_by || []).length ? h('span', { class: 'links' }, r.retried_by.map(function (id) { return GR.runLink(id, 'retried-by'); })) : '');
+    var sb = r.spawned_by;
+    fact(dl, 'spawned by', sb ? h('span', null, GR.runLink(sb.run, 'spawned-by'), h('span', { class: 'muted small' }, ' step '), h('span', { class: 'mono' }, sb.step)) : '');
+    fact(dl, 'spawned', (r.spawned || []).length ? h('span', { class: 'links' }, r.spawned.map(function (l) {
+      return h('span', { class: 'spawned', title: l.reactor + ', spawned by step ' + l.step }, GR.runLink(l.run, 'spawned-run'),
+        h('span', { class: 'muted small' }, ' (' + l.step + ')'));
+    })) : '');
   }
 
   // ---- failure -------------------------------------------------------------
@@ -873,7 +879,7 @@
       show('run-missing', false);
       $('run').classList.remove('gone');
       var running = (r.steps || []).some(function (s) { return s.status === 'running' || s.status === 'paused'; });
-      if (changed('head', [r.id, r.status, r.reactor, r.created_at, r.updated_at, r.elapsed_ms, r.queue, r.queue_default, r.element, r.trace_id, r.reason, r.waiting, (r.definition || {}).fingerprint, r.retry_of, r.retried_by, Math.floor(Date.now() / 10000)])) renderHead(r);
+      if (changed('head', [r.id, r.status, r.reactor, r.created_at, r.updated_at, r.elapsed_ms, r.queue, r.queue_default, r.element, r.trace_id, r.reason, r.waiting, (r.definition || {}).fingerprint, r.retry_of, r.retried_by, r.spawned_by, r.spawned, Math.floor(Date.now() / 10000)])) renderHead(r);
       if (changed('actions', r.actions)) renderActions(r.actions || {});
       if (changed('stall', r.stall)) GR.renderStall(r.stall); // stalls.js
       if (changed('interrupt', [r.interrupt, (r.actions || {}).continue, Math.floor(Date.now() / 10000)])) renderInterrupt(r.interrupt, (r.actions || {}).continue);

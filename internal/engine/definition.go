@@ -323,6 +323,7 @@ type stepDef struct {
 	resource  func(args, result Raw) string
 	guard     *Guard      // guarded undo (nil: none)
 	child     *Definition // compose
+	spawn     *Definition // Spawn: the reactor a spawn step starts
 	construct Construct
 	intr      *interruptDef // an interrupt step's declaration
 	limits    []Limit       // StepConfig.Limits

@@ -59,8 +59,11 @@ func (e *Engine) enqueuerQueue() string {
 var ErrNoEnqueuer = errors.New("reactor: Config.Enqueuer is required to hand runs to workers (see package worker)")
 
 func errIDTaken(id, reactor string) error {
-	return fmt.Errorf("reactor: run id %s is taken by a run of %q", id, reactor)
+	return fmt.Errorf("reactor: run id %s is taken by a run of %q%w", id, reactor, errTaken)
 }
+
+// errTaken marks errIDTaken's errors (it adds no text).
+var errTaken = errors.New("")
 
 func wakeID(runID, cause string) string { return "resume:" + runID + ":" + cause }
 

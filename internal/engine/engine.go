@@ -288,6 +288,8 @@ func (e *Engine) registerLocked(d *Definition) error {
 		switch {
 		case s.child != nil:
 			nested = []*Definition{s.child}
+		case s.spawn != nil:
+			nested = []*Definition{s.spawn}
 		case s.construct != nil:
 			if n, ok := s.construct.(interface{ Definitions() []*Definition }); ok {
 				nested = n.Definitions()

@@ -731,6 +731,9 @@ func (x *execution) runStep(ctx context.Context, f *frame, s *stepDef) (stepOutc
 				}
 			}
 			f.st.Steps[s.name].Log = f.st.completedLog(s.name, try, args, !onLedger)
+			if s.spawn != nil {
+				x.noteSpawned(path, val)
+			}
 			x.emit(ctx, Event{Kind: EventStepCompleted, RunID: x.st.ID, Reactor: f.def.name, Step: path, Attempt: attempt, Duration: time.Since(began)})
 			return stepOutcome{kind: outOK}, nil
 		case errors.As(err, &skip):

@@ -35,6 +35,8 @@ type runOptions struct {
 	noWait bool
 	// retryOf is the run a new run retries (Engine.Retry, retry_run.go).
 	retryOf string
+	// spawnedBy is the run and step that spawned the new run (Spawn).
+	spawnedBy *SpawnLink
 	// sensitive makes the new run a sensitive run whatever its definition
 	// says (the retry of a sensitive run).
 	sensitive bool
@@ -178,7 +180,7 @@ func (o runOptions) startDelay(now time.Time) time.Duration {
 
 // applyTo stores what the options ask of a new run on its state.
 func (o runOptions) applyTo(st *runState) {
-	st.Queue, st.Trace, st.RetryOf = o.queue, o.trace, o.retryOf
+	st.Queue, st.Trace, st.RetryOf, st.SpawnedBy = o.queue, o.trace, o.retryOf, o.spawnedBy
 	st.Sensitive = st.Sensitive || o.sensitive
 	if !o.deadline.IsZero() {
 		st.Deadline = o.deadline.UnixMilli()

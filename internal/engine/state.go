@@ -109,6 +109,10 @@ type runState struct {
 	// created (retry_run.go).
 	RetryOf   string   `msgpack:"rof,omitempty"`
 	RetriedBy []string `msgpack:"rby,omitempty"`
+	// SpawnedBy is the run and step that spawned this run (Spawn);
+	// Spawned lists the runs this run's spawn steps started, in order.
+	SpawnedBy *SpawnLink  `msgpack:"spb,omitempty"`
+	Spawned   []SpawnLink `msgpack:"sps,omitempty"`
 	// Sensitive marks a sensitive run (Run.Sensitive), from its creation.
 	Sensitive bool `msgpack:"sen,omitempty"`
 
@@ -395,6 +399,12 @@ type Run struct {
 	// RetriedBy lists the ids of the runs that retry this one, oldest
 	// first.
 	RetriedBy []string
+	// SpawnedBy is the run (and its step) that spawned this run with a
+	// spawn step (Spawn); nil for a run started otherwise.
+	SpawnedBy *SpawnLink
+	// Spawned lists the runs this run's spawn steps started, in the order
+	// they did (composed children's included, Step being their path).
+	Spawned []SpawnLink
 	// Held counts what the run's rollbacks left in place that someone must
 	// know of (see Result.Held).
 	Held Held
@@ -490,7 +500,7 @@ func (st *runState) view(d *Definition, version int64) *Run {
 		Status: st.Status, Version: version, Inputs: st.Inputs,
 		Ledger: st.Ledger, Rollback: st.Rollback, Rollbacks: st.Undone, Value: st.Value,
 		Failure: st.Failure, Reason: st.Reason, Wake: st.Wake, Queue: st.Queue, TraceID: st.Trace,
-		RetryOf: st.RetryOf, RetriedBy: st.RetriedBy, RollbackGeneration: st.rollbackGen(), Held: st.held(), Sensitive: st.Sensitive,
+		RetryOf: st.RetryOf, RetriedBy: st.RetriedBy, SpawnedBy: st.SpawnedBy, Spawned: st.Spawned, RollbackGeneration: st.rollbackGen(), Held: st.held(), Sensitive: st.Sensitive,
 		CreatedAt: time.UnixMilli(st.CreatedAt), UpdatedAt: time.UnixMilli(st.UpdatedAt)}
 	if st.Deadline != 0 {
 		r.Deadline = time.UnixMilli(st.Deadline)

@@ -131,6 +131,11 @@ func (d *Definition) writeShape(h hash.Hash) {
 		if s.child != nil {
 			w("  child %q %s", s.child.name, s.child.fp)
 		}
+		if s.spawn != nil {
+			// The spawned run runs under its own definition: only whom it
+			// starts is this definition's shape.
+			w("  spawns %q", s.spawn.name)
+		}
 		if s.construct != nil {
 			w("  construct %s", typename.Of(reflect.TypeOf(s.construct)))
 			if sc, ok := s.construct.(ShapedConstruct); ok {
