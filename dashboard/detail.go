@@ -49,8 +49,8 @@ type runDetail struct {
 	// step); Spawned the runs this run's spawn steps started.
 	SpawnedBy *spawnLinkView  `json:"spawned_by,omitempty"`
 	Spawned   []spawnLinkView `json:"spawned"`
-	Deadline  string         `json:"deadline,omitempty"`
-	Element   *elementOf     `json:"element,omitempty"`
+	Deadline  string          `json:"deadline,omitempty"`
+	Element   *elementOf      `json:"element,omitempty"`
 	// Actions says, for each action, whether the engine would accept it
 	// now (Engine.Allowed), and why not.
 	Actions map[string]actionView `json:"actions"`
