@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -295,12 +296,14 @@ func (h *Handler) examineRun(ctx context.Context, p *stallProbe, id string, maps
 	var at *redis.StringCmd
 	var lockTTL *redis.DurationCmd
 	var human *redis.FloatCmd
+	var tasks *redis.MapStringStringCmd
 	touched := make([]*redis.StringCmd, len(maps))
 	waiting := make([]*redis.StringCmd, len(maps))
 	if _, err := h.rdb.Pipelined(ctx, func(pl redis.Pipeliner) error {
 		at = pl.HGet(ctx, h.keys.RunState(id), "at")
 		lockTTL = pl.PTTL(ctx, h.keys.RunLock(id))
 		human = pl.ZScore(ctx, h.keys.NeedsHuman(), id)
+		tasks = pl.HGetAll(ctx, h.keys.RunTasks(id))
 		for i, m := range maps {
 			meta := h.keys.MapMeta(m.ID)
 			if m.Rollback != nil {
@@ -334,6 +337,11 @@ func (h *Handler) examineRun(ctx context.Context, p *stallProbe, id string, maps
 		// A worker holds the run's lock and its heartbeat extends it: the
 		// run executes (a long step). The sweeper would not touch it, and
 		// neither can a re-dispatch.
+		return nil, nil
+	}
+	if stepTaskRuns(tasks.Val(), p.now) {
+		// It waits, parked, for a step that runs as its own task, and a
+		// worker's attempt holds that step's lease: it executes.
 		return nil, nil
 	}
 	s := &stallView{RunID: id, Reactor: run.Reactor, Status: run.Status, ProgressAt: stamp(time.UnixMilli(last)),
@@ -535,4 +543,20 @@ func (c *stallCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, k := range stallKinds {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(v.ByKind[k]), k)
 	}
+}
+
+// stepTaskRuns reports whether the record of a run's task steps (the hash
+// keys.RunTasks) holds a lease that has not lapsed at now: a worker runs an
+// attempt ("<token>:lease" is "<holder>|<expiry ms>").
+func stepTaskRuns(record map[string]string, now time.Time) bool {
+	for f, v := range record {
+		if !strings.HasSuffix(f, ":lease") {
+			continue
+		}
+		_, exp, _ := strings.Cut(v, "|")
+		if ms, err := strconv.ParseInt(exp, 10, 64); err == nil && ms > now.UnixMilli() {
+			return true
+		}
+	}
+	return false
 }

@@ -3,6 +3,7 @@ package dashboard_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"testing"
 	"time"
 
@@ -81,4 +82,44 @@ func TestRunDetailShowsTaskStepAttempts(t *testing.T) {
 	assert.NotEmpty(t, d.Steps[0].AttemptLog[1].EndedAt)
 	assert.False(t, d.Steps[1].Task, "a plain step")
 	assert.Empty(t, d.Steps[1].Worker)
+}
+
+// A run parked on a step that runs as its own task, while a worker's
+// attempt runs it past StallAfter, is not stalled: the attempt's lease
+// says the run executes.
+func TestRunWaitingForARunningTaskStepIsNotStalled(t *testing.T) {
+	t.Parallel()
+	e := newStallEnv(t, "")
+	ctx := ctxTimeout(t, 30*time.Second)
+	running, release := make(chan struct{}), make(chan struct{})
+	def := reactor.MustDefine("long-task",
+		reactor.Step("render", reactor.StepConfig[reactor.Args, string]{
+			Task: true,
+			Run: func(context.Context, reactor.Args) (string, error) {
+				close(running)
+				<-release
+				return "rendered", nil
+			},
+		}))
+	e.startWorker(def)
+	res, err := e.engine.Enqueue(ctx, def, nil)
+	require.NoError(t, err)
+	<-running
+	run, err := e.engine.Get(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return time.Since(run.UpdatedAt) > 2*stallAfter }, 5*time.Second, 10*time.Millisecond)
+	var d struct {
+		Stall *struct {
+			Kind string `json:"kind"`
+		} `json:"stall"`
+	}
+	getAs(t, e, "/api/runs/"+res.RunID, "", &d)
+	assert.Nil(t, d.Stall, "parked on a task step whose attempt runs")
+	var page stallsPage
+	e.get("/api/stalls", http.StatusOK, &page)
+	assert.Nil(t, page.find(res.RunID))
+	close(release)
+	final, err := e.engine.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status)
 }
