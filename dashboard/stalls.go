@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -18,6 +17,7 @@ import (
 	"github.com/goreactor/goreactor/internal/inspect"
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/maptask"
+	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/reactor"
 )
 
@@ -339,7 +339,7 @@ func (h *Handler) examineRun(ctx context.Context, p *stallProbe, id string, maps
 		// neither can a re-dispatch.
 		return nil, nil
 	}
-	if stepTaskRuns(tasks.Val(), p.now) {
+	if store.StepLeaseEnd(tasks.Val()) > p.now.UnixMilli() {
 		// It waits, parked, for a step that runs as its own task, and a
 		// worker's attempt holds that step's lease: it executes.
 		return nil, nil
@@ -543,20 +543,4 @@ func (c *stallCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, k := range stallKinds {
 		ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, float64(v.ByKind[k]), k)
 	}
-}
-
-// stepTaskRuns reports whether the record of a run's task steps (the hash
-// keys.RunTasks) holds a lease that has not lapsed at now: a worker runs an
-// attempt ("<token>:lease" is "<holder>|<expiry ms>").
-func stepTaskRuns(record map[string]string, now time.Time) bool {
-	for f, v := range record {
-		if !strings.HasSuffix(f, ":lease") {
-			continue
-		}
-		_, exp, _ := strings.Cut(v, "|")
-		if ms, err := strconv.ParseInt(exp, 10, 64); err == nil && ms > now.UnixMilli() {
-			return true
-		}
-	}
-	return false
 }

@@ -451,6 +451,14 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 	case ttl == -1:
 		return false, false, due, false, nil // held for good (no expiry): left alone, looked at again StaleAfter later
 	}
+	// A run parked on a step that runs as its own task, whose attempt a
+	// worker runs (its lease live), is resumed by that attempt; looked at
+	// again when the lease would end.
+	if until, err := s.store.StepLeaseUntil(ctx, id); err != nil {
+		return false, false, due, false, err
+	} else if at := time.UnixMilli(until); at.After(clock()) {
+		return false, false, at, false, nil
+	}
 	// A run waiting for a fan-out map is resumed by the map's workers (or
 	// by the map sweeper) when the map settles; waking it earlier would
 	// only make it hand off again.

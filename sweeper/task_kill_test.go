@@ -88,3 +88,36 @@ func TestTaskStepInFlightSurvivesAWorkerKill(t *testing.T) {
 	assert.Equal(t, 1, attempts[1].Attempt, "an interrupted attempt runs again as itself")
 	assert.NotEqual(t, attempts[0].Worker, attempts[1].Worker, "the killed process and this one")
 }
+
+// A run parked on a task step whose attempt a worker runs (its lease live)
+// is not woken by the run sweeper, however long the step takes: the
+// attempt resumes it. Once the step has its outcome, the run completes.
+func TestSweeperLeavesARunWhoseTaskStepRuns(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	running, release := make(chan struct{}), make(chan struct{})
+	def := reactor.MustDefine("long-task",
+		reactor.Step("render", reactor.StepConfig[reactor.Args, string]{
+			Task: true,
+			Run: func(context.Context, reactor.Args) (string, error) {
+				close(running)
+				<-release
+				return "rendered", nil
+			},
+		}))
+	require.NoError(t, e.engine.Register(def))
+	e.startWorker()
+	res, err := e.engine.Enqueue(ctx, def, nil)
+	require.NoError(t, err)
+	<-running
+	e.waitStale(ctx, res.RunID)
+	rep, err := e.sweeper.Sweep(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.Examined)
+	assert.Zero(t, rep.Woken, "its task step's attempt holds the lease")
+	close(release)
+	final, err := e.engine.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+}

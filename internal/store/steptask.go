@@ -258,3 +258,35 @@ func (s *Store) StepAttempts(ctx context.Context, owner string) (map[string][][]
 	}
 	return out, nil
 }
+
+// StepLeaseUntil returns when the latest lease held on one of run owner's
+// task steps ends (Unix ms by the server's clock that wrote it; 0 when
+// none is held): while it has not, a worker runs an attempt of the step,
+// and the run, parked for it, executes.
+func (s *Store) StepLeaseUntil(ctx context.Context, owner string) (int64, error) {
+	var all map[string]string
+	err := rideOut(ctx, func() (err error) {
+		all, err = s.rdb.HGetAll(ctx, s.keys.RunTasks(owner)).Result()
+		return err
+	})
+	if err != nil {
+		return 0, fmt.Errorf("store: read the step leases of run %s: %w", owner, err)
+	}
+	return StepLeaseEnd(all), nil
+}
+
+// StepLeaseEnd returns when the latest lease in a run's task record (the
+// hash keys.RunTasks, read whole) ends, in Unix ms; 0 for none.
+func StepLeaseEnd(record map[string]string) int64 {
+	var until int64
+	for f, v := range record {
+		if !strings.HasSuffix(f, ":lease") {
+			continue
+		}
+		_, exp, _ := strings.Cut(v, "|")
+		if ms, err := strconv.ParseInt(exp, 10, 64); err == nil {
+			until = max(until, ms)
+		}
+	}
+	return until
+}
