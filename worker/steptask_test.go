@@ -50,6 +50,20 @@ func itoa(n int) string {
 	return s
 }
 
+// serveAndRun registers def on an engine of f, starts a worker of conc
+// slots for it, enqueues a run with inputs and waits for its end.
+func serveAndRun(ctx context.Context, t *testing.T, f *fixture, def *reactor.Definition, conc int, inputs map[string]any) (*reactor.Engine, string, *reactor.Result) {
+	t.Helper()
+	e := f.engine("w")
+	require.NoError(t, e.Register(def))
+	f.startWorker(e, func(c *worker.Config) { c.Concurrency = conc })
+	res, err := e.Enqueue(ctx, def, inputs)
+	require.NoError(t, err)
+	final, err := e.Wait(ctx, res.RunID)
+	require.NoError(t, err)
+	return e, res.RunID, final
+}
+
 // A Task step runs as an asynq task of its own: the run parks without its
 // worker slot (the worker has one slot, so a run that kept it would wait
 // for ever), a failed attempt is retried as a new task, and the step that
@@ -83,13 +97,7 @@ func TestTaskStepRunsAsItsOwnTask(t *testing.T) {
 		}),
 		reactor.Returns(reactor.FromStep("notify")),
 	)
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e, func(c *worker.Config) { c.Concurrency = 1 })
-	res, err := e.Enqueue(ctx, def, map[string]any{"order": "42"})
-	require.NoError(t, err)
-	final, err := e.Wait(ctx, res.RunID)
-	require.NoError(t, err)
+	e, id, final := serveAndRun(ctx, t, f, def, 1, map[string]any{"order": "42"})
 	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
 	got, err := reactor.ValueOf[string](final)
 	require.NoError(t, err)
@@ -97,7 +105,7 @@ func TestTaskStepRunsAsItsOwnTask(t *testing.T) {
 	assert.Equal(t, []string{"run label 1 step", "run label 2 step", "run notify 1 resume"}, log.all(),
 		"each attempt of label in a step task of its own, notify in the run's")
 
-	tasks, err := e.StepTasks(ctx, res.RunID)
+	tasks, err := e.StepTasks(ctx, id)
 	require.NoError(t, err)
 	attempts := tasks["label"]
 	require.Len(t, attempts, 2)
@@ -153,13 +161,7 @@ func TestTaskStepUndoAndCompensateRunAsTasks(t *testing.T) {
 				return nil
 			},
 		}))
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e, func(c *worker.Config) { c.Concurrency = 1 })
-	res, err := e.Enqueue(ctx, def, nil)
-	require.NoError(t, err)
-	final, err := e.Wait(ctx, res.RunID)
-	require.NoError(t, err)
+	e, id, final := serveAndRun(ctx, t, f, def, 1, nil)
 	require.Equal(t, reactor.StatusFailed, final.Status)
 	require.Equal(t, "settle", final.Failure.Step)
 	assert.Empty(t, final.Failure.RollbackFailures)
@@ -167,7 +169,7 @@ func TestTaskStepUndoAndCompensateRunAsTasks(t *testing.T) {
 		"run reserve 1 step", "run charge 1 step", "run settle 1 step",
 		"compensate settle 0 stepundo", "undo charge 0 stepundo", "undo reserve 0 stepundo",
 	}, log.all())
-	run, err := e.Get(ctx, res.RunID)
+	run, err := e.Get(ctx, id)
 	require.NoError(t, err)
 	statuses := map[string]reactor.RollbackStatus{}
 	for _, s := range run.Rollbacks {
@@ -244,19 +246,13 @@ func TestTaskStepInAChildAndInAMapElement(t *testing.T) {
 		mapstep.Map("each", mapstep.Config{Element: element, Items: reactor.Const([]string{"two"}), FanOut: true, After: []string{"book"}}),
 		reactor.Returns(reactor.FromStep("book")),
 	)
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e, func(c *worker.Config) { c.Concurrency = 1 })
-	res, err := e.Enqueue(ctx, def, nil)
-	require.NoError(t, err)
-	final, err := e.Wait(ctx, res.RunID)
-	require.NoError(t, err)
+	e, id, final := serveAndRun(ctx, t, f, def, 1, nil)
 	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
 	got, err := reactor.ValueOf[string](final)
 	require.NoError(t, err)
 	assert.Equal(t, "one", got)
 	assert.Equal(t, []string{"run book/label 1 step", "run label 1 el"}, log.all())
-	tasks, err := e.StepTasks(ctx, res.RunID)
+	tasks, err := e.StepTasks(ctx, id)
 	require.NoError(t, err)
 	attempts := tasks["book/label"]
 	assert.Len(t, attempts, 1)
@@ -326,13 +322,7 @@ func TestTaskStepsRunSideBySide(t *testing.T) {
 			},
 		}),
 	)
-	e := f.engine("w")
-	require.NoError(t, e.Register(def))
-	f.startWorker(e, func(c *worker.Config) { c.Concurrency = 4 })
-	res, err := e.Enqueue(ctx, def, nil)
-	require.NoError(t, err)
-	final, err := e.Wait(ctx, res.RunID)
-	require.NoError(t, err)
+	_, _, final := serveAndRun(ctx, t, f, def, 4, nil)
 	require.Equal(t, reactor.StatusFailed, final.Status, "%v", final.Err())
 	require.Equal(t, "notify", final.Failure.Step)
 	all := log.all()
