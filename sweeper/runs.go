@@ -18,6 +18,7 @@ import (
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/internal/mapcore"
+	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/internal/tracing"
 	"github.com/goreactor/goreactor/reactor"
@@ -504,8 +505,25 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 		if found && deliverable(state) {
 			return false, false, due, false, nil // it will be delivered
 		}
-		// active without the run's lock: its worker died. archived or
-		// completed: nothing will deliver it again.
+		if found && state == asynq.TaskStateActive {
+			// Active without the run's lock: its worker died, or picked
+			// the task up a moment ago and has not taken the lock yet.
+			// Dead once its asynq lease stays unextended over two looks
+			// idleAfter apart (server time), as for a map position nobody
+			// holds; until then it is left to its worker.
+			tasks := &queueTasks{rdb: s.cfg.Client, insp: s.insp, queue: queue, shards: 1, prefix: s.keys.Prefix()}
+			fate, wait, err := tasks.IdleTaskFate(ctx, maptask.OwnerRef(run.Wake))
+			if err != nil {
+				return false, false, due, false, err
+			}
+			if fate != maptask.TaskDead {
+				if wait > 0 {
+					due = clock().Add(wait)
+				}
+				return false, false, due, false, nil
+			}
+		}
+		// archived or completed: nothing will deliver it again.
 	}
 	// The run's own wake-up is not queued; an earlier pass's may be (the
 	// sweeper records its wake-ups nowhere but in the queue).

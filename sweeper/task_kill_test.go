@@ -2,6 +2,7 @@ package sweeper_test
 
 import (
 	"context"
+	"strconv"
 	"testing"
 	"time"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/goreactor/goreactor/reactor"
+	"github.com/goreactor/goreactor/sweeper"
 )
 
 // taskKillDefinition: a step that runs as its own task (StepConfig.Task),
@@ -120,4 +122,50 @@ func TestSweeperLeavesARunWhoseTaskStepRuns(t *testing.T) {
 	final, err := e.engine.Wait(ctx, res.RunID)
 	require.NoError(t, err)
 	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
+}
+
+// A run whose start task a worker has just taken (active, its lease fresh)
+// but whose lock that worker has not taken yet is not woken: it could be a
+// moment before the worker takes it. Once the task's lease has stayed
+// unextended over looks a second apart, its worker is dead and the run is
+// woken, under the sweeper's own wake-up.
+func TestSweeperWaitsForAJustTakenWakeUpToTakeItsRun(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	def := reactor.MustDefine("taken-start", reactor.Step("only", reactor.StepConfig[reactor.Args, string]{
+		Run: func(context.Context, reactor.Args) (string, error) { return "ok", nil },
+	}))
+	require.NoError(t, e.engine.Register(def))
+	res, err := e.engine.Enqueue(ctx, def, nil)
+	require.NoError(t, err)
+	start := "resume:" + res.RunID + ":start"
+	lease := time.Now().Add(30 * time.Second)
+	qkey := func(suffix string) string { return "asynq:{" + e.queue + "}:" + suffix }
+	// Taken, as asynq's dequeue does: pending -> active, with a lease.
+	require.EqualValues(t, 1, e.rdb.LRem(ctx, qkey("pending"), 0, start).Val())
+	_, err = e.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.LPush(ctx, qkey("active"), start)
+		p.HSet(ctx, qkey("t:"+start), "state", "active")
+		p.HDel(ctx, qkey("t:"+start), "pending_since")
+		p.ZAdd(ctx, qkey("lease"), redis.Z{Score: float64(lease.Unix()), Member: start})
+		return nil
+	})
+	require.NoError(t, err)
+	run := e.waitStale(ctx, res.RunID)
+
+	rep, err := e.sweeper.Sweep(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, sweeper.RunReport{Examined: 1}, rep, "its worker may be about to take the lock")
+
+	// The lease was seen a while ago, unchanged since: its worker is dead.
+	srv, err := e.rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	seen := sweeper.IdleSeenKey(e.prefix, e.queue, start)
+	require.NoError(t, e.rdb.HSet(ctx, seen, "s", strconv.FormatInt(lease.Unix(), 10), "at", srv.Add(-2*time.Second).UnixMilli()).Err())
+	e.waitStale(ctx, res.RunID)
+	rep, err = e.sweeper.Sweep(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, sweeper.RunReport{Examined: 1, Woken: 1}, rep)
+	assert.Contains(t, e.queued(), sweepTaskID(res.RunID, run.Version))
 }
