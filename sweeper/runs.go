@@ -18,7 +18,6 @@ import (
 	"github.com/goreactor/goreactor/internal/keys"
 	"github.com/goreactor/goreactor/internal/lock"
 	"github.com/goreactor/goreactor/internal/mapcore"
-	"github.com/goreactor/goreactor/internal/maptask"
 	"github.com/goreactor/goreactor/internal/store"
 	"github.com/goreactor/goreactor/internal/tracing"
 	"github.com/goreactor/goreactor/reactor"
@@ -506,21 +505,13 @@ func (s *RunSweeper) sweepRun(ctx context.Context, id string, score float64, cut
 			return false, false, due, false, nil // it will be delivered
 		}
 		if found && state == asynq.TaskStateActive {
-			// Active without the run's lock: its worker died, or picked
-			// the task up a moment ago and has not taken the lock yet.
-			// Dead once its asynq lease stays unextended over two looks
-			// idleAfter apart (server time), as for a map position nobody
-			// holds; until then it is left to its worker.
-			tasks := &queueTasks{rdb: s.cfg.Client, insp: s.insp, queue: queue, shards: 1, prefix: s.keys.Prefix()}
-			fate, wait, err := tasks.IdleTaskFate(ctx, maptask.OwnerRef(run.Wake))
-			if err != nil {
+			// Active without the run's lock: its worker died, or took the
+			// task a moment ago and is about to take the lock. A worker
+			// takes it within milliseconds: a lock still free after
+			// justTaken says the worker is gone.
+			taken, err := s.lockTakenWithin(ctx, id, justTaken)
+			if err != nil || taken {
 				return false, false, due, false, err
-			}
-			if fate != maptask.TaskDead {
-				if wait > 0 {
-					due = clock().Add(wait)
-				}
-				return false, false, due, false, nil
 			}
 		}
 		// archived or completed: nothing will deliver it again.
@@ -604,4 +595,33 @@ func deliverable(state asynq.TaskState) bool {
 		return true
 	}
 	return false
+}
+
+// justTaken is how long the run sweeper gives a worker that has taken a
+// run's wake-up task to take the run's lock before it calls the worker
+// dead: far above the moment a live worker needs, far below the lock
+// expiry that a dead worker's run already waited out.
+const justTaken = 250 * time.Millisecond
+
+// lockTakenWithin reports whether run id's lock is taken within d, looking
+// every 25 ms.
+func (s *RunSweeper) lockTakenWithin(ctx context.Context, id string, d time.Duration) (bool, error) {
+	t := time.NewTicker(25 * time.Millisecond)
+	defer t.Stop()
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		select {
+		case <-ctx.Done():
+			return false, ctx.Err()
+		case <-t.C:
+		}
+		ttl, err := s.cfg.Client.PTTL(ctx, s.keys.RunLock(id)).Result()
+		if err != nil {
+			return false, fmt.Errorf("sweeper: read the lock of run %s: %w", id, err)
+		}
+		if ttl > 0 || ttl == -1 {
+			return true, nil
+		}
+	}
+	return false, nil
 }

@@ -2,7 +2,7 @@ package sweeper_test
 
 import (
 	"context"
-	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,11 +124,10 @@ func TestSweeperLeavesARunWhoseTaskStepRuns(t *testing.T) {
 	require.Equal(t, reactor.StatusCompleted, final.Status, "%v", final.Err())
 }
 
-// A run whose start task a worker has just taken (active, its lease fresh)
-// but whose lock that worker has not taken yet is not woken: it could be a
-// moment before the worker takes it. Once the task's lease has stayed
-// unextended over looks a second apart, its worker is dead and the run is
-// woken, under the sweeper's own wake-up.
+// A run whose start task a worker has just taken (active) but whose lock
+// that worker has not taken yet is not woken: the worker takes the lock a
+// moment later. A run whose start task stays active with the lock free is
+// woken: its worker is gone.
 func TestSweeperWaitsForAJustTakenWakeUpToTakeItsRun(t *testing.T) {
 	t.Parallel()
 	e := newEnv(t)
@@ -137,35 +136,43 @@ func TestSweeperWaitsForAJustTakenWakeUpToTakeItsRun(t *testing.T) {
 		Run: func(context.Context, reactor.Args) (string, error) { return "ok", nil },
 	}))
 	require.NoError(t, e.engine.Register(def))
+	qkey := func(suffix string) string { return "asynq:{" + e.queue + "}:" + suffix }
+	// take moves run id's start task to active, as asynq's dequeue does
+	// when a worker takes it.
+	take := func(id string) {
+		start := "resume:" + id + ":start"
+		require.EqualValues(t, 1, e.rdb.LRem(ctx, qkey("pending"), 0, start).Val())
+		_, err := e.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.LPush(ctx, qkey("active"), start)
+			p.HSet(ctx, qkey("t:"+start), "state", "active")
+			p.HDel(ctx, qkey("t:"+start), "pending_since")
+			p.ZAdd(ctx, qkey("lease"), redis.Z{Score: float64(time.Now().Add(30 * time.Second).Unix()), Member: start})
+			return nil
+		})
+		require.NoError(t, err)
+	}
+
 	res, err := e.engine.Enqueue(ctx, def, nil)
 	require.NoError(t, err)
-	start := "resume:" + res.RunID + ":start"
-	lease := time.Now().Add(30 * time.Second)
-	qkey := func(suffix string) string { return "asynq:{" + e.queue + "}:" + suffix }
-	// Taken, as asynq's dequeue does: pending -> active, with a lease.
-	require.EqualValues(t, 1, e.rdb.LRem(ctx, qkey("pending"), 0, start).Val())
-	_, err = e.rdb.TxPipelined(ctx, func(p redis.Pipeliner) error {
-		p.LPush(ctx, qkey("active"), start)
-		p.HSet(ctx, qkey("t:"+start), "state", "active")
-		p.HDel(ctx, qkey("t:"+start), "pending_since")
-		p.ZAdd(ctx, qkey("lease"), redis.Z{Score: float64(lease.Unix()), Member: start})
-		return nil
-	})
-	require.NoError(t, err)
-	run := e.waitStale(ctx, res.RunID)
-
-	rep, err := e.sweeper.Sweep(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, sweeper.RunReport{Examined: 1}, rep, "its worker may be about to take the lock")
-
-	// The lease was seen a while ago, unchanged since: its worker is dead.
-	srv, err := e.rdb.Time(ctx).Result()
-	require.NoError(t, err)
-	seen := sweeper.IdleSeenKey(e.prefix, e.queue, start)
-	require.NoError(t, e.rdb.HSet(ctx, seen, "s", strconv.FormatInt(lease.Unix(), 10), "at", srv.Add(-2*time.Second).UnixMilli()).Err())
+	take(res.RunID)
 	e.waitStale(ctx, res.RunID)
+	// Its worker takes the run's lock while the pass looks.
+	var sweeping sync.WaitGroup
+	sweeping.Go(func() {
+		time.Sleep(50 * time.Millisecond) // the worker's moment between the task and the lock
+		e.rdb.Set(ctx, e.lockKey(res.RunID), "worker", time.Minute)
+	})
+	rep, err := e.sweeper.Sweep(ctx)
+	sweeping.Wait()
+	require.NoError(t, err)
+	assert.Equal(t, sweeper.RunReport{Examined: 1}, rep, "its worker took the lock")
+
+	gone, err := e.engine.Enqueue(ctx, def, nil)
+	require.NoError(t, err)
+	take(gone.RunID)
+	run := e.waitStale(ctx, gone.RunID)
 	rep, err = e.sweeper.Sweep(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, sweeper.RunReport{Examined: 1, Woken: 1}, rep)
-	assert.Contains(t, e.queued(), sweepTaskID(res.RunID, run.Version))
+	assert.Equal(t, 1, rep.Woken, "%+v: the worker that took its task is gone", rep)
+	assert.Contains(t, e.queued(), sweepTaskID(gone.RunID, run.Version))
 }
